@@ -1,0 +1,3 @@
+"""Chimes: a distributed job scheduler on PostgreSQL."""
+
+__version__ = "0.1.0"

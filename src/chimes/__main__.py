@@ -1,0 +1,3 @@
+from chimes.cli.main import main
+
+main()

@@ -1,0 +1,98 @@
+"""The job endpoints: create, read, list, change, pause/resume and delete (API.md "Jobs")."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+
+from chimes.api.auth import current_principal
+from chimes.api.errors import ApiError, not_found
+from chimes.api.responses import JSONResponse
+from chimes.api.views import job_view
+from chimes.jobs import JobPatch, JobSpec
+from chimes.store.jobs import IdempotencyConflict, JobStore
+from chimes.store.tokens import Principal
+
+router = APIRouter(tags=["jobs"])
+Caller = Annotated[Principal, Depends(current_principal)]
+
+
+def _store(request: Request) -> JobStore:
+    return request.app.state.jobs
+
+
+@router.post("/jobs", status_code=201, response_class=JSONResponse)
+async def create_job(
+    spec: JobSpec, request: Request, caller: Caller,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> JSONResponse:
+    try:
+        created = await _store(request).create(caller.owner, spec, datetime.now(UTC), idempotency_key)
+    except IdempotencyConflict:
+        raise ApiError(409, "idempotency_conflict",
+                       "this Idempotency-Key was already used for a different job definition",
+                       "Idempotency-Key") from None
+    status = 201 if created.created else 200
+    return JSONResponse({"jobId": created.job_id, "nextRunAt": created.next_run_at}, status_code=status)
+
+
+@router.get("/jobs", response_class=JSONResponse)
+async def list_jobs(
+    request: Request, caller: Caller,
+    cursor: Annotated[str | None, Query(max_length=100)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> JSONResponse:
+    jobs = await _store(request).list(caller.owner_filter, _decode_cursor(cursor), limit + 1)
+    page = jobs[:limit]
+    next_cursor = _encode_cursor(page[-1].job_id) if len(jobs) > limit else None
+    return JSONResponse({"jobs": [job_view(j) for j in page], "nextCursor": next_cursor})
+
+
+@router.get("/jobs/{job_id}", response_class=JSONResponse)
+async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse:
+    job = await _store(request).get(parse_id(job_id, "job"), caller.owner_filter)
+    if job is None:
+        raise not_found("job")
+    return JSONResponse(job_view(job))
+
+
+@router.patch("/jobs/{job_id}", response_class=JSONResponse)
+async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Caller) -> JSONResponse:
+    job = await _store(request).update(parse_id(job_id, "job"), caller.owner_filter, patch, datetime.now(UTC))
+    if job is None:
+        raise not_found("job")
+    return JSONResponse(job_view(job))
+
+
+@router.delete("/jobs/{job_id}", status_code=204)
+async def delete_job(job_id: str, request: Request, caller: Caller) -> Response:
+    if not await _store(request).delete(parse_id(job_id, "job"), caller.owner_filter):
+        raise not_found("job")
+    return Response(status_code=204)
+
+
+def parse_id(value: str, what: str) -> uuid.UUID:
+    """An id from the path; a malformed one is simply not found, like an id of another team."""
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise not_found(what) from None
+
+
+def _encode_cursor(job_id: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(job_id.bytes).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None) -> uuid.UUID | None:
+    if not cursor:
+        return None
+    try:
+        return uuid.UUID(bytes=base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except ValueError:
+        raise ApiError(400, "invalid_request", "cursor is not one this API returned", "cursor") from None
+
+

@@ -1,0 +1,52 @@
+"""How jobs and runs look on the wire (API.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chimes.store.jobs import JobRecord
+
+
+def job_view(job: JobRecord) -> dict[str, Any]:
+    return {
+        "jobId": job.job_id,
+        "owner": job.owner,
+        **job.definition,
+        "paused": job.paused,
+        "version": job.version,
+        "nextRunAt": job.next_run_at,
+        "createdAt": job.created_at,
+        "updatedAt": job.updated_at,
+        "lastRun": job.last_run,
+    }
+
+
+def run_view(run: Any, attempts: list[Any] | None = None) -> dict[str, Any]:
+    view = {
+        "runId": run["run_id"],
+        "jobId": run["job_id"],
+        "scheduledAt": run["scheduled_at"],
+        "firedAt": run["fired_at"],
+        "status": run["status"],
+        "attempt": run["attempt"],
+        "trigger": run["trigger"],
+        "startedAt": run["started_at"],
+        "finishedAt": run["finished_at"],
+        "error": run["error"],
+    }
+    if attempts is not None:
+        view["attempts"] = [_attempt_view(a) for a in attempts]
+        if run["status"] == "running":  # the attempt under way has no row until it ends
+            view["attempts"].append({
+                "attempt": run["attempt"], "workerId": run["worker_id"], "startedAt": run["started_at"],
+                "finishedAt": None, "status": "running", "error": None, "output": None,
+            })
+    return view
+
+
+def _attempt_view(attempt: Any) -> dict[str, Any]:
+    return {
+        "attempt": attempt["attempt"], "workerId": attempt["worker_id"], "startedAt": attempt["started_at"],
+        "finishedAt": attempt["finished_at"], "status": attempt["status"], "error": attempt["error"],
+        "output": attempt["output"],
+    }

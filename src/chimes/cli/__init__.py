@@ -1,0 +1,1 @@
+"""The ``chimes`` command line."""

@@ -1,0 +1,137 @@
+"""Tables for ``chimes jobs`` and ``chimes runs`` (client.py does the HTTP)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+# Fields of GET /jobs/{id} that the server adds; the rest is the job's definition.
+JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun")
+ERROR_WIDTH = 60
+OUTPUT_LINES = 40
+
+
+def when(value: str | None) -> str:
+    """An RFC 3339 time as ``YYYY-MM-DD HH:MM:SSZ`` in UTC; empty for none, as given if unparsable."""
+    if not value:
+        return ""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def truncate(text: str | None, width: int = ERROR_WIDTH) -> str:
+    if not text:
+        return ""
+    line = " ".join(str(text).split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def schedule_text(schedule: dict[str, Any] | None) -> str:
+    if not schedule:
+        return ""
+    if "at" in schedule:
+        return f"at {when(schedule['at'])}"
+    return f"{schedule.get('cron', '')} ({schedule.get('timezone') or 'UTC'})"
+
+
+def task_text(task: dict[str, Any] | None) -> str:
+    if not task:
+        return ""
+    kind = task.get("type")
+    if kind == "http":
+        return f"http {task.get('method', 'POST')} {task.get('url', '')}"
+    if kind == "command":
+        return "command " + " ".join(task.get("argv") or [])
+    if kind == "container":
+        return f"container {task.get('image', '')} " + " ".join(task.get("command") or [])
+    return json.dumps(task)
+
+
+def _id_column(table: Table, title: str) -> None:
+    table.add_column(title, no_wrap=True, overflow="fold")
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    table = Table()
+    _id_column(table, "id")
+    for title in ("name", "schedule", "next run", "paused", "last run"):
+        table.add_column(title)
+    for job in jobs:
+        last = job.get("lastRun") or {}
+        table.add_row(str(job.get("jobId", "")), job.get("name", ""), schedule_text(job.get("schedule")),
+                      when(job.get("nextRunAt")), "yes" if job.get("paused") else "",
+                      last.get("status", ""))
+    return table
+
+
+def job_detail(job: dict[str, Any]) -> Group:
+    last = job.get("lastRun") or {}
+    rows = [
+        ("id", job.get("jobId")), ("name", job.get("name")), ("owner", job.get("owner")),
+        ("schedule", schedule_text(job.get("schedule"))), ("task", task_text(job.get("task"))),
+        ("paused", "yes" if job.get("paused") else "no"), ("version", job.get("version")),
+        ("next run", when(job.get("nextRunAt"))), ("created", when(job.get("createdAt"))),
+        ("updated", when(job.get("updatedAt"))),
+        ("last run", f"{last.get('status', '')} {when(last.get('scheduledAt'))} {last.get('runId', '')}".strip()),
+    ]
+    definition = {k: v for k, v in job.items() if k not in JOB_METADATA}
+    return Group(_key_values(rows), Text("definition:"), Text(json.dumps(definition, indent=2)))
+
+
+def runs_table(runs: list[dict[str, Any]], title: str | None = None) -> Table:
+    table = Table(title=title)
+    _id_column(table, "run id")
+    for title_ in ("scheduled", "status", "attempt", "trigger", "started", "finished", "error"):
+        table.add_column(title_)
+    for run in runs:
+        table.add_row(str(run.get("runId", "")), when(run.get("scheduledAt")), run.get("status", ""),
+                      str(run.get("attempt", "")), run.get("trigger", ""), when(run.get("startedAt")),
+                      when(run.get("finishedAt")), truncate(run.get("error")))
+    return table
+
+
+def run_detail(run: dict[str, Any]) -> Group:
+    rows = [
+        ("run id", run.get("runId")), ("job id", run.get("jobId")), ("status", run.get("status")),
+        ("trigger", run.get("trigger")), ("scheduled", when(run.get("scheduledAt"))),
+        ("started", when(run.get("startedAt"))), ("finished", when(run.get("finishedAt"))),
+        ("attempt", run.get("attempt")), ("error", run.get("error")),
+    ]
+    attempts = run.get("attempts") or []
+    parts: list[Any] = [_key_values(rows), attempts_table(attempts)]
+    output = attempts[-1].get("output") if attempts else None
+    if output:
+        tail = "\n".join(str(output).splitlines()[-OUTPUT_LINES:])
+        parts += [Text(f"output of attempt {attempts[-1].get('attempt')} (tail):"), Text(tail)]
+    return Group(*parts)
+
+
+def attempts_table(attempts: list[dict[str, Any]]) -> Table:
+    table = Table(title="attempts")
+    table.add_column("attempt")
+    _id_column(table, "worker")
+    for title in ("status", "started", "finished", "error"):
+        table.add_column(title)
+    for a in attempts:
+        table.add_row(str(a.get("attempt", "")), a.get("workerId") or "", a.get("status", ""),
+                      when(a.get("startedAt")), when(a.get("finishedAt")), truncate(a.get("error")))
+    return table
+
+
+def _key_values(rows: list[tuple[str, Any]]) -> Table:
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for key, value in rows:
+        table.add_row(key, "" if value is None else str(value))
+    return table

@@ -1,0 +1,84 @@
+"""``chimes token``: create, list and revoke API tokens, straight in the database."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from chimes.cli.options import database_options, settings_from
+from chimes.cli.runtime import migrate_database
+from chimes.store import db
+from chimes.store import tokens as token_store
+from chimes.store.queries import sql
+
+
+@click.group()
+def token() -> None:
+    """Manage API tokens (stored hashed; a token is shown once, when created)."""
+
+
+@token.command("create")
+@database_options
+@click.option("--owner", required=True, help="The team the token acts for; it sees only this team's jobs.")
+@click.option("--admin", is_flag=True, help="An admin token sees and changes every team's jobs.")
+@click.option("--name", default=None, help="A note saying what the token is for.")
+def create(database_url: str | None, data_dir: Path, owner: str, admin: bool, name: str | None) -> None:
+    """Create a token and print it."""
+    if not owner.strip() or len(owner) > 100:
+        raise click.BadParameter("must be 1 to 100 characters", param_hint="--owner")
+
+    async def main(dsn: str) -> str:
+        await migrate_database(dsn)
+        conn = await db.connect(dsn)
+        try:
+            return await token_store.create_token(conn, owner.strip(), admin=admin, name=name)
+        finally:
+            await conn.close()
+
+    with db.database_url(settings_from(database_url, data_dir)) as dsn:
+        click.echo(asyncio.run(main(dsn)))
+
+
+@token.command("list")
+@database_options
+def list_tokens(database_url: str | None, data_dir: Path) -> None:
+    """List tokens (never their secrets)."""
+
+    async def main(dsn: str) -> list:
+        conn = await db.connect(dsn)
+        try:
+            return await conn.fetch(sql("list_tokens"))
+        finally:
+            await conn.close()
+
+    with db.database_url(settings_from(database_url, data_dir)) as dsn:
+        rows = asyncio.run(main(dsn))
+    table = Table("id", "owner", "admin", "name", "created", "revoked")
+    for r in rows:
+        table.add_row(str(r["token_id"]), r["owner"], "yes" if r["admin"] else "", r["name"] or "",
+                      f"{r['created_at']:%Y-%m-%d %H:%M}", f"{r['revoked_at']:%Y-%m-%d %H:%M}" if r["revoked_at"] else "")
+    Console().print(table)
+
+
+@token.command("revoke")
+@database_options
+@click.argument("token_id", type=click.UUID)
+def revoke(database_url: str | None, data_dir: Path, token_id: uuid.UUID) -> None:
+    """Revoke a token by its id (see ``chimes token list``); it stops working at once."""
+
+    async def main(dsn: str) -> bool:
+        conn = await db.connect(dsn)
+        try:
+            return await conn.fetchval(sql("revoke_token"), token_id) is not None
+        finally:
+            await conn.close()
+
+    with db.database_url(settings_from(database_url, data_dir)) as dsn:
+        if not asyncio.run(main(dsn)):
+            raise click.ClickException(f"no active token with id {token_id}")
+    click.echo(f"revoked {token_id}")

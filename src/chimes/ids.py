@@ -1,0 +1,59 @@
+"""Identifiers: job ids, deterministic run ids and the partition hash.
+
+Run ids are derived from ``(job_id, scheduled_at)`` so that firing the same slot twice can only ever
+produce one run: the second insert collides on the primary key. The first 48 bits carry the
+scheduled time in milliseconds (the UUIDv7 layout), which keeps run ids time-ordered and lets a
+lookup by id prune the time partitions of the runs table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+import zlib
+from datetime import UTC, datetime, timedelta
+
+PARTITION_COUNT = 1024
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def partition_of(job_id: uuid.UUID) -> int:
+    """The trigger partition of a job: CRC32 of its id bytes, stable across processes and versions."""
+    return zlib.crc32(job_id.bytes) % PARTITION_COUNT
+
+
+def new_job_id() -> uuid.UUID:
+    """A time-ordered random id (UUIDv7 layout), so listing by id lists in creation order."""
+    return _v7(int(time.time() * 1000), os.urandom(10))
+
+
+def truncate_to_millis(instant: datetime) -> datetime:
+    """Run times are kept at millisecond precision: the run id encodes them in 48 bits of millis."""
+    return instant.replace(microsecond=instant.microsecond // 1000 * 1000)
+
+
+def run_id_for(job_id: uuid.UUID, scheduled_at: datetime) -> uuid.UUID:
+    """The one run id of a job's slot. ``scheduled_at`` must already be truncated to milliseconds."""
+    millis = _millis(scheduled_at)
+    digest = hashlib.blake2b(job_id.bytes + millis.to_bytes(8, "big"), digest_size=10).digest()
+    return _v7(millis, digest)
+
+
+def scheduled_at_of(run_id: uuid.UUID) -> datetime:
+    """The scheduled time encoded in a run id (see :func:`run_id_for`)."""
+    return _EPOCH + timedelta(milliseconds=run_id.int >> 80)
+
+
+def _millis(instant: datetime) -> int:
+    delta = instant - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def _v7(millis: int, tail: bytes) -> uuid.UUID:
+    rand = int.from_bytes(tail, "big")
+    value = (millis & ((1 << 48) - 1)) << 80 | rand
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return uuid.UUID(int=value)

@@ -1,0 +1,178 @@
+"""A job definition as users write it, validated: the one place that decides what a valid job is.
+
+The API, the CLI and the bulk importer all validate through :class:`JobSpec`, so a job that exists
+in the database was always accepted by the same rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from chimes import cron
+from chimes.ids import truncate_to_millis
+
+PRIORITIES = {"high": 0, "normal": 1, "batch": 2}
+PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}
+MAX_TIMEOUT_SEC = 7 * 24 * 3600
+HEADER_VALUE_FORBIDDEN = ("\r", "\n", "\x00")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class CronScheduleSpec(_Model):
+    cron: Annotated[str, Field(min_length=1, max_length=200)]
+    timezone: Annotated[str, Field(min_length=1, max_length=64)] = "UTC"
+    jitter_sec: Annotated[int, Field(alias="jitterSec", ge=0, le=3600)] = 0
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        cron.validate_cron(value, "UTC")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        cron.parse_timezone(value)
+        return value
+
+    def as_cron(self) -> cron.CronSchedule:
+        return cron.CronSchedule(self.cron, self.timezone)
+
+
+class AtScheduleSpec(_Model):
+    at: AwareDatetime
+
+    @field_validator("at")
+    @classmethod
+    def _millis(cls, value: datetime) -> datetime:
+        return truncate_to_millis(value)
+
+
+class HttpTaskSpec(_Model):
+    type: Literal["http"]
+    url: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^https?://")]
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"] = "POST"
+    headers: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")],
+                  Annotated[str, Field(max_length=8192)]] = Field(default_factory=dict, max_length=100)
+    body: Any = None
+
+    @field_validator("headers")
+    @classmethod
+    def _no_header_injection(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, header in value.items():
+            if any(ch in header for ch in HEADER_VALUE_FORBIDDEN):
+                raise ValueError(f"header {name!r} contains a line break or NUL")
+        return value
+
+
+class CommandTaskSpec(_Model):
+    type: Literal["command"]
+    argv: Annotated[list[Annotated[str, Field(max_length=8192)]], Field(min_length=1, max_length=1000)]
+    env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
+              Annotated[str, Field(max_length=32768)]] = Field(default_factory=dict, max_length=500)
+    cwd: Annotated[str, Field(max_length=4096)] | None = None
+
+
+class ContainerTaskSpec(_Model):
+    type: Literal["container"]
+    image: Annotated[str, Field(min_length=1, max_length=512)]
+    command: list[Annotated[str, Field(max_length=8192)]] = Field(default_factory=list, max_length=1000)
+    env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
+              Annotated[str, Field(max_length=32768)]] = Field(default_factory=dict, max_length=500)
+
+
+TaskSpec = Annotated[HttpTaskSpec | CommandTaskSpec | ContainerTaskSpec, Field(discriminator="type")]
+
+
+def _schedule_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "at" if "at" in value else "cron"
+    return "at" if isinstance(value, AtScheduleSpec) else "cron"
+
+
+ScheduleSpec = Annotated[
+    Annotated[CronScheduleSpec, Tag("cron")] | Annotated[AtScheduleSpec, Tag("at")],
+    Discriminator(_schedule_kind),
+]
+# Union members that pydantic names in error locations; errors read better without them.
+UNION_TAGS = {"schedule": {"cron", "at"}, "task": {"http", "command", "container"}}
+
+
+class RetryPolicy(_Model):
+    max_attempts: Annotated[int, Field(alias="maxAttempts", ge=1, le=100)] = 3
+    initial_backoff_sec: Annotated[float, Field(alias="initialBackoffSec", gt=0, le=86400)] = 1.0
+    max_backoff_sec: Annotated[float, Field(alias="maxBackoffSec", gt=0, le=7 * 86400)] = 300.0
+    multiplier: Annotated[float, Field(ge=1, le=100)] = 2.0
+    jitter: Annotated[float, Field(ge=0, le=1)] = 0.2
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RetryPolicy:
+        if self.max_backoff_sec < self.initial_backoff_sec:
+            raise ValueError("maxBackoffSec must be at least initialBackoffSec")
+        return self
+
+
+class JobSpec(_Model):
+    """Everything a user defines about a job. Field names on the wire are camelCase (API.md)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    schedule: ScheduleSpec
+    task: TaskSpec
+    retry_policy: RetryPolicy = Field(default_factory=RetryPolicy, alias="retryPolicy")
+    timeout_sec: Annotated[int, Field(alias="timeoutSec", ge=1, le=MAX_TIMEOUT_SEC)] = 3600
+    concurrency: Literal["skip", "queue", "allow"] = "skip"
+    priority: Literal["high", "normal", "batch"] = "normal"
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _one_schedule_kind(cls, value: Any) -> Any:
+        if isinstance(value, dict) and ("cron" in value) == ("at" in value):
+            raise ValueError("give exactly one of 'cron' (recurring) or 'at' (one-off)")
+        return value
+
+    @property
+    def is_recurring(self) -> bool:
+        return isinstance(self.schedule, CronScheduleSpec)
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def fingerprint(self) -> bytes:
+        """A stable hash of the definition, to tell an idempotent retry from a different request."""
+        return hashlib.sha256(orjson.dumps(self.to_wire(), option=orjson.OPT_SORT_KEYS)).digest()
+
+
+class JobPatch(_Model):
+    """A partial update: every field optional; ``paused`` pauses or resumes."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    schedule: dict[str, Any] | None = None
+    task: dict[str, Any] | None = None
+    retry_policy: dict[str, Any] | None = Field(default=None, alias="retryPolicy")
+    timeout_sec: int | None = Field(default=None, alias="timeoutSec")
+    concurrency: str | None = None
+    priority: str | None = None
+    paused: bool | None = None
+
+    def apply_to(self, current: JobSpec) -> JobSpec:
+        """The full definition after this patch, validated by the same rules as a create."""
+        merged = current.to_wire()
+        merged.update(self.model_dump(by_alias=True, exclude_unset=True, exclude={"paused"}))
+        return JobSpec.model_validate(merged)

@@ -1,0 +1,183 @@
+"""A scheduler node: the loops that lease partitions, scan them, fire on the second, and reap."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from chimes.scheduler.firing import follow_up, plan_fires
+from chimes.scheduler.leases import LeaseConfig, LeaseManager
+from chimes.scheduler.reaper import Reaper
+from chimes.scheduler.timer_wheel import TimerWheel
+from chimes.store.migrate import ensure_run_partitions
+from chimes.store.scheduling import DueTrigger, SchedulerStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    lease: LeaseConfig = field(default_factory=LeaseConfig)
+    lookahead_sec: float = 5.0  # how far ahead the scan fetches triggers into the wheel
+    scan_every_sec: float = 1.0
+    scan_limit: int = 200_000
+    fire_batch_size: int = 1000
+    fire_concurrency: int = 3  # batches fired at once, each on its own connection
+    reap_every_sec: float = 2.0
+    maintain_every_sec: float = 3600.0
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    fired: int = 0
+    enqueued: int = 0
+    refused: int = 0  # triggers in batches whose lease was no longer held
+    max_fire_lag_sec: float = 0.0
+
+
+def new_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class SchedulerNode:
+    def __init__(self, pool: asyncpg.Pool, config: SchedulerConfig | None = None,
+                 node_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.config = config or SchedulerConfig()
+        self.store = SchedulerStore(pool, node_id or new_node_id())
+        self.wheel = TimerWheel()
+        self.leases = LeaseManager(self.store, self.config.lease, on_lost=self._on_partitions_lost)
+        self.reaper = Reaper(self.store)
+        self.stats = SchedulerStats()
+        self._pool = pool
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._fire_slots = asyncio.Semaphore(self.config.fire_concurrency)
+
+    @property
+    def node_id(self) -> str:
+        return self.store.node_id
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self._clock(), UTC)
+
+    def _on_partitions_lost(self, partitions: set[int]) -> None:
+        dropped = self.wheel.drop_partitions(partitions)
+        if dropped:
+            log.info("dropped %d held triggers of %d lost partitions", dropped, len(partitions))
+
+    async def run(self) -> None:
+        """Run until :meth:`stop`; then hand the partitions back so others take over at once."""
+        log.info("scheduler node %s starting", self.node_id)
+        loops = [
+            self._every(self.config.lease.renew_every_sec, self._sync_leases),
+            self._every(self.config.scan_every_sec, self._scan),
+            self._every(self.config.reap_every_sec, self._reap),
+            self._every(self.config.maintain_every_sec, self._maintain),
+            self._fire_loop(),
+        ]
+        tasks = [asyncio.create_task(loop) for loop in loops]
+        try:
+            await self._stopping.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                await self.leases.release_all()
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("could not release partitions on shutdown (they expire on their own): %s", exc)
+            log.info("scheduler node %s stopped", self.node_id)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _every(self, interval: float, step: Callable[[], Awaitable[None]]) -> None:
+        """Run ``step`` every ``interval`` seconds; a failing step is logged and tried again next time."""
+        while True:
+            started = time.monotonic()
+            try:
+                await step()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                log.warning("%s failed: %s", step.__name__, exc)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def _sync_leases(self) -> None:
+        try:
+            await asyncio.wait_for(self.leases.sync(), timeout=self.config.lease.ttl_sec / 2)
+        except BaseException:
+            # Unsure whether we still hold anything: stop firing locally until a round succeeds.
+            # (The database would refuse stale fires anyway; this just avoids the wasted work.)
+            self.leases.drop_all()
+            raise
+
+    async def _scan(self) -> None:
+        held = self.leases.held
+        if not held:
+            return
+        until = self._now() + timedelta(seconds=self.config.lookahead_sec)
+        triggers = await self.store.scan_due(list(held), until, self.config.scan_limit)
+        current = self.leases.held  # partitions may have been lost while the scan ran
+        added = self.wheel.add_all(t for t in triggers if t.partition_id in current)
+        if added:
+            self._wake.set()
+
+    async def _reap(self) -> None:
+        await self.reaper.sweep(self.leases.held, self._now())
+
+    async def _maintain(self) -> None:
+        async with self._pool.acquire() as conn:
+            await ensure_run_partitions(conn)
+        await self.store.forget_dead_nodes()
+
+    async def _fire_loop(self) -> None:
+        while True:
+            now = self._clock()
+            due = self.wheel.pop_due(now, limit=self.config.fire_batch_size)
+            if due:
+                await self._fire_slots.acquire()
+                task = asyncio.create_task(self._fire_batch(due))
+                task.add_done_callback(lambda _: self._fire_slots.release())
+                continue
+            self._wake.clear()
+            next_due = self.wheel.next_due()
+            delay = 0.25 if next_due is None else min(0.25, max(0.0, next_due - now))
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+
+    async def _fire_batch(self, due: list[DueTrigger]) -> None:
+        try:
+            fires = plan_fires(due)
+            fired_at = self._now()
+            result = await self.store.fire(self.leases.held, fires, fired_at)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            # Nothing was committed; the triggers are still in the database and the next scan
+            # brings them back.
+            log.warning("firing %d triggers failed: %s", len(due), exc)
+            return
+        finally:
+            self.wheel.done(due)
+        self.stats.fired += result.fired
+        self.stats.enqueued += result.enqueued
+        lag = (fired_at - min(t.fire_at for t in due)).total_seconds()
+        self.stats.max_fire_lag_sec = max(self.stats.max_fire_lag_sec, lag)
+        if result.leases_held < len({t.partition_id for t in due}):
+            self.stats.refused += len(due) - result.fired
+        horizon = fired_at + timedelta(seconds=self.config.lookahead_sec)
+        held = self.leases.held
+        for fire in fires:
+            nxt = follow_up(fire)
+            if nxt is not None and nxt.fire_at < horizon and nxt.partition_id in held:
+                self.wheel.add(nxt)
+        self._wake.set()

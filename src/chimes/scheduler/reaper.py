@@ -1,0 +1,57 @@
+"""The lease reaper: ends attempts whose worker vanished (lease expired) or overran its deadline.
+
+A lost attempt is re-enqueued at once with the attempt number raised, as the run never got a fair
+try; an overrun counts as a failed attempt and follows the retry policy's backoff. Either way, a run
+with no attempts left fails for good, with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+
+import asyncpg
+
+from chimes.backoff import DEFAULT_POLICY, next_attempt_at
+from chimes.store.scheduling import LostRun, SchedulerStore
+
+log = logging.getLogger(__name__)
+
+
+def judge(row: asyncpg.Record | Mapping, now: datetime) -> LostRun:
+    """Decide how one expired run ends. Pure: ``now`` is passed in."""
+    policy = row["retry_policy"] or DEFAULT_POLICY
+    attempt = row["attempt"]
+    if row["lease_expired"]:
+        error = f"worker {row['worker_id']} stopped heartbeating during attempt {attempt} (lease expired)"
+        retry_at = now if attempt < int(policy.get("maxAttempts", 3)) else None
+    else:
+        error = f"attempt {attempt} ran past its deadline and was abandoned"
+        retry_at = next_attempt_at(policy, attempt, now)
+    if retry_at is None:
+        error += "; no attempts left"
+    return LostRun(row["run_id"], row["scheduled_at"], row["lease_token"], row["worker_id"], row["started_at"],
+                   error, retry_at)
+
+
+class Reaper:
+    def __init__(self, store: SchedulerStore, batch_size: int = 1000) -> None:
+        self.store = store
+        self.batch_size = batch_size
+        self.reaped = 0
+
+    async def sweep(self, leases: Mapping[int, int], now: datetime) -> int:
+        """Reap what is expired in the held partitions; returns how many runs were ended or re-enqueued."""
+        if not leases:
+            return 0
+        rows = await self.store.expired_runs(list(leases), self.batch_size)
+        if not rows:
+            return 0
+        ended = await self.store.reap(leases, [judge(r, now) for r in rows])
+        for row in ended:
+            log.warning("reaped run %s (%s)", row["run_id"],
+                        "re-enqueued" if row["retry_at"] is not None else "failed",
+                        extra={"run_id": str(row["run_id"])})
+        self.reaped += len(ended)
+        return len(ended)

@@ -1,0 +1,70 @@
+"""Due triggers held in memory until their second comes.
+
+A min-heap ordered by fire time: inserting is O(log n) and the node only ever asks "what is due
+now?". It holds just the look-ahead window (a few seconds of triggers), never the whole index, and
+it is only a cache: every trigger it holds is still in the database until fired, so losing it (a
+crash, a lost partition) delays fires by one scan and loses none.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Collection, Iterable
+from datetime import datetime
+
+from chimes.store.scheduling import DueTrigger
+
+Key = tuple[int, datetime, object]
+
+
+class TimerWheel:
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Key]] = []
+        self._held: dict[Key, DueTrigger] = {}
+        self._in_flight: set[Key] = set()
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._held or key in self._in_flight
+
+    def add(self, trigger: DueTrigger) -> bool:
+        """Hold a trigger unless it is already held or being fired; True if it was added."""
+        key = trigger.key
+        if key in self:
+            return False
+        self._held[key] = trigger
+        heapq.heappush(self._heap, (trigger.fire_at.timestamp(), next(self._order), key))
+        return True
+
+    def add_all(self, triggers: Iterable[DueTrigger]) -> int:
+        return sum(self.add(t) for t in triggers)
+
+    def next_due(self) -> float | None:
+        """The epoch second of the earliest held trigger (dropped ones may linger at the top)."""
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: float, limit: int | None = None) -> list[DueTrigger]:
+        """Remove and return the triggers due at ``now``; they count as in flight until :meth:`done`."""
+        due: list[DueTrigger] = []
+        while self._heap and self._heap[0][0] <= now and (limit is None or len(due) < limit):
+            _, _, key = heapq.heappop(self._heap)
+            trigger = self._held.pop(key, None)
+            if trigger is not None:
+                self._in_flight.add(key)
+                due.append(trigger)
+        return due
+
+    def done(self, triggers: Iterable[DueTrigger]) -> None:
+        for trigger in triggers:
+            self._in_flight.discard(trigger.key)
+
+    def drop_partitions(self, partitions: Collection[int]) -> int:
+        """Forget the triggers of partitions this node no longer holds (the heap entries go lazily)."""
+        lost = [key for key in self._held if key[0] in partitions]
+        for key in lost:
+            del self._held[key]
+        return len(lost)

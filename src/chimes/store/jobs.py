@@ -1,0 +1,181 @@
+"""Job definitions and their schedule triggers, always written together in one transaction."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from chimes import cron
+from chimes.ids import new_job_id, partition_of
+from chimes.jobs import PRIORITIES, PRIORITY_NAMES, AtScheduleSpec, CronScheduleSpec, JobPatch, JobSpec
+from chimes.store.queries import sql
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was already used by this owner for a different job definition."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    job_id: uuid.UUID
+    owner: str
+    definition: dict[str, Any]  # the JobSpec in its wire form
+    paused: bool
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    next_run_at: datetime | None
+    last_run: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedJob:
+    job_id: uuid.UUID
+    next_run_at: datetime | None
+    created: bool
+
+
+def first_fire(spec: JobSpec, now: datetime) -> datetime | None:
+    """When a newly written (or resumed) definition fires first."""
+    if isinstance(spec.schedule, AtScheduleSpec):
+        return spec.schedule.at
+    return cron.next_fire(spec.schedule.as_cron(), now)
+
+
+def job_columns(spec: JobSpec) -> tuple[Any, ...]:
+    """name, cron, run_at, timezone, jitter_sec, task, retry_policy, timeout_sec, concurrency, priority."""
+    wire = spec.to_wire()
+    schedule = spec.schedule
+    is_cron = isinstance(schedule, CronScheduleSpec)
+    return (
+        spec.name,
+        schedule.cron if is_cron else None,
+        None if is_cron else schedule.at,
+        schedule.timezone if is_cron else "UTC",
+        schedule.jitter_sec if is_cron else 0,
+        wire["task"],
+        wire["retryPolicy"],
+        spec.timeout_sec,
+        spec.concurrency,
+        PRIORITIES[spec.priority],
+    )
+
+
+def definition_of(row: asyncpg.Record) -> dict[str, Any]:
+    if row["cron"] is not None:
+        schedule: dict[str, Any] = {"cron": row["cron"], "timezone": row["timezone"]}
+        if row["jitter_sec"]:
+            schedule["jitterSec"] = row["jitter_sec"]
+    else:
+        schedule = {"at": row["run_at"]}
+    return {
+        "name": row["name"],
+        "schedule": schedule,
+        "task": row["task"],
+        "retryPolicy": row["retry_policy"],
+        "timeoutSec": row["timeout_sec"],
+        "concurrency": row["concurrency"],
+        "priority": PRIORITY_NAMES[row["priority"]],
+    }
+
+
+def _record(row: asyncpg.Record, last_run: dict[str, Any] | None = None) -> JobRecord:
+    return JobRecord(
+        job_id=row["job_id"], owner=row["owner"], definition=definition_of(row), paused=row["paused"],
+        version=row["version"], created_at=row["created_at"], updated_at=row["updated_at"],
+        next_run_at=row["next_run_at"], last_run=last_run,
+    )
+
+
+class JobStore:
+    """Create, read, change and delete jobs. ``owner=None`` means an admin: no ownership filter."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def create(
+        self, owner: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None
+    ) -> CreatedJob:
+        job_id = new_job_id()
+        fingerprint = spec.fingerprint() if idempotency_key else None
+        async with self._pool.acquire() as conn, conn.transaction():
+            inserted = await conn.fetchval(
+                sql("insert_job"), job_id, owner, *job_columns(spec), idempotency_key, fingerprint
+            )
+            if inserted is None:  # the key was used before: answer with the job it created
+                existing = await conn.fetchrow(sql("job_by_idempotency_key"), owner, idempotency_key)
+                if existing["request_hash"] != fingerprint:
+                    raise IdempotencyConflict(idempotency_key)
+                job = await conn.fetchrow(sql("get_job"), existing["job_id"], owner)
+                return CreatedJob(job["job_id"], job["next_run_at"], created=False)
+            fire_at = first_fire(spec, now)
+            if fire_at is not None:
+                await conn.execute(sql("insert_schedule_trigger"), partition_of(job_id), fire_at, job_id, 1)
+        return CreatedJob(job_id, fire_at, created=True)
+
+    async def get(self, job_id: uuid.UUID, owner: str | None) -> JobRecord | None:
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(sql("get_job"), job_id, owner)
+            if row is None:
+                return None
+            last = await self._last_runs(conn, [job_id])
+        return _record(row, last.get(job_id))
+
+    async def list(self, owner: str | None, after: uuid.UUID | None, limit: int) -> list[JobRecord]:
+        async with self._pool.acquire() as conn:
+            rows = await conn.fetch(sql("list_jobs"), owner, after, limit)
+            last = await self._last_runs(conn, [r["job_id"] for r in rows])
+        return [_record(r, last.get(r["job_id"])) for r in rows]
+
+    async def update(self, job_id: uuid.UUID, owner: str | None, patch: JobPatch, now: datetime) -> JobRecord | None:
+        """Apply a patch: bump the version and rewrite the trigger in the same transaction.
+
+        Raises pydantic.ValidationError when the patched definition is invalid; nothing is written then.
+        """
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(sql("lock_job"), job_id, owner)
+            if row is None:
+                return None
+            spec = patch.apply_to(JobSpec.model_validate(definition_of(row)))
+            paused = row["paused"] if patch.paused is None else patch.paused
+            version = await conn.fetchval(sql("update_job"), job_id, *job_columns(spec), paused)
+            had_trigger = await conn.execute(sql("delete_schedule_triggers"), job_id) != "DELETE 0"
+            fire_at = None if paused else first_fire(spec, now)
+            if fire_at is not None and not _one_off_done(spec, row, had_trigger):
+                await conn.execute(sql("insert_schedule_trigger"), partition_of(job_id), fire_at, job_id, version)
+        return await self.get(job_id, owner)
+
+    async def delete(self, job_id: uuid.UUID, owner: str | None) -> bool:
+        async with self._pool.acquire() as conn, conn.transaction():
+            deleted = await conn.fetchval(sql("delete_job"), job_id, owner)
+            if deleted is not None:
+                await conn.execute(sql("delete_schedule_triggers"), job_id)
+        return deleted is not None
+
+    async def _last_runs(self, conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
+        if not job_ids:
+            return {}
+        rows = await conn.fetch(sql("last_runs"), job_ids)
+        return {
+            r["job_id"]: {"runId": r["run_id"], "status": r["status"], "scheduledAt": r["scheduled_at"],
+                          "finishedAt": r["finished_at"], "error": r["error"]}
+            for r in rows
+        }
+
+
+def _one_off_done(spec: JobSpec, row: asyncpg.Record, had_trigger: bool) -> bool:
+    """A one-off job that already fired keeps no trigger unless the patch gives it a new time.
+
+    (Firing its old slot again would be harmless, as the run id is taken, but it would show a
+    ``nextRunAt`` that never comes.)
+    """
+    return (
+        isinstance(spec.schedule, AtScheduleSpec)
+        and spec.schedule.at == row["run_at"]
+        and not had_trigger
+        and not row["paused"]
+    )

@@ -1,0 +1,65 @@
+"""Versioned schema migrations: numbered ``.sql`` files applied once each, in order, under a lock."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from importlib import resources
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+_LOCK_KEY = 0x43484D53  # "CHMS": one migrator at a time across every process
+RUN_PARTITION_DAYS_AHEAD = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def migrations() -> list[Migration]:
+    folder = resources.files("chimes.store") / "migrations"
+    found = []
+    for entry in folder.iterdir():
+        if entry.name.endswith(".sql"):
+            number, _, rest = entry.name.partition("_")
+            found.append(Migration(int(number), rest.removesuffix(".sql"), entry.read_text()))
+    return sorted(found, key=lambda m: m.version)
+
+
+async def migrate(conn: asyncpg.Connection) -> list[int]:
+    """Apply every pending migration; return the versions applied. Safe to run from many processes."""
+    await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+    try:
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        applied = []
+        for migration in migrations():
+            if migration.version in done:
+                continue
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+                    migration.version, migration.name,
+                )
+            log.info("applied migration %04d_%s", migration.version, migration.name)
+            applied.append(migration.version)
+        await ensure_run_partitions(conn)
+        return applied
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+
+
+async def ensure_run_partitions(conn: asyncpg.Connection, days_ahead: int = RUN_PARTITION_DAYS_AHEAD) -> int:
+    """Create the run-history partitions from yesterday to ``days_ahead`` days from now."""
+    return await conn.fetchval(
+        "SELECT chimes_ensure_run_partitions((now() AT TIME ZONE 'UTC')::date - 1, $1)", days_ahead + 2
+    )

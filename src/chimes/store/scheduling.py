@@ -1,0 +1,148 @@
+"""What a scheduler node asks of the database, in domain terms: leases, due triggers, fires, reaping."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from chimes.store.queries import sql
+
+SCHEDULE, RETRY = 0, 1
+
+
+@dataclass(frozen=True, slots=True)
+class DueTrigger:
+    partition_id: int
+    fire_at: datetime
+    trigger_id: uuid.UUID
+    job_id: uuid.UUID
+    job_version: int
+    kind: int
+    cron: str | None
+    timezone: str | None
+
+    @property
+    def key(self) -> tuple[int, datetime, uuid.UUID]:
+        return (self.partition_id, self.fire_at, self.trigger_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """A due trigger ready to fire: the run it makes and where the schedule goes next."""
+
+    trigger: DueTrigger
+    run_id: uuid.UUID
+    scheduled_at: datetime
+    next_fire_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class FireResult:
+    leases_held: int
+    fired: int
+    enqueued: int
+
+
+@dataclass(frozen=True, slots=True)
+class LostRun:
+    """A running run whose lease expired or that ran past its deadline, and how the reaper ends it."""
+
+    run_id: uuid.UUID
+    scheduled_at: datetime
+    lease_token: uuid.UUID
+    worker_id: str | None
+    started_at: datetime | None
+    error: str
+    retry_at: datetime | None  # None: fail for good; now or earlier: re-enqueue at once; later: retry then
+
+
+class SchedulerStore:
+    def __init__(self, pool: asyncpg.Pool, node_id: str) -> None:
+        self._pool = pool
+        self.node_id = node_id
+
+    # --- membership and leases -------------------------------------------------------------
+    async def sync_leases(
+        self, hostname: str, pid: int, held: Mapping[int, int], ttl_sec: float, release_extra: bool = True
+    ) -> dict[int, int]:
+        """One lease round: heartbeat, renew what is held, then give up or take partitions until this
+        node holds its fair share of the live nodes. Returns the partitions held, with their tokens."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(sql("heartbeat_node"), self.node_id, hostname, pid)
+            live = [r["node_id"] for r in await conn.fetch(sql("live_nodes"), ttl_sec)]
+            renewed = await conn.fetch(
+                sql("renew_leases"), self.node_id, list(held), list(held.values()), ttl_sec
+            )
+            owned = {r["partition_id"]: r["token"] for r in renewed}
+            target = fair_share(live, self.node_id)
+            if len(owned) > target and release_extra:
+                extra = sorted(owned)[target:]
+                await conn.execute(sql("release_leases"), self.node_id, extra)
+                for partition in extra:
+                    del owned[partition]
+            elif len(owned) < target:
+                taken = await conn.fetch(sql("acquire_leases"), self.node_id, target - len(owned), ttl_sec)
+                owned.update((r["partition_id"], r["token"]) for r in taken)
+        return owned
+
+    async def leave(self, held: Mapping[int, int]) -> None:
+        """Clean shutdown: hand every partition back at once so others take over without waiting."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(sql("release_leases"), self.node_id, list(held))
+            await conn.execute(sql("forget_node"), self.node_id)
+
+    async def forget_dead_nodes(self) -> None:
+        await self._pool.execute(sql("forget_dead_nodes"))
+
+    # --- triggers --------------------------------------------------------------------------
+    async def scan_due(self, partitions: Sequence[int], until: datetime, limit: int) -> list[DueTrigger]:
+        rows = await self._pool.fetch(sql("scan_due_triggers"), list(partitions), until, limit)
+        return [DueTrigger(*row) for row in rows]
+
+    async def fire(self, leases: Mapping[int, int], fires: Sequence[Fire], fired_at: datetime) -> FireResult:
+        """Fire one batch in one transaction, fenced by this node's lease tokens."""
+        partitions = {f.trigger.partition_id for f in fires}
+        lease_ids = [p for p in partitions if p in leases]
+        columns: list[list[Any]] = [[] for _ in range(9)]
+        for f in fires:
+            t = f.trigger
+            for column, value in zip(columns, (t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version,
+                                               t.kind, f.run_id, f.scheduled_at, f.next_fire_at), strict=True):
+                column.append(value)
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *columns, fired_at
+            )
+            if row["enqueued"]:
+                await conn.execute(sql("notify_queue"))
+        return FireResult(row["leases_held"], row["fired"], row["enqueued"])
+
+    # --- reaper ----------------------------------------------------------------------------
+    async def expired_runs(self, partitions: Sequence[int], limit: int) -> list[asyncpg.Record]:
+        return await self._pool.fetch(sql("expired_runs"), list(partitions), limit)
+
+    async def reap(self, leases: Mapping[int, int], lost: Sequence[LostRun]) -> list[asyncpg.Record]:
+        partitions = list(leases)
+        async with self._pool.acquire() as conn, conn.transaction():
+            ended = await conn.fetch(
+                sql("reap_runs"), partitions, [leases[p] for p in partitions], self.node_id,
+                [r.run_id for r in lost], [r.scheduled_at for r in lost], [r.lease_token for r in lost],
+                [r.error for r in lost], [r.retry_at for r in lost],
+                [r.worker_id for r in lost], [r.started_at for r in lost],
+            )
+            if any(r["retry_at"] is not None for r in ended):
+                await conn.execute(sql("notify_queue"))
+        return ended
+
+
+def fair_share(live_nodes: Sequence[str], node_id: str, partitions: int = 1024) -> int:
+    """How many partitions this node should hold: an even split, the remainder to the first nodes."""
+    nodes = sorted(set(live_nodes) | {node_id})
+    index = nodes.index(node_id)
+    base, extra = divmod(partitions, len(nodes))
+    return base + (1 if index < extra else 0)

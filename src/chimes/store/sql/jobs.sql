@@ -1,0 +1,52 @@
+-- name: insert_job
+INSERT INTO jobs (job_id, owner, name, cron, run_at, timezone, jitter_sec, task, retry_policy,
+                  timeout_sec, concurrency, priority, paused, idempotency_key, request_hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, false, $13, $14)
+ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING job_id;
+
+-- name: job_by_idempotency_key
+SELECT job_id, request_hash FROM jobs WHERE owner = $1 AND idempotency_key = $2;
+
+-- name: insert_schedule_trigger
+INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
+VALUES ($1, $2, $3, $3, $4, 0)
+ON CONFLICT DO NOTHING;
+
+-- name: delete_schedule_triggers
+DELETE FROM triggers WHERE job_id = $1 AND kind = 0;
+
+-- name: get_job
+SELECT j.*,
+       (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
+FROM jobs j
+WHERE j.job_id = $1 AND ($2::text IS NULL OR j.owner = $2);
+
+-- name: lock_job
+SELECT * FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) FOR UPDATE;
+
+-- name: list_jobs
+SELECT j.*,
+       (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
+FROM jobs j
+WHERE ($1::text IS NULL OR j.owner = $1) AND ($2::uuid IS NULL OR j.job_id > $2)
+ORDER BY j.job_id
+LIMIT $3;
+
+-- name: last_runs
+SELECT DISTINCT ON (r.job_id) r.job_id, r.run_id, r.status, r.scheduled_at, r.finished_at, r.error
+FROM unnest($1::uuid[]) AS wanted(job_id)
+CROSS JOIN LATERAL (
+    SELECT * FROM runs WHERE runs.job_id = wanted.job_id ORDER BY scheduled_at DESC LIMIT 1
+) r;
+
+-- name: update_job
+UPDATE jobs SET name = $2, cron = $3, run_at = $4, timezone = $5, jitter_sec = $6, task = $7,
+                retry_policy = $8, timeout_sec = $9, concurrency = $10, priority = $11, paused = $12,
+                version = version + 1, updated_at = now()
+WHERE job_id = $1
+RETURNING version;
+
+-- name: delete_job
+DELETE FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) RETURNING job_id;
+

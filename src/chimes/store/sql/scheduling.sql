@@ -1,0 +1,171 @@
+-- Scheduler nodes: membership, partition leases, the due scan, firing, and the reaper.
+
+-- name: heartbeat_node
+INSERT INTO scheduler_nodes (node_id, hostname, pid) VALUES ($1, $2, $3)
+ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now();
+
+-- name: live_nodes
+SELECT node_id FROM scheduler_nodes
+WHERE heartbeat_at > now() - make_interval(secs => $1)
+ORDER BY node_id;
+
+-- name: forget_node
+DELETE FROM scheduler_nodes WHERE node_id = $1;
+
+-- name: forget_dead_nodes
+DELETE FROM scheduler_nodes WHERE heartbeat_at < now() - interval '1 hour';
+
+-- name: renew_leases
+UPDATE partition_leases l SET expires_at = now() + make_interval(secs => $4)
+FROM unnest($2::smallint[], $3::bigint[]) AS held(partition_id, token)
+WHERE l.partition_id = held.partition_id AND l.token = held.token AND l.owner = $1
+RETURNING l.partition_id, l.token;
+
+-- name: release_leases
+UPDATE partition_leases SET owner = NULL, expires_at = '-infinity'
+WHERE owner = $1 AND partition_id = ANY($2::smallint[]);
+
+-- name: acquire_leases
+-- Free or expired partitions; the token bump fences out any previous owner still running.
+UPDATE partition_leases l SET owner = $1, token = l.token + 1, expires_at = now() + make_interval(secs => $3)
+WHERE l.partition_id IN (
+    SELECT partition_id FROM partition_leases
+    WHERE owner IS NULL OR expires_at < now()
+    ORDER BY partition_id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING l.partition_id, l.token;
+
+-- name: lease_owners
+SELECT partition_id, owner, token, expires_at FROM partition_leases ORDER BY partition_id;
+
+-- name: scan_due_triggers
+SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone
+FROM triggers t
+LEFT JOIN jobs j ON j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
+WHERE t.partition_id = ANY($1::smallint[]) AND t.fire_at < $2
+LIMIT $3;
+
+-- name: fire_triggers
+-- One batch of due triggers, in one statement. Only partitions whose lease this node still holds
+-- (same token, unexpired) fire; FOR SHARE makes a takeover wait until this transaction ends.
+-- A trigger fires only if it is still there with the same job version: an edit, pause or delete
+-- since the scan left nothing to match. Schedule triggers create a run (deterministic id: a slot
+-- fired twice collides) and advance; retry triggers re-enqueue their waiting run.
+WITH lease AS (
+    SELECT l.partition_id
+    FROM partition_leases l
+    JOIN unnest($1::smallint[], $2::bigint[]) AS held(partition_id, token)
+      ON l.partition_id = held.partition_id AND l.token = held.token
+    WHERE l.owner = $3 AND l.expires_at > now()
+    FOR SHARE OF l
+),
+due AS (
+    SELECT d.*
+    FROM unnest($4::smallint[], $5::timestamptz[], $6::uuid[], $7::uuid[], $8::integer[], $9::smallint[],
+                $10::uuid[], $11::timestamptz[], $12::timestamptz[])
+         AS d(partition_id, fire_at, trigger_id, job_id, job_version, kind, run_id, scheduled_at, next_fire_at)
+    WHERE d.partition_id IN (SELECT partition_id FROM lease)
+),
+fired AS (
+    DELETE FROM triggers t USING due d
+    WHERE t.partition_id = d.partition_id AND t.fire_at = d.fire_at AND t.trigger_id = d.trigger_id
+      AND t.job_version = d.job_version
+    RETURNING d.*
+),
+scheduled AS (
+    SELECT f.*, j.owner, j.priority
+    FROM fired f JOIN jobs j ON j.job_id = f.job_id AND j.version = f.job_version AND NOT j.paused
+    WHERE f.kind = 0
+),
+advanced AS (
+    INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
+    SELECT partition_id, next_fire_at, trigger_id, job_id, job_version, 0
+    FROM scheduled WHERE next_fire_at IS NOT NULL
+    ON CONFLICT DO NOTHING
+),
+created AS (
+    INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority, fired_at)
+    SELECT run_id, scheduled_at, job_id, owner, partition_id, job_version, 'schedule', priority, $13
+    FROM scheduled
+    ON CONFLICT DO NOTHING
+    RETURNING run_id, scheduled_at, job_id, priority
+),
+retried AS (
+    SELECT r.run_id, r.scheduled_at, r.job_id, r.priority
+    FROM fired f JOIN runs r ON r.run_id = f.run_id AND r.scheduled_at = f.scheduled_at
+    WHERE f.kind = 1 AND r.status = 'scheduled'
+),
+enqueued AS (
+    INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
+    SELECT priority, run_id, scheduled_at, job_id FROM created
+    UNION ALL
+    SELECT priority, run_id, scheduled_at, job_id FROM retried
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lease) AS leases_held,
+       (SELECT count(*) FROM fired) AS fired,
+       (SELECT count(*) FROM enqueued) AS enqueued;
+
+-- name: notify_queue
+SELECT pg_notify('chimes_run_queue', '');
+
+-- name: expired_runs
+-- Running runs of these partitions whose worker stopped heartbeating, or that ran past their deadline.
+SELECT r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.partition_id, r.priority,
+       r.worker_id, r.started_at, r.job_version, r.deadline_at,
+       r.lease_expires_at < now() AS lease_expired, j.retry_policy
+FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id
+WHERE r.status = 'running' AND r.partition_id = ANY($1::smallint[])
+  AND (r.lease_expires_at < now() OR r.deadline_at < now())
+LIMIT $2;
+
+-- name: reap_runs
+-- Ends the lost attempts found by expired_runs, still only if nothing changed since (same lease
+-- token, still expired), and only in partitions this node holds. $8 retry_at: NULL means the run
+-- fails for good; a time already passed means re-enqueue now; a later time, a retry trigger then.
+WITH lease AS (
+    SELECT l.partition_id FROM partition_leases l
+    JOIN unnest($1::smallint[], $2::bigint[]) AS held(partition_id, token)
+      ON l.partition_id = held.partition_id AND l.token = held.token
+    WHERE l.owner = $3 AND l.expires_at > now()
+    FOR SHARE OF l
+),
+lost AS (
+    SELECT * FROM unnest($4::uuid[], $5::timestamptz[], $6::uuid[], $7::text[], $8::timestamptz[])
+        AS d(run_id, scheduled_at, lease_token, error, retry_at)
+),
+ended AS (
+    UPDATE runs r
+    SET status = CASE WHEN d.retry_at IS NULL THEN 'failed' ELSE 'scheduled' END,
+        attempt = r.attempt + (d.retry_at IS NOT NULL)::integer,
+        finished_at = CASE WHEN d.retry_at IS NULL THEN now() END,
+        error = d.error, lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL, worker_id = NULL
+    FROM lost d
+    WHERE r.run_id = d.run_id AND r.scheduled_at = d.scheduled_at AND r.status = 'running'
+      AND r.lease_token = d.lease_token AND (r.lease_expires_at < now() OR r.deadline_at < now())
+      AND r.partition_id IN (SELECT partition_id FROM lease)
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.priority,
+              r.attempt - (d.retry_at IS NOT NULL)::integer AS ended_attempt, d.retry_at, d.error
+),
+attempts AS (
+    INSERT INTO run_attempts (run_id, scheduled_at, attempt, worker_id, status, started_at, finished_at, error)
+    SELECT e.run_id, e.scheduled_at, e.ended_attempt, r.worker_id, 'failed', r.started_at, now(), e.error
+    FROM ended e JOIN unnest($4::uuid[], $9::text[], $10::timestamptz[]) AS r(run_id, worker_id, started_at)
+      ON r.run_id = e.run_id
+    ON CONFLICT DO NOTHING
+),
+requeued AS (
+    INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
+    SELECT priority, run_id, scheduled_at, job_id FROM ended WHERE retry_at <= now()
+    ON CONFLICT (run_id) DO NOTHING
+),
+retry_triggers AS (
+    INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
+    SELECT partition_id, retry_at, run_id, job_id, job_version, 1
+    FROM ended WHERE retry_at > now()
+    ON CONFLICT DO NOTHING
+)
+SELECT run_id, retry_at FROM ended;

@@ -1,0 +1,91 @@
+-- Workers: claiming runs, heartbeating their leases, recording outcomes.
+
+-- name: register_worker
+INSERT INTO workers (worker_id, hostname, pid, concurrency) VALUES ($1, $2, $3, $4)
+ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now(), in_flight = $5;
+
+-- name: forget_worker
+DELETE FROM workers WHERE worker_id = $1;
+
+-- name: claim_runs
+-- Takes up to $1 ready runs, highest tier first, oldest first; SKIP LOCKED lets many workers claim
+-- at once without waiting on each other. From here on the run's lease says who has it.
+WITH picked AS (
+    DELETE FROM run_queue q
+    WHERE (q.tier, q.queue_id) IN (
+        SELECT tier, queue_id FROM run_queue ORDER BY tier, queue_id LIMIT $1 FOR UPDATE SKIP LOCKED
+    )
+    RETURNING q.run_id, q.scheduled_at, q.job_id
+),
+claimed AS (
+    UPDATE runs r
+    SET status = 'running', worker_id = $2, lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => $3), started_at = now(),
+        deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, 3600) + $4)
+    FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
+    WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger,
+              j.task, j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists
+)
+SELECT * FROM claimed;
+
+-- name: extend_leases
+-- Returns the runs this worker still holds; a run missing from the answer was cancelled or reaped.
+UPDATE runs r SET lease_expires_at = now() + make_interval(secs => $4)
+FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[]) AS held(run_id, scheduled_at, lease_token)
+WHERE r.run_id = held.run_id AND r.scheduled_at = held.scheduled_at
+  AND r.status = 'running' AND r.lease_token = held.lease_token
+RETURNING r.run_id;
+
+-- name: complete_runs
+-- Records a batch of outcomes, each only if the worker still holds the run's lease (a worker that
+-- lost it cannot overwrite what replaced it). retry_at set: the run waits for a retry trigger.
+WITH outcome AS (
+    SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[], $4::text[], $5::text[], $6::text[],
+                         $7::timestamptz[], $8::timestamptz[])
+        AS o(run_id, scheduled_at, lease_token, status, error, output, finished_at, retry_at)
+),
+ended AS (
+    UPDATE runs r
+    SET status = CASE WHEN o.retry_at IS NULL THEN o.status ELSE 'scheduled' END,
+        attempt = r.attempt + (o.retry_at IS NOT NULL)::integer,
+        finished_at = CASE WHEN o.retry_at IS NULL THEN o.finished_at END,
+        error = o.error, lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL,
+        worker_id = CASE WHEN o.retry_at IS NULL THEN r.worker_id END
+    FROM outcome o
+    WHERE r.run_id = o.run_id AND r.scheduled_at = o.scheduled_at
+      AND r.status = 'running' AND r.lease_token = o.lease_token
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.started_at,
+              r.attempt - (o.retry_at IS NOT NULL)::integer AS ended_attempt,
+              o.status, o.error, o.output, o.finished_at, o.retry_at
+),
+attempts AS (
+    INSERT INTO run_attempts (run_id, scheduled_at, attempt, worker_id, status, started_at, finished_at, error, output)
+    SELECT run_id, scheduled_at, ended_attempt, $9, status, started_at, finished_at, error, output FROM ended
+    ON CONFLICT DO NOTHING
+),
+retry_triggers AS (
+    INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
+    SELECT partition_id, retry_at, run_id, job_id, job_version, 1 FROM ended WHERE retry_at IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
+SELECT run_id FROM ended;
+
+-- name: release_runs
+-- Hands runs back to the queue untouched (a worker shutting down): same attempt, no attempt row,
+-- since the attempt was interrupted by the fleet and not by the task.
+WITH released AS (
+    UPDATE runs r
+    SET status = 'scheduled', lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL,
+        worker_id = NULL, started_at = NULL
+    FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[]) AS held(run_id, scheduled_at, lease_token)
+    WHERE r.run_id = held.run_id AND r.scheduled_at = held.scheduled_at
+      AND r.status = 'running' AND r.lease_token = held.lease_token
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.priority
+),
+requeued AS (
+    INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
+    SELECT priority, run_id, scheduled_at, job_id FROM released
+    ON CONFLICT (run_id) DO NOTHING
+)
+SELECT run_id FROM released;

@@ -1,0 +1,1 @@
+"""Worker side of chimes: claims runs and executes their tasks."""

@@ -1,0 +1,201 @@
+"""The worker: claims runs, executes them under a heartbeated lease, records every outcome.
+
+Claims and outcomes are batched: one statement claims up to the free slots, one statement extends
+every held lease, and outcomes are flushed together every few milliseconds. Every write is
+conditional on the run's lease token, so a worker that lost a run (reaped, cancelled) changes
+nothing about it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import asyncpg
+
+from chimes.backoff import next_attempt_at
+from chimes.store.working import QUEUE_CHANNEL, ClaimedRun, Outcome, WorkerStore
+from chimes.worker.executors import Executors, TaskContext, TaskOutcome
+
+log = logging.getLogger(__name__)
+DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    concurrency: int = 100  # runs executed at once
+    claim_batch: int = 100
+    lease_sec: float = 30.0
+    heartbeat_every_sec: float = 10.0
+    poll_every_sec: float = 1.0  # fallback when no NOTIFY arrives
+    flush_every_sec: float = 0.02
+    shutdown_grace_sec: float = 30.0
+    deadline_grace_sec: float = 30.0  # the reaper abandons a run this long after its timeout
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    def __init__(self, pool: asyncpg.Pool, dsn: str, config: WorkerConfig | None = None,
+                 worker_id: str | None = None, executors: Executors | None = None) -> None:
+        self.config = config or WorkerConfig()
+        self.store = WorkerStore(pool, worker_id or new_worker_id())
+        self.executors = executors or Executors()
+        self.completed = 0
+        self._dsn = dsn
+        self._running: dict[uuid.UUID, tuple[ClaimedRun, asyncio.Task[None]]] = {}
+        self._outcomes: list[Outcome] = []
+        self._wake = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    @property
+    def worker_id(self) -> str:
+        return self.store.worker_id
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight runs get the shutdown grace to finish, then are handed back."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def run(self) -> None:
+        log.info("worker %s starting (concurrency %d)", self.worker_id, self.config.concurrency)
+        listener = await self._listen()
+        background = [asyncio.create_task(c) for c in (self._heartbeat_loop(), self._flush_loop())]
+        try:
+            await self._claim_loop()
+            await self._drain()
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self._flush()
+            if listener is not None:
+                with contextlib.suppress(*DB_ERRORS):
+                    await listener.close()
+            with contextlib.suppress(*DB_ERRORS):
+                await self.store.forget()
+            await self.executors.close()
+            log.info("worker %s stopped after %d runs", self.worker_id, self.completed)
+
+    async def _listen(self) -> asyncpg.Connection | None:
+        try:
+            conn = await asyncpg.connect(self._dsn)
+            await conn.add_listener(QUEUE_CHANNEL, lambda *_: self._wake.set())
+            return conn
+        except DB_ERRORS as exc:
+            log.warning("LISTEN failed, polling only: %s", exc)
+            return None
+
+    async def _claim_loop(self) -> None:
+        while not self._stopping.is_set():
+            free = self.config.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
+            self._wake.clear()
+            limit = min(free, self.config.claim_batch)
+            try:
+                claimed = await self.store.claim(limit, self.config.lease_sec, self.config.deadline_grace_sec)
+            except DB_ERRORS as exc:
+                log.warning("claiming runs failed: %s", exc)
+                claimed = []
+            for run in claimed:
+                self._running[run.run_id] = (run, asyncio.create_task(self._execute(run)))
+            if len(claimed) < limit:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.config.poll_every_sec)
+
+    async def _execute(self, run: ClaimedRun) -> None:
+        try:
+            outcome = await self._attempt(run)
+            now = datetime.now(UTC)
+            retry_at = None
+            if outcome.status == "failed":
+                retry_at = next_attempt_at(run.retry_policy, run.attempt, now)
+            self._outcomes.append(Outcome(run, outcome.status, outcome.error, outcome.output, now, retry_at))
+        finally:
+            self._running.pop(run.run_id, None)
+            self._slot_free.set()
+
+    async def _attempt(self, run: ClaimedRun) -> _Result:
+        if not run.job_exists or run.task is None:
+            return _Result("cancelled", "the job was deleted before this run started", None)
+        ctx = TaskContext(str(run.run_id), str(run.job_id), run.attempt, run.scheduled_at,
+                          float(run.timeout_sec or 3600))
+        result: TaskOutcome = await self.executors.run(run.task, ctx)
+        return _Result("succeeded" if result.succeeded else "failed", result.error, result.output)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.flush_every_sec)
+            await self._flush()
+
+    async def _flush(self) -> None:
+        if not self._outcomes:
+            return
+        batch, self._outcomes = self._outcomes, []
+        try:
+            accepted = await self.store.complete(batch)
+        except DB_ERRORS as exc:
+            log.warning("recording %d outcomes failed, retrying: %s", len(batch), exc)
+            self._outcomes[:0] = batch  # keep them; the leases are still extended meanwhile
+            return
+        self.completed += len(accepted)
+        for outcome in batch:
+            if outcome.run.run_id not in accepted:
+                log.warning("outcome of run %s refused: the lease was lost (reaped or cancelled)",
+                            outcome.run.run_id, extra={"run_id": str(outcome.run.run_id)})
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_every_sec)
+            try:
+                await self._heartbeat()
+            except DB_ERRORS as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    async def _heartbeat(self) -> None:
+        await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, len(self._running))
+        # Runs whose outcome waits in the buffer still need their lease until it is written.
+        held = [run for run, _ in self._running.values()] + [o.run for o in self._outcomes]
+        still_held = await self.store.extend_leases(held, self.config.lease_sec)
+        for run_id, (run, task) in list(self._running.items()):
+            if run_id not in still_held:
+                log.warning("run %s was taken away (cancelled or reaped); stopping it", run_id,
+                            extra={"run_id": str(run_id)})
+                task.cancel()
+
+    async def _drain(self) -> None:
+        """Give in-flight runs the shutdown grace to finish, then hand the rest back to the queue."""
+        deadline = time.monotonic() + self.config.shutdown_grace_sec
+        while self._running and time.monotonic() < deadline:
+            self._slot_free.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_free.wait(), timeout=deadline - time.monotonic())
+        if not self._running:
+            return
+        left = [run for run, _ in self._running.values()]
+        for _, task in self._running.values():
+            task.cancel()
+        await asyncio.gather(*(task for _, task in self._running.values()), return_exceptions=True)
+        with contextlib.suppress(*DB_ERRORS):
+            handed_back = await self.store.release(left)
+            log.info("handed %d unfinished runs back to the queue", len(handed_back))
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    status: str
+    error: str | None
+    output: str | None

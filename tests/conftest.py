@@ -1,0 +1,114 @@
+"""Shared fixtures: one real PostgreSQL per test session, a fresh database per test.
+
+The server is the embedded one (started here, in a temporary folder) unless CHIMES_DATABASE_URL
+points at another. Each test gets its own database, copied from a migrated template, which is much
+faster than migrating per test and keeps tests independent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+import pytest
+
+from chimes.api.app import create_app
+from chimes.cli.runtime import api_server
+from chimes.store import db
+from chimes.store.embedded import EmbeddedPostgres
+from chimes.store.migrate import migrate
+from chimes.store.tokens import create_token
+from tests.helpers import auth_as, free_port, wait_for
+
+TEMPLATE = f"chimes_template_{os.getpid()}"
+_numbers = itertools.count()
+
+
+def with_database(dsn: str, name: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="session")
+def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("CHIMES_DATABASE_URL")
+    if external:
+        yield external
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"))
+    yield server.acquire()
+    server.release()
+
+
+@pytest.fixture(scope="session")
+async def template_dsn(server_dsn: str) -> AsyncIterator[str]:
+    admin = await asyncpg.connect(server_dsn)
+    await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
+    await admin.execute(f"CREATE DATABASE {TEMPLATE}")
+    dsn = with_database(server_dsn, TEMPLATE)
+    conn = await asyncpg.connect(dsn)
+    await migrate(conn)
+    await conn.close()
+    yield dsn
+    await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+    await admin.close()
+
+
+@pytest.fixture
+async def database_url(server_dsn: str, template_dsn: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test alone."""
+    name = f"chimes_test_{os.getpid()}_{next(_numbers)}"
+    admin = await asyncpg.connect(server_dsn)
+    await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    try:
+        yield with_database(server_dsn, name)
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await db.create_pool(database_url, max_size=8)
+    yield pool
+    # A connection still checked out at the end of a test is a leak in the code under test.
+    assert pool.get_size() - pool.get_idle_size() == 0, "connections left checked out"
+    await pool.close()
+
+
+@pytest.fixture
+async def tokens(pool: asyncpg.Pool) -> dict[str, str]:
+    async with pool.acquire() as conn:
+        return {
+            "admin": await create_token(conn, "admin", admin=True),
+            "team-a": await create_token(conn, "team-a"),
+            "team-b": await create_token(conn, "team-b"),
+        }
+
+
+@pytest.fixture
+async def api_url(database_url: str) -> AsyncIterator[str]:
+    """The real API served by uvicorn on 127.0.0.1, in this test's event loop."""
+    port = free_port()
+    server = api_server(create_app(database_url, pool_size=4), "127.0.0.1", port)
+    task = asyncio.create_task(server.serve())
+    await wait_for(lambda: server.started, timeout=10, what="API start")
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+    await task
+
+
+@pytest.fixture
+async def client(api_url: str, tokens: dict[str, str]) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client for team-a; pass other tokens per request with ``auth_as``."""
+    async with httpx.AsyncClient(base_url=api_url, headers=auth_as(tokens["team-a"]), timeout=30) as http:
+        yield http
+
+
+

@@ -1,0 +1,396 @@
+"""Executors against a real local HTTP server and real /bin/sh subprocesses (no database)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+
+from chimes.worker.command_task import CommandExecutor
+from chimes.worker.executors import (
+    OUTPUT_TAIL_BYTES,
+    Executors,
+    OutputTail,
+    TaskContext,
+    TaskOutcome,
+    rfc3339_utc,
+)
+from chimes.worker.http_task import USER_AGENT, HttpExecutor
+
+SCHEDULED = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
+DEADLINE_SEC = 10.0
+
+
+def make_ctx(timeout_sec: float = 10.0, **overrides: Any) -> TaskContext:
+    values: dict[str, Any] = {
+        "run_id": "run-123",
+        "job_id": "job-abc",
+        "attempt": 2,
+        "scheduled_at": SCHEDULED,
+        "timeout_sec": timeout_sec,
+    }
+    values.update(overrides)
+    return TaskContext(**values)
+
+
+async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = DEADLINE_SEC) -> None:
+    """Poll ``predicate`` until true or fail after ``timeout`` (no fixed sleeps)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def pid_alive(pid: int) -> bool:
+    """True if ``pid`` runs; zombies count as dead (the container init may never reap them)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+async def read_pid(path: Path) -> int:
+    await wait_until(lambda: path.exists() and path.read_text().strip() != "", f"pid file {path}")
+    return int(path.read_text().strip())
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def test_rfc3339_utc_formats() -> None:
+    assert rfc3339_utc(SCHEDULED) == "2026-12-01T09:00:00Z"
+    assert rfc3339_utc(SCHEDULED.replace(microsecond=123456)) == "2026-12-01T09:00:00.123Z"
+    plus_two = datetime(2026, 12, 1, 11, 0, tzinfo=timezone(timedelta(hours=2)))
+    assert rfc3339_utc(plus_two) == "2026-12-01T09:00:00Z"
+
+
+def test_output_tail_keeps_end_and_drops_split_characters() -> None:
+    tail = OutputTail(8)
+    tail.feed(b"x" * 100)
+    tail.feed("é".encode() * 20 + b"END")
+    text = tail.text()
+    assert text is not None
+    assert text == "ééééé" + "END"
+    assert "\ufffd" not in text
+    assert tail.total_bytes == 100 + 40 + 3
+    assert OutputTail().text() is None
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Server:
+    base: str
+    requests: list[Recorded] = field(default_factory=list)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    release = asyncio.Event()
+    srv = Server(base="")
+
+    async def record(request: web.Request) -> None:
+        srv.requests.append(
+            Recorded(request.method, request.path, dict(request.headers), await request.read())
+        )
+
+    async def ok(request: web.Request) -> web.Response:
+        await record(request)
+        return web.Response(status=201, text="created")
+
+    async def status(request: web.Request) -> web.Response:
+        await record(request)
+        return web.Response(status=int(request.match_info["code"]), text="service unavailable")
+
+    async def hang(request: web.Request) -> web.Response:
+        await record(request)
+        await release.wait()
+        return web.Response(text="too late")
+
+    async def big(request: web.Request) -> web.Response:
+        await record(request)
+        return web.Response(body=b"a" * 20_000 + b"THE-END")
+
+    app = web.Application()
+    app.router.add_route("*", "/ok", ok)
+    app.router.add_route("*", "/status/{code}", status)
+    app.router.add_get("/hang", hang)
+    app.router.add_get("/big", big)
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    srv.base = f"http://127.0.0.1:{port}"
+    try:
+        yield srv
+    finally:
+        release.set()
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[HttpExecutor]:
+    executor = HttpExecutor(max_connections=10)
+    try:
+        yield executor
+    finally:
+        await executor.close()
+
+
+async def test_http_sends_identity_headers_and_json_body(server: Server, http: HttpExecutor) -> None:
+    task = {
+        "type": "http",
+        "method": "post",
+        "url": f"{server.base}/ok",
+        "headers": {"X-Custom": "yes", "idempotency-key": "forged", "X-Chimes-Run-Id": "forged"},
+        "body": {"hello": "world", "n": [1, 2]},
+    }
+    outcome = await http.run(task, make_ctx(scheduled_at=SCHEDULED.replace(microsecond=5000)))
+    assert outcome == TaskOutcome(True, None, "created")
+    [req] = server.requests
+    assert req.method == "POST"
+    assert req.headers["Idempotency-Key"] == "run-123"
+    assert req.headers["X-Chimes-Run-Id"] == "run-123"
+    assert req.headers["X-Chimes-Job-Id"] == "job-abc"
+    assert req.headers["X-Chimes-Attempt"] == "2"
+    assert req.headers["X-Chimes-Scheduled-At"] == "2026-12-01T09:00:00.005Z"
+    assert req.headers["User-Agent"] == USER_AGENT
+    assert USER_AGENT.startswith("chimes/")
+    assert req.headers["X-Custom"] == "yes"
+    assert req.headers["Content-Type"] == "application/json"
+    assert orjson.loads(req.body) == {"hello": "world", "n": [1, 2]}
+
+
+async def test_http_string_body_sent_as_is_and_defaults_to_get(server: Server, http: HttpExecutor) -> None:
+    plain = await http.run(
+        {"type": "http", "method": "PUT", "url": f"{server.base}/ok", "body": "raw {x}"}, make_ctx()
+    )
+    custom = await http.run(
+        {
+            "type": "http",
+            "method": "POST",
+            "url": f"{server.base}/ok",
+            "headers": {"content-type": "application/xml", "User-Agent": "mine/1"},
+            "body": "<a/>",
+        },
+        make_ctx(),
+    )
+    no_body = await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx())
+    assert plain.succeeded and custom.succeeded and no_body.succeeded
+    first, second, third = server.requests
+    assert (first.method, first.body) == ("PUT", b"raw {x}")
+    assert first.headers["Content-Type"].startswith("text/plain")
+    assert (second.body, second.headers["Content-Type"]) == (b"<a/>", "application/xml")
+    assert second.headers["User-Agent"] == "mine/1"
+    assert (third.method, third.body) == ("GET", b"")
+    assert "Content-Type" not in third.headers
+
+
+async def test_http_non_2xx_is_failure(server: Server, http: HttpExecutor) -> None:
+    task = {"type": "http", "method": "GET", "url": f"{server.base}/status/503"}
+    outcome = await http.run(task, make_ctx())
+    assert outcome == TaskOutcome(False, "HTTP 503", "service unavailable")
+    not_found = await http.run({"type": "http", "url": f"{server.base}/status/404"}, make_ctx())
+    assert not_found.error == "HTTP 404"
+
+
+async def test_http_timeout(server: Server, http: HttpExecutor) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    outcome = await http.run({"type": "http", "url": f"{server.base}/hang"}, make_ctx(timeout_sec=0.5))
+    elapsed = loop.time() - started
+    assert outcome.succeeded is False
+    assert outcome.error == "timed out after 0.5s"
+    assert 0.4 <= elapsed < 5.0
+    assert len(server.requests) == 1
+
+
+async def test_http_connection_refused(http: HttpExecutor) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    outcome = await http.run({"type": "http", "url": f"http://127.0.0.1:{port}/"}, make_ctx(timeout_sec=5))
+    assert outcome.succeeded is False
+    assert outcome.error is not None
+    assert outcome.error.startswith("connection refused: ClientConnectorError")
+
+
+async def test_http_invalid_request_is_failed_outcome(http: HttpExecutor) -> None:
+    outcome = await http.run({"type": "http", "url": "not a url"}, make_ctx())
+    assert outcome.succeeded is False
+    assert outcome.error
+
+
+async def test_http_large_body_output_capped_keeps_end(server: Server, http: HttpExecutor) -> None:
+    outcome = await http.run({"type": "http", "url": f"{server.base}/big"}, make_ctx())
+    assert outcome.succeeded
+    assert outcome.output is not None
+    assert len(outcome.output) == OUTPUT_TAIL_BYTES
+    assert outcome.output.endswith("aaaTHE-END")
+
+
+async def test_http_cancellation_propagates(server: Server, http: HttpExecutor) -> None:
+    task = asyncio.create_task(http.run({"type": "http", "url": f"{server.base}/hang"}, make_ctx()))
+    await wait_until(lambda: len(server.requests) == 1, "request to reach the server")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_http_session_is_pooled_and_reopened_after_close(server: Server, http: HttpExecutor) -> None:
+    await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx())
+    first = http._session
+    await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx())
+    assert first is not None and http._session is first
+    await http.close()
+    assert first.closed
+    again = await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx())
+    assert again.succeeded and http._session is not first
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def sh(script: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "command", "argv": ["/bin/sh", "-c", script], **extra}
+
+
+async def test_command_success_with_merged_output() -> None:
+    outcome = await CommandExecutor().run(sh("echo out; echo err >&2"), make_ctx())
+    assert outcome == TaskOutcome(True, None, "out\nerr\n")
+
+
+async def test_command_exit_code_and_signal() -> None:
+    failed = await CommandExecutor().run(sh("echo partial; exit 3"), make_ctx())
+    assert failed == TaskOutcome(False, "exit code 3", "partial\n")
+    killed = await CommandExecutor().run(sh("kill -TERM $$"), make_ctx())
+    assert killed.error == "killed by signal SIGTERM"
+
+
+async def test_command_env_and_cwd(tmp_path: Path) -> None:
+    script = (
+        'printf "%s|%s|%s|%s|%s|%s" "$CHIMES_RUN_ID" "$CHIMES_JOB_ID" "$CHIMES_ATTEMPT" '
+        '"$CHIMES_SCHEDULED_AT" "$FOO" "$PATH"; echo; pwd'
+    )
+    task = sh(script, env={"FOO": "bar", "CHIMES_RUN_ID": "forged"}, cwd=str(tmp_path))
+    outcome = await CommandExecutor().run(task, make_ctx())
+    assert outcome.succeeded, outcome
+    assert outcome.output is not None
+    first, second = outcome.output.splitlines()
+    assert first == f"run-123|job-abc|2|2026-12-01T09:00:00Z|bar|{os.environ['PATH']}"
+    assert Path(second).resolve() == tmp_path.resolve()
+
+
+async def test_command_timeout_kills_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    outcome = await CommandExecutor(kill_grace_sec=5.0).run(
+        sh(f"echo started; sleep 30 & echo $! > {pidfile}; wait"), make_ctx(timeout_sec=1.0)
+    )
+    assert outcome == TaskOutcome(False, "timed out after 1s", "started\n")
+    assert loop.time() - started < 5.0  # SIGTERM sufficed, no need to wait out the grace
+    child = await read_pid(pidfile)
+    await wait_until(lambda: not pid_alive(child), f"background child {child} to die")
+
+
+async def test_command_timeout_escalates_to_sigkill(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    # SIG_IGN is inherited, so both the shell and its child ignore SIGTERM; only SIGKILL ends them.
+    outcome = await CommandExecutor(kill_grace_sec=0.5).run(
+        sh(f"trap '' TERM; sleep 30 & echo $! > {pidfile}; wait"), make_ctx(timeout_sec=0.5)
+    )
+    elapsed = loop.time() - started
+    assert outcome.error == "timed out after 0.5s"
+    assert 1.0 <= elapsed < 5.0
+    child = await read_pid(pidfile)
+    await wait_until(lambda: not pid_alive(child), f"TERM-ignoring child {child} to be killed")
+
+
+async def test_command_output_tail_is_capped() -> None:
+    outcome = await CommandExecutor().run(sh("yes abcdefghi | head -c 100000; printf THE-END"), make_ctx())
+    assert outcome.succeeded, outcome.error
+    assert outcome.output is not None
+    assert len(outcome.output) == OUTPUT_TAIL_BYTES
+    assert outcome.output.endswith("THE-END")
+
+
+async def test_command_cancellation_kills_process_group(tmp_path: Path) -> None:
+    shell_pidfile, child_pidfile = tmp_path / "sh.pid", tmp_path / "child.pid"
+    script = f"echo $$ > {shell_pidfile}; sleep 30 & echo $! > {child_pidfile}; wait"
+    task = asyncio.create_task(CommandExecutor().run(sh(script), make_ctx(timeout_sec=60)))
+    shell, child = await read_pid(shell_pidfile), await read_pid(child_pidfile)
+    assert pid_alive(shell) and pid_alive(child)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not pid_alive(shell)
+    await wait_until(lambda: not pid_alive(child), f"background child {child} to die")
+
+
+async def test_command_missing_executable_and_cwd(tmp_path: Path) -> None:
+    executor = CommandExecutor()
+    missing = await executor.run({"type": "command", "argv": ["/nonexistent/chimes-nope"]}, make_ctx())
+    assert missing == TaskOutcome(False, "command not found: /nonexistent/chimes-nope")
+    on_path = await executor.run({"type": "command", "argv": ["chimes-definitely-not-on-path"]}, make_ctx())
+    assert on_path.error == "command not found: chimes-definitely-not-on-path"
+    bad_cwd = await executor.run(sh("true", cwd=str(tmp_path / "gone")), make_ctx())
+    assert bad_cwd.succeeded is False
+    assert bad_cwd.error == f"working directory not found: {tmp_path / 'gone'}"
+
+
+# --------------------------------------------------------------------------- dispatcher
+
+
+async def test_executors_dispatch(server: Server) -> None:
+    executors = Executors(max_connections=5, kill_grace_sec=1.0)
+    try:
+        runs: list[Awaitable[TaskOutcome]] = [
+            executors.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx()),
+            executors.run(sh("echo hi"), make_ctx()),
+            executors.run({"type": "ftp"}, make_ctx()),
+        ]
+        http_outcome, command_outcome, unsupported = await asyncio.gather(*runs)
+    finally:
+        await executors.close()
+    assert http_outcome == TaskOutcome(True, None, "created")
+    assert command_outcome == TaskOutcome(True, None, "hi\n")
+    assert unsupported == TaskOutcome(False, "unsupported task type 'ftp'")
+    assert len(server.requests) == 1
+
+
+def test_executors_module_reexports_concrete_executors() -> None:
+    from chimes.worker import executors as module
+
+    assert module.HttpExecutor is HttpExecutor
+    assert module.CommandExecutor is CommandExecutor
+    with pytest.raises(AttributeError):
+        _ = module.NoSuchThing
