@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
+import tempfile
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,14 +38,20 @@ def with_database(dsn: str, name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_dsn() -> Iterator[str]:
     external = os.environ.get("CHIMES_DATABASE_URL")
     if external:
         yield external
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"))
-    yield server.acquire()
-    server.release()
+    # Not under pytest's tmp_path: pytest deletes old base temp dirs when other sessions start,
+    # which would pull the data directory from under a running server.
+    folder = Path(tempfile.mkdtemp(prefix="chimes-test-pg-"))
+    server = EmbeddedPostgres(folder)
+    try:
+        yield server.acquire()
+    finally:
+        server.release()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -42,10 +42,10 @@ def make_ctx(timeout_sec: float = 10.0, **overrides: Any) -> TaskContext:
     return TaskContext(**values)
 
 
-async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = DEADLINE_SEC) -> None:
-    """Poll ``predicate`` until true or fail after ``timeout`` (no fixed sleeps)."""
+async def wait_until(predicate: Callable[[], bool], what: str, within: float = DEADLINE_SEC) -> None:
+    """Poll ``predicate`` until true or fail after ``within`` seconds (no fixed sleeps)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within
     while not predicate():
         if loop.time() > deadline:
             pytest.fail(f"timed out waiting for {what}")
@@ -65,9 +65,24 @@ def pid_alive(pid: int) -> bool:
     return stat[stat.rfind(")") + 2] not in "ZX"
 
 
+def pid_in(path: Path) -> int | None:
+    """The pid written to ``path`` by a test script, or None while it is not written yet."""
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def same_dir(a: str, b: Path) -> bool:
+    return Path(a).resolve() == b.resolve()
+
+
 async def read_pid(path: Path) -> int:
-    await wait_until(lambda: path.exists() and path.read_text().strip() != "", f"pid file {path}")
-    return int(path.read_text().strip())
+    await wait_until(lambda: pid_in(path) is not None, f"pid file {path}")
+    pid = pid_in(path)
+    assert pid is not None
+    return pid
 
 
 # --------------------------------------------------------------------------- helpers
@@ -304,7 +319,7 @@ async def test_command_env_and_cwd(tmp_path: Path) -> None:
     assert outcome.output is not None
     first, second = outcome.output.splitlines()
     assert first == f"run-123|job-abc|2|2026-12-01T09:00:00Z|bar|{os.environ['PATH']}"
-    assert Path(second).resolve() == tmp_path.resolve()
+    assert same_dir(second, tmp_path), second
 
 
 async def test_command_timeout_kills_process_group(tmp_path: Path) -> None:

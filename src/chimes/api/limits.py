@@ -23,31 +23,28 @@ class BodySizeLimit:
             await self._reject(scope, receive, send)
             return
         received = 0
-        started = False
+        rejected = False
 
         async def limited_receive() -> Message:
-            nonlocal received
+            # Past the limit, answer 413 ourselves and tell the app the client went away; whatever
+            # the app then tries to send is dropped.
+            nonlocal received, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.max_bytes:
-                raise _TooLarge
+                rejected = True
+                await self._reject(scope, receive, send)
+                return {"type": "http.disconnect"}
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def guarded_send(message: Message) -> None:
+            if not rejected:
+                await send(message)
 
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if not started:
-                await self._reject(scope, receive, send)
+        await self.app(scope, limited_receive, guarded_send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = f"request body is larger than the limit of {self.max_bytes} bytes"
         await JSONResponse(error_body("payload_too_large", message, "body"), 413)(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass

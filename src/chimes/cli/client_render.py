@@ -68,7 +68,7 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
         table.add_column(title)
     for job in jobs:
         last = job.get("lastRun") or {}
-        table.add_row(str(job.get("jobId", "")), job.get("name", ""), schedule_text(job.get("schedule")),
+        _row(table, str(job.get("jobId", "")), job.get("name", ""), schedule_text(job.get("schedule")),
                       when(job.get("nextRunAt")), "yes" if job.get("paused") else "",
                       last.get("status", ""))
     return table
@@ -76,13 +76,14 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
 
 def job_detail(job: dict[str, Any]) -> Group:
     last = job.get("lastRun") or {}
+    last_run = f"{last.get('status', '')} {when(last.get('scheduledAt'))} {last.get('runId', '')}".strip()
     rows = [
         ("id", job.get("jobId")), ("name", job.get("name")), ("owner", job.get("owner")),
         ("schedule", schedule_text(job.get("schedule"))), ("task", task_text(job.get("task"))),
         ("paused", "yes" if job.get("paused") else "no"), ("version", job.get("version")),
         ("next run", when(job.get("nextRunAt"))), ("created", when(job.get("createdAt"))),
         ("updated", when(job.get("updatedAt"))),
-        ("last run", f"{last.get('status', '')} {when(last.get('scheduledAt'))} {last.get('runId', '')}".strip()),
+        ("last run", last_run),
     ]
     definition = {k: v for k, v in job.items() if k not in JOB_METADATA}
     return Group(_key_values(rows), Text("definition:"), Text(json.dumps(definition, indent=2)))
@@ -94,7 +95,7 @@ def runs_table(runs: list[dict[str, Any]], title: str | None = None) -> Table:
     for title_ in ("scheduled", "status", "attempt", "trigger", "started", "finished", "error"):
         table.add_column(title_)
     for run in runs:
-        table.add_row(str(run.get("runId", "")), when(run.get("scheduledAt")), run.get("status", ""),
+        _row(table, str(run.get("runId", "")), when(run.get("scheduledAt")), run.get("status", ""),
                       str(run.get("attempt", "")), run.get("trigger", ""), when(run.get("startedAt")),
                       when(run.get("finishedAt")), truncate(run.get("error")))
     return table
@@ -123,9 +124,14 @@ def attempts_table(attempts: list[dict[str, Any]]) -> Table:
     for title in ("status", "started", "finished", "error"):
         table.add_column(title)
     for a in attempts:
-        table.add_row(str(a.get("attempt", "")), a.get("workerId") or "", a.get("status", ""),
+        _row(table, str(a.get("attempt", "")), a.get("workerId") or "", a.get("status", ""),
                       when(a.get("startedAt")), when(a.get("finishedAt")), truncate(a.get("error")))
     return table
+
+
+def _row(table: Table, *cells: Any) -> None:
+    """Cells as plain text: a message with [brackets] is not rich markup."""
+    table.add_row(*(Text("" if cell is None else str(cell)) for cell in cells))
 
 
 def _key_values(rows: list[tuple[str, Any]]) -> Table:
@@ -133,5 +139,5 @@ def _key_values(rows: list[tuple[str, Any]]) -> Table:
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for key, value in rows:
-        table.add_row(key, "" if value is None else str(value))
+        _row(table, key, value)
     return table

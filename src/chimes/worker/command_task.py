@@ -166,7 +166,7 @@ class CommandExecutor:
         try:
             async with asyncio.timeout(self._kill_grace_sec):
                 await proc.wait()
-                while _group_alive(pgid):
+                while _group_alive(pgid):  # noqa: ASYNC110 - nothing signals a group's end; poll
                     await asyncio.sleep(_GROUP_POLL_SEC)
         except TimeoutError:
             pass

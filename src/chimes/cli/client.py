@@ -1,0 +1,455 @@
+"""``chimes jobs`` and ``chimes runs``: the REST API (API.md) from the command line.
+
+Every subcommand takes ``--api-url`` (``CHIMES_API_URL``) and ``--token`` (``CHIMES_TOKEN``); read
+commands take ``--json`` to print the API's answer as it came instead of a table. Tables live in
+:mod:`chimes.cli.client_render`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+import time
+from collections.abc import Callable
+from typing import IO, Any
+from urllib.parse import quote
+
+import click
+import httpx
+from rich.console import Console
+from rich.live import Live
+
+from chimes.cli import client_render as render
+
+DEFAULT_API_URL = "http://127.0.0.1:8080"
+TIMEOUT_SEC = 30.0
+RUN_STATUSES = ("scheduled", "running", "succeeded", "failed", "skipped", "cancelled")
+_sleep = time.sleep  # replaced in tests
+NO_TOKEN = ("no API token: pass --token or set CHIMES_TOKEN (`chimes up` prints an admin token on its "
+            "first start; `chimes token create --owner TEAM` makes one)")
+
+
+class ClientError(click.ClickException):
+    """Shown as ``error: MESSAGE`` on stderr, exit status 1."""
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=file is None, file=file)
+
+
+class Api:
+    """A small synchronous client: JSON in, JSON out, every failure a :class:`ClientError`."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=TIMEOUT_SEC,
+                                  headers={"Authorization": f"Bearer {token}", "User-Agent": "chimes-cli"})
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._http.close()
+
+    def call(self, method: str, path: str, *, body: Any = None, params: dict[str, Any] | None = None,
+             headers: dict[str, str] | None = None) -> Any:
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self._http.request(method, path, json=body, params=query, headers=headers)
+        except httpx.ConnectError:
+            raise ClientError(
+                f"cannot reach the Chimes API at {self.base_url}: is `chimes up` (or `chimes api`) running?"
+            ) from None
+        except httpx.TimeoutException:
+            raise ClientError(
+                f"the Chimes API at {self.base_url} did not answer in {TIMEOUT_SEC:.0f}s"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise ClientError(f"request to {self.base_url} failed: {exc}") from None
+        if response.status_code >= 400:
+            raise ClientError(_error_message(response))
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            status = response.status_code
+            raise ClientError(f"the API answered {status} with a body that is not JSON") from None
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and (body.get("message") or body.get("error")):
+        message = str(body.get("message") or body.get("error"))
+    else:
+        message = f"HTTP {response.status_code}: {response.text.strip()[:200] or response.reason_phrase}"
+    if response.status_code == 401:
+        message += " (check --token / CHIMES_TOKEN)"
+    return message
+
+
+def api_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add --api-url and --token; the command gets an open :class:`Api` as its first argument."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, api_url: str, token: str | None, **kwargs: Any) -> Any:
+        if not token:
+            raise click.UsageError(NO_TOKEN)
+        with Api(api_url, token) as api:
+            return func(api, *args, **kwargs)
+
+    wrapper = click.option("--token", envvar="CHIMES_TOKEN", show_envvar=True, default=None,
+                           help="API token (required).")(wrapper)
+    return click.option("--api-url", envvar="CHIMES_API_URL", show_envvar=True, default=DEFAULT_API_URL,
+                        show_default=True, help="Base URL of the Chimes API.")(wrapper)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the API's JSON instead of a table.")
+
+
+def _path(*parts: str) -> str:
+    return "/" + "/".join(quote(p, safe="") for p in parts)
+
+
+def _show(renderable: Any) -> None:
+    Console().print(renderable)
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def _read_json(file: IO[str], option: str) -> dict[str, Any]:
+    try:
+        data = json.load(file)
+    except ValueError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint=option) from None
+    if not isinstance(data, dict):
+        raise click.BadParameter("must hold a JSON object", param_hint=option)
+    return data
+
+
+def _pages(api: Api, path: str, key: str, params: dict[str, Any],
+           follow: bool) -> tuple[list[Any], str | None]:
+    items: list[Any] = []
+    cursor, seen = None, set()
+    while True:
+        page = api.call("GET", path, params={**params, "cursor": cursor})
+        items += page.get(key) or []
+        cursor = page.get("nextCursor")
+        if not follow or not cursor or cursor in seen:
+            return items, cursor
+        seen.add(cursor)
+
+
+# ----------------------------------------------------------------------------------------------- jobs
+
+
+@click.group()
+def jobs() -> None:
+    """Create, list, change and trigger jobs through the API."""
+
+
+def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed([
+        click.option("--name", help="Job name."),
+        click.option("--cron", help="Cron expression (5 fields, 6 with seconds, or @daily etc.)."),
+        click.option("--timezone", help="IANA timezone of --cron (default UTC)."),
+        click.option("--at", help="One-off run time, RFC 3339 with an offset, e.g. 2026-12-01T09:00:00Z."),
+        click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempts before the run fails."),
+        click.option("--timeout", type=click.IntRange(1), help="Seconds an attempt may take."),
+        click.option("--concurrency", type=click.Choice(["skip", "queue", "allow"]),
+                     help="What to do when a run is due while the last one still runs."),
+        click.option("--priority", type=click.Choice(["high", "normal", "batch"]), help="Queue tier."),
+    ]):
+        func = option(func)
+    return func
+
+
+@jobs.command("create")
+@api_options
+@_schedule_options
+@click.option("--url", help="HTTP task: the URL to call (a 2xx answer is success).")
+@click.option("--method", type=click.Choice(["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
+                                            case_sensitive=False), help="HTTP task method (default POST).")
+@click.option("--header", "headers", multiple=True, metavar="'K: V'", help="HTTP task header (repeatable).")
+@click.option("--body", help="HTTP task body, as JSON.")
+@click.option("--command", help="Command task: a shell-quoted command line (run without a shell).")
+@click.option("--file", type=click.File("r"), help="A whole POST /jobs body as JSON ('-' for stdin).")
+@click.option("--idempotency-key", help="Makes the create safe to retry: the same key returns the same job.")
+def create(api: Api, file: IO[str] | None, idempotency_key: str | None, **opts: Any) -> None:
+    """Create a job: --name, --cron or --at, and --url or --command; or --file job.json."""
+    if file is not None:
+        given = [f"--{k.replace('_', '-')}" for k, v in opts.items() if v not in (None, ())]
+        if given:
+            raise click.UsageError(f"--file cannot be combined with {', '.join(given)}; put them in the file")
+        definition = _read_json(file, "--file")
+    else:
+        definition = _definition(opts)
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    created = api.call("POST", "/jobs", body=definition, headers=headers)
+    click.echo(f"created job {created.get('jobId')}")
+    click.echo(f"next run: {render.when(created.get('nextRunAt')) or 'none'}")
+
+
+def _definition(opts: dict[str, Any]) -> dict[str, Any]:
+    if not opts["name"]:
+        raise click.UsageError("give --name (or a whole job with --file)")
+    definition: dict[str, Any] = {"name": opts["name"], "schedule": _new_schedule(opts), "task": _task(opts)}
+    return definition | _tuning(opts)
+
+
+def _new_schedule(opts: dict[str, Any]) -> dict[str, Any]:
+    if bool(opts["cron"]) == bool(opts["at"]):
+        raise click.UsageError("give exactly one of --cron (recurring) or --at (one-off)")
+    if opts["at"]:
+        if opts["timezone"]:
+            raise click.UsageError("--timezone goes with --cron; give --at with an offset instead")
+        return {"at": opts["at"]}
+    return {"cron": opts["cron"], "timezone": opts["timezone"] or "UTC"}
+
+
+def _task(opts: dict[str, Any]) -> dict[str, Any]:
+    if bool(opts["url"]) == bool(opts["command"]):
+        raise click.UsageError("give exactly one of --url (HTTP task) or --command (command task)")
+    if opts["command"]:
+        if opts["method"] or opts["headers"] or opts["body"] is not None:
+            raise click.UsageError("--method, --header and --body go with --url")
+        try:
+            argv = shlex.split(opts["command"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--command") from None
+        if not argv:
+            raise click.BadParameter("is empty", param_hint="--command")
+        return {"type": "command", "argv": argv}
+    task: dict[str, Any] = {"type": "http", "method": (opts["method"] or "POST").upper(), "url": opts["url"]}
+    if opts["headers"]:
+        task["headers"] = dict(_header(h) for h in opts["headers"])
+    if opts["body"] is not None:
+        try:
+            task["body"] = json.loads(opts["body"])
+        except ValueError as exc:
+            raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--body") from None
+    return task
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, colon, value = text.partition(":")
+    if not colon or not name.strip():
+        raise click.BadParameter(f"{text!r} is not 'Name: value'", param_hint="--header")
+    return name.strip(), value.strip()
+
+
+def _tuning(opts: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if opts["max_attempts"] is not None:
+        out["retryPolicy"] = {"maxAttempts": opts["max_attempts"]}
+    if opts["timeout"] is not None:
+        out["timeoutSec"] = opts["timeout"]
+    for key in ("concurrency", "priority"):
+        if opts[key]:
+            out[key] = opts[key]
+    return out
+
+
+@jobs.command("list")
+@api_options
+@click.option("--limit", type=click.IntRange(1, 500), help="Jobs per page (the API's default is 50).")
+@click.option("--all", "follow", is_flag=True, help="Follow nextCursor and list every job.")
+@json_option
+def list_jobs(api: Api, limit: int | None, follow: bool, as_json: bool) -> None:
+    """List your jobs."""
+    items, cursor = _pages(api, "/jobs", "jobs", {"limit": limit}, follow)
+    if as_json:
+        _echo_json({"jobs": items, "nextCursor": cursor})
+        return
+    _show(render.jobs_table(items))
+    if cursor:
+        click.echo("more jobs: pass --all to list them all", err=True)
+
+
+@jobs.command("get")
+@api_options
+@click.argument("job_id")
+@json_option
+def get_job(api: Api, job_id: str, as_json: bool) -> None:
+    """Show one job and its definition."""
+    job = api.call("GET", _path("jobs", job_id))
+    if as_json:
+        _echo_json(job)
+    else:
+        _show(render.job_detail(job))
+
+
+def _patch(api: Api, job_id: str, patch: dict[str, Any]) -> dict[str, Any]:
+    return api.call("PATCH", _path("jobs", job_id), body=patch)
+
+
+@jobs.command("pause")
+@api_options
+@click.argument("job_id")
+def pause(api: Api, job_id: str) -> None:
+    """Pause a job: no runs fire until it is resumed."""
+    _patch(api, job_id, {"paused": True})
+    click.echo(f"paused job {job_id}")
+
+
+@jobs.command("resume")
+@api_options
+@click.argument("job_id")
+def resume(api: Api, job_id: str) -> None:
+    """Resume a paused job."""
+    job = _patch(api, job_id, {"paused": False})
+    click.echo(f"resumed job {job_id}; next run: {render.when((job or {}).get('nextRunAt')) or 'none'}")
+
+
+@jobs.command("update")
+@api_options
+@_schedule_options
+@click.option("--file", type=click.File("r"),
+              help="A PATCH body as JSON ('-' for stdin); options override it.")
+@click.argument("job_id")
+def update(api: Api, job_id: str, file: IO[str] | None, **opts: Any) -> None:
+    """Change a job; fields not given stay as they are."""
+    patch = _read_json(file, "--file") if file is not None else {}
+    current: dict[str, Any] = {}
+
+    def job() -> dict[str, Any]:
+        if not current:
+            current.update(api.call("GET", _path("jobs", job_id)))
+        return current
+
+    if opts["name"]:
+        patch["name"] = opts["name"]
+    if opts["at"] or opts["cron"] or opts["timezone"]:
+        patch["schedule"] = _changed_schedule(opts, job)
+    tuning = _tuning(opts)
+    if "retryPolicy" in tuning:
+        tuning["retryPolicy"] = {**(job().get("retryPolicy") or {}), **tuning["retryPolicy"]}
+    patch |= tuning
+    if not patch:
+        raise click.UsageError("nothing to change: give at least one option or --file")
+    updated = _patch(api, job_id, patch) or {}
+    click.echo(f"updated job {job_id} (version {updated.get('version', '?')}); "
+               f"next run: {render.when(updated.get('nextRunAt')) or 'none'}")
+
+
+def _changed_schedule(opts: dict[str, Any], job: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    if opts["at"]:
+        if opts["cron"] or opts["timezone"]:
+            raise click.UsageError("give either --at or --cron/--timezone")
+        return {"at": opts["at"]}
+    schedule = job().get("schedule") or {}
+    if "cron" not in schedule:
+        if not opts["cron"]:
+            raise click.UsageError("this job runs once (--at); give --cron to make it recurring")
+        schedule = {}
+    changed = {**schedule, "cron": opts["cron"] or schedule["cron"]}
+    changed["timezone"] = opts["timezone"] or schedule.get("timezone") or "UTC"
+    return changed
+
+
+@jobs.command("delete")
+@api_options
+@click.argument("job_id")
+def delete(api: Api, job_id: str) -> None:
+    """Delete a job (its run history stays readable by run id)."""
+    api.call("DELETE", _path("jobs", job_id))
+    click.echo(f"deleted job {job_id}")
+
+
+@jobs.command("run")
+@api_options
+@click.argument("job_id")
+def run_now(api: Api, job_id: str) -> None:
+    """Trigger a manual run now; prints the run id."""
+    started = api.call("POST", _path("jobs", job_id, "runs"))
+    click.echo(f"started run {started.get('runId')}")
+
+
+# ----------------------------------------------------------------------------------------------- runs
+
+
+@click.group()
+def runs() -> None:
+    """Inspect, rerun, cancel and watch runs through the API."""
+
+
+status_option = click.option("--status", type=click.Choice(RUN_STATUSES), help="Only runs in this status.")
+limit_option = click.option("--limit", type=click.IntRange(1, 500),
+                            help="Runs to show (the API's default is 50).")
+
+
+@runs.command("list")
+@api_options
+@click.argument("job_id")
+@status_option
+@limit_option
+@json_option
+def list_runs(api: Api, job_id: str, status: str | None, limit: int | None, as_json: bool) -> None:
+    """List a job's runs, newest scheduled time first."""
+    page = api.call("GET", _path("jobs", job_id, "runs"), params={"status": status, "limit": limit})
+    if as_json:
+        _echo_json(page)
+        return
+    _show(render.runs_table(page.get("runs") or []))
+    if page.get("nextCursor"):
+        click.echo("more runs: pass a larger --limit to see them", err=True)
+
+
+@runs.command("get")
+@api_options
+@click.argument("run_id")
+@json_option
+def get_run(api: Api, run_id: str, as_json: bool) -> None:
+    """Show a run, its attempts and the last attempt's output."""
+    run = api.call("GET", _path("runs", run_id))
+    if as_json:
+        _echo_json(run)
+    else:
+        _show(render.run_detail(run))
+
+
+@runs.command("rerun")
+@api_options
+@click.argument("run_id")
+def rerun(api: Api, run_id: str) -> None:
+    """Run that run's job again now, as a new run."""
+    started = api.call("POST", _path("runs", run_id, "rerun"))
+    click.echo(f"started run {started.get('runId')}")
+
+
+@runs.command("cancel")
+@api_options
+@click.argument("run_id")
+def cancel(api: Api, run_id: str) -> None:
+    """Cancel a run that has not finished."""
+    run = api.call("POST", _path("runs", run_id, "cancel")) or {}
+    click.echo(f"run {run_id}: {run.get('status', 'cancel requested')}")
+
+
+@runs.command("watch")
+@api_options
+@click.argument("job_id")
+@click.option("--interval", type=click.FloatRange(0.1), default=1.0, show_default=True,
+              help="Seconds between refreshes.")
+@status_option
+@limit_option
+def watch(api: Api, job_id: str, interval: float, status: str | None, limit: int | None) -> None:
+    """Show a job's runs, refreshed every --interval seconds, until Ctrl-C."""
+
+    def table() -> Any:
+        page = api.call("GET", _path("jobs", job_id, "runs"), params={"status": status, "limit": limit})
+        title = f"runs of job {job_id} at {time.strftime('%H:%M:%SZ', time.gmtime())} (Ctrl-C to stop)"
+        return render.runs_table(page.get("runs") or [], title=title)
+
+    try:
+        with Live(table(), console=Console(), auto_refresh=False) as live:
+            while True:
+                _sleep(interval)
+                live.update(table(), refresh=True)
+    except KeyboardInterrupt:
+        pass

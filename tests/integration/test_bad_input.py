@@ -1,0 +1,101 @@
+"""Every kind of bad input gets a clear error naming the field, and writes nothing."""
+
+from __future__ import annotations
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.integration.test_jobs_api import HTTP_TASK, cron_job
+
+
+def with_schedule(schedule: object) -> dict:
+    return cron_job(schedule=schedule)
+
+
+BAD_JOBS = [
+    ("unknown time zone", with_schedule({"cron": "0 2 * * *", "timezone": "Mars/Base"}), "schedule.timezone",
+     "unknown time zone"),
+    ("path as time zone", with_schedule({"cron": "0 2 * * *", "timezone": "../../etc/passwd"}), "schedule.timezone",
+     "unknown time zone"),
+    ("invalid cron", with_schedule({"cron": "61 * * * *"}), "schedule.cron", "invalid cron expression"),
+    ("seven fields", with_schedule({"cron": "* * * * * * *"}), "schedule.cron", "fields"),
+    ("never fires", with_schedule({"cron": "0 0 30 2 *"}), "schedule.cron", "never fires"),
+    ("at without offset", with_schedule({"at": "2030-01-01T09:00:00"}), "schedule.at", "offset"),
+    ("both cron and at", with_schedule({"cron": "* * * * *", "at": "2030-01-01T09:00:00Z"}), "schedule",
+     "exactly one"),
+    ("unknown task type", cron_job(task={"type": "carrier-pigeon"}), "task", "type"),
+    ("http task without url", cron_job(task={"type": "http"}), "task.url", "required"),
+    ("non-http url", cron_job(task={**HTTP_TASK, "url": "file:///etc/passwd"}), "task.url", "pattern"),
+    ("header injection", cron_job(task={**HTTP_TASK, "headers": {"X-A": "v\r\nX-Evil: 1"}}), "task.headers",
+     "line break"),
+    ("negative timeout", cron_job(timeoutSec=-5), "timeoutSec", "greater than"),
+    ("zero attempts", cron_job(retryPolicy={"maxAttempts": 0}), "retryPolicy.maxAttempts", "greater than"),
+    ("backoff upside down", cron_job(retryPolicy={"initialBackoffSec": 10, "maxBackoffSec": 1}), "retryPolicy",
+     "maxBackoffSec"),
+    ("unknown concurrency", cron_job(concurrency="sometimes"), "concurrency", "skip"),
+    ("unknown priority", cron_job(priority="urgent"), "priority", "high"),
+    ("unknown field", cron_job(schedul={"cron": "* * * * *"}), "schedul", "unknown field"),
+    ("missing name", {"schedule": {"cron": "* * * * *"}, "task": HTTP_TASK}, "name", "required"),
+    ("empty command", cron_job(task={"type": "command", "argv": []}), "task.argv", "at least 1"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "field", "words"), BAD_JOBS, ids=[c[0] for c in BAD_JOBS])
+async def test_bad_job_is_refused_with_field_and_nothing_written(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, case: str, body: dict, field: str, words: str
+) -> None:
+    response = await client.post("/jobs", json=body)
+    assert response.status_code == 422, response.text
+    error = response.json()
+    assert error["error"] == "invalid_request"
+    assert error["field"] == field, error
+    assert words.lower() in error["message"].lower(), error
+    assert error["message"].startswith(f"{field}: ")
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
+
+
+async def test_malformed_json_is_400(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    response = await client.post("/jobs", content=b'{"name": ', headers={"Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert "not valid JSON" in response.json()["message"]
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_body_over_limit_is_413(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    huge = cron_job(task={**HTTP_TASK, "body": {"blob": "x" * (2 * 1024 * 1024)}})
+    response = await client.post("/jobs", json=huge)
+    assert response.status_code == 413
+    assert response.json()["field"] == "body"
+    assert "limit" in response.json()["message"]
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_streamed_body_over_limit_is_413(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    async def chunks():  # no Content-Length: the limit must hold while streaming too
+        for _ in range(40):
+            yield b"x" * 65536
+
+    response = await client.post("/jobs", content=chunks(), headers={"Content-Type": "application/json"})
+    assert response.status_code == 413
+    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+
+
+async def test_bad_patch_changes_nothing(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    job_id = (await client.post("/jobs", json=cron_job())).json()["jobId"]
+    before = await pool.fetchrow("SELECT * FROM jobs")
+    triggers_before = await pool.fetch("SELECT * FROM triggers")
+    response = await client.patch(f"/jobs/{job_id}", json={"schedule": {"cron": "0 2 * * *", "timezone": "Nowhere/X"}})
+    assert response.status_code == 422
+    assert response.json()["field"] == "schedule.timezone"
+    assert await pool.fetchrow("SELECT * FROM jobs") == before
+    assert await pool.fetch("SELECT * FROM triggers") == triggers_before
+
+
+async def test_bad_query_parameters(client: httpx.AsyncClient) -> None:
+    response = await client.get("/jobs", params={"limit": 0})
+    assert response.status_code == 422 and response.json()["field"] == "limit"
+    response = await client.get("/jobs", params={"cursor": "!!!"})
+    assert response.status_code == 400 and response.json()["field"] == "cursor"
+    assert (await client.get("/jobs/not-a-uuid")).status_code == 404
