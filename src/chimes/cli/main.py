@@ -82,7 +82,7 @@ def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id
 @cli.command()
 @database_options
 def migrate(database_url: str | None, data_dir: Path) -> None:
-    """Apply pending schema migrations (``chimes up`` does this by itself)."""
+    """Apply pending schema migrations (chimes up does this by itself)."""
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
         applied = asyncio.run(migrate_database(dsn))
     click.echo(f"applied migrations: {', '.join(map(str, applied))}" if applied else "schema is up to date")

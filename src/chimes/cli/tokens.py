@@ -69,7 +69,7 @@ def list_tokens(database_url: str | None, data_dir: Path) -> None:
 @database_options
 @click.argument("token_id", type=click.UUID)
 def revoke(database_url: str | None, data_dir: Path, token_id: uuid.UUID) -> None:
-    """Revoke a token by its id (see ``chimes token list``); it stops working at once."""
+    """Revoke a token by its id (see chimes token list); it stops working at once."""
 
     async def main(dsn: str) -> bool:
         conn = await db.connect(dsn)

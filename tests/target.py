@@ -1,0 +1,60 @@
+"""A real HTTP target on 127.0.0.1 that records every call Chimes makes to it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    received_at: float  # wall clock, epoch seconds
+
+    @property
+    def run_id(self) -> str:
+        return self.headers["X-Chimes-Run-Id"]
+
+    @property
+    def attempt(self) -> int:
+        return int(self.headers["X-Chimes-Attempt"])
+
+
+@dataclass
+class Target:
+    url: str
+    calls: list[Call] = field(default_factory=list)
+    # path -> function(call number for that path, 1-based) -> HTTP status
+    responders: dict[str, Callable[[int], int]] = field(default_factory=dict)
+
+    def calls_to(self, path: str) -> list[Call]:
+        return [c for c in self.calls if c.path == path]
+
+
+@pytest.fixture
+async def target() -> AsyncIterator[Target]:
+    state = Target(url="")
+
+    async def handle(request: web.Request) -> web.Response:
+        call = Call(request.path, dict(request.headers), await request.read(), time.time())
+        state.calls.append(call)
+        responder = state.responders.get(request.path)
+        status = responder(len(state.calls_to(request.path))) if responder else 200
+        return web.Response(status=status, text=f"answer {status}")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    state.url = f"http://127.0.0.1:{port}"
+    yield state
+    await runner.cleanup()
