@@ -28,7 +28,7 @@ from chimes.store.migrate import migrate
 from chimes.store.tokens import create_token
 from tests.helpers import auth_as, free_port, wait_for
 
-pytest_plugins = ["tests.target", "tests.integration.fleet"]
+pytest_plugins = ["tests.target", "tests.integration.fleet", "tests.e2e.processes"]
 
 TEMPLATE = f"chimes_template_{os.getpid()}"
 _numbers = itertools.count()

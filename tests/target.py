@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ class Target:
     calls: list[Call] = field(default_factory=list)
     # path -> function(call number for that path, 1-based) -> HTTP status
     responders: dict[str, Callable[[int], int]] = field(default_factory=dict)
+    # path -> function(call number) -> seconds to wait before answering (a slow or hanging target)
+    delays: dict[str, Callable[[int], float]] = field(default_factory=dict)
 
     def calls_to(self, path: str) -> list[Call]:
         return [c for c in self.calls if c.path == path]
@@ -44,8 +47,12 @@ async def target() -> AsyncIterator[Target]:
     async def handle(request: web.Request) -> web.Response:
         call = Call(request.path, dict(request.headers), await request.read(), time.time())
         state.calls.append(call)
+        number = len(state.calls_to(request.path))
+        delay = state.delays.get(request.path)
+        if delay is not None:
+            await asyncio.sleep(delay(number))
         responder = state.responders.get(request.path)
-        status = responder(len(state.calls_to(request.path))) if responder else 200
+        status = responder(number) if responder else 200
         return web.Response(status=status, text=f"answer {status}")
 
     app = web.Application()

@@ -57,12 +57,15 @@ def api(database_url: str | None, data_dir: Path, host: str, port: int) -> None:
 @database_options
 @click.option("--node-id", envvar="CHIMES_NODE_ID", show_envvar=True, default=None,
               help="Name of this node (default: host, pid and a random suffix).")
-def scheduler(database_url: str | None, data_dir: Path, node_id: str | None) -> None:
+@click.option("--lease-ttl", envvar="CHIMES_LEASE_TTL", show_envvar=True, default=5.0, show_default=True,
+              type=click.FloatRange(1, 300),
+              help="Seconds a partition lease lasts unrenewed: how soon a dead node's partitions move.")
+def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lease_ttl: float) -> None:
     """A scheduler node: leases a fair share of the 1,024 trigger partitions and fires their runs."""
     from chimes.cli.roles import run_scheduler
 
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        run_async(lambda: run_scheduler(dsn, node_id))
+        run_async(lambda: run_scheduler(dsn, node_id, lease_ttl))
 
 
 @cli.command()
@@ -71,12 +74,16 @@ def scheduler(database_url: str | None, data_dir: Path, node_id: str | None) -> 
               show_default=True, type=click.IntRange(1, 10_000), help="Runs executed at once.")
 @click.option("--worker-id", envvar="CHIMES_WORKER_ID", show_envvar=True, default=None,
               help="Name of this worker (default: host, pid and a random suffix).")
-def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id: str | None) -> None:
+@click.option("--lease-sec", envvar="CHIMES_RUN_LEASE_SEC", show_envvar=True, default=30.0, show_default=True,
+              type=click.FloatRange(1, 3600),
+              help="Seconds a run's lease lasts unrenewed: how soon a dead worker's runs are retried.")
+def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id: str | None,
+           lease_sec: float) -> None:
     """A worker: claims runs from the queue and executes them."""
     from chimes.cli.roles import run_worker
 
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        run_async(lambda: run_worker(dsn, concurrency, worker_id))
+        run_async(lambda: run_worker(dsn, concurrency, worker_id, lease_sec))
 
 
 @cli.command()

@@ -14,7 +14,7 @@ from chimes.settings import DEFAULT_HOST, DEFAULT_PORT, Settings, default_data_d
 def database_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = click.option(
         "--data-dir", envvar="CHIMES_DATA_DIR", show_envvar=True, type=click.Path(path_type=Path),
-        default=default_data_dir, show_default=True,
+        default=default_data_dir(), show_default=True,
         help="Where the embedded PostgreSQL keeps its data (used when no database URL is given).",
     )(func)
     func = click.option(

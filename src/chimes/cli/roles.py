@@ -9,7 +9,8 @@ import click
 
 from chimes.api.app import create_app
 from chimes.cli.runtime import api_server, migrate_database, on_shutdown_signals
-from chimes.scheduler.node import SchedulerNode
+from chimes.scheduler.leases import LeaseConfig
+from chimes.scheduler.node import SchedulerConfig, SchedulerNode
 from chimes.settings import Settings
 from chimes.store import db, tokens
 from chimes.store.queries import sql
@@ -50,10 +51,11 @@ async def run_api(dsn: str, settings: Settings) -> None:
     await server.serve()
 
 
-async def run_scheduler(dsn: str, node_id: str | None) -> None:
+async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float) -> None:
     await migrate_database(dsn)
     pool = await db.create_pool(dsn, max_size=6)
-    node = SchedulerNode(pool, node_id=node_id)
+    lease = LeaseConfig(ttl_sec=lease_ttl, renew_every_sec=min(1.0, lease_ttl / 4))
+    node = SchedulerNode(pool, SchedulerConfig(lease=lease), node_id=node_id)
     on_shutdown_signals(node.stop)
     try:
         await node.run()
@@ -61,10 +63,11 @@ async def run_scheduler(dsn: str, node_id: str | None) -> None:
         await pool.close()
 
 
-async def run_worker(dsn: str, concurrency: int, worker_id: str | None) -> None:
+async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_sec: float) -> None:
     await migrate_database(dsn)
     pool = await db.create_pool(dsn, max_size=4)
-    worker = Worker(pool, dsn, WorkerConfig(concurrency=concurrency), worker_id=worker_id)
+    config = WorkerConfig(concurrency=concurrency, lease_sec=lease_sec, heartbeat_every_sec=lease_sec / 3)
+    worker = Worker(pool, dsn, config, worker_id=worker_id)
     on_shutdown_signals(worker.stop)
     try:
         await worker.run()

@@ -174,6 +174,7 @@ class SchedulerNode:
         self.stats.max_fire_lag_sec = max(self.stats.max_fire_lag_sec, lag)
         if result.leases_held < len({t.partition_id for t in due}):
             self.stats.refused += len(due) - result.fired
+            log.warning("fencing refused a batch of %d triggers: lease lost for some partitions", len(due))
         horizon = fired_at + timedelta(seconds=self.config.lookahead_sec)
         held = self.leases.held
         for fire in fires:

@@ -70,6 +70,8 @@ class Worker:
     async def run(self) -> None:
         log.info("worker %s starting (concurrency %d)", self.worker_id, self.config.concurrency)
         listener = await self._listen()
+        with contextlib.suppress(*DB_ERRORS):
+            await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, 0)
         background = [asyncio.create_task(c) for c in (self._heartbeat_loop(), self._flush_loop())]
         try:
             await self._claim_loop()
@@ -186,9 +188,10 @@ class Worker:
         if not self._running:
             return
         left = [run for run, _ in self._running.values()]
-        for _, task in self._running.values():
+        tasks = [task for _, task in self._running.values()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*(task for _, task in self._running.values()), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(*DB_ERRORS):
             handed_back = await self.store.release(left)
             log.info("handed %d unfinished runs back to the queue", len(handed_back))
