@@ -18,7 +18,9 @@ def auth_as(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def wait_for(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05) -> Any:
+async def wait_for(
+    condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05
+) -> Any:
     """Poll ``condition`` (sync or async) until it returns something truthy, or fail after ``timeout``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

@@ -16,7 +16,8 @@ def backoff_sec(policy: Mapping[str, Any], failed_attempt: int, rand: random.Ran
     then spread by up to ``jitter`` (a fraction) either way so that retries of many runs that failed
     together do not hit the target together again."""
     p = {**DEFAULT_POLICY, **policy}
-    delay = min(float(p["maxBackoffSec"]), float(p["initialBackoffSec"]) * float(p["multiplier"]) ** (failed_attempt - 1))
+    exponential = float(p["initialBackoffSec"]) * float(p["multiplier"]) ** (failed_attempt - 1)
+    delay = min(float(p["maxBackoffSec"]), exponential)
     spread = delay * float(p["jitter"])
     if spread:
         delay += (rand or random).uniform(-spread, spread)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 import uuid
@@ -47,7 +48,7 @@ async def assert_every_slot_ran_once(pool: asyncpg.Pool, target: Target, job_ids
                                 uuid.UUID(job_id))
         times = [r["scheduled_at"] for r in rows]
         assert len(times) >= 5, f"job {job_id} ran only {len(times)} times"
-        gaps = [(a, b) for a, b in zip(times, times[1:], strict=False) if b - a != timedelta(seconds=1)]
+        gaps = [(a, b) for a, b in itertools.pairwise(times) if b - a != timedelta(seconds=1)]
         assert not gaps, f"job {job_id} missed slots: {gaps}"
         assert {r["status"] for r in rows} == {"succeeded"}
     run_ids = [c.run_id for c in target.calls]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
-import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,11 +42,13 @@ async def test_chimes_up_runs_everything_on_embedded_postgres(
         assert runs[0]["status"] == "succeeded"
 
         # Another command on the same data dir shares the running server.
-        made = subprocess.run(
-            [sys.executable, "-m", "chimes", "token", "create", "--owner", "team-x", "--data-dir", str(data_dir)],
-            env=env, capture_output=True, text=True, timeout=60, check=True,
+        made = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "chimes", "token", "create", "--owner", "team-x", "--data-dir", str(data_dir),
+            env=env, stdout=asyncio.subprocess.PIPE,
         )
-        team_token = made.stdout.strip()
+        stdout, _ = await asyncio.wait_for(made.communicate(), timeout=60)
+        assert made.returncode == 0
+        team_token = stdout.decode().strip()
         assert team_token.startswith("chm_")
         mine = await http.get("/jobs", headers={"Authorization": f"Bearer {team_token}"})
         assert mine.status_code == 200 and mine.json()["jobs"] == []

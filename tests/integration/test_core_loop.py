@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -65,7 +66,7 @@ async def test_six_field_cron_fires_every_two_seconds_without_drift(
     times = [datetime.fromisoformat(r["scheduledAt"]) for r in runs]
     assert times == sorted(times, reverse=True)  # newest first
     assert all(t.second % 2 == 0 and t.microsecond == 0 for t in times)
-    assert all(a - b == timedelta(seconds=2) for a, b in zip(times, times[1:], strict=False))
+    assert all(a - b == timedelta(seconds=2) for a, b in itertools.pairwise(times))
     # Each run reached the target once with its own idempotency key.
     keys = [c.headers["Idempotency-Key"] for c in target.calls_to("/tick")]
     assert len(keys) == len(set(keys))
@@ -82,7 +83,7 @@ async def test_failing_target_is_retried_with_growing_gaps(
     calls = target.calls_to("/flaky")
     assert [c.attempt for c in calls] == [1, 2, 3]
     assert len({c.headers["Idempotency-Key"] for c in calls}) == 1  # the same key on every attempt
-    gaps = [b.received_at - a.received_at for a, b in zip(calls, calls[1:], strict=False)]
+    gaps = [b.received_at - a.received_at for a, b in itertools.pairwise(calls)]
     assert gaps[0] >= 0.4 and gaps[1] >= 1.2 and gaps[1] > gaps[0]
     detail = await run_of(client, run["runId"])
     assert [(a["attempt"], a["status"], a["error"]) for a in detail["attempts"]] == [
@@ -156,3 +157,23 @@ async def test_runs_are_listed_with_cursor(fleet: Fleet, client: httpx.AsyncClie
 async def test_unknown_run_is_404(client: httpx.AsyncClient) -> None:
     assert (await client.get(f"/runs/{uuid.uuid4()}")).status_code == 404
     assert (await client.post(f"/runs/{uuid.uuid4()}/cancel")).status_code == 404
+
+
+async def test_edits_and_pause_stop_the_old_definition_at_once(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+) -> None:
+    job = (await client.post("/jobs", json=http_job(target, "/v1", {"cron": "* * * * * *"}))).json()
+    await wait_for(lambda: _finished(client, job["jobId"], 2), timeout=15, what="runs of version 1")
+    patched = await client.patch(f"/jobs/{job['jobId']}", json={"task": {"type": "http", "url": target.url + "/v2"}})
+    assert patched.status_code == 200
+    edited_at = datetime.now(UTC)
+    await wait_for(lambda: target.calls_to("/v2"), timeout=10, what="runs of version 2")
+    stale = await pool.fetchval("SELECT count(*) FROM runs WHERE job_version = 1 AND fired_at > $1", edited_at)
+    assert stale == 0
+    assert await pool.fetchval("SELECT count(*) FROM runs WHERE job_version = 2") >= 1
+
+    assert (await client.patch(f"/jobs/{job['jobId']}", json={"paused": True})).status_code == 200
+    paused_at = datetime.now(UTC)
+    # Wait out two more slots on the database clock; nothing may fire for the paused job.
+    await pool.execute("SELECT pg_sleep(2.5)")
+    assert await pool.fetchval("SELECT count(*) FROM runs WHERE fired_at > $1", paused_at) == 0

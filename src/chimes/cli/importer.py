@@ -50,11 +50,11 @@ def parse_line(number: int, line: bytes) -> JobSpec:
 def import_jobs(database_url: str | None, data_dir: Path, file: Path, owner: str) -> None:
     """Bulk-load jobs from a JSON Lines file (one POST /jobs body per line), all or nothing."""
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        count, seconds = asyncio.run(_import(dsn, file, owner))
+        count, seconds = asyncio.run(_import(dsn, file, file.stat().st_size, owner))
     click.echo(f"imported {count} jobs in {seconds:.1f}s ({count / max(seconds, 1e-9):,.0f} jobs/s)")
 
 
-async def _import(dsn: str, file: Path, owner: str) -> tuple[int, float]:
+async def _import(dsn: str, file: Path, size: int, owner: str) -> tuple[int, float]:
     await migrate_database(dsn)
     started = time.perf_counter()
     now = datetime.now(UTC)
@@ -62,7 +62,7 @@ async def _import(dsn: str, file: Path, owner: str) -> tuple[int, float]:
     conn = await db.connect(dsn)
     try:
         with _progress() as progress:
-            task = progress.add_task("importing", total=file.stat().st_size)
+            task = progress.add_task("importing", total=size)
             async with conn.transaction():
                 chunk: list[JobSpec] = []
                 with file.open("rb") as lines:

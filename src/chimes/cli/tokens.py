@@ -60,8 +60,9 @@ def list_tokens(database_url: str | None, data_dir: Path) -> None:
         rows = asyncio.run(main(dsn))
     table = Table("id", "owner", "admin", "name", "created", "revoked")
     for r in rows:
+        revoked = f"{r['revoked_at']:%Y-%m-%d %H:%M}" if r["revoked_at"] else ""
         table.add_row(str(r["token_id"]), r["owner"], "yes" if r["admin"] else "", r["name"] or "",
-                      f"{r['created_at']:%Y-%m-%d %H:%M}", f"{r['revoked_at']:%Y-%m-%d %H:%M}" if r["revoked_at"] else "")
+                      f"{r['created_at']:%Y-%m-%d %H:%M}", revoked)
     Console().print(table)
 
 

@@ -13,13 +13,23 @@ from chimes.settings import Settings
 from chimes.store.embedded import EmbeddedPostgres
 
 
-def _dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
+_JSONB_VERSION = b"\x01"  # the binary jsonb format is a version byte, then the JSON text
+
+
+def _encode_jsonb(value: Any) -> bytes:
+    return _JSONB_VERSION + orjson.dumps(value)
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return orjson.loads(data[1:])
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
-    for type_name in ("json", "jsonb"):
-        await conn.set_type_codec(type_name, encoder=_dumps, decoder=orjson.loads, schema="pg_catalog")
+    # Binary codecs: faster than text, and COPY (bulk import) needs them.
+    await conn.set_type_codec("jsonb", encoder=_encode_jsonb, decoder=_decode_jsonb, schema="pg_catalog",
+                              format="binary")
+    await conn.set_type_codec("json", encoder=orjson.dumps, decoder=orjson.loads, schema="pg_catalog",
+                              format="binary")
 
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, **kwargs: Any) -> asyncpg.Pool:

@@ -13,9 +13,8 @@ import logging
 import os
 import shutil
 import subprocess
-from pathlib import Path
-
 import warnings
+from pathlib import Path
 
 import fasteners
 import psutil

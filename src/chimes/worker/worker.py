@@ -172,7 +172,7 @@ class Worker:
         # Runs whose outcome waits in the buffer still need their lease until it is written.
         held = [run for run, _ in self._running.values()] + [o.run for o in self._outcomes]
         still_held = await self.store.extend_leases(held, self.config.lease_sec)
-        for run_id, (run, task) in list(self._running.items()):
+        for run_id, (_run, task) in list(self._running.items()):
             if run_id not in still_held:
                 log.warning("run %s was taken away (cancelled or reaped); stopping it", run_id,
                             extra={"run_id": str(run_id)})

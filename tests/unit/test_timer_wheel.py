@@ -1,0 +1,102 @@
+"""Tests for chimes.scheduler.timer_wheel: the in-memory heap of due triggers."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from chimes.scheduler.timer_wheel import TimerWheel
+from chimes.store.scheduling import SCHEDULE, DueTrigger
+
+T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+def trig(n: int, offset_sec: float, partition: int = 1) -> DueTrigger:
+    return DueTrigger(partition, T0 + timedelta(seconds=offset_sec), uuid.UUID(int=n), uuid.UUID(int=1000 + n),
+                      1, SCHEDULE, "* * * * *", "UTC")
+
+
+def at(offset_sec: float) -> float:
+    return (T0 + timedelta(seconds=offset_sec)).timestamp()
+
+
+def ids(triggers: list[DueTrigger]) -> list[int]:
+    return [t.trigger_id.int for t in triggers]
+
+
+def test_pop_due_returns_only_due_in_fire_order() -> None:
+    wheel = TimerWheel()
+    assert wheel.add_all([trig(3, 3), trig(1, 1), trig(5, 5), trig(2, 2), trig(4, 4)]) == 5
+    assert ids(wheel.pop_due(at(0.5))) == []
+    assert ids(wheel.pop_due(at(3))) == [1, 2, 3]  # due at exactly now counts
+    assert len(wheel) == 2
+    assert ids(wheel.pop_due(at(100))) == [4, 5]
+    assert len(wheel) == 0
+
+
+def test_ties_keep_insertion_order() -> None:
+    wheel = TimerWheel()
+    wheel.add_all([trig(9, 1), trig(2, 1), trig(5, 1)])
+    assert ids(wheel.pop_due(at(1))) == [9, 2, 5]
+
+
+def test_pop_due_respects_limit() -> None:
+    wheel = TimerWheel()
+    wheel.add_all([trig(n, n) for n in range(1, 6)])
+    assert ids(wheel.pop_due(at(10), limit=2)) == [1, 2]
+    assert ids(wheel.pop_due(at(10), limit=0)) == []
+    assert ids(wheel.pop_due(at(10), limit=10)) == [3, 4, 5]
+
+
+def test_add_dedupes_by_key() -> None:
+    wheel = TimerWheel()
+    assert wheel.add(trig(1, 1)) is True
+    assert wheel.add(trig(1, 1)) is False
+    assert wheel.add_all([trig(1, 1), trig(2, 2)]) == 1
+    assert len(wheel) == 2
+    assert ids(wheel.pop_due(at(5))) == [1, 2]
+
+
+def test_in_flight_keys_are_not_re_added_until_done() -> None:
+    wheel = TimerWheel()
+    wheel.add(trig(1, 1))
+    popped = wheel.pop_due(at(1))
+    assert ids(popped) == [1]
+    assert trig(1, 1).key in wheel
+    assert wheel.add(trig(1, 1)) is False
+    assert wheel.pop_due(at(10)) == []
+    wheel.done(popped)
+    assert trig(1, 1).key not in wheel
+    assert wheel.add(trig(1, 1)) is True
+    assert ids(wheel.pop_due(at(10))) == [1]
+
+
+def test_drop_partitions_forgets_their_triggers() -> None:
+    wheel = TimerWheel()
+    wheel.add_all([trig(1, 1, partition=7), trig(2, 2, partition=8), trig(3, 3, partition=9),
+                   trig(4, 4, partition=7)])
+    assert wheel.drop_partitions({7, 9}) == 3
+    assert len(wheel) == 1
+    assert trig(1, 1, partition=7).key not in wheel
+    assert ids(wheel.pop_due(at(100))) == [2]
+    assert wheel.pop_due(at(100)) == []
+
+
+def test_dropped_trigger_can_be_held_again() -> None:
+    wheel = TimerWheel()
+    wheel.add(trig(1, 1, partition=7))
+    wheel.drop_partitions([7])
+    assert wheel.add(trig(1, 1, partition=7)) is True
+    assert ids(wheel.pop_due(at(100))) == [1]  # once, despite the stale heap entry
+    assert wheel.pop_due(at(100)) == []
+
+
+def test_next_due() -> None:
+    wheel = TimerWheel()
+    assert wheel.next_due() is None
+    wheel.add_all([trig(2, 2.5), trig(1, 1.25)])
+    assert wheel.next_due() == at(1.25)
+    wheel.pop_due(at(2))
+    assert wheel.next_due() == at(2.5)
+    wheel.pop_due(at(3))
+    assert wheel.next_due() is None
