@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -43,14 +44,16 @@ class Target:
 @pytest.fixture
 async def target() -> AsyncIterator[Target]:
     state = Target(url="")
+    closing = asyncio.Event()
 
     async def handle(request: web.Request) -> web.Response:
         call = Call(request.path, dict(request.headers), await request.read(), time.time())
         state.calls.append(call)
         number = len(state.calls_to(request.path))
         delay = state.delays.get(request.path)
-        if delay is not None:
-            await asyncio.sleep(delay(number))
+        if delay is not None:  # cut short when the test ends, so teardown never waits on it
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(closing.wait(), timeout=delay(number))
         responder = state.responders.get(request.path)
         status = responder(number) if responder else 200
         return web.Response(status=status, text=f"answer {status}")
@@ -64,4 +67,5 @@ async def target() -> AsyncIterator[Target]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     state.url = f"http://127.0.0.1:{port}"
     yield state
+    closing.set()
     await runner.cleanup()

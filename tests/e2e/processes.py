@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_for
+
 
 class ChimesProcess:
     def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
@@ -45,6 +47,12 @@ class ChimesProcess:
         self._log.close()
         return self.proc.returncode
 
+    async def exited(self, timeout: float) -> int:
+        """Wait for the process to exit without blocking the event loop (the test's HTTP target
+        runs in it); returns the exit code."""
+        await wait_for(lambda: self.proc.poll() is not None, timeout=timeout, what=f"{self.name} to exit")
+        return self.proc.returncode
+
     def output(self) -> str:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
@@ -67,9 +75,10 @@ class Processes:
     def scheduler(self, name: str, lease_ttl: float = 3.0) -> ChimesProcess:
         return self.start(name, "scheduler", "--node-id", name, "--lease-ttl", str(lease_ttl))
 
-    def worker(self, name: str, lease_sec: float = 3.0, concurrency: int = 50) -> ChimesProcess:
+    def worker(self, name: str, lease_sec: float = 3.0, concurrency: int = 50,
+               shutdown_grace: float = 30.0) -> ChimesProcess:
         return self.start(name, "worker", "--worker-id", name, "--lease-sec", str(lease_sec),
-                          "--concurrency", str(concurrency))
+                          "--concurrency", str(concurrency), "--shutdown-grace", str(shutdown_grace))
 
     def stop_all(self) -> None:
         for process in self.started:

@@ -352,8 +352,8 @@ def test_next_fire_rejects_naive_datetime() -> None:
 
 
 def test_next_fire_is_cached_per_second() -> None:
-    next_fire.cache_clear()  # type: ignore[attr-defined]
     schedule = validate_cron("*/15 * * * *", BER)
+    next_fire.cache_clear()  # type: ignore[attr-defined]
     first = next_fire(schedule, z(2026, 1, 1, 0, 0, 0, 100))
     second = next_fire(schedule, z(2026, 1, 1, 0, 0, 0, 900000))  # same second: same key
     third = next_fire(CronSchedule("*/15 * * * *", BER), z(2026, 1, 1))  # equal schedule object
@@ -361,3 +361,11 @@ def test_next_fire_is_cached_per_second() -> None:
     info = next_fire.cache_info()  # type: ignore[attr-defined]
     assert (info.hits, info.misses) == (2, 1)
     assert info.maxsize >= 100_000
+
+
+def test_validation_goes_through_the_cache() -> None:
+    validate_cron("7 * * * *", "Asia/Tokyo")
+    before = next_fire.cache_info()  # type: ignore[attr-defined]
+    validate_cron("7 * * * *", "Asia/Tokyo")
+    after = next_fire.cache_info()  # type: ignore[attr-defined]
+    assert (after.hits - before.hits, after.misses - before.misses) == (1, 0)

@@ -77,13 +77,16 @@ def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lea
 @click.option("--lease-sec", envvar="CHIMES_RUN_LEASE_SEC", show_envvar=True, default=30.0, show_default=True,
               type=click.FloatRange(1, 3600),
               help="Seconds a run's lease lasts unrenewed: how soon a dead worker's runs are retried.")
+@click.option("--shutdown-grace", envvar="CHIMES_SHUTDOWN_GRACE_SEC", show_envvar=True, default=30.0,
+              show_default=True, type=click.FloatRange(0, 3600),
+              help="On SIGTERM, seconds in-flight runs get to finish before they are handed back.")
 def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id: str | None,
-           lease_sec: float) -> None:
+           lease_sec: float, shutdown_grace: float) -> None:
     """A worker: claims runs from the queue and executes them."""
     from chimes.cli.roles import run_worker
 
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        run_async(lambda: run_worker(dsn, concurrency, worker_id, lease_sec))
+        run_async(lambda: run_worker(dsn, concurrency, worker_id, lease_sec, shutdown_grace))
 
 
 @cli.command()

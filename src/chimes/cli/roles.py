@@ -63,10 +63,12 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float) -> None
         await pool.close()
 
 
-async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_sec: float) -> None:
+async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_sec: float,
+                     shutdown_grace: float) -> None:
     await migrate_database(dsn)
     pool = await db.create_pool(dsn, max_size=4)
-    config = WorkerConfig(concurrency=concurrency, lease_sec=lease_sec, heartbeat_every_sec=lease_sec / 3)
+    config = WorkerConfig(concurrency=concurrency, lease_sec=lease_sec, heartbeat_every_sec=lease_sec / 3,
+                          shutdown_grace_sec=shutdown_grace)
     worker = Worker(pool, dsn, config, worker_id=worker_id)
     on_shutdown_signals(worker.stop)
     try:

@@ -12,7 +12,6 @@ import orjson
 from chimes.settings import Settings
 from chimes.store.embedded import EmbeddedPostgres
 
-
 _JSONB_VERSION = b"\x01"  # the binary jsonb format is a version byte, then the JSON text
 
 

@@ -57,6 +57,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._drained = asyncio.Event()
 
     @property
     def worker_id(self) -> str:
@@ -72,14 +73,17 @@ class Worker:
         listener = await self._listen()
         with contextlib.suppress(*DB_ERRORS):
             await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, 0)
-        background = [asyncio.create_task(c) for c in (self._heartbeat_loop(), self._flush_loop())]
+        heartbeat = asyncio.create_task(self._heartbeat_loop())
+        flusher = asyncio.create_task(self._flush_loop())
         try:
             await self._claim_loop()
             await self._drain()
         finally:
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            heartbeat.cancel()
+            # The flusher is never cancelled mid-write (that would lose the batch it holds): it is
+            # told to stop and finishes its last flush.
+            self._drained.set()
+            await asyncio.gather(heartbeat, flusher, return_exceptions=True)
             await self._flush()
             if listener is not None:
                 with contextlib.suppress(*DB_ERRORS):
@@ -139,8 +143,9 @@ class Worker:
         return _Result("succeeded" if result.succeeded else "failed", result.error, result.output)
 
     async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.flush_every_sec)
+        while not self._drained.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), timeout=self.config.flush_every_sec)
             await self._flush()
 
     async def _flush(self) -> None:
