@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from chimes.store import db
 from chimes.store.embedded import EmbeddedPostgres
 from chimes.store.migrate import migrate
 from chimes.store.tokens import create_token
-from tests.helpers import auth_as, free_port, wait_for
+from tests.helpers import auth_as, wait_for
 
 pytest_plugins = ["tests.target", "tests.integration.fleet", "tests.e2e.processes"]
 
@@ -105,13 +106,19 @@ async def tokens(pool: asyncpg.Pool) -> dict[str, str]:
 @pytest.fixture
 async def api_url(database_url: str) -> AsyncIterator[str]:
     """The real API served by uvicorn on 127.0.0.1, in this test's event loop."""
-    port = free_port()
+    # Bound here and handed over, so no other process can take the port in between.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
     server = api_server(create_app(database_url, pool_size=4), "127.0.0.1", port)
-    task = asyncio.create_task(server.serve())
-    await wait_for(lambda: server.started, timeout=10, what="API start")
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    await wait_for(lambda: server.started or task.done(), timeout=10, what="API start")
+    assert server.started, "the API did not start"
     yield f"http://127.0.0.1:{port}"
     server.stop()
     await task
+    sock.close()
 
 
 @pytest.fixture

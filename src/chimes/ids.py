@@ -46,6 +46,14 @@ def scheduled_at_of(run_id: uuid.UUID) -> datetime:
     return _EPOCH + timedelta(milliseconds=run_id.int >> 80)
 
 
+def scheduled_at_of_or_none(run_id: uuid.UUID) -> datetime | None:
+    """Like :func:`scheduled_at_of`, for ids from outside: None when the time cannot be a date."""
+    try:
+        return scheduled_at_of(run_id)
+    except OverflowError:
+        return None
+
+
 def _millis(instant: datetime) -> int:
     delta = instant - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000

@@ -24,6 +24,7 @@ from pydantic import (
 
 from chimes import cron
 from chimes.ids import truncate_to_millis
+from chimes.security.storable import storable_problem
 
 PRIORITIES = {"high": 0, "normal": 1, "batch": 2}
 PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}
@@ -34,11 +35,23 @@ HEADER_VALUE_FORBIDDEN = ("\r", "\n", "\x00")
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
+    @field_validator("*")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        # Valid JSON that PostgreSQL or a target could not take (NUL, lone surrogates, deep nesting).
+        problem = storable_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
 
 class CronScheduleSpec(_Model):
     cron: Annotated[str, Field(min_length=1, max_length=200)]
     timezone: Annotated[str, Field(min_length=1, max_length=64)] = "UTC"
     jitter_sec: Annotated[int, Field(alias="jitterSec", ge=0, le=3600)] = 0
+    # DST policy (cron.py): None follows cron's customs; see docs/semantics.md.
+    dst_gap: Literal["shift", "skip"] | None = Field(default=None, alias="dstGap")
+    dst_fold: Literal["first", "last", "both"] | None = Field(default=None, alias="dstFold")
 
     @field_validator("cron")
     @classmethod
@@ -53,7 +66,7 @@ class CronScheduleSpec(_Model):
         return value
 
     def as_cron(self) -> cron.CronSchedule:
-        return cron.CronSchedule(self.cron, self.timezone)
+        return cron.CronSchedule(self.cron, self.timezone, self.dst_gap, self.dst_fold)
 
 
 class AtScheduleSpec(_Model):
@@ -72,14 +85,35 @@ class HttpTaskSpec(_Model):
     headers: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")],
                   Annotated[str, Field(max_length=8192)]] = Field(default_factory=dict, max_length=100)
     body: Any = None
+    # The target answers 202 and reports the outcome itself through the callback endpoints.
+    callback: bool = False
+    # Sealed at rest, never shown again, opened by the worker right before the call (docs/security.md).
+    secret_headers: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")],
+                         Annotated[str, Field(max_length=8192)]] | None = Field(
+        default=None, alias="secretHeaders", max_length=100)
 
-    @field_validator("headers")
+    @field_validator("headers", "secret_headers")
     @classmethod
-    def _no_header_injection(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, header in value.items():
+    def _no_header_injection(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name, header in (value or {}).items():
             if any(ch in header for ch in HEADER_VALUE_FORBIDDEN):
                 raise ValueError(f"header {name!r} contains a line break or NUL")
         return value
+
+    @model_validator(mode="after")
+    def _secret_names_distinct(self) -> HttpTaskSpec:
+        _no_overlap({k.lower() for k in self.headers}, {k.lower() for k in self.secret_headers or {}}, "header")
+        return self
+
+
+SecretEnv = dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
+                 Annotated[str, Field(max_length=32768)]] | None
+
+
+def _no_overlap(plain: set[str], secret: set[str], what: str) -> None:
+    both = sorted(plain & secret)
+    if both:
+        raise ValueError(f"{what} {both[0]!r} is given both as a plain and as a secret value")
 
 
 class CommandTaskSpec(_Model):
@@ -88,6 +122,12 @@ class CommandTaskSpec(_Model):
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               Annotated[str, Field(max_length=32768)]] = Field(default_factory=dict, max_length=500)
     cwd: Annotated[str, Field(max_length=4096)] | None = None
+    secret_env: SecretEnv = Field(default=None, alias="secretEnv", max_length=500)
+
+    @model_validator(mode="after")
+    def _secret_names_distinct(self) -> CommandTaskSpec:
+        _no_overlap(set(self.env), set(self.secret_env or {}), "variable")
+        return self
 
 
 class ContainerTaskSpec(_Model):
@@ -96,6 +136,12 @@ class ContainerTaskSpec(_Model):
     command: list[Annotated[str, Field(max_length=8192)]] = Field(default_factory=list, max_length=1000)
     env: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
               Annotated[str, Field(max_length=32768)]] = Field(default_factory=dict, max_length=500)
+    secret_env: SecretEnv = Field(default=None, alias="secretEnv", max_length=500)
+
+    @model_validator(mode="after")
+    def _secret_names_distinct(self) -> ContainerTaskSpec:
+        _no_overlap(set(self.env), set(self.secret_env or {}), "variable")
+        return self
 
 
 TaskSpec = Annotated[HttpTaskSpec | CommandTaskSpec | ContainerTaskSpec, Field(discriminator="type")]
@@ -129,6 +175,17 @@ class RetryPolicy(_Model):
         return self
 
 
+class CatchUpPolicy(_Model):
+    """What happens to fires missed while the scheduler was down or the job was paused."""
+
+    policy: Literal["one", "all", "none"] = "one"
+    max_runs: Annotated[int, Field(alias="maxRuns", ge=1, le=1000)] = 10
+    window_sec: Annotated[int, Field(alias="windowSec", ge=1, le=366 * 86400)] = 86400
+
+
+Tag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")]
+
+
 class JobSpec(_Model):
     """Everything a user defines about a job. Field names on the wire are camelCase (API.md)."""
 
@@ -138,7 +195,13 @@ class JobSpec(_Model):
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy, alias="retryPolicy")
     timeout_sec: Annotated[int, Field(alias="timeoutSec", ge=1, le=MAX_TIMEOUT_SEC)] = 3600
     concurrency: Literal["skip", "queue", "allow"] = "skip"
+    queue_limit: Annotated[int, Field(alias="queueLimit", ge=1, le=1000)] = 10
     priority: Literal["high", "normal", "batch"] = "normal"
+    catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy, alias="catchUp")
+    tags: Annotated[list[Tag], Field(max_length=20)] = Field(default_factory=list)
+    notify_url: Annotated[str | None, Field(alias="notifyUrl", max_length=4096, pattern=r"^https?://")] = None
+    # A run waiting longer than this for a worker raises the same notification as a final failure.
+    start_deadline_sec: Annotated[int, Field(alias="startDeadlineSec", ge=1, le=7 * 86400)] = 300
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -168,7 +231,12 @@ class JobPatch(_Model):
     retry_policy: dict[str, Any] | None = Field(default=None, alias="retryPolicy")
     timeout_sec: int | None = Field(default=None, alias="timeoutSec")
     concurrency: str | None = None
+    queue_limit: int | None = Field(default=None, alias="queueLimit")
     priority: str | None = None
+    catch_up: dict[str, Any] | None = Field(default=None, alias="catchUp")
+    tags: list[str] | None = None
+    notify_url: str | None = Field(default=None, alias="notifyUrl")
+    start_deadline_sec: int | None = Field(default=None, alias="startDeadlineSec")
     paused: bool | None = None
 
     def apply_to(self, current: JobSpec) -> JobSpec:

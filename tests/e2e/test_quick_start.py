@@ -54,7 +54,7 @@ async def test_chimes_up_runs_everything_on_embedded_postgres(
         assert mine.status_code == 200 and mine.json()["jobs"] == []
 
     up.signal(signal.SIGTERM)
-    assert await up.exited(timeout=60) == 0
+    assert await up.exited(timeout=60) == 0, up.output()[-4000:]
     assert not (data_dir / "postgres" / "postmaster.pid").exists(), "the embedded server was left running"
     # A second start reuses the data and prints no new token.
     again = processes.start("up-again", "up", "--data-dir", str(data_dir), "--port", str(port))

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import httpx
 
+from chimes.ids import run_id_for
 from tests.helpers import wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
@@ -155,8 +156,11 @@ async def test_runs_are_listed_with_cursor(fleet: Fleet, client: httpx.AsyncClie
 
 
 async def test_unknown_run_is_404(client: httpx.AsyncClient) -> None:
-    assert (await client.get(f"/runs/{uuid.uuid4()}")).status_code == 404
-    assert (await client.post(f"/runs/{uuid.uuid4()}/cancel")).status_code == 404
+    far_future = uuid.UUID("ffffffff-ffff-7fff-bfff-ffffffffffff")  # a v7 id whose time is past year 9999
+    for run_id in (uuid.uuid4(), far_future, run_id_for(uuid.uuid4(), datetime(2026, 1, 1, tzinfo=UTC))):
+        assert (await client.get(f"/runs/{run_id}")).status_code == 404
+        assert (await client.post(f"/runs/{run_id}/cancel")).status_code == 404
+        assert (await client.post(f"/runs/{run_id}/rerun")).status_code == 404
 
 
 async def test_edits_and_pause_stop_the_old_definition_at_once(

@@ -5,23 +5,35 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
-from chimes import __version__
-from chimes.api import errors, jobs, runs
-from chimes.api.limits import DEFAULT_MAX_BODY_BYTES, BodySizeLimit
+from chimes import __version__, dashboard, metrics
+from chimes.api import errors, jobs, openapi, runs
+from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
+from chimes.security.refusals import Refused
+from chimes.security.secrets import Keyring, default_keyring
 from chimes.store.db import create_pool
 from chimes.store.jobs import JobStore
+from chimes.store.owners import check_secret_key
 from chimes.store.runs import RunStore
 
 
-def create_app(dsn: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, pool_size: int = 10) -> FastAPI:
+def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 10,
+               limits: LimitSettings | None = None, keyring: Keyring | None = None) -> FastAPI:
+    limits = limits or LimitSettings()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ring = keyring or default_keyring()
         pool = await create_pool(dsn, max_size=pool_size)
+        try:
+            await check_secret_key(pool, ring)  # another key than the workers' fails here, not in every run
+        except BaseException:
+            await pool.close()
+            raise
         app.state.pool = pool
-        app.state.jobs = JobStore(pool)
+        app.state.jobs = JobStore(pool, keyring=ring, default_job_quota=limits.default_job_quota)
         app.state.runs = RunStore(pool)
         try:
             yield
@@ -31,6 +43,8 @@ def create_app(dsn: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, pool_s
     app = FastAPI(title="Chimes", version=__version__, lifespan=lifespan,
                   default_response_class=JSONResponse, docs_url=None, redoc_url=None)
     errors.install(app)
+    app.add_exception_handler(Refused, _refused)  # type: ignore[arg-type]
+    openapi.install(app)
     app.include_router(jobs.router)
     app.include_router(runs.router)
 
@@ -42,5 +56,18 @@ def create_app(dsn: str, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, pool_s
             return JSONResponse({"status": "unavailable", "error": str(exc)}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    @app.get("/metrics", tags=["health"])
+    async def prometheus_metrics(request: Request) -> Response:
+        await metrics.collect_fleet(request.app.state.pool)
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    dashboard.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes if max_body_bytes is None else max_body_bytes)
+    app.add_middleware(RequestLimits, settings=limits)
+    app.add_middleware(metrics.LatencyMiddleware)
     return app
+
+
+async def _refused(_: Request, exc: Refused) -> JSONResponse:
+    return JSONResponse(errors.error_body(exc.code, exc.message, exc.field), exc.status, headers=exc.headers)

@@ -1,4 +1,10 @@
-"""Bearer-token authentication: every endpoint but /healthz runs as a Principal."""
+"""Bearer-token authentication and scopes: every endpoint but /healthz and /openapi.json runs as a
+Principal, and only a token whose scope allows the request gets past this.
+
+Owner isolation is the stores' job (every query takes ``owner_filter``); the scope is checked here,
+by method, for every route that depends on :func:`current_principal`: a ``read`` token may only
+read (GET, HEAD). Failed attempts are counted and logged by ``limits.RequestLimits``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from chimes.api.errors import ApiError
 from chimes.store.tokens import Principal, authenticate
 
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 async def current_principal(request: Request) -> Principal:
@@ -20,4 +27,13 @@ async def current_principal(request: Request) -> Principal:
     principal = await authenticate(request.app.state.pool, token.strip())
     if principal is None:
         raise ApiError(401, "unauthorized", "invalid or revoked token", headers=_CHALLENGE)
+    check_scope(principal, request.method)
     return principal
+
+
+def check_scope(principal: Principal, method: str) -> None:
+    """403 unless the principal's scope allows ``method``: a read-only token only reads."""
+    if method.upper() not in READ_METHODS and not principal.can_write:
+        raise ApiError(403, "forbidden",
+                       f"this token is read-only (scope 'read'): {method.upper()} needs a token with scope "
+                       "'write' or 'admin'")

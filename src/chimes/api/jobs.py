@@ -13,6 +13,7 @@ from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError, not_found
 from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view
+from chimes.ids import scheduled_at_of_or_none
 from chimes.jobs import JobPatch, JobSpec
 from chimes.store.jobs import IdempotencyConflict, JobStore
 from chimes.store.tokens import Principal
@@ -81,6 +82,14 @@ def parse_id(value: str, what: str) -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise not_found(what) from None
+
+
+def parse_run_id(value: str) -> uuid.UUID:
+    """A run id must carry a scheduled time (ids.py); any other UUID names no run."""
+    run_id = parse_id(value, "run")
+    if run_id.version != 7 or scheduled_at_of_or_none(run_id) is None:
+        raise not_found("run")
+    return run_id
 
 
 def _encode_cursor(job_id: uuid.UUID) -> str:

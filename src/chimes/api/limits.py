@@ -1,16 +1,153 @@
-"""A hard cap on request body size, enforced before any handler reads the body."""
+"""Limits every request meets before a handler runs: body size (413), failed authentication per
+client address and writes per token (429 with Retry-After).
+
+Rate limits are token buckets kept in memory, so they hold per API process: behind a load balancer
+with N processes, a client gets up to N times the configured rate.
+"""
 
 from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chimes.api.errors import error_body
 from chimes.api.responses import JSONResponse
 
+log = logging.getLogger("chimes.api.auth")
+
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+SESSION_COOKIE = b"chimes_session"
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """Operator settings of the API process (``chimes api --help`` lists their flags)."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    writes_per_sec: float = 20.0        # per token, sustained
+    write_burst: int = 100              # per token, at once
+    auth_failures_per_min: float = 10.0  # per client address, sustained
+    auth_failure_burst: int = 20         # per client address, at once
+    default_job_quota: int | None = 10_000  # jobs per owner without a quota of its own; None: no limit
+
+
+class RateLimiter:
+    """Token buckets by key, at most ``max_keys`` of them (least recently used ones are forgotten,
+    which only ever makes a limit more lenient, never stricter)."""
+
+    def __init__(self, per_sec: float, burst: int, *, max_keys: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_sec, self.burst, self._max_keys, self._clock = per_sec, burst, max_keys, clock
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, at)
+
+    def _level(self, key: str) -> float:
+        tokens, at = self._buckets.get(key, (float(self.burst), self._clock()))
+        return min(float(self.burst), tokens + (self._clock() - at) * self.per_sec)
+
+    def wait(self, key: str) -> float:
+        """Seconds until ``key`` may act again; 0 when it may now (nothing is taken)."""
+        level = self._level(key)
+        return 0.0 if level >= 1 else (1 - level) / self.per_sec
+
+    def take(self, key: str) -> float:
+        """Take one token for ``key``: 0 when there was one, else the seconds to wait (nothing taken)."""
+        level = self._level(key)
+        if level < 1:
+            return (1 - level) / self.per_sec
+        self._buckets[key] = (level - 1, self._clock())
+        self._buckets.move_to_end(key)
+        while len(self._buckets) > self._max_keys:
+            self._buckets.popitem(last=False)
+        return 0.0
+
+
+def too_many(code: str, message: str, wait_sec: float) -> JSONResponse:
+    retry_after = max(1, math.ceil(wait_sec))
+    return JSONResponse(error_body(code, f"{message}; retry after {retry_after} s"), 429,
+                        headers={"Retry-After": str(retry_after)})
+
+
+class RequestLimits:
+    """Failed authentication (any 401 answer) is counted per client address and logged; an address
+    out of attempts gets 429 until its bucket refills. A credential that keeps failing (a dashboard
+    tab polling with an expired session) counts once: guessing needs new credentials, and each of
+    those counts. Writes carrying a credential (bearer token or dashboard session) are limited per
+    credential."""
+
+    def __init__(self, app: ASGIApp, settings: LimitSettings) -> None:
+        self.app = app
+        self.failures = RateLimiter(settings.auth_failures_per_min / 60, settings.auth_failure_burst)
+        self.writes = RateLimiter(settings.writes_per_sec, settings.write_burst)
+        self.settings = settings
+        self._failed: OrderedDict[tuple[str, str], None] = OrderedDict()  # (address, credential) counted
+
+    def _count_failure(self, address: str, credential: str | None, method: str, path: str, form: bool) -> None:
+        if credential is None and form:
+            credential = f"form-{time.monotonic_ns()}"  # a sign-in form: the token is in the body, each try counts
+        key = (address, credential or "none")
+        if key in self._failed:
+            self._failed.move_to_end(key)
+            return
+        self._failed[key] = None
+        while len(self._failed) > 10_000:
+            self._failed.popitem(last=False)
+        self.failures.take(address)
+        log.warning("authentication failed from %s: %s %s", address, method, path)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/healthz":
+            await self.app(scope, receive, send)
+            return
+        address = (scope.get("client") or ("unknown", 0))[0]
+        wait = self.failures.wait(address)
+        if wait:
+            await too_many("too_many_failed_logins",
+                           f"too many failed authentication attempts from {address}", wait)(scope, receive, send)
+            return
+        credential = _credential(scope)
+        if credential is not None and scope["method"] in WRITE_METHODS:
+            wait = self.writes.take(credential)
+            if wait:
+                s = self.settings
+                message = (f"too many writes with this token: at most {s.writes_per_sec:g} a second "
+                           f"(bursts of {s.write_burst})")
+                await too_many("rate_limited", message, wait)(scope, receive, send)
+                return
+
+        async def watching_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                self._count_failure(address, credential, scope["method"], scope["path"], _is_form(scope))
+            await send(message)
+
+        await self.app(scope, receive, watching_send)
+
+
+def _is_form(scope: Scope) -> bool:
+    content_type = dict(scope["headers"]).get(b"content-type", b"")
+    return content_type.startswith((b"application/x-www-form-urlencoded", b"multipart/form-data"))
+
+
+def _credential(scope: Scope) -> str | None:
+    """A stable key for the presented credential (its hash: the credential itself is never kept)."""
+    for name, value in scope["headers"]:
+        if name == b"authorization" and value:
+            return hashlib.sha256(value).hexdigest()
+        if name == b"cookie" and SESSION_COOKIE in value:
+            return hashlib.sha256(value).hexdigest()
+    return None
 
 
 class BodySizeLimit:
+    """A hard cap on request body size, enforced before any handler reads the body."""
+
     def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.app, self.max_bytes = app, max_bytes
 

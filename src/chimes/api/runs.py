@@ -8,18 +8,22 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError, not_found
-from chimes.api.jobs import parse_id
+from chimes.api.jobs import parse_id, parse_run_id
 from chimes.api.responses import JSONResponse
 from chimes.api.views import run_view
-from chimes.ids import scheduled_at_of
-from chimes.store.runs import RunStore
+from chimes.ids import scheduled_at_of_or_none
+from chimes.jobs import PRIORITY_NAMES
+from chimes.store.runs import BackfillError, RunStore
 from chimes.store.tokens import Principal
 
 router = APIRouter(tags=["runs"])
 Caller = Annotated[Principal, Depends(current_principal)]
+BACKFILL_LIMIT = 1000
+CALLBACK_LEASE_SEC = 30.0  # each heartbeat from a target extends the run's lease this far
 RunStatus = Literal["scheduled", "running", "succeeded", "failed", "skipped", "cancelled"]
 
 
@@ -52,9 +56,89 @@ async def run_now(job_id: str, request: Request, caller: Caller) -> JSONResponse
     return JSONResponse({"runId": run_id}, status_code=202)
 
 
+class BackfillRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    start: AwareDatetime
+    end: AwareDatetime
+
+
+@router.post("/jobs/{job_id}/backfill", status_code=202, response_class=JSONResponse)
+async def backfill(job_id: str, body: BackfillRequest, request: Request, caller: Caller) -> JSONResponse:
+    """Create the runs the schedule would have made in (start, end], as catch-up runs, at most
+    BACKFILL_LIMIT of them; slots that already have a run keep it (run ids are per slot)."""
+    if body.end <= body.start:
+        raise ApiError(422, "invalid_request", "end: must be after start", "end")
+    if body.end > datetime.now(UTC):
+        raise ApiError(422, "invalid_request", "end: backfill covers the past; the schedule covers the future",
+                       "end")
+    try:
+        result = await _store(request).backfill(parse_id(job_id, "job"), caller.owner_filter, body.start, body.end,
+                                                BACKFILL_LIMIT)
+    except BackfillError as exc:
+        raise ApiError(422, "invalid_request", f"{exc.field}: {exc}", exc.field) from None
+    if result is None:
+        raise not_found("job")
+    return JSONResponse({"runIds": result.created, "created": len(result.created), "existing": result.existing},
+                        status_code=202)
+
+
+class HeartbeatRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lease_token: uuid.UUID = Field(alias="leaseToken")
+
+
+class CompleteRequest(HeartbeatRequest):
+    status: Literal["succeeded", "failed"]
+    error: Annotated[str | None, Field(max_length=4000)] = None
+    output: Annotated[str | None, Field(max_length=4096)] = None
+
+
+STALE_LEASE = "the lease token is not current: the run ended, was cancelled, or was given to another attempt"
+
+
+@router.post("/runs/{run_id}/heartbeat", response_class=JSONResponse)
+async def heartbeat(run_id: str, body: HeartbeatRequest, request: Request, caller: Caller) -> JSONResponse:
+    """For a target that answered 202 to a `callback` task: keeps the run's lease alive."""
+    expires = await _store(request).callback_heartbeat(parse_run_id(run_id), caller.owner_filter, body.lease_token,
+                                                       CALLBACK_LEASE_SEC)
+    if expires is None:
+        raise ApiError(409, "stale_lease", STALE_LEASE, "leaseToken")
+    return JSONResponse({"leaseExpiresAt": expires})
+
+
+@router.post("/runs/{run_id}/complete", response_class=JSONResponse)
+async def complete(run_id: str, body: CompleteRequest, request: Request, caller: Caller) -> JSONResponse:
+    """For a target that answered 202 to a `callback` task: reports how the attempt ended."""
+    store = _store(request)
+    parsed = parse_run_id(run_id)
+    accepted = await store.callback_complete(parsed, caller.owner_filter, body.lease_token, body.status, body.error,
+                                             body.output, datetime.now(UTC))
+    if not accepted:
+        raise ApiError(409, "stale_lease", STALE_LEASE, "leaseToken")
+    found = await store.get(parsed, caller.owner_filter)
+    assert found is not None
+    return JSONResponse(run_view(*found))
+
+
+@router.get("/queue", response_class=JSONResponse)
+async def queue(request: Request, caller: Caller) -> JSONResponse:
+    """Depth and lag of each priority tier of the run queue (fleet-wide, so for admins)."""
+    if not caller.admin:
+        raise ApiError(403, "forbidden", "the queue is fleet-wide: this needs an admin token")
+    now = datetime.now(UTC)
+    rows = {r["tier"]: r for r in await _store(request).queue_depth()}
+    tiers = []
+    for number, name in PRIORITY_NAMES.items():
+        row = rows.get(number)
+        oldest = row["oldest_enqueued_at"] if row else None
+        tiers.append({"tier": name, "depth": row["depth"] if row else 0, "oldestEnqueuedAt": oldest,
+                      "lagSec": round((now - oldest).total_seconds(), 3) if oldest else 0.0})
+    return JSONResponse({"tiers": tiers})
+
+
 @router.get("/runs/{run_id}", response_class=JSONResponse)
 async def get_run(run_id: str, request: Request, caller: Caller) -> JSONResponse:
-    found = await _store(request).get(parse_id(run_id, "run"), caller.owner_filter)
+    found = await _store(request).get(parse_run_id(run_id), caller.owner_filter)
     if found is None:
         raise not_found("run")
     run, attempts = found
@@ -64,7 +148,7 @@ async def get_run(run_id: str, request: Request, caller: Caller) -> JSONResponse
 @router.post("/runs/{run_id}/rerun", status_code=202, response_class=JSONResponse)
 async def rerun(run_id: str, request: Request, caller: Caller) -> JSONResponse:
     store = _store(request)
-    found = await store.get(parse_id(run_id, "run"), caller.owner_filter)
+    found = await store.get(parse_run_id(run_id), caller.owner_filter)
     if found is None:
         raise not_found("run")
     new_run = await store.start_now(found[0]["job_id"], caller.owner_filter, "rerun", datetime.now(UTC))
@@ -76,7 +160,7 @@ async def rerun(run_id: str, request: Request, caller: Caller) -> JSONResponse:
 @router.post("/runs/{run_id}/cancel", response_class=JSONResponse)
 async def cancel(run_id: str, request: Request, caller: Caller) -> JSONResponse:
     store = _store(request)
-    parsed = parse_id(run_id, "run")
+    parsed = parse_run_id(run_id)
     if not await store.cancel(parsed, caller.owner_filter, f"cancelled by {caller.owner}"):
         found = await store.get(parsed, caller.owner_filter)
         if found is None:
@@ -94,4 +178,7 @@ def _decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
         run_id = uuid.UUID(bytes=base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except ValueError:
         raise ApiError(400, "invalid_request", "cursor is not one this API returned", "cursor") from None
-    return scheduled_at_of(run_id), run_id
+    scheduled_at = scheduled_at_of_or_none(run_id)  # a forged cursor can encode a time past year 9999
+    if scheduled_at is None:
+        raise ApiError(400, "invalid_request", "cursor is not one this API returned", "cursor")
+    return scheduled_at, run_id

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chimes.security.secrets import redact
 from chimes.store.jobs import JobRecord
 
 
@@ -11,7 +12,7 @@ def job_view(job: JobRecord) -> dict[str, Any]:
     return {
         "jobId": job.job_id,
         "owner": job.owner,
-        **job.definition,
+        **redact(job.definition),  # secret values never leave the database
         "paused": job.paused,
         "version": job.version,
         "nextRunAt": job.next_run_at,
@@ -33,6 +34,7 @@ def run_view(run: Any, attempts: list[Any] | None = None) -> dict[str, Any]:
         "startedAt": run["started_at"],
         "finishedAt": run["finished_at"],
         "error": run["error"],
+        "reason": run["reason"],
     }
     if attempts is not None:
         view["attempts"] = [_attempt_view(a) for a in attempts]

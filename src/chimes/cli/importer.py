@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from chimes.api.errors import field_path
 from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database
+from chimes.cli.security_options import Sealer
 from chimes.jobs import JobSpec
 from chimes.store import db
 from chimes.store.bulk import copy_jobs
@@ -50,12 +51,13 @@ def parse_line(number: int, line: bytes) -> JobSpec:
 def import_jobs(database_url: str | None, data_dir: Path, file: Path, owner: str) -> None:
     """Bulk-load jobs from a JSON Lines file (one POST /jobs body per line), all or nothing."""
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        count, seconds = asyncio.run(_import(dsn, file, file.stat().st_size, owner))
+        count, seconds = asyncio.run(_import(dsn, file, file.stat().st_size, owner, data_dir))
     click.echo(f"imported {count} jobs in {seconds:.1f}s ({count / max(seconds, 1e-9):,.0f} jobs/s)")
 
 
-async def _import(dsn: str, file: Path, size: int, owner: str) -> tuple[int, float]:
+async def _import(dsn: str, file: Path, size: int, owner: str, data_dir: Path | None = None) -> tuple[int, float]:
     await migrate_database(dsn)
+    sealer = Sealer(data_dir)  # secret values are sealed before they reach the database
     started = time.perf_counter()
     now = datetime.now(UTC)
     total = 0
@@ -70,7 +72,7 @@ async def _import(dsn: str, file: Path, size: int, owner: str) -> tuple[int, flo
                         progress.advance(task, len(line))
                         if not line.strip():
                             continue
-                        chunk.append(parse_line(number, line))
+                        chunk.append(await sealer.seal(conn, parse_line(number, line)))
                         if len(chunk) >= CHUNK:
                             total += len(await copy_jobs(conn, owner, chunk, now))
                             chunk = []

@@ -5,14 +5,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Any
 
 import click
 
 from chimes import __version__, logs
-from chimes.cli import client, tokens
+from chimes.cli import caps, client, config, owners, tokens
 from chimes.cli.importer import import_jobs
-from chimes.cli.options import database_options, listen_options, settings_from
+from chimes.cli.options import database_options, listen_options, metrics_options, settings_from
 from chimes.cli.runtime import migrate_database, run_async
+from chimes.cli.security_options import (
+    allow_commands_option,
+    api_security,
+    api_security_options,
+    key_file_option,
+    worker_security,
+    worker_security_options,
+)
 from chimes.store import db
 
 log = logging.getLogger("chimes")
@@ -22,9 +31,11 @@ log = logging.getLogger("chimes")
 @click.version_option(__version__, prog_name="chimes")
 @click.option("--log-level", envvar="CHIMES_LOG_LEVEL", show_envvar=True, default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def cli(log_level: str) -> None:
+@click.option("--log-format", envvar="CHIMES_LOG_FORMAT", show_envvar=True, default="auto", show_default=True,
+              type=click.Choice(logs.FORMATS), help="auto: JSON lines unless stderr is a terminal.")
+def cli(log_level: str, log_format: str) -> None:
     """Chimes: run work later, once or on a cron schedule, on time, with retries and history."""
-    logs.configure(log_level)
+    logs.configure(log_level, log_format)
 
 
 @cli.command()
@@ -32,28 +43,38 @@ def cli(log_level: str) -> None:
 @listen_options
 @click.option("--worker-concurrency", envvar="CHIMES_WORKER_CONCURRENCY", show_envvar=True, default=100,
               show_default=True, type=click.IntRange(1, 10_000), help="Runs the built-in worker executes at once.")
-def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_concurrency: int) -> None:
+@api_security_options
+@worker_security_options
+@allow_commands_option(default=True)  # one person on their own machine: the README's tour runs commands
+@key_file_option
+def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_concurrency: int,
+       **security: Any) -> None:
     """Everything in one process: embedded PostgreSQL (unless --database-url), API, scheduler, worker."""
     from chimes.cli.roles import run_all_in_one
 
     settings = settings_from(database_url, data_dir, host, port)
+    api_settings, worker_settings = api_security(data_dir, security), worker_security(data_dir, security)
     with db.database_url(settings) as dsn:
-        run_async(lambda: run_all_in_one(dsn, settings, worker_concurrency))
+        run_async(lambda: run_all_in_one(dsn, settings, worker_concurrency, api_settings, worker_settings))
 
 
 @cli.command()
 @database_options
 @listen_options
-def api(database_url: str | None, data_dir: Path, host: str, port: int) -> None:
+@api_security_options
+@key_file_option
+def api(database_url: str | None, data_dir: Path, host: str, port: int, **security: Any) -> None:
     """The REST API. Stateless: run several behind a load balancer."""
     from chimes.cli.roles import run_api
 
     settings = settings_from(database_url, data_dir, host, port)
+    api_settings = api_security(data_dir, security)
     with db.database_url(settings) as dsn:
-        run_async(lambda: run_api(dsn, settings))
+        run_async(lambda: run_api(dsn, settings, api_settings))
 
 
 @cli.command()
+@metrics_options
 @database_options
 @click.option("--node-id", envvar="CHIMES_NODE_ID", show_envvar=True, default=None,
               help="Name of this node (default: host, pid and a random suffix).")
@@ -69,6 +90,7 @@ def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lea
 
 
 @cli.command()
+@metrics_options
 @database_options
 @click.option("--concurrency", envvar="CHIMES_WORKER_CONCURRENCY", show_envvar=True, default=100,
               show_default=True, type=click.IntRange(1, 10_000), help="Runs executed at once.")
@@ -80,13 +102,25 @@ def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lea
 @click.option("--shutdown-grace", envvar="CHIMES_SHUTDOWN_GRACE_SEC", show_envvar=True, default=30.0,
               show_default=True, type=click.FloatRange(0, 3600),
               help="On SIGTERM, seconds in-flight runs get to finish before they are handed back.")
+@click.option("--container-runtime", envvar="CHIMES_CONTAINER_RUNTIME", show_envvar=True, default="docker",
+              show_default=True, help="Command that runs container tasks: docker, podman, nerdctl (with arguments).")
+@worker_security_options
+@allow_commands_option(default=False)
+@key_file_option
 def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id: str | None,
-           lease_sec: float, shutdown_grace: float) -> None:
+           lease_sec: float, shutdown_grace: float, container_runtime: str, **security: Any) -> None:
     """A worker: claims runs from the queue and executes them."""
     from chimes.cli.roles import run_worker
+    from chimes.worker.executors import Executors
 
+    worker_settings = worker_security(data_dir, security)
+    try:
+        executors = Executors(container_runtime=container_runtime, egress=worker_settings.egress)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--container-runtime") from None
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        run_async(lambda: run_worker(dsn, concurrency, worker_id, lease_sec, shutdown_grace))
+        run_async(lambda: run_worker(dsn, concurrency, worker_id, lease_sec, shutdown_grace, executors,
+                                     worker_settings))
 
 
 @cli.command()
@@ -99,6 +133,9 @@ def migrate(database_url: str | None, data_dir: Path) -> None:
 
 
 cli.add_command(tokens.token)
+cli.add_command(config.config)
+cli.add_command(caps.cap)
+cli.add_command(owners.owner)
 cli.add_command(client.jobs)
 cli.add_command(client.runs)
 client.jobs.add_command(import_jobs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,3 +36,29 @@ def listen_options(func: Callable[..., Any]) -> Callable[..., Any]:
 def settings_from(database_url: str | None, data_dir: Path, host: str = DEFAULT_HOST,
                   port: int = DEFAULT_PORT) -> Settings:
     return Settings(database_url=database_url or None, data_dir=data_dir, host=host, port=port)
+
+
+def metrics_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--metrics-port``/``--metrics-host`` for the scheduler and worker roles: when a port is given,
+    Prometheus metrics are served on it (``/metrics``) from a background thread before the role starts."""
+
+    @functools.wraps(func)
+    def serve_then_run(*args: Any, metrics_port: int | None, metrics_host: str, **kwargs: Any) -> Any:
+        if metrics_port is not None:
+            from chimes import metrics
+
+            try:
+                metrics.serve(metrics_port, metrics_host)
+            except OSError as exc:
+                raise click.BadParameter(f"cannot listen on {metrics_host}:{metrics_port}: {exc.strerror or exc}",
+                                         param_hint="--metrics-port") from None
+        return func(*args, **kwargs)
+
+    serve_then_run = click.option(
+        "--metrics-host", envvar="CHIMES_METRICS_HOST", show_envvar=True, default="0.0.0.0", show_default=True,
+        help="Address the metrics port listens on.")(serve_then_run)
+    serve_then_run = click.option(
+        "--metrics-port", envvar="CHIMES_METRICS_PORT", show_envvar=True, default=None,
+        type=click.IntRange(1, 65535), help="Serve Prometheus metrics on this port (default: not served).",
+    )(serve_then_run)
+    return serve_then_run

@@ -4,28 +4,46 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import click
+from fastapi import FastAPI
 
 from chimes.api.app import create_app
 from chimes.cli.runtime import api_server, migrate_database, on_shutdown_signals
+from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
+from chimes.security.secrets import SecretKeyError
 from chimes.settings import Settings
 from chimes.store import db, tokens
+from chimes.store.owners import OwnerStore, check_secret_key
 from chimes.store.queries import sql
+from chimes.worker.executors import Executors
+from chimes.worker.guard import TaskGuard
 from chimes.worker.worker import Worker, WorkerConfig
 
 log = logging.getLogger("chimes")
 
 
-async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int) -> None:
+async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
+                         api: ApiSecurity | None = None, work: WorkerSecurity | None = None) -> None:
     await migrate_database(dsn)
-    await _announce_admin_token(dsn)
+    await _announce_admin_token(dsn, allow_commands=bool(work and work.allow_commands))
     pool = await db.create_pool(dsn, max_size=12)
-    server = api_server(create_app(dsn), settings.host, settings.port)
+    if work is not None:  # before anything starts: a wrong key must not leave half the roles running
+        try:
+            await check_secret_key(pool, work.keyring)
+        except SecretKeyError as exc:
+            await pool.close()
+            raise click.ClickException(str(exc)) from None
+    server = api_server(_app(dsn, api), settings.host, settings.port)
     node = SchedulerNode(pool)
-    worker = Worker(pool, dsn, WorkerConfig(concurrency=worker_concurrency))
+    runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", "docker")  # as for `chimes worker --container-runtime`
+    allow_commands = bool(work and work.allow_commands)
+    worker = Worker(pool, dsn, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
+                    executors=Executors(container_runtime=runtime, egress=work.egress if work else None),
+                    guard=TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands))
 
     def stop() -> None:
         server.stop()
@@ -43,9 +61,13 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int) 
         await pool.close()
 
 
-async def run_api(dsn: str, settings: Settings) -> None:
+def _app(dsn: str, api: ApiSecurity | None) -> FastAPI:
+    return create_app(dsn, limits=api.limits, keyring=api.keyring) if api else create_app(dsn)
+
+
+async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) -> None:
     await migrate_database(dsn)
-    server = api_server(create_app(dsn), settings.host, settings.port)
+    server = api_server(_app(dsn, api), settings.host, settings.port)
     on_shutdown_signals(server.stop)
     log.info("API listening on http://%s:%d", settings.host, settings.port)
     await server.serve()
@@ -64,12 +86,15 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float) -> None
 
 
 async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_sec: float,
-                     shutdown_grace: float) -> None:
+                     shutdown_grace: float, executors: Executors | None = None,
+                     work: WorkerSecurity | None = None) -> None:
     await migrate_database(dsn)
     pool = await db.create_pool(dsn, max_size=4)
+    allow_commands = bool(work and work.allow_commands)
     config = WorkerConfig(concurrency=concurrency, lease_sec=lease_sec, heartbeat_every_sec=lease_sec / 3,
-                          shutdown_grace_sec=shutdown_grace)
-    worker = Worker(pool, dsn, config, worker_id=worker_id)
+                          shutdown_grace_sec=shutdown_grace, allow_commands=allow_commands)
+    guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
+    worker = Worker(pool, dsn, config, worker_id=worker_id, executors=executors, guard=guard)
     on_shutdown_signals(worker.stop)
     try:
         await worker.run()
@@ -77,8 +102,9 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
         await pool.close()
 
 
-async def _announce_admin_token(dsn: str) -> None:
-    """On the first start, create an admin token and print it: the only time it is ever shown."""
+async def _announce_admin_token(dsn: str, allow_commands: bool = False) -> None:
+    """On the first start, create an admin token and print it: the only time it is ever shown.
+    With ``allow_commands`` (chimes up's default), its owner may also run command tasks."""
     conn = await db.connect(dsn)
     try:
         async with conn.transaction():
@@ -86,6 +112,8 @@ async def _announce_admin_token(dsn: str) -> None:
             if await conn.fetchval(sql("count_admin_tokens")):
                 return
             token = await tokens.create_token(conn, "admin", admin=True, name="created by chimes up")
+            if allow_commands:
+                await OwnerStore(conn).set("admin", allow_commands=True)
     finally:
         await conn.close()
     click.echo(

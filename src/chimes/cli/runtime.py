@@ -50,6 +50,7 @@ class ApiServer(uvicorn.Server):
 
 
 def api_server(app: Any, host: str, port: int) -> ApiServer:
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+    # log_config=None: uvicorn's own lines go through our handler (JSON lines off a terminal), not its own.
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, log_config=None,
                             lifespan="on", timeout_graceful_shutdown=10)
     return ApiServer(config)

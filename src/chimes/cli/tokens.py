@@ -16,6 +16,9 @@ from chimes.store import db
 from chimes.store import tokens as token_store
 from chimes.store.queries import sql
 
+SCOPE_HELP = ("read: only reads its owner's jobs and runs; write: also creates and changes them; "
+              "admin: reads and changes every owner's.")
+
 
 @click.group()
 def token() -> None:
@@ -25,18 +28,23 @@ def token() -> None:
 @token.command("create")
 @database_options
 @click.option("--owner", required=True, help="The team the token acts for; it sees only this team's jobs.")
-@click.option("--admin", is_flag=True, help="An admin token sees and changes every team's jobs.")
+@click.option("--scope", type=click.Choice(token_store.SCOPES), default=None, help=f"[default: write] {SCOPE_HELP}")
+@click.option("--admin", is_flag=True, help="The same as --scope admin.")
 @click.option("--name", default=None, help="A note saying what the token is for.")
-def create(database_url: str | None, data_dir: Path, owner: str, admin: bool, name: str | None) -> None:
+def create(database_url: str | None, data_dir: Path, owner: str, scope: str | None, admin: bool,
+           name: str | None) -> None:
     """Create a token and print it."""
     if not owner.strip() or len(owner) > 100:
         raise click.BadParameter("must be 1 to 100 characters", param_hint="--owner")
+    if admin and scope not in (None, "admin"):
+        raise click.BadParameter(f"--admin contradicts --scope {scope}", param_hint="--scope")
+    scope = "admin" if admin else scope or "write"
 
     async def main(dsn: str) -> str:
         await migrate_database(dsn)
         conn = await db.connect(dsn)
         try:
-            return await token_store.create_token(conn, owner.strip(), admin=admin, name=name)
+            return await token_store.create_token(conn, owner.strip(), scope=scope, name=name)
         finally:
             await conn.close()
 
@@ -50,6 +58,7 @@ def list_tokens(database_url: str | None, data_dir: Path) -> None:
     """List tokens (never their secrets)."""
 
     async def main(dsn: str) -> list:
+        await migrate_database(dsn)
         conn = await db.connect(dsn)
         try:
             return await conn.fetch(sql("list_tokens"))
@@ -58,12 +67,12 @@ def list_tokens(database_url: str | None, data_dir: Path) -> None:
 
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
         rows = asyncio.run(main(dsn))
-    table = Table("id", "owner", "admin", "name", "created", "revoked")
+    table = Table("id", "owner", "scope", "name", "created", "revoked")
     for r in rows:
         revoked = f"{r['revoked_at']:%Y-%m-%d %H:%M}" if r["revoked_at"] else ""
-        table.add_row(str(r["token_id"]), r["owner"], "yes" if r["admin"] else "", r["name"] or "",
+        table.add_row(str(r["token_id"]), r["owner"], r["scope"], r["name"] or "",
                       f"{r['created_at']:%Y-%m-%d %H:%M}", revoked)
-    Console().print(table)
+    Console(width=160).print(table)
 
 
 @token.command("revoke")

@@ -1,28 +1,56 @@
-"""Turning due triggers into fires: the run each one makes and where its schedule goes next."""
+"""Turning due triggers into fires: the runs each one makes and where its schedule goes next."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from chimes import cron
-from chimes.ids import run_id_for, scheduled_at_of
+from chimes.ids import scheduled_at_of
+from chimes.slots import catch_up, jitter_offset, on_time
 from chimes.store.scheduling import RETRY, DueTrigger, Fire
 
+# A trigger this late was missed (the scheduler was down, or the job paused), not merely delayed
+# by a takeover: its slots follow the job's catch-up policy instead of firing one by one.
+MISSED_AFTER = timedelta(seconds=60)
 
-def plan_fire(trigger: DueTrigger) -> Fire:
-    """Pure: no clock, no I/O. The next fire is computed from the scheduled time, never from now,
-    so a recurring job does not drift however late this fire is."""
+
+def schedule_of(trigger: DueTrigger) -> cron.CronSchedule | None:
+    if trigger.cron is None or trigger.timezone is None:
+        return None
+    return cron.CronSchedule(trigger.cron, trigger.timezone, trigger.dst_gap, trigger.dst_fold)
+
+
+def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: timedelta = MISSED_AFTER) -> Fire:
+    """Pure: ``now`` is passed in. The next fire is computed from the slot, never from the clock, so
+    a recurring job does not drift however late this fire is. Without ``now`` the fire is on time."""
     if trigger.kind == RETRY:
         return Fire(trigger, trigger.trigger_id, scheduled_at_of(trigger.trigger_id), None)
-    next_fire_at: datetime | None = None
-    if trigger.cron is not None and trigger.timezone is not None:
-        next_fire_at = cron.next_fire(cron.CronSchedule(trigger.cron, trigger.timezone), trigger.fire_at)
-    return Fire(trigger, run_id_for(trigger.job_id, trigger.fire_at), trigger.fire_at, next_fire_at)
+    schedule = schedule_of(trigger)
+    offset = jitter_offset(trigger.job_id, trigger.jitter_sec)
+    nominal = trigger.fire_at - offset
+    paused = _while_paused(trigger, nominal)
+    if now is None or (not paused and now - trigger.fire_at <= missed_after):
+        slots = [on_time(trigger.job_id, nominal)]
+        following = cron.next_fire(schedule, nominal) if schedule is not None else None
+    else:
+        slots, following = catch_up(trigger.job_id, schedule, nominal, now, trigger.catch_up or {},
+                                    "paused" if paused else "missed")
+    last = slots[-1]
+    return Fire(trigger, last.run_id, last.scheduled_at, None if following is None else following + offset,
+                tuple(slots))
 
 
-def plan_fires(triggers: Iterable[DueTrigger]) -> list[Fire]:
-    return [plan_fire(t) for t in triggers]
+def _while_paused(trigger: DueTrigger, nominal: datetime) -> bool:
+    """A slot of the last pause: resuming put the trigger back there so the paused slots are
+    accounted for by the catch-up policy."""
+    paused, resumed = trigger.paused_at, trigger.resumed_at
+    return paused is not None and resumed is not None and paused <= nominal <= resumed
+
+
+def plan_fires(triggers: Iterable[DueTrigger], now: datetime | None = None,
+               missed_after: timedelta = MISSED_AFTER) -> list[Fire]:
+    return [plan_fire(t, now, missed_after) for t in triggers]
 
 
 def follow_up(fire: Fire) -> DueTrigger | None:
@@ -31,4 +59,5 @@ def follow_up(fire: Fire) -> DueTrigger | None:
         return None
     t = fire.trigger
     return DueTrigger(t.partition_id, fire.next_fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
-                      t.cron, t.timezone)
+                      t.cron, t.timezone, t.dst_gap, t.dst_fold, t.jitter_sec, t.catch_up, t.paused_at,
+                      t.resumed_at)

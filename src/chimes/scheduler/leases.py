@@ -8,6 +8,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from chimes import metrics
 from chimes.store.scheduling import SchedulerStore
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class LeaseManager:
         lost = {p for p, token in before.items() if after.get(p) != token}
         gained = after.keys() - before.keys()
         self.held = after
+        metrics.record_lease_round(len(after), len(gained), len(lost))
         if lost:
             self._on_lost(lost)
         if lost or gained:

@@ -14,11 +14,14 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from chimes.scheduler.firing import follow_up, plan_fires
+from chimes import metrics
+from chimes.notifier import Notifier
+from chimes.scheduler.firing import MISSED_AFTER, follow_up, plan_fires
+from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.leases import LeaseConfig, LeaseManager
 from chimes.scheduler.reaper import Reaper
 from chimes.scheduler.timer_wheel import TimerWheel
-from chimes.store.migrate import ensure_run_partitions
+from chimes.store.migrate import drop_old_run_partitions, ensure_run_partitions
 from chimes.store.scheduling import DueTrigger, SchedulerStore
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,10 @@ class SchedulerConfig:
     fire_batch_size: int = 1000
     fire_concurrency: int = 3  # batches fired at once, each on its own connection
     reap_every_sec: float = 2.0
+    missed_after_sec: float = MISSED_AFTER.total_seconds()  # later than this, catch-up policies apply
+    retention_days: int = 30  # run history older than this is dropped, a day's partition at a time
+    notify_every_sec: float = 1.0
+    health_every_sec: float = 10.0
     maintain_every_sec: float = 3600.0
 
 
@@ -56,12 +63,15 @@ class SchedulerNode:
         self.wheel = TimerWheel()
         self.leases = LeaseManager(self.store, self.config.lease, on_lost=self._on_partitions_lost)
         self.reaper = Reaper(self.store)
+        self.notifier = Notifier(pool)
+        self.health = HealthCheck(pool)
         self.stats = SchedulerStats()
         self._pool = pool
         self._clock = clock
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._fire_slots = asyncio.Semaphore(self.config.fire_concurrency)
+        self._batches: set[asyncio.Task[None]] = set()
 
     @property
     def node_id(self) -> str:
@@ -83,6 +93,8 @@ class SchedulerNode:
             self._every(self.config.scan_every_sec, self._scan),
             self._every(self.config.reap_every_sec, self._reap),
             self._every(self.config.maintain_every_sec, self._maintain),
+            self._every(self.config.notify_every_sec, self._notify),
+            self._every(self.config.health_every_sec, self._check_health),
             self._fire_loop(),
         ]
         tasks = [asyncio.create_task(loop) for loop in loops]
@@ -92,6 +104,9 @@ class SchedulerNode:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # Batches already sent finish (they are short transactions) before the leases go back.
+            await asyncio.gather(*self._batches, return_exceptions=True)
+            await self.notifier.close()
             try:
                 await self.leases.release_all()
             except (OSError, asyncpg.PostgresError) as exc:
@@ -131,12 +146,22 @@ class SchedulerNode:
         if added:
             self._wake.set()
 
+    async def _check_health(self) -> None:
+        await self.health.sweep(self._now())
+
+    async def _notify(self) -> None:
+        await self.notifier.deliver_due()
+
     async def _reap(self) -> None:
         await self.reaper.sweep(self.leases.held, self._now())
 
     async def _maintain(self) -> None:
         async with self._pool.acquire() as conn:
             await ensure_run_partitions(conn)
+            dropped = await drop_old_run_partitions(conn, self.config.retention_days)
+        if dropped:
+            log.info("retention: dropped %d run-history partitions older than %d days", dropped,
+                     self.config.retention_days)
         await self.store.forget_dead_nodes()
 
     async def _fire_loop(self) -> None:
@@ -146,7 +171,8 @@ class SchedulerNode:
             if due:
                 await self._fire_slots.acquire()
                 task = asyncio.create_task(self._fire_batch(due))
-                task.add_done_callback(lambda _: self._fire_slots.release())
+                self._batches.add(task)
+                task.add_done_callback(self._batch_done)
                 continue
             self._wake.clear()
             next_due = self.wheel.next_due()
@@ -156,10 +182,14 @@ class SchedulerNode:
             except TimeoutError:
                 pass
 
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._batches.discard(task)
+        self._fire_slots.release()
+
     async def _fire_batch(self, due: list[DueTrigger]) -> None:
         try:
-            fires = plan_fires(due)
             fired_at = self._now()
+            fires = plan_fires(due, fired_at, timedelta(seconds=self.config.missed_after_sec))
             result = await self.store.fire(self.leases.held, fires, fired_at)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
             # Nothing was committed; the triggers are still in the database and the next scan
@@ -170,6 +200,7 @@ class SchedulerNode:
             self.wheel.done(due)
         self.stats.fired += result.fired
         self.stats.enqueued += result.enqueued
+        metrics.record_fires(due, fired_at, result)
         lag = (fired_at - min(t.fire_at for t in due)).total_seconds()
         self.stats.max_fire_lag_sec = max(self.stats.max_fire_lag_sec, lag)
         if result.leases_held < len({t.partition_id for t in due}):

@@ -13,38 +13,51 @@ from datetime import datetime
 
 import asyncpg
 
+from chimes import metrics
 from chimes.backoff import DEFAULT_POLICY, next_attempt_at
 from chimes.store.scheduling import LostRun, SchedulerStore
 
 log = logging.getLogger(__name__)
+POISON_AFTER = 3  # lease losses (worker deaths) after which a run is failed as poison
 
 
-def judge(row: asyncpg.Record | Mapping, now: datetime) -> LostRun:
+def judge(row: asyncpg.Record | Mapping, now: datetime, poison_after: int = POISON_AFTER) -> LostRun:
     """Decide how one expired run ends. Pure: ``now`` is passed in."""
     policy = row["retry_policy"] or DEFAULT_POLICY
     attempt = row["attempt"]
-    if row["lease_expired"]:
+    lease_lost = bool(row["lease_expired"])
+    if lease_lost:
         error = f"worker {row['worker_id']} stopped heartbeating during attempt {attempt} (lease expired)"
         retry_at = now if attempt < int(policy.get("maxAttempts", 3)) else None
+        losses = (row.get("lease_losses") or 0) + 1
+        if losses >= poison_after:
+            # The run itself probably kills its workers (memory, a crash in a library): stop feeding it.
+            return LostRun(row["run_id"], row["scheduled_at"], row["lease_token"], row["worker_id"],
+                           row["started_at"], f"{error}; poison run: its workers died {losses} times", None)
     else:
         error = f"attempt {attempt} ran past its deadline and was abandoned"
         retry_at = next_attempt_at(policy, attempt, now)
     if retry_at is None:
         error += "; no attempts left"
     return LostRun(row["run_id"], row["scheduled_at"], row["lease_token"], row["worker_id"], row["started_at"],
-                   error, retry_at)
+                   error, retry_at, lease_lost)
 
 
 class Reaper:
-    def __init__(self, store: SchedulerStore, batch_size: int = 1000) -> None:
+    def __init__(self, store: SchedulerStore, batch_size: int = 1000, reconcile_every: int = 5) -> None:
         self.store = store
         self.batch_size = batch_size
         self.reaped = 0
+        self._sweeps = 0
+        self._reconcile_every = reconcile_every
 
     async def sweep(self, leases: Mapping[int, int], now: datetime) -> int:
         """Reap what is expired in the held partitions; returns how many runs were ended or re-enqueued."""
         if not leases:
             return 0
+        self._sweeps += 1
+        if self._sweeps % self._reconcile_every == 0:
+            await self.store.reconcile_active_runs()
         rows = await self.store.expired_runs(list(leases), self.batch_size)
         if not rows:
             return 0
@@ -52,6 +65,7 @@ class Reaper:
         for row in ended:
             log.warning("reaped run %s (%s)", row["run_id"],
                         "re-enqueued" if row["retry_at"] is not None else "failed",
-                        extra={"run_id": str(row["run_id"])})
+                        extra={"run_id": str(row["run_id"]), "job_id": str(row["job_id"])})
+        metrics.record_reaped(ended)
         self.reaped += len(ended)
         return len(ended)

@@ -13,7 +13,8 @@ from chimes.jobs import JobSpec
 from chimes.store.jobs import first_fire, job_columns
 
 JOB_COLUMNS = ("job_id", "owner", "name", "cron", "run_at", "timezone", "jitter_sec", "task", "retry_policy",
-               "timeout_sec", "concurrency", "priority")
+               "timeout_sec", "concurrency", "priority", "dst_gap", "dst_fold", "catch_up", "queue_limit", "tags",
+               "notify_url", "start_deadline_sec")
 TRIGGER_COLUMNS = ("partition_id", "fire_at", "trigger_id", "job_id", "job_version", "kind")
 
 
@@ -25,7 +26,7 @@ async def copy_jobs(conn: asyncpg.Connection, owner: str, specs: Sequence[JobSpe
         job_id = new_job_id()
         ids.append(job_id)
         jobs.append((job_id, owner, *job_columns(spec)))
-        fire_at = first_fire(spec, now)
+        fire_at = first_fire(spec, job_id, now)
         if fire_at is not None:
             triggers.append((partition_of(job_id), fire_at, job_id, job_id, 1, 0))
     await conn.copy_records_to_table("jobs", records=jobs, columns=JOB_COLUMNS)

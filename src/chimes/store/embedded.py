@@ -95,6 +95,12 @@ class EmbeddedPostgres:
     def stop(self, mode: str = "fast") -> None:
         pg.pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.pgdata, user=self._run_as, timeout=60)
 
+    def restart(self, mode: str = "fast") -> None:
+        """Stop and start again: ``fast`` ends sessions cleanly, ``immediate`` is a crash (the start
+        replays the WAL). Used by the fault-injection harness (chimes.chaos)."""
+        pg.pg_ctl(["-w", "-t", "60", "-m", mode, "-l", str(self.pgdata / "server.log"), "restart"],
+                  pgdata=self.pgdata, user=self._run_as, timeout=90)
+
     def _initdb(self) -> None:
         if self.pgdata.exists():
             shutil.rmtree(self.pgdata)  # a half-made cluster from an interrupted initdb

@@ -12,6 +12,9 @@ import asyncpg
 from chimes import cron
 from chimes.ids import new_job_id, partition_of
 from chimes.jobs import PRIORITIES, PRIORITY_NAMES, AtScheduleSpec, CronScheduleSpec, JobPatch, JobSpec
+from chimes.security.secrets import Keyring, default_keyring, has_secrets, keep_sealed, seal_spec, split_sealed
+from chimes.slots import jitter_offset
+from chimes.store.owners import admit_job, check_job_quota, check_task_allowed
 from chimes.store.queries import sql
 
 
@@ -39,48 +42,64 @@ class CreatedJob:
     created: bool
 
 
-def first_fire(spec: JobSpec, now: datetime) -> datetime | None:
-    """When a newly written (or resumed) definition fires first."""
+def first_fire(spec: JobSpec, job_id: uuid.UUID, now: datetime, since: datetime | None = None) -> datetime | None:
+    """When a newly written (or resumed) definition fires first: its first slot after ``since``
+    (the pause, when resuming) or ``now``, moved by the job's jitter."""
     if isinstance(spec.schedule, AtScheduleSpec):
         return spec.schedule.at
-    return cron.next_fire(spec.schedule.as_cron(), now)
+    nominal = cron.next_fire(spec.schedule.as_cron(), since or now)
+    return None if nominal is None else nominal + jitter_offset(job_id, spec.schedule.jitter_sec)
 
 
 def job_columns(spec: JobSpec) -> tuple[Any, ...]:
-    """name, cron, run_at, timezone, jitter_sec, task, retry_policy, timeout_sec, concurrency, priority."""
+    """The definition as the columns of ``jobs``, in the order of JOB_COLUMNS (after owner)."""
     wire = spec.to_wire()
     schedule = spec.schedule
-    is_cron = isinstance(schedule, CronScheduleSpec)
+    cron_spec = schedule if isinstance(schedule, CronScheduleSpec) else None
     return (
         spec.name,
-        schedule.cron if is_cron else None,
-        None if is_cron else schedule.at,
-        schedule.timezone if is_cron else "UTC",
-        schedule.jitter_sec if is_cron else 0,
+        cron_spec.cron if cron_spec else None,
+        None if cron_spec else schedule.at,
+        cron_spec.timezone if cron_spec else "UTC",
+        cron_spec.jitter_sec if cron_spec else 0,
         wire["task"],
         wire["retryPolicy"],
         spec.timeout_sec,
         spec.concurrency,
         PRIORITIES[spec.priority],
+        cron_spec.dst_gap if cron_spec else None,
+        cron_spec.dst_fold if cron_spec else None,
+        wire["catchUp"],
+        spec.queue_limit,
+        list(spec.tags),
+        spec.notify_url,
+        spec.start_deadline_sec,
     )
 
 
 def definition_of(row: asyncpg.Record) -> dict[str, Any]:
     if row["cron"] is not None:
         schedule: dict[str, Any] = {"cron": row["cron"], "timezone": row["timezone"]}
-        if row["jitter_sec"]:
-            schedule["jitterSec"] = row["jitter_sec"]
+        optional = {"jitterSec": row["jitter_sec"], "dstGap": row["dst_gap"], "dstFold": row["dst_fold"]}
+        schedule.update((key, value) for key, value in optional.items() if value)
     else:
         schedule = {"at": row["run_at"]}
-    return {
+    definition = {
         "name": row["name"],
         "schedule": schedule,
         "task": row["task"],
         "retryPolicy": row["retry_policy"],
         "timeoutSec": row["timeout_sec"],
         "concurrency": row["concurrency"],
+        "queueLimit": row["queue_limit"],
         "priority": PRIORITY_NAMES[row["priority"]],
+        "catchUp": row["catch_up"],
+        "tags": row["tags"],
+        "startDeadlineSec": row["start_deadline_sec"],
     }
+    if row["notify_url"]:
+        definition["notifyUrl"] = row["notify_url"]
+    return definition
 
 
 def _record(row: asyncpg.Record, last_run: dict[str, Any] | None = None) -> JobRecord:
@@ -94,17 +113,34 @@ def _record(row: asyncpg.Record, last_run: dict[str, Any] | None = None) -> JobR
 class JobStore:
     """Create, read, change and delete jobs. ``owner=None`` means an admin: no ownership filter."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, keyring: Keyring | None = None,
+                 default_job_quota: int | None = None) -> None:
         self._pool = pool
+        self._keyring_given = keyring
+        self._default_job_quota = default_job_quota  # for owners without a quota of their own
+
+    @property
+    def _keyring(self) -> Keyring:
+        # Loaded only when a secret is used, so a deployment without secrets needs no key.
+        if self._keyring_given is None:
+            self._keyring_given = default_keyring()
+        return self._keyring_given
+
+    def _fingerprint(self, spec: JobSpec) -> bytes:
+        # Keyed when the definition holds secrets: a plain hash could be brute-forced back to them.
+        plain = spec.fingerprint()
+        return self._keyring.fingerprint(plain) if has_secrets(spec) else plain
 
     async def create(
         self, owner: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None
     ) -> CreatedJob:
         job_id = new_job_id()
-        fingerprint = spec.fingerprint() if idempotency_key else None
+        fingerprint = self._fingerprint(spec) if idempotency_key else None
+        stored = seal_spec(spec, self._keyring) if has_secrets(spec) else spec
         async with self._pool.acquire() as conn, conn.transaction():
+            quota = await admit_job(conn, owner, spec, self._default_job_quota)
             inserted = await conn.fetchval(
-                sql("insert_job"), job_id, owner, *job_columns(spec), idempotency_key, fingerprint
+                sql("insert_job"), job_id, owner, *job_columns(stored), idempotency_key, fingerprint
             )
             if inserted is None:  # the key was used before: answer with the job it created
                 existing = await conn.fetchrow(sql("job_by_idempotency_key"), owner, idempotency_key)
@@ -112,7 +148,8 @@ class JobStore:
                     raise IdempotencyConflict(idempotency_key)
                 job = await conn.fetchrow(sql("get_job"), existing["job_id"], owner)
                 return CreatedJob(job["job_id"], job["next_run_at"], created=False)
-            fire_at = first_fire(spec, now)
+            await check_job_quota(conn, owner, quota)
+            fire_at = first_fire(spec, job_id, now)
             if fire_at is not None:
                 await conn.execute(sql("insert_schedule_trigger"), partition_of(job_id), fire_at, job_id, 1)
         return CreatedJob(job_id, fire_at, created=True)
@@ -140,11 +177,18 @@ class JobStore:
             row = await conn.fetchrow(sql("lock_job"), job_id, owner)
             if row is None:
                 return None
-            spec = patch.apply_to(JobSpec.model_validate(definition_of(row)))
+            current, sealed = split_sealed(definition_of(row))
+            spec = patch.apply_to(JobSpec.model_validate(current))
+            if patch.task is None:
+                stored = keep_sealed(spec, sealed)
+            else:
+                await check_task_allowed(conn, row["owner"], spec)
+                stored = seal_spec(spec, self._keyring, sealed) if has_secrets(spec) else spec
             paused = row["paused"] if patch.paused is None else patch.paused
-            version = await conn.fetchval(sql("update_job"), job_id, *job_columns(spec), paused)
+            version = await conn.fetchval(sql("update_job"), job_id, *job_columns(stored), paused)
             had_trigger = await conn.execute(sql("delete_schedule_triggers"), job_id) != "DELETE 0"
-            fire_at = None if paused else first_fire(spec, now)
+            resuming = row["paused"] and not paused
+            fire_at = None if paused else first_fire(spec, job_id, now, row["paused_at"] if resuming else None)
             if fire_at is not None and not _one_off_done(spec, row, had_trigger):
                 await conn.execute(sql("insert_schedule_trigger"), partition_of(job_id), fire_at, job_id, version)
         return await self.get(job_id, owner)

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
 
+from chimes import cron
+from chimes.backoff import next_attempt_at
 from chimes.ids import partition_of, run_id_for, scheduled_at_of, truncate_to_millis
 from chimes.store.queries import sql
-from chimes.store.working import QUEUE_CHANNEL
+from chimes.store.working import QUEUE_CHANNEL, runs_ended
+
+
+class BackfillError(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillResult:
+    created: list[uuid.UUID]
+    existing: int
 
 
 class RunStore:
@@ -48,6 +63,53 @@ class RunStore:
             await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
         return run_id
 
+    async def backfill(self, job_id: uuid.UUID, owner: str | None, start: datetime, end: datetime,
+                       limit: int) -> BackfillResult | None:
+        """Create the runs the job's schedule implies in (start, end], at most ``limit`` slots;
+        slots that already have a run are left as they are. None when the job is not found."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            job = await conn.fetchrow(sql("job_for_backfill"), job_id, owner)
+            if job is None:
+                return None
+            if job["cron"] is None:
+                raise BackfillError("schedule", "backfill needs a recurring (cron) schedule")
+            schedule = cron.CronSchedule(job["cron"], job["timezone"], job["dst_gap"], job["dst_fold"])
+            slots = cron.fire_times(schedule, start, end, limit + 1)
+            if len(slots) > limit:
+                raise BackfillError("end", f"the range holds more than {limit} fires; backfill it in parts")
+            run_ids = [run_id_for(job_id, s) for s in slots]
+            created = await conn.fetch(sql("backfill_runs"), job_id, run_ids, slots, partition_of(job_id))
+            if created:
+                await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
+        return BackfillResult([r["run_id"] for r in created], len(slots) - len(created))
+
+    async def callback_heartbeat(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID,
+                                 lease_sec: float) -> datetime | None:
+        """Extend the lease of a run whose target reports for itself; None when the token is stale."""
+        return await self._pool.fetchval(sql("callback_heartbeat"), run_id, scheduled_at_of(run_id), owner,
+                                         lease_token, lease_sec)
+
+    async def callback_complete(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID, status: str,
+                                error: str | None, output: str | None, now: datetime) -> bool:
+        """Record the outcome a target reported, exactly as a worker would: conditional on the lease
+        token, a failure with attempts left waits for its retry. False when the token is stale."""
+        scheduled_at = scheduled_at_of(run_id)
+        async with self._pool.acquire() as conn, conn.transaction():
+            run = await conn.fetchrow(sql("running_with_token"), run_id, scheduled_at, owner, lease_token)
+            if run is None:
+                return False
+            retry_at = next_attempt_at(run["retry_policy"], run["attempt"], now) if status == "failed" else None
+            ended = await conn.fetch(sql("complete_runs"), [run_id], [scheduled_at], [lease_token], [status],
+                                     [error], [output], [now], [retry_at], "callback")
+            await runs_ended(conn, [r for r in ended if r["final"]])
+        return bool(ended)
+
+    async def queue_depth(self) -> list[asyncpg.Record]:
+        return await self._pool.fetch(sql("queue_depth"))
+
     async def cancel(self, run_id: uuid.UUID, owner: str | None, reason: str) -> bool:
-        row = await self._pool.fetchrow(sql("cancel_run"), run_id, scheduled_at_of(run_id), owner, reason)
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(sql("cancel_run"), run_id, scheduled_at_of(run_id), owner, reason)
+            if row is not None:
+                await runs_ended(conn, [row])
         return row is not None

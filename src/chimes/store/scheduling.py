@@ -10,13 +10,17 @@ from typing import Any
 
 import asyncpg
 
+from chimes.slots import Slot
 from chimes.store.queries import sql
+from chimes.store.working import runs_ended
 
 SCHEDULE, RETRY = 0, 1
 
 
 @dataclass(frozen=True, slots=True)
 class DueTrigger:
+    """A trigger read by the due scan, with what the node needs of its job to fire it."""
+
     partition_id: int
     fire_at: datetime
     trigger_id: uuid.UUID
@@ -25,6 +29,12 @@ class DueTrigger:
     kind: int
     cron: str | None
     timezone: str | None
+    dst_gap: str | None = None
+    dst_fold: str | None = None
+    jitter_sec: int = 0
+    catch_up: dict[str, Any] | None = None
+    paused_at: datetime | None = None
+    resumed_at: datetime | None = None
 
     @property
     def key(self) -> tuple[int, datetime, uuid.UUID]:
@@ -33,12 +43,13 @@ class DueTrigger:
 
 @dataclass(frozen=True, slots=True)
 class Fire:
-    """A due trigger ready to fire: the run it makes and where the schedule goes next."""
+    """A due trigger ready to fire: the runs it makes (one per slot) and where the schedule goes next."""
 
     trigger: DueTrigger
     run_id: uuid.UUID
     scheduled_at: datetime
     next_fire_at: datetime | None
+    slots: tuple[Slot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,7 @@ class LostRun:
     started_at: datetime | None
     error: str
     retry_at: datetime | None  # None: fail for good; now or earlier: re-enqueue at once; later: retry then
+    lease_lost: bool = True  # the worker vanished (counts toward poison), rather than overran its deadline
 
 
 class SchedulerStore:
@@ -108,15 +120,18 @@ class SchedulerStore:
         """Fire one batch in one transaction, fenced by this node's lease tokens."""
         partitions = {f.trigger.partition_id for f in fires}
         lease_ids = [p for p in partitions if p in leases]
-        columns: list[list[Any]] = [[] for _ in range(9)]
-        for f in fires:
+        triggers: list[list[Any]] = [[] for _ in range(10)]
+        slots: list[list[Any]] = [[] for _ in range(6)]
+        for index, f in enumerate(fires):
             t = f.trigger
-            for column, value in zip(columns, (t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version,
-                                               t.kind, f.run_id, f.scheduled_at, f.next_fire_at), strict=True):
-                column.append(value)
+            _append(triggers, (index, t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
+                               f.run_id, f.scheduled_at, f.next_fire_at))
+            for s in f.slots:
+                _append(slots, (index, s.run_id, s.scheduled_at, s.trigger, s.outcome, s.reason))
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
-                sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *columns, fired_at
+                sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *triggers, *slots,
+                fired_at,
             )
             if row["enqueued"]:
                 await conn.execute(sql("notify_queue"))
@@ -133,11 +148,21 @@ class SchedulerStore:
                 sql("reap_runs"), partitions, [leases[p] for p in partitions], self.node_id,
                 [r.run_id for r in lost], [r.scheduled_at for r in lost], [r.lease_token for r in lost],
                 [r.error for r in lost], [r.retry_at for r in lost],
-                [r.worker_id for r in lost], [r.started_at for r in lost],
+                [r.worker_id for r in lost], [r.started_at for r in lost], [r.lease_lost for r in lost],
             )
             if any(r["retry_at"] is not None for r in ended):
                 await conn.execute(sql("notify_queue"))
+            await runs_ended(conn, [r for r in ended if r["final"]])
         return ended
+
+    async def reconcile_active_runs(self) -> asyncpg.Record:
+        """Self-healing for concurrency bookkeeping; cheap, as only unfinished runs are looked at."""
+        return await self._pool.fetchrow(sql("reconcile_active_runs"))
+
+
+def _append(columns: list[list[Any]], values: tuple[Any, ...]) -> None:
+    for column, value in zip(columns, values, strict=True):
+        column.append(value)
 
 
 def fair_share(live_nodes: Sequence[str], node_id: str, partitions: int = 1024) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 
 from chimes.store.queries import sql
+from chimes.worker.caps import Candidate, admit
 
 QUEUE_CHANNEL = "chimes_run_queue"
 
@@ -28,6 +29,8 @@ class ClaimedRun:
     retry_policy: dict[str, Any] | None
     timeout_sec: int | None
     job_exists: bool
+    owner: str = ""  # whose run: decides command permission and the signing secret
+    priority: int = 1  # queue tier: 0 high, 1 normal, 2 batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,14 @@ class Outcome:
     retry_at: datetime | None
 
 
+async def runs_ended(conn: asyncpg.Connection, ended: Sequence[asyncpg.Record]) -> None:
+    """Runs that ended stop counting against their job's concurrency, held runs move up, and the
+    ones that failed for good queue their notification, all in the caller's transaction."""
+    if ended:
+        await conn.execute(sql("runs_ended"), [r["job_id"] for r in ended], [r["run_id"] for r in ended],
+                           [r["scheduled_at"] for r in ended])
+
+
 class WorkerStore:
     def __init__(self, pool: asyncpg.Pool, worker_id: str) -> None:
         self._pool = pool
@@ -53,9 +64,36 @@ class WorkerStore:
     async def forget(self) -> None:
         await self._pool.execute(sql("forget_worker"), self.worker_id)
 
-    async def claim(self, limit: int, lease_sec: float, deadline_grace_sec: float) -> list[ClaimedRun]:
-        rows = await self._pool.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec)
+    async def claim(self, limit: int, lease_sec: float, deadline_grace_sec: float,
+                    tiers: tuple[int, int] = (0, 2)) -> list[ClaimedRun]:
+        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]`` (0 high, 2 batch)."""
+        if limit <= 0:
+            return []
+        rows = await self._pool.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
+                                      tiers[0], tiers[1])
         return [ClaimedRun(**dict(row)) for row in rows]
+
+    async def caps_exist(self) -> bool:
+        return await self._pool.fetchval(sql("caps_exist"))
+
+    async def claim_capped(self, limit: int, lease_sec: float, deadline_grace_sec: float,
+                           tiers: tuple[int, int] = (0, 2)) -> list[ClaimedRun]:
+        """Claim runs that fall under concurrency caps, never past a cap: one claimer at a time."""
+        if limit <= 0:
+            return []
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(sql("lock_capped_claims"))
+            rooms = {(r["scope"], r["name"]): max(0, r["max_running"] - r["running"])
+                     for r in await conn.fetch(sql("cap_usage"))}
+            full_owners = [name for (scope, name), room in rooms.items() if scope == "owner" and room == 0]
+            full_tags = [name for (scope, name), room in rooms.items() if scope == "tag" and room == 0]
+            rows = await conn.fetch(sql("capped_candidates"), limit * 4, tiers[0], tiers[1], full_owners, full_tags)
+            chosen = admit((Candidate(r["queue_id"], r["owner"], r["tags"]) for r in rows), rooms, limit)
+            if not chosen:
+                return []
+            claimed = await conn.fetch(sql("claim_queued_runs"), self.worker_id, lease_sec, deadline_grace_sec,
+                                       chosen)
+        return [ClaimedRun(**dict(row)) for row in claimed]
 
     async def extend_leases(self, runs: Sequence[ClaimedRun], lease_sec: float) -> set[uuid.UUID]:
         """Extend every held lease in one statement; returns the run ids still held."""
@@ -71,13 +109,15 @@ class WorkerStore:
         """Record a batch of outcomes in one statement; returns the runs whose outcome was accepted."""
         if not outcomes:
             return set()
-        rows = await self._pool.fetch(
-            sql("complete_runs"),
-            [o.run.run_id for o in outcomes], [o.run.scheduled_at for o in outcomes],
-            [o.run.lease_token for o in outcomes], [o.status for o in outcomes],
-            [o.error for o in outcomes], [o.output for o in outcomes],
-            [o.finished_at for o in outcomes], [o.retry_at for o in outcomes], self.worker_id,
-        )
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                sql("complete_runs"),
+                [o.run.run_id for o in outcomes], [o.run.scheduled_at for o in outcomes],
+                [o.run.lease_token for o in outcomes], [o.status for o in outcomes],
+                [o.error for o in outcomes], [o.output for o in outcomes],
+                [o.finished_at for o in outcomes], [o.retry_at for o in outcomes], self.worker_id,
+            )
+            await runs_ended(conn, [r for r in rows if r["final"]])
         return {row["run_id"] for row in rows}
 
     async def release(self, runs: Sequence[ClaimedRun]) -> set[uuid.UUID]:

@@ -3,6 +3,8 @@
 Each command gets its own session/process group so that the whole tree it spawns
 (shell pipelines, background children) can be signalled at once: on timeout or
 cancellation nothing may outlive the run, otherwise retries would pile up orphans.
+The process-group helpers are public because container tasks run their runtime CLI
+the same way (:mod:`chimes.worker.container_task`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ from chimes.worker.executors import (
     short_error,
 )
 
-__all__ = ["CommandExecutor", "build_env"]
+__all__ = [
+    "CommandExecutor",
+    "build_env",
+    "drain_output",
+    "exit_error",
+    "pump_output",
+    "run_identity_env",
+    "spawn_in_group",
+    "stop_process_group",
+]
 
 _READ_CHUNK = 64 * 1024
 #: How often the group is checked for survivors during the SIGTERM grace period.
@@ -33,15 +44,36 @@ _GROUP_POLL_SEC = 0.02
 _DRAIN_SEC = 1.0
 
 
+def run_identity_env(ctx: TaskContext) -> dict[str, str]:
+    """The ``CHIMES_*`` variables that tell a task which run (and attempt) it is."""
+    return {
+        "CHIMES_RUN_ID": ctx.run_id,
+        "CHIMES_JOB_ID": ctx.job_id,
+        "CHIMES_ATTEMPT": str(int(ctx.attempt)),
+        "CHIMES_SCHEDULED_AT": rfc3339_utc(ctx.scheduled_at),
+    }
+
+
 def build_env(task_env: dict[str, Any] | None, ctx: TaskContext) -> dict[str, str]:
     """Worker environment + task env + run identity; ours win so scripts can trust them."""
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (task_env or {}).items()})
-    env["CHIMES_RUN_ID"] = ctx.run_id
-    env["CHIMES_JOB_ID"] = ctx.job_id
-    env["CHIMES_ATTEMPT"] = str(int(ctx.attempt))
-    env["CHIMES_SCHEDULED_AT"] = rfc3339_utc(ctx.scheduled_at)
+    env.update(run_identity_env(ctx))
     return env
+
+
+async def spawn_in_group(argv: list[str], env: dict[str, str] | None = None,
+                         cwd: str | None = None) -> asyncio.subprocess.Process:
+    """Start ``argv`` as the leader of a new process group, stdout and stderr merged into one pipe."""
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -83,7 +115,8 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _exit_error(returncode: int) -> str:
+def exit_error(returncode: int) -> str:
+    """``exit code N``, or the signal name for a process killed by a signal."""
     if returncode < 0:
         try:
             return f"killed by signal {signal.Signals(-returncode).name}"
@@ -105,15 +138,7 @@ class CommandExecutor:
             return TaskOutcome(False, "empty argv")
         cwd = task.get("cwd")
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=build_env(task.get("env"), ctx),
-                cwd=cwd,
-                start_new_session=True,
-            )
+            proc = await spawn_in_group(argv, build_env(task.get("env"), ctx), cwd)
         except FileNotFoundError as exc:
             if cwd is not None and exc.filename == cwd:
                 return TaskOutcome(False, short_error(f"working directory not found: {cwd}"))
@@ -129,47 +154,50 @@ class CommandExecutor:
         tail = OutputTail(OUTPUT_TAIL_BYTES)
         try:
             async with asyncio.timeout(ctx.timeout_sec):
-                await self._pump(proc, tail)
+                await pump_output(proc, tail)
                 returncode = await proc.wait()
         except TimeoutError:
-            await self._stop_group(proc)
-            await self._drain(proc, tail)
+            await stop_process_group(proc, self._kill_grace_sec)
+            await drain_output(proc, tail)
             return TaskOutcome(False, f"timed out after {format_seconds(ctx.timeout_sec)}s", tail.text())
         except BaseException:  # cancellation (or anything unexpected): leave no process behind
-            await self._stop_group(proc)
-            await self._drain(proc, tail)
+            await stop_process_group(proc, self._kill_grace_sec)
+            await drain_output(proc, tail)
             raise
         if returncode == 0:
             return TaskOutcome(True, None, tail.text())
-        return TaskOutcome(False, _exit_error(returncode), tail.text())
+        return TaskOutcome(False, exit_error(returncode), tail.text())
 
-    @staticmethod
-    async def _pump(proc: asyncio.subprocess.Process, tail: OutputTail) -> None:
-        assert proc.stdout is not None
-        while chunk := await proc.stdout.read(_READ_CHUNK):
-            tail.feed(chunk)
 
-    async def _drain(self, proc: asyncio.subprocess.Process, tail: OutputTail) -> None:
-        """Collect output still buffered after the group died; reaching EOF also closes the pipe transport."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_DRAIN_SEC):
-                await self._pump(proc, tail)
+async def pump_output(proc: asyncio.subprocess.Process, tail: OutputTail) -> None:
+    """Feed everything ``proc`` writes into ``tail`` until its pipe reaches EOF."""
+    assert proc.stdout is not None
+    while chunk := await proc.stdout.read(_READ_CHUNK):
+        tail.feed(chunk)
 
-    async def _stop_group(self, proc: asyncio.subprocess.Process) -> None:
-        """SIGTERM the whole group, allow the grace period, then SIGKILL whatever is left.
 
-        SIGKILL is sent from ``finally`` so that even a second cancellation arriving
-        during the grace period cannot leave the group running.
-        """
-        pgid = proc.pid  # start_new_session: the child is its group's leader
-        _signal_group(pgid, signal.SIGTERM)
-        try:
-            async with asyncio.timeout(self._kill_grace_sec):
-                await proc.wait()
-                while _group_alive(pgid):  # noqa: ASYNC110 - nothing signals a group's end; poll
-                    await asyncio.sleep(_GROUP_POLL_SEC)
-        except TimeoutError:
-            pass
-        finally:
-            _signal_group(pgid, signal.SIGKILL)
-        await proc.wait()
+async def drain_output(proc: asyncio.subprocess.Process, tail: OutputTail) -> None:
+    """Collect output still buffered after the group died; reaching EOF also closes the pipe transport."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_DRAIN_SEC):
+            await pump_output(proc, tail)
+
+
+async def stop_process_group(proc: asyncio.subprocess.Process, grace_sec: float) -> None:
+    """SIGTERM the whole group of ``proc``, allow ``grace_sec``, then SIGKILL whatever is left.
+
+    SIGKILL is sent from ``finally`` so that even a second cancellation arriving
+    during the grace period cannot leave the group running.
+    """
+    pgid = proc.pid  # start_new_session: the child is its group's leader
+    _signal_group(pgid, signal.SIGTERM)
+    try:
+        async with asyncio.timeout(grace_sec):
+            await proc.wait()
+            while _group_alive(pgid):  # noqa: ASYNC110 - nothing signals a group's end; poll
+                await asyncio.sleep(_GROUP_POLL_SEC)
+    except TimeoutError:
+        pass
+    finally:
+        _signal_group(pgid, signal.SIGKILL)
+    await proc.wait()

@@ -6,10 +6,10 @@ Executors never raise for task failures (a broken webhook or a crashing command 
 an ordinary outcome to record), only ``asyncio.CancelledError`` propagates so that
 shutdown and run cancellation keep working.
 
-The concrete executors live in :mod:`chimes.worker.http_task` and
-:mod:`chimes.worker.command_task`; they import the types from here, so this module
-imports them lazily (and re-exports them through ``__getattr__``) to avoid an
-import cycle whichever module is imported first.
+The concrete executors live in :mod:`chimes.worker.http_task`,
+:mod:`chimes.worker.command_task` and :mod:`chimes.worker.container_task`; they
+import the types from here, so this module imports them lazily (and re-exports
+them through ``__getattr__``) to avoid an import cycle whichever module is imported first.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from chimes.security.ssrf import EgressPolicy
     from chimes.worker.command_task import CommandExecutor
+    from chimes.worker.container_task import ContainerExecutor
     from chimes.worker.http_task import HttpExecutor
 
 __all__ = [
@@ -52,6 +54,8 @@ class TaskContext:
     attempt: int
     scheduled_at: datetime  # aware, UTC
     timeout_sec: float
+    signing_secret: str | None = None  # the owner's: HTTP requests are signed with it (security/signing.py)
+    lease_token: str | None = None  # lets an asynchronous target report for itself (callbacks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,9 @@ class TaskOutcome:
     succeeded: bool
     error: str | None = None
     output: str | None = None
+    # The target accepted the run and will report its outcome itself (HTTP 202): the run stays
+    # running under its lease, which the target extends through the callback endpoints.
+    pending: bool = False
 
 
 def rfc3339_utc(moment: datetime) -> str:
@@ -140,12 +147,15 @@ class Executors:
     awaited on shutdown.
     """
 
-    def __init__(self, *, max_connections: int = 1000, kill_grace_sec: float = 5.0) -> None:
+    def __init__(self, *, max_connections: int = 1000, kill_grace_sec: float = 5.0,
+                 container_runtime: str = "docker", egress: EgressPolicy | None = None) -> None:
         from chimes.worker.command_task import CommandExecutor
+        from chimes.worker.container_task import ContainerExecutor
         from chimes.worker.http_task import HttpExecutor
 
-        self.http: HttpExecutor = HttpExecutor(max_connections=max_connections)
+        self.http: HttpExecutor = HttpExecutor(max_connections=max_connections, egress=egress)
         self.command: CommandExecutor = CommandExecutor(kill_grace_sec=kill_grace_sec)
+        self.container: ContainerExecutor = ContainerExecutor(container_runtime, kill_grace_sec=kill_grace_sec)
 
     async def run(self, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
         """Execute ``task``; always returns an outcome unless cancelled."""
@@ -155,6 +165,8 @@ class Executors:
                 return await self.http.run(task, ctx)
             if task_type == "command":
                 return await self.command.run(task, ctx)
+            if task_type == "container":
+                return await self.container.run(task, ctx)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # defensive: an executor bug must not kill the worker loop

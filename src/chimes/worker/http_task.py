@@ -3,12 +3,16 @@
 One pooled ``aiohttp.ClientSession`` is shared by all runs of a worker so that
 thousands of concurrent webhook calls reuse connections instead of paying a TCP
 (and TLS) handshake each, and so the open-socket count stays bounded.
+
+Its connector applies the egress (SSRF) policy to every address it connects to, and every request
+is signed with the owner's signing secret (``X-Chimes-Signature``, chimes.security.signing).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -16,6 +20,8 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict
 
+from chimes.security.signing import SIGNATURE_HEADER, signature_header
+from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
 from chimes.worker.executors import (
     OUTPUT_TAIL_BYTES,
     OutputTail,
@@ -61,6 +67,8 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext) -> CIMu
     headers["X-Chimes-Job-Id"] = ctx.job_id
     headers["X-Chimes-Attempt"] = str(int(ctx.attempt))
     headers["X-Chimes-Scheduled-At"] = rfc3339_utc(ctx.scheduled_at)
+    if ctx.lease_token is not None:
+        headers["X-Chimes-Lease-Token"] = ctx.lease_token
     return headers
 
 
@@ -86,15 +94,16 @@ def _connection_error(exc: aiohttp.ClientError) -> str:
 class HttpExecutor:
     """Runs ``{"type": "http"}`` tasks over one lazily created, pooled client session."""
 
-    def __init__(self, *, max_connections: int = 1000) -> None:
+    def __init__(self, *, max_connections: int = 1000, egress: EgressPolicy | None = None) -> None:
         self._max_connections = max_connections
+        self._egress = egress or EgressPolicy.build()
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
         # Created on first use, inside the running loop: aiohttp binds sessions to a loop.
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                connector=GuardedConnector(self._egress, limit=self._max_connections),
                 cookie_jar=aiohttp.DummyCookieJar(),  # runs must not leak state into each other
             )
         return self._session
@@ -108,13 +117,16 @@ class HttpExecutor:
         except TimeoutError:
             return TaskOutcome(False, f"timed out after {format_seconds(ctx.timeout_sec)}s")
         except aiohttp.ClientError as exc:
-            return TaskOutcome(False, _connection_error(exc))
+            refusal = egress_error(exc)
+            return TaskOutcome(False, short_error(refusal) if refusal else _connection_error(exc))
         except Exception as exc:  # bad URL, unserialisable body, ...: a failed run, not a worker crash
             return TaskOutcome(False, short_error(f"{type(exc).__name__}: {exc}"))
 
     async def _request(self, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
         headers = build_headers(task.get("headers"), ctx)
         data = _encode_body(task.get("body"), headers)
+        if ctx.signing_secret is not None:  # fresh on every attempt: targets refuse old timestamps
+            headers[SIGNATURE_HEADER] = signature_header(ctx.signing_secret, int(time.time()), data or b"")
         method = str(task.get("method") or "GET").upper()
         timeout = aiohttp.ClientTimeout(total=ctx.timeout_sec)  # covers connect, send and body read
         async with self._get_session().request(
@@ -127,6 +139,8 @@ class HttpExecutor:
                     break
                 tail.feed(chunk)
             output = tail.text(resp.charset or "utf-8")
+            if resp.status == 202 and task.get("callback") and ctx.lease_token is not None:
+                return TaskOutcome(True, None, output, pending=True)
             if 200 <= resp.status < 300:
                 return TaskOutcome(True, None, output)
             return TaskOutcome(False, f"HTTP {resp.status}", output)

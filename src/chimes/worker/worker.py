@@ -15,16 +15,22 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import asyncpg
 
+from chimes import metrics
 from chimes.backoff import next_attempt_at
+from chimes.logs import run_fields
 from chimes.store.working import QUEUE_CHANNEL, ClaimedRun, Outcome, WorkerStore
 from chimes.worker.executors import Executors, TaskContext, TaskOutcome
+from chimes.worker.guard import TaskGuard
+from chimes.worker.reporting import report_outcomes
+from chimes.worker.tiers import BATCH, TierPolicy, claim_steps
 
 log = logging.getLogger(__name__)
+CAPS_RECHECK_SEC = 2.0
 DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 
 
@@ -38,6 +44,8 @@ class WorkerConfig:
     flush_every_sec: float = 0.02
     shutdown_grace_sec: float = 30.0
     deadline_grace_sec: float = 30.0  # the reaper abandons a run this long after its timeout
+    tiers: TierPolicy = field(default_factory=TierPolicy)
+    allow_commands: bool = False  # run command and container tasks (--allow-commands)
 
 
 def new_worker_id() -> str:
@@ -46,10 +54,12 @@ def new_worker_id() -> str:
 
 class Worker:
     def __init__(self, pool: asyncpg.Pool, dsn: str, config: WorkerConfig | None = None,
-                 worker_id: str | None = None, executors: Executors | None = None) -> None:
+                 worker_id: str | None = None, executors: Executors | None = None,
+                 guard: TaskGuard | None = None) -> None:
         self.config = config or WorkerConfig()
         self.store = WorkerStore(pool, worker_id or new_worker_id())
         self.executors = executors or Executors()
+        self.guard = guard or TaskGuard(pool, allow_commands=self.config.allow_commands)
         self.completed = 0
         self._dsn = dsn
         self._running: dict[uuid.UUID, tuple[ClaimedRun, asyncio.Task[None]]] = {}
@@ -58,6 +68,9 @@ class Worker:
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
         self._drained = asyncio.Event()
+        self._claim_cycles = 0
+        self._caps_exist = False
+        self._caps_checked_at = -CAPS_RECHECK_SEC
 
     @property
     def worker_id(self) -> str:
@@ -70,6 +83,7 @@ class Worker:
 
     async def run(self) -> None:
         log.info("worker %s starting (concurrency %d)", self.worker_id, self.config.concurrency)
+        await self.guard.start()  # a secret key that is not the database's stops the worker here
         listener = await self._listen()
         with contextlib.suppress(*DB_ERRORS):
             await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, 0)
@@ -112,19 +126,48 @@ class Worker:
             self._wake.clear()
             limit = min(free, self.config.claim_batch)
             try:
-                claimed = await self.store.claim(limit, self.config.lease_sec, self.config.deadline_grace_sec)
+                claimed = await self._claim_by_tier(limit)
             except DB_ERRORS as exc:
                 log.warning("claiming runs failed: %s", exc)
                 claimed = []
+            metrics.record_claims(claimed)
             for run in claimed:
                 self._running[run.run_id] = (run, asyncio.create_task(self._execute(run)))
             if len(claimed) < limit:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.config.poll_every_sec)
 
+    async def _claim_by_tier(self, limit: int) -> list[ClaimedRun]:
+        self._claim_cycles += 1
+        in_batch = sum(1 for run, _ in self._running.values() if run.priority == BATCH)
+        batch_room = max(0, self.config.tiers.batch_cap(self.config.concurrency) - in_batch)
+        claimed: list[ClaimedRun] = []
+        for step in claim_steps(self.config.tiers, self._claim_cycles, limit, batch_room):
+            room = min(step.at_most, limit - len(claimed))
+            if step.lowest == BATCH:
+                room = min(room, batch_room - sum(1 for run in claimed if run.priority == BATCH))
+            claimed += await self.store.claim(room, self.config.lease_sec, self.config.deadline_grace_sec,
+                                              (step.lowest, step.highest))
+        if await self._caps_in_force() and len(claimed) < limit:
+            claimed += await self.store.claim_capped(limit - len(claimed), self.config.lease_sec,
+                                                     self.config.deadline_grace_sec)
+        return claimed
+
+    async def _caps_in_force(self) -> bool:
+        """Whether any concurrency cap exists, looked up every few seconds rather than every claim."""
+        now = time.monotonic()
+        if now >= self._caps_checked_at + CAPS_RECHECK_SEC:
+            self._caps_exist = await self.store.caps_exist()
+            self._caps_checked_at = now
+        return self._caps_exist
+
     async def _execute(self, run: ClaimedRun) -> None:
         try:
             outcome = await self._attempt(run)
+            if outcome.status == "pending":
+                log.info("run %s accepted by its target, which reports its outcome itself", run.run_id,
+                         extra={"run_id": str(run.run_id), "job_id": str(run.job_id)})
+                return
             now = datetime.now(UTC)
             retry_at = None
             if outcome.status == "failed":
@@ -137,9 +180,15 @@ class Worker:
     async def _attempt(self, run: ClaimedRun) -> _Result:
         if not run.job_exists or run.task is None:
             return _Result("cancelled", "the job was deleted before this run started", None)
+        prepared = await self.guard.prepare(run)  # command permission, secrets, signing secret
+        if prepared.refusal is not None:
+            return _Result("failed", prepared.refusal, None)
         ctx = TaskContext(str(run.run_id), str(run.job_id), run.attempt, run.scheduled_at,
-                          float(run.timeout_sec or 3600))
-        result: TaskOutcome = await self.executors.run(run.task, ctx)
+                          float(run.timeout_sec or 3600), signing_secret=prepared.signing_secret,
+                          lease_token=str(run.lease_token))
+        result: TaskOutcome = await self.executors.run(prepared.task, ctx)
+        if result.pending:
+            return _Result("pending", None, result.output)
         return _Result("succeeded" if result.succeeded else "failed", result.error, result.output)
 
     async def _flush_loop(self) -> None:
@@ -159,10 +208,11 @@ class Worker:
             self._outcomes[:0] = batch  # keep them; the leases are still extended meanwhile
             return
         self.completed += len(accepted)
+        report_outcomes(batch, accepted)
         for outcome in batch:
             if outcome.run.run_id not in accepted:
                 log.warning("outcome of run %s refused: the lease was lost (reaped or cancelled)",
-                            outcome.run.run_id, extra={"run_id": str(outcome.run.run_id)})
+                            outcome.run.run_id, extra=run_fields(outcome.run))
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -180,7 +230,7 @@ class Worker:
         for run_id, (_run, task) in list(self._running.items()):
             if run_id not in still_held:
                 log.warning("run %s was taken away (cancelled or reaped); stopping it", run_id,
-                            extra={"run_id": str(run_id)})
+                            extra=run_fields(_run))
                 task.cancel()
 
     async def _drain(self) -> None:

@@ -29,6 +29,9 @@ created AS (
     ON CONFLICT DO NOTHING
     RETURNING run_id, scheduled_at, job_id, priority
 ),
+activated AS (
+    INSERT INTO active_runs (job_id, run_id, scheduled_at) SELECT job_id, run_id, scheduled_at FROM created
+),
 enqueued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
     SELECT priority, run_id, scheduled_at, job_id FROM created
@@ -42,7 +45,7 @@ WITH cancelled AS (
                     lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL
     WHERE run_id = $1 AND scheduled_at = $2 AND ($3::text IS NULL OR owner = $3)
       AND status IN ('scheduled', 'running')
-    RETURNING run_id, job_id, partition_id
+    RETURNING run_id, scheduled_at, job_id, partition_id
 ),
 dequeued AS (
     DELETE FROM run_queue WHERE run_id IN (SELECT run_id FROM cancelled)
@@ -51,4 +54,49 @@ untriggered AS (
     DELETE FROM triggers t USING cancelled c
     WHERE t.partition_id = c.partition_id AND t.trigger_id = c.run_id AND t.kind = 1
 )
-SELECT run_id FROM cancelled;
+SELECT run_id, scheduled_at, job_id FROM cancelled;
+
+-- name: job_for_backfill
+SELECT job_id, owner, version, priority, cron, timezone, dst_gap, dst_fold
+FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2);
+
+-- name: backfill_runs
+-- The runs a schedule would have made in a past range; a slot that already has a run keeps it.
+WITH slot AS (
+    SELECT * FROM unnest($2::uuid[], $3::timestamptz[]) AS s(run_id, scheduled_at)
+),
+job AS (
+    SELECT job_id, owner, version, priority FROM jobs WHERE job_id = $1
+),
+created AS (
+    INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority, fired_at,
+                      reason)
+    SELECT s.run_id, s.scheduled_at, j.job_id, j.owner, $4, j.version, 'catchup', j.priority, now(), 'backfill'
+    FROM slot s CROSS JOIN job j
+    ON CONFLICT DO NOTHING
+    RETURNING run_id, scheduled_at, job_id, priority
+),
+activated AS (
+    INSERT INTO active_runs (job_id, run_id, scheduled_at) SELECT job_id, run_id, scheduled_at FROM created
+),
+enqueued AS (
+    INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
+    SELECT priority, run_id, scheduled_at, job_id FROM created
+    ON CONFLICT (run_id) DO NOTHING
+)
+SELECT run_id FROM created;
+
+-- name: queue_depth
+SELECT tier, count(*) AS depth, min(enqueued_at) AS oldest_enqueued_at
+FROM run_queue GROUP BY tier ORDER BY tier;
+
+-- name: callback_heartbeat
+UPDATE runs SET lease_expires_at = now() + make_interval(secs => $5)
+WHERE run_id = $1 AND scheduled_at = $2 AND ($3::text IS NULL OR owner = $3)
+  AND status = 'running' AND lease_token = $4
+RETURNING lease_expires_at;
+
+-- name: running_with_token
+SELECT r.attempt, r.job_id, j.retry_policy FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id
+WHERE r.run_id = $1 AND r.scheduled_at = $2 AND ($3::text IS NULL OR r.owner = $3)
+  AND r.status = 'running' AND r.lease_token = $4;

@@ -41,7 +41,8 @@ RETURNING l.partition_id, l.token;
 SELECT partition_id, owner, token, expires_at FROM partition_leases ORDER BY partition_id;
 
 -- name: scan_due_triggers
-SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone
+SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
+       j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at
 FROM triggers t
 LEFT JOIN jobs j ON j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
 WHERE t.partition_id = ANY($1::smallint[]) AND t.fire_at < $2
@@ -51,8 +52,10 @@ LIMIT $3;
 -- One batch of due triggers, in one statement. Only partitions whose lease this node still holds
 -- (same token, unexpired) fire; FOR SHARE makes a takeover wait until this transaction ends.
 -- A trigger fires only if it is still there with the same job version: an edit, pause or delete
--- since the scan left nothing to match. Schedule triggers create a run (deterministic id: a slot
--- fired twice collides) and advance; retry triggers re-enqueue their waiting run.
+-- since the scan left nothing to match. A schedule trigger makes one run per slot (normally one;
+-- several after missed fires), each with a deterministic id, so a slot fired twice collides, and
+-- advances. The job's concurrency policy decides which new runs start, wait (queue) or are
+-- recorded as skipped. A retry trigger re-enqueues its waiting run.
 WITH lease AS (
     SELECT l.partition_id
     FROM partition_leases l
@@ -63,9 +66,10 @@ WITH lease AS (
 ),
 due AS (
     SELECT d.*
-    FROM unnest($4::smallint[], $5::timestamptz[], $6::uuid[], $7::uuid[], $8::integer[], $9::smallint[],
-                $10::uuid[], $11::timestamptz[], $12::timestamptz[])
-         AS d(partition_id, fire_at, trigger_id, job_id, job_version, kind, run_id, scheduled_at, next_fire_at)
+    FROM unnest($4::integer[], $5::smallint[], $6::timestamptz[], $7::uuid[], $8::uuid[], $9::integer[],
+                $10::smallint[], $11::uuid[], $12::timestamptz[], $13::timestamptz[])
+         AS d(idx, partition_id, fire_at, trigger_id, job_id, job_version, kind, run_id, scheduled_at,
+              next_fire_at)
     WHERE d.partition_id IN (SELECT partition_id FROM lease)
 ),
 fired AS (
@@ -74,23 +78,65 @@ fired AS (
       AND t.job_version = d.job_version
     RETURNING d.*
 ),
-scheduled AS (
-    SELECT f.*, j.owner, j.priority
+live AS (
+    SELECT f.*, j.owner, j.priority, j.concurrency, j.queue_limit
     FROM fired f JOIN jobs j ON j.job_id = f.job_id AND j.version = f.job_version AND NOT j.paused
     WHERE f.kind = 0
 ),
 advanced AS (
     INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
     SELECT partition_id, next_fire_at, trigger_id, job_id, job_version, 0
-    FROM scheduled WHERE next_fire_at IS NOT NULL
+    FROM live WHERE next_fire_at IS NOT NULL
     ON CONFLICT DO NOTHING
 ),
+slot AS (
+    SELECT s.*, l.job_id, l.owner, l.priority, l.partition_id, l.job_version, l.concurrency, l.queue_limit,
+           row_number() OVER (PARTITION BY l.job_id, s.outcome ORDER BY s.scheduled_at DESC) AS rank
+    FROM unnest($14::integer[], $15::uuid[], $16::timestamptz[], $17::text[], $18::text[], $19::text[])
+         AS s(idx, run_id, scheduled_at, trigger, outcome, reason)
+    JOIN live l ON l.idx = s.idx
+),
+decided AS (
+    SELECT slot.*,
+           CASE
+               WHEN slot.outcome = 'skip' THEN 'skip'
+               WHEN slot.concurrency = 'allow' THEN 'run'
+               WHEN slot.rank = 1 AND active.running = 0 AND active.held = 0 THEN 'run'
+               WHEN slot.concurrency = 'queue' AND active.held + slot.rank - 1 < slot.queue_limit THEN 'hold'
+               ELSE 'skip'
+           END AS decision,
+           active.running, active.held AS held_before
+    FROM slot
+    CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE NOT a.held) AS running, count(*) FILTER (WHERE a.held) AS held
+        FROM active_runs a WHERE a.job_id = slot.job_id
+    ) active
+),
 created AS (
-    INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority, fired_at)
-    SELECT run_id, scheduled_at, job_id, owner, partition_id, job_version, 'schedule', priority, $13
-    FROM scheduled
+    INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority, fired_at,
+                      status, finished_at, reason)
+    SELECT run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority, $20::timestamptz,
+           CASE WHEN decision = 'skip' THEN 'skipped' ELSE 'scheduled' END,
+           CASE WHEN decision = 'skip' THEN $20::timestamptz END,
+           CASE
+               WHEN outcome = 'skip' THEN reason
+               WHEN decision = 'skip' AND concurrency = 'queue'
+                   THEN format('skipped: %s runs already waiting (queueLimit)', held_before + rank - 1)
+               WHEN decision = 'skip' THEN 'skipped: the previous run is still active (concurrency skip)'
+               WHEN decision = 'hold' THEN coalesce(reason || '; ', '') || 'waiting for the active run (concurrency queue)'
+               ELSE reason
+           END
+    FROM decided
     ON CONFLICT DO NOTHING
     RETURNING run_id, scheduled_at, job_id, priority
+),
+admitted AS (
+    SELECT c.*, d.decision FROM created c JOIN decided d USING (run_id) WHERE d.decision IN ('run', 'hold')
+),
+activated AS (
+    INSERT INTO active_runs (job_id, run_id, scheduled_at, held)
+    SELECT job_id, run_id, scheduled_at, decision = 'hold' FROM admitted
+    ON CONFLICT DO NOTHING
 ),
 retried AS (
     SELECT r.run_id, r.scheduled_at, r.job_id, r.priority
@@ -99,7 +145,7 @@ retried AS (
 ),
 enqueued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
-    SELECT priority, run_id, scheduled_at, job_id FROM created
+    SELECT priority, run_id, scheduled_at, job_id FROM admitted WHERE decision = 'run'
     UNION ALL
     SELECT priority, run_id, scheduled_at, job_id FROM retried
     ON CONFLICT (run_id) DO NOTHING
@@ -115,7 +161,7 @@ SELECT pg_notify('chimes_run_queue', '');
 -- name: expired_runs
 -- Running runs of these partitions whose worker stopped heartbeating, or that ran past their deadline.
 SELECT r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.partition_id, r.priority,
-       r.worker_id, r.started_at, r.job_version, r.deadline_at,
+       r.worker_id, r.started_at, r.job_version, r.deadline_at, r.lease_losses,
        r.lease_expires_at < now() AS lease_expired, j.retry_policy
 FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id
 WHERE r.status = 'running' AND r.partition_id = ANY($1::smallint[])
@@ -134,15 +180,16 @@ WITH lease AS (
     FOR SHARE OF l
 ),
 lost AS (
-    SELECT * FROM unnest($4::uuid[], $5::timestamptz[], $6::uuid[], $7::text[], $8::timestamptz[])
-        AS d(run_id, scheduled_at, lease_token, error, retry_at)
+    SELECT * FROM unnest($4::uuid[], $5::timestamptz[], $6::uuid[], $7::text[], $8::timestamptz[], $11::boolean[])
+        AS d(run_id, scheduled_at, lease_token, error, retry_at, lease_lost)
 ),
 ended AS (
     UPDATE runs r
     SET status = CASE WHEN d.retry_at IS NULL THEN 'failed' ELSE 'scheduled' END,
         attempt = r.attempt + (d.retry_at IS NOT NULL)::integer,
         finished_at = CASE WHEN d.retry_at IS NULL THEN now() END,
-        error = d.error, lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL, worker_id = NULL
+        error = d.error, lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL, worker_id = NULL,
+        lease_losses = r.lease_losses + d.lease_lost::integer
     FROM lost d
     WHERE r.run_id = d.run_id AND r.scheduled_at = d.scheduled_at AND r.status = 'running'
       AND r.lease_token = d.lease_token AND (r.lease_expires_at < now() OR r.deadline_at < now())
@@ -168,4 +215,37 @@ retry_triggers AS (
     FROM ended WHERE retry_at > now()
     ON CONFLICT DO NOTHING
 )
-SELECT run_id, retry_at FROM ended;
+SELECT run_id, scheduled_at, job_id, retry_at, retry_at IS NULL AS final FROM ended;
+
+-- name: reconcile_active_runs
+SELECT chimes_forget_ended_runs() AS forgotten, chimes_release_held(NULL) AS released;
+
+-- name: late_queued_runs
+-- The oldest waiting runs of each tier whose wait passed their job's start deadline (no worker took
+-- them: workers down, or too few), not yet notified.
+SELECT q.run_id, q.scheduled_at, q.enqueued_at, j.start_deadline_sec
+FROM generate_series(0, 2) AS tier
+CROSS JOIN LATERAL (
+    SELECT run_id, scheduled_at, job_id, enqueued_at FROM run_queue WHERE run_queue.tier = tier
+    ORDER BY queue_id LIMIT $1
+) q
+JOIN jobs j ON j.job_id = q.job_id
+WHERE q.enqueued_at < now() - make_interval(secs => j.start_deadline_sec)
+  AND NOT EXISTS (SELECT 1 FROM notifications n WHERE n.notification_id = md5(q.run_id::text || ':start_missed')::uuid);
+
+-- name: blocking_runs
+-- Unfinished runs that hold back a recurring job with concurrency skip or queue, for the dead man's
+-- switch (the caller compares their age with the job's interval), not yet notified.
+SELECT r.run_id, r.scheduled_at, coalesce(r.started_at, r.scheduled_at) AS since, j.cron, j.timezone,
+       j.dst_gap, j.dst_fold
+FROM active_runs a
+JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at
+JOIN jobs j ON j.job_id = a.job_id
+WHERE NOT a.held AND j.cron IS NOT NULL AND j.concurrency <> 'allow' AND NOT j.paused
+  AND coalesce(r.started_at, r.scheduled_at) < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM notifications n
+                  WHERE n.notification_id = md5(r.run_id::text || ':schedule_stalled')::uuid)
+LIMIT 1000;
+
+-- name: notify_runs
+SELECT chimes_notify_runs($1, $2::uuid[], $3::timestamptz[], $4::text[]);

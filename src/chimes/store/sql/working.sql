@@ -8,12 +8,20 @@ ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now(), in_flight = $5;
 DELETE FROM workers WHERE worker_id = $1;
 
 -- name: claim_runs
--- Takes up to $1 ready runs, highest tier first, oldest first; SKIP LOCKED lets many workers claim
--- at once without waiting on each other. From here on the run's lease says who has it.
+-- Takes up to $1 ready runs of the tiers $5..$6, highest tier first, oldest first (one range scan
+-- of the primary key); SKIP LOCKED lets many workers claim at once without waiting on each other.
+-- Runs under a concurrency cap are left to claim_capped_runs. From here on the run's lease says who
+-- has it.
 WITH picked AS (
     DELETE FROM run_queue q
     WHERE (q.tier, q.queue_id) IN (
-        SELECT tier, queue_id FROM run_queue ORDER BY tier, queue_id LIMIT $1 FOR UPDATE SKIP LOCKED
+        SELECT c.tier, c.queue_id FROM run_queue c
+        WHERE c.tier BETWEEN $5 AND $6
+          AND NOT EXISTS (
+              SELECT 1 FROM concurrency_caps cap JOIN jobs j ON j.job_id = c.job_id
+              WHERE (cap.scope = 'owner' AND cap.name = j.owner) OR (cap.scope = 'tag' AND cap.name = ANY(j.tags))
+          )
+        ORDER BY c.tier, c.queue_id LIMIT $1 FOR UPDATE SKIP LOCKED
     )
     RETURNING q.run_id, q.scheduled_at, q.job_id
 ),
@@ -25,7 +33,7 @@ claimed AS (
     FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
     WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger,
-              j.task, j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists
+              j.task, j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority
 )
 SELECT * FROM claimed;
 
@@ -69,7 +77,10 @@ retry_triggers AS (
     SELECT partition_id, retry_at, run_id, job_id, job_version, 1 FROM ended WHERE retry_at IS NOT NULL
     ON CONFLICT DO NOTHING
 )
-SELECT run_id FROM ended;
+SELECT run_id, scheduled_at, job_id, retry_at IS NULL AS final FROM ended;
+
+-- name: runs_ended
+SELECT chimes_runs_ended($1::uuid[], $2::uuid[]), chimes_notify_failed($2::uuid[], $3::timestamptz[]);
 
 -- name: release_runs
 -- Hands runs back to the queue untouched (a worker shutting down): same attempt, no attempt row,
@@ -89,3 +100,47 @@ requeued AS (
     ON CONFLICT (run_id) DO NOTHING
 )
 SELECT run_id FROM released;
+
+-- name: caps_exist
+SELECT EXISTS (SELECT 1 FROM concurrency_caps);
+
+-- name: lock_capped_claims
+SELECT pg_advisory_xact_lock(hashtext('chimes_capped_claims'));
+
+-- name: cap_usage
+SELECT cap.scope, cap.name, cap.max_running,
+       (SELECT count(*) FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id
+        WHERE r.status = 'running'
+          AND ((cap.scope = 'owner' AND r.owner = cap.name) OR (cap.scope = 'tag' AND cap.name = ANY(j.tags))))
+       AS running
+FROM concurrency_caps cap;
+
+-- name: capped_candidates
+-- Queued runs under some cap, in queue order, skipping those behind a cap that is already full.
+SELECT q.queue_id, q.tier, j.owner, j.tags
+FROM run_queue q JOIN jobs j ON j.job_id = q.job_id
+WHERE q.tier BETWEEN $2 AND $3
+  AND EXISTS (SELECT 1 FROM concurrency_caps cap
+              WHERE (cap.scope = 'owner' AND cap.name = j.owner) OR (cap.scope = 'tag' AND cap.name = ANY(j.tags)))
+  AND NOT (j.owner = ANY($4::text[]) OR j.tags && $5::text[])
+ORDER BY q.tier, q.queue_id
+LIMIT $1
+FOR UPDATE OF q SKIP LOCKED;
+
+-- name: claim_queued_runs
+-- Claims the given queue entries (capped runs admitted under the cap lock).
+WITH picked AS (
+    DELETE FROM run_queue q WHERE q.queue_id = ANY($4::bigint[])
+    RETURNING q.run_id, q.scheduled_at, q.job_id
+),
+claimed AS (
+    UPDATE runs r
+    SET status = 'running', worker_id = $1, lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => $2), started_at = now(),
+        deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, 3600) + $3)
+    FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
+    WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger,
+              j.task, j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority
+)
+SELECT * FROM claimed;

@@ -1,0 +1,117 @@
+"""``python -m bench SCENARIO [options]``: the Chimes benchmarks (docs/benchmarks.md).
+
+Scenarios:
+  burst        N one-off HTTP jobs due at one instant, through real scheduler and worker processes
+  top-of-hour  N recurring jobs sharing a cron expression, on top of M idle schedules (scheduler path)
+  steady       a rate of runs per second for a duration, end to end
+  load         bulk import of N schedules with ``chimes jobs import``
+  peers        the same burst through Chimes, APScheduler 3, procrastinate and PgQueuer, side by side
+
+Each prints a table; ``--json FILE`` writes the figures, ``--chart FILE.png`` the lag distributions.
+Without ``--database-url`` an embedded PostgreSQL is started in a temporary folder and removed after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.env import describe_machine, environment
+from bench.report import Result, table
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenario", choices=["burst", "top-of-hour", "steady", "load", "peers"])
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
+                        help="a PostgreSQL server to use (a database per system is created on it)")
+    parser.add_argument("--runs", type=int, default=10_000, help="runs in the burst (burst, top-of-hour, peers)")
+    parser.add_argument("--idle", type=int, default=0, help="idle schedules in the index (top-of-hour)")
+    parser.add_argument("--rate", type=float, default=1000.0, help="runs per second (steady)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds (steady)")
+    parser.add_argument("--jobs", type=int, default=100_000, help="schedules to import (load)")
+    parser.add_argument("--workers", type=int, default=1, help="chimes worker processes")
+    parser.add_argument("--concurrency", type=int, default=200, help="runs each chimes worker executes at once")
+    parser.add_argument("--schedulers", type=int, default=1, help="chimes scheduler processes")
+    parser.add_argument("--systems", default="chimes,apscheduler,procrastinate,pgqueuer",
+                        help="systems for `peers`, comma-separated")
+    parser.add_argument("--repeat", type=int, default=1, help="run the scenario this many times")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--chart", type=Path, help="write a PNG of the start-lag distributions here")
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
+    from bench.chimes_runs import FleetShape
+    from bench.target import TargetProcess
+
+    shape = FleetShape(args.schedulers, args.workers, args.concurrency)
+    with environment(args.database_url) as env:
+        machine = await describe_machine(env)
+        results: list[Result] = []
+        target = TargetProcess(env.workdir)
+        try:
+            for attempt in range(args.repeat):
+                if args.repeat > 1:
+                    say(f"round {attempt + 1} of {args.repeat}")
+                results += await _scenario(args, env, target, shape)
+        finally:
+            target.stop()
+        machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    return machine, results
+
+
+async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any) -> list[Result]:
+    from bench import chimes_runs
+
+    if args.scenario == "burst":
+        return [await chimes_runs.end_to_end(env, target, runs=args.runs, spread_sec=0, shape=shape,
+                                             scenario="burst", say=say)]
+    if args.scenario == "steady":
+        runs = int(args.rate * args.duration)
+        return [await chimes_runs.end_to_end(env, target, runs=runs, spread_sec=args.duration, shape=shape,
+                                             scenario="steady", say=say)]
+    if args.scenario == "top-of-hour":
+        from bench.top_of_hour import top_of_hour
+
+        return [await top_of_hour(env, runs=args.runs, idle=args.idle, shape=shape, say=say)]
+    if args.scenario == "load":
+        from bench.load import load
+
+        return [await load(env, jobs=args.jobs, say=say)]
+    from bench.peers import peers
+
+    return await peers(env, target, runs=args.runs, systems=args.systems.split(","), shape=shape, say=say)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    import uvloop
+
+    machine, results = uvloop.run(_run(args))
+    print(f"\n{args.scenario}: {machine['cores']} cores ({machine['cpu']}), PostgreSQL {machine['postgresql']}, "
+          f"load average {machine['load_average_at_start']} -> {machine['load_average_at_end']}")
+    print(table(results))
+    if args.json:
+        args.json.write_bytes(orjson.dumps({"scenario": args.scenario, "args": vars(args) | {
+            "json": str(args.json), "chart": str(args.chart)}, "machine": machine,
+            "results": [r.to_json() for r in results]}, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    if args.chart:
+        from bench.chart import lag_chart
+
+        lag_chart(results, args.chart, title=f"{args.scenario}: start lag, {args.runs:,} runs")
+
+
+if __name__ == "__main__":
+    main()

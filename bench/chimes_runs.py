@@ -1,0 +1,158 @@
+"""Chimes through the scenarios, as real ``chimes scheduler`` and ``chimes worker`` processes.
+
+Every figure comes from what Chimes itself recorded (``runs.fired_at``, ``started_at``,
+``finished_at``) and from the target's own clock for when each call arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import asyncpg
+
+from bench import seed
+from bench.env import Env, fresh_database
+from bench.procs import CpuMeter, Proc, python
+from bench.report import Result, percentiles
+from bench.target import TargetProcess
+from chimes.store import db
+
+Say = Callable[[str], None]
+
+LAGS = """
+SELECT extract(epoch FROM fired_at - scheduled_at) AS fire_lag,
+       extract(epoch FROM started_at - scheduled_at) AS start_lag,
+       extract(epoch FROM finished_at) AS finished
+FROM runs WHERE owner = 'bench'
+"""
+
+
+@dataclass
+class FleetShape:
+    schedulers: int = 1
+    workers: int = 1
+    concurrency: int = 200  # runs each worker executes at once
+
+
+class Fleet:
+    """Real Chimes processes on one database; every process logs to a file in the work folder."""
+
+    def __init__(self, env: Env, dsn: str, shape: FleetShape, tag: str) -> None:
+        self.dsn = dsn
+        self.shape = shape
+        common = {"CHIMES_DATABASE_URL": dsn, "CHIMES_DATA_DIR": str(env.workdir / "chimes"),
+                  "CHIMES_LOG_FORMAT": "json"}
+        self.procs: list[Proc] = []
+        for i in range(shape.schedulers):
+            self.procs.append(Proc(f"scheduler{i + 1}" if shape.schedulers > 1 else "scheduler",
+                                   python("-m", "chimes", "scheduler"), env.workdir / f"{tag}-scheduler{i}.log",
+                                   common))
+        for i in range(shape.workers):
+            self.procs.append(Proc(f"worker{i + 1}" if shape.workers > 1 else "worker",
+                                   python("-m", "chimes", "worker", "--concurrency", str(shape.concurrency)),
+                                   env.workdir / f"{tag}-worker{i}.log", common))
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """Every partition leased by a live node, and every worker registered."""
+        deadline = time.monotonic() + timeout
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            while True:
+                dead = [p for p in self.procs if not p.alive()]
+                if dead:
+                    raise RuntimeError(f"{dead[0].name} exited:\n{dead[0].log_tail()}")
+                leased = await conn.fetchval(
+                    "SELECT count(*) FROM partition_leases WHERE owner IS NOT NULL AND expires_at > now()")
+                workers = await conn.fetchval("SELECT count(*) FROM workers")
+                if (leased == 1024 or not self.shape.schedulers) and workers == self.shape.workers:
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"fleet not ready after {timeout}s: {leased} partitions, {workers} workers")
+                await asyncio.sleep(0.2)
+        finally:
+            await conn.close()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+    def peaks(self) -> dict[str, float]:
+        return {p.name: round(p.peak_rss_mb(), 1) for p in self.procs}
+
+
+async def _wait_for(condition: Callable[[], Awaitable[bool]], timeout: float, what: str, fleet: Fleet) -> None:
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        dead = [p for p in fleet.procs if not p.alive()]
+        if dead:
+            raise RuntimeError(f"{dead[0].name} exited:\n{dead[0].log_tail()}")
+        await asyncio.sleep(0.25)
+
+
+async def _count(pool: asyncpg.Pool, where: str) -> int:
+    return await pool.fetchval(f"SELECT count(*) FROM runs WHERE owner = 'bench' AND {where}")
+
+
+async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: float, shape: FleetShape,
+                     scenario: str, say: Say, system: str = "chimes") -> Result:
+    """``runs`` one-off HTTP jobs due at one instant (``spread_sec`` 0) or spread evenly over
+    ``spread_sec`` seconds, through a real fleet, until every run is recorded as succeeded."""
+    dsn = await fresh_database(env, "bench_chimes", chimes_schema=True)
+    await target.reset()
+    fleet = Fleet(env, dsn, shape, scenario)
+    pool = await db.create_pool(dsn, max_size=2)
+    try:
+        await fleet.wait_ready()
+        lead = 3.0 + runs / 20_000
+        due = seed.due_instant(lead)
+        url = f"{target.url}/r"
+
+        def spec_at(i: int) -> seed.JobSpec:
+            return seed.http_job("burst", seed.at(due + timedelta(seconds=spread_sec * i / runs)), url,
+                                 concurrency="allow")
+
+        one = seed.http_job("burst", seed.at(due), url, concurrency="allow")
+        took = await seed.add_jobs(pool, one, runs, specs=spec_at if spread_sec else None)
+        say(f"{system}: {runs:,} jobs created in {took:.1f}s, due at {due:%H:%M:%S}")
+        if datetime.now(due.tzinfo) > due - timedelta(seconds=1):
+            raise RuntimeError("creating the jobs took longer than the lead time")
+        meter = CpuMeter(fleet.procs, env.postmaster_pid())
+        meter.start()
+        limit = 120 + runs / 200 + spread_sec
+        await _wait_for(lambda: _done(pool, runs), limit, "every run to succeed", fleet)
+        cpu = meter.stop()
+        rows = await pool.fetch(LAGS)
+        times, keys = await target.arrivals()
+    finally:
+        await pool.close()
+        fleet.stop()
+    return _result(system, scenario, runs, due, spread_sec, rows, times, keys, cpu, fleet)
+
+
+async def _done(pool: asyncpg.Pool, runs: int) -> bool:
+    return await _count(pool, "status = 'succeeded'") >= runs
+
+
+def _result(system: str, scenario: str, runs: int, due: datetime, spread_sec: float, rows: list[asyncpg.Record],
+            times: list[float], keys: list[str], cpu: dict[str, float], fleet: Fleet) -> Result:
+    t0 = due.timestamp()
+    # With a spread, each run's own due time is its scheduled_at: lags come from the database.
+    fire = [float(r["fire_lag"]) for r in rows if r["fire_lag"] is not None]
+    start_db = [float(r["start_lag"]) for r in rows if r["start_lag"] is not None]
+    arrivals = [t - t0 for t in times] if not spread_sec else start_db
+    finished = [float(r["finished"]) for r in rows if r["finished"] is not None]
+    result = Result(system, scenario, runs, len(finished), (max(finished) - t0) if finished else None,
+                    fire_lag=percentiles(fire), start_lag=percentiles(arrivals), cpu_sec=cpu,
+                    peak_mb=fleet.peaks(), start_lags=arrivals)
+    result.extra = {"claim_lag": percentiles(start_db), "calls": len(times), "distinct_calls": len(set(keys)),
+                    "fleet": vars(fleet.shape)}
+    if spread_sec:
+        result.extra["rate_per_sec"] = runs / spread_sec
+        result.notes = "start lag from runs.started_at (each run's own due time)"
+    return result

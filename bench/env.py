@@ -1,0 +1,104 @@
+"""Where a benchmark runs: one PostgreSQL (the embedded one in a temporary folder, or ``--database-url``),
+a fresh database per system under test, and a description of the machine for the report."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import psutil
+
+from chimes.store.embedded import SERVER_SETTINGS, EmbeddedPostgres
+from chimes.store.migrate import migrate
+
+
+@dataclass
+class Env:
+    server_dsn: str
+    workdir: Path
+    embedded: EmbeddedPostgres | None
+
+    def dsn_of(self, database: str) -> str:
+        parts = urlsplit(self.server_dsn)
+        return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
+
+    def postmaster_pid(self) -> int | None:
+        """The embedded server's main process (its CPU time is counted); None for an external server."""
+        if self.embedded is None:
+            return None
+        pid_file = self.embedded.pgdata / "postmaster.pid"
+        return int(pid_file.read_text().split()[0]) if pid_file.exists() else None
+
+
+@contextlib.contextmanager
+def environment(database_url: str | None) -> Iterator[Env]:
+    workdir = Path(tempfile.mkdtemp(prefix="chimes-bench-"))
+    server = None
+    try:
+        if database_url is None:
+            server = EmbeddedPostgres(workdir / "data")
+            dsn = server.acquire()
+        else:
+            dsn = database_url
+        yield Env(dsn, workdir, server)
+    finally:
+        if server is not None:
+            server.release()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def fresh_database(env: Env, name: str, *, chimes_schema: bool = False) -> str:
+    """Drop and create database ``name`` on the server; with ``chimes_schema``, migrate it."""
+    admin = await asyncpg.connect(env.server_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsn = env.dsn_of(name)
+    if chimes_schema:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+    return dsn
+
+
+async def drop_database(env: Env, name: str) -> None:
+    admin = await asyncpg.connect(env.server_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def describe_machine(env: Env) -> dict[str, object]:
+    conn = await asyncpg.connect(env.server_dsn)
+    try:
+        version = await conn.fetchval("SHOW server_version")
+    finally:
+        await conn.close()
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu": model or platform.processor(),
+        "cores": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "postgresql": version,
+        "postgresql_settings": dict(SERVER_SETTINGS) if env.embedded else "external (--database-url)",
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }

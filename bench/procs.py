@@ -1,0 +1,123 @@
+"""Processes under measurement: CPU seconds and peak memory of each, and of the PostgreSQL server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+
+class Proc:
+    """A child process whose CPU time and peak resident memory the benchmark reports."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.popen = subprocess.Popen(list(argv), stdout=self._log, stderr=subprocess.STDOUT,
+                                      env={**os.environ, **(env or {})}, start_new_session=True)
+        self._cpu_at_stop: float | None = None
+        self._peak_at_stop: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def cpu_seconds(self) -> float:
+        if self._cpu_at_stop is not None:
+            return self._cpu_at_stop
+        try:
+            times = psutil.Process(self.pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return 0.0
+        return times.user + times.system + times.children_user + times.children_system
+
+    def peak_rss_mb(self) -> float:
+        """VmHWM: the most resident memory the process ever had, as the kernel counts it."""
+        if self._peak_at_stop is not None:
+            return self._peak_at_stop
+        try:
+            lines = Path(f"/proc/{self.pid}/status").read_text().splitlines()
+        except OSError:
+            return 0.0
+        for line in lines:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM (a graceful stop), SIGKILL after ``timeout``; CPU and memory are read just before."""
+        if self.alive():
+            self._cpu_at_stop = self.cpu_seconds()
+            self._peak_at_stop = self.peak_rss_mb()
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._log.close()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+def python(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def postgres_cpu_seconds(postmaster_pid: int | None) -> float | None:
+    """CPU time of the whole server: the postmaster, its live backends and the ones that have exited."""
+    if postmaster_pid is None:
+        return None
+    try:
+        main = psutil.Process(postmaster_pid)
+        times = main.cpu_times()
+        total = times.user + times.system + times.children_user + times.children_system
+        for child in main.children():
+            try:
+                ct = child.cpu_times()
+                total += ct.user + ct.system
+            except psutil.NoSuchProcess:
+                continue
+        return total
+    except psutil.NoSuchProcess:
+        return None
+
+
+class CpuMeter:
+    """CPU seconds used by some processes and the database between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, procs: Sequence[Proc], postmaster_pid: int | None) -> None:
+        self.procs = list(procs)
+        self.postmaster_pid = postmaster_pid
+        self.by_name: dict[str, float] = {}
+        self._start: dict[str, float] = {}
+        self.wall = 0.0
+        self._t0 = 0.0
+
+    def _read(self) -> dict[str, float]:
+        values = {p.name: p.cpu_seconds() for p in self.procs}
+        pg = postgres_cpu_seconds(self.postmaster_pid)
+        if pg is not None:
+            values["postgresql"] = pg
+        return values
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._start = self._read()
+
+    def stop(self) -> dict[str, float]:
+        self.wall = time.monotonic() - self._t0
+        end = self._read()
+        self.by_name = {name: round(end[name] - self._start.get(name, 0.0), 3) for name in end}
+        return self.by_name

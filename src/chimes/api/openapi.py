@@ -1,0 +1,217 @@
+"""The OpenAPI document served at ``/openapi.json``: FastAPI's, completed so that it matches what
+the handlers really answer: the success body of each endpoint, every error status with the one
+error schema (``{"error", "message", "field", "details"}``), and bearer authentication.
+
+The handlers build their answers as dicts (views.py); the models here describe those answers and
+are checked against the running API by the schemathesis fuzz test (tests/integration/test_fuzz.py).
+Objects allow more properties than they list, so that adding a field to an answer is never a break.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Served without a token: liveness, this document, and fleet-wide metrics (no job, run or owner in them).
+PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/metrics"})
+PROMETHEUS_TEXT = "text/plain"
+RunStatus = Literal["scheduled", "running", "succeeded", "failed", "skipped", "cancelled"]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(_Answer):
+    field: str
+    message: str
+
+
+class Error(_Answer):
+    """Every error the API answers."""
+
+    error: str = Field(description="a stable code: invalid_request, unauthorized, forbidden, not_found, ...")
+    message: str = Field(description="what is wrong, for a person; starts with the field when there is one")
+    field: str | None = Field(description="the offending request field as a dotted path, if any")
+    details: list[ErrorDetail] | None = None
+
+
+class JobCreated(_Answer):
+    jobId: str
+    nextRunAt: datetime | None
+
+
+class LastRun(_Answer):
+    runId: str
+    status: RunStatus
+    scheduledAt: datetime
+
+
+class Job(_Answer):
+    """A job as created (secret values read as ``********``), plus what Chimes knows about it."""
+
+    jobId: str
+    owner: str
+    name: str
+    schedule: dict[str, Any]
+    task: dict[str, Any]
+    paused: bool
+    version: int
+    nextRunAt: datetime | None
+    createdAt: datetime
+    updatedAt: datetime
+    lastRun: LastRun | None
+
+
+class JobList(_Answer):
+    jobs: list[Job]
+    nextCursor: str | None
+
+
+class Attempt(_Answer):
+    attempt: int
+    status: str
+    startedAt: datetime | None
+    finishedAt: datetime | None
+    error: str | None
+
+
+class Run(_Answer):
+    runId: str
+    jobId: str
+    scheduledAt: datetime
+    status: RunStatus
+    attempt: int
+    trigger: str
+    startedAt: datetime | None
+    finishedAt: datetime | None
+    error: str | None
+    attempts: list[Attempt] | None = None
+
+
+class RunList(_Answer):
+    runs: list[Run]
+    nextCursor: str | None
+
+
+class RunStarted(_Answer):
+    runId: str
+
+
+class Health(_Answer):
+    status: Literal["ok", "unavailable"]
+
+
+class Backfilled(_Answer):
+    runIds: list[str]
+    created: int
+    existing: int
+
+
+class LeaseExtended(_Answer):
+    leaseExpiresAt: datetime
+
+
+class QueueTier(_Answer):
+    tier: str
+    depth: int
+    oldestEnqueuedAt: datetime | None
+    lagSec: float
+
+
+class Queue(_Answer):
+    tiers: list[QueueTier]
+
+
+#: The success answers of each operation: (path, method) -> {status: model or None for no body}.
+SUCCESS: dict[tuple[str, str], dict[str, type[BaseModel] | str | None]] = {
+    ("/jobs", "post"): {"201": JobCreated, "200": JobCreated},
+    ("/jobs", "get"): {"200": JobList},
+    ("/jobs/{job_id}", "get"): {"200": Job},
+    ("/jobs/{job_id}", "patch"): {"200": Job},
+    ("/jobs/{job_id}", "delete"): {"204": None},
+    ("/jobs/{job_id}/runs", "get"): {"200": RunList},
+    ("/jobs/{job_id}/runs", "post"): {"202": RunStarted},
+    ("/runs/{run_id}", "get"): {"200": Run},
+    ("/runs/{run_id}/rerun", "post"): {"202": RunStarted},
+    ("/runs/{run_id}/cancel", "post"): {"200": Run},
+    ("/jobs/{job_id}/backfill", "post"): {"202": Backfilled},
+    ("/runs/{run_id}/heartbeat", "post"): {"200": LeaseExtended},
+    ("/runs/{run_id}/complete", "post"): {"200": Run},
+    ("/queue", "get"): {"200": Queue},
+    ("/healthz", "get"): {"200": Health, "503": Health},
+    ("/metrics", "get"): {"200": PROMETHEUS_TEXT},
+}
+ERRORS = {
+    "400": "malformed request (invalid JSON, a cursor this API did not return)",
+    "401": "no token, or a wrong or revoked one",
+    "403": "the token's scope does not allow this, or the operator does not allow it for this owner",
+    "404": "not found, or owned by another team",
+    "409": "conflicts with the current state",
+    "413": "request body larger than the limit",
+    "422": "invalid input; the message names the field",
+    "429": "too many requests (Retry-After says when to retry) or the owner's job quota is reached",
+}
+MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue)
+
+
+def install(app: FastAPI) -> None:
+    """Serve the completed document (built once, on first request)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def build(app: FastAPI) -> dict[str, Any]:
+    document = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                           description="The Chimes REST API; see docs/api.md and docs/security.md.")
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for model in MODELS:
+        _add_model(schemas, model)
+    document["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
+    document["security"] = [{"bearerAuth": []}]
+    for path, operations in document.get("paths", {}).items():
+        for method, operation in operations.items():
+            _complete(path, method, operation)
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    return document
+
+
+def _add_model(schemas: dict[str, Any], model: type[BaseModel]) -> None:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}", mode="serialization")
+    for name, definition in schema.pop("$defs", {}).items():
+        schemas.setdefault(name, definition)
+    schemas[model.__name__] = schema
+
+
+def _ref(model: type[BaseModel]) -> dict[str, Any]:
+    return {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
+
+
+def _complete(path: str, method: str, operation: dict[str, Any]) -> None:
+    responses = operation.setdefault("responses", {})
+    success = SUCCESS.get((path, method))
+    if success is not None:
+        for status in [s for s in responses if s.startswith("2")]:
+            responses.pop(status)
+        for status, model in success.items():
+            answer: dict[str, Any] = {"description": "success" if status.startswith("2") else "unavailable"}
+            if isinstance(model, str):
+                answer["content"] = {model: {"schema": {"type": "string"}}}
+            elif model is not None:
+                answer["content"] = _ref(model)
+            responses[status] = answer
+    if path in PUBLIC_PATHS:
+        operation["security"] = []
+        return
+    for status, description in ERRORS.items():
+        responses[status] = {"description": description, "content": _ref(Error)}

@@ -1,0 +1,70 @@
+"""What the invariant checker reads: the database after the run, plus what the harness saw during it."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from chimes.chaos.faults import FaultWindow
+from chimes.chaos.fleet import Exit, FleetShape
+from chimes.chaos.observer import LeaseObserver
+from chimes.chaos.target import Delivery
+from chimes.chaos.workload import ChaosJob
+
+RUNS_SQL = """
+SELECT run_id, scheduled_at, job_id, partition_id, trigger, status, attempt, fired_at, created_at, started_at,
+       finished_at, worker_id, reason
+FROM runs WHERE job_id = ANY($1::uuid[])
+"""
+ATTEMPTS_SQL = """
+SELECT a.run_id, a.attempt, a.worker_id, a.status, a.started_at, a.finished_at, a.error, a.output
+FROM run_attempts a JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at
+WHERE r.job_id = ANY($1::uuid[])
+ORDER BY a.run_id, a.attempt
+"""
+# Runs not ended, with what would prove them still in flight: a live lease, a queue entry, a pending
+# retry trigger, or a place among a job's held runs.
+UNFINISHED_SQL = """
+SELECT r.run_id, r.status, r.attempt, r.lease_expires_at > now() AS lease_live,
+       EXISTS (SELECT 1 FROM run_queue q WHERE q.run_id = r.run_id) AS queued,
+       EXISTS (SELECT 1 FROM triggers t WHERE t.trigger_id = r.run_id AND t.kind = 1) AS retry_pending,
+       EXISTS (SELECT 1 FROM active_runs a WHERE a.run_id = r.run_id AND a.held) AS held
+FROM runs r WHERE r.job_id = ANY($1::uuid[]) AND r.status IN ('scheduled', 'running')
+"""
+
+
+@dataclass
+class Evidence:
+    jobs: dict[uuid.UUID, ChaosJob]
+    runs: list[dict[str, Any]]
+    attempts: dict[uuid.UUID, list[dict[str, Any]]]
+    unfinished: list[dict[str, Any]]
+    deliveries: list[Delivery]
+    faults: list[FaultWindow]
+    exits: list[Exit]
+    leases: LeaseObserver
+    shape: FleetShape
+    started: datetime  # the fault phase began
+    faults_ended: datetime
+    check_end: datetime  # every slot up to here must have its run record
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+async def unfinished_count(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> int:
+    return await conn.fetchval("SELECT count(*) FROM runs WHERE job_id = ANY($1::uuid[]) "
+                               "AND status IN ('scheduled', 'running')", job_ids)
+
+
+async def read_database(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> tuple[
+        list[dict[str, Any]], dict[uuid.UUID, list[dict[str, Any]]], list[dict[str, Any]]]:
+    runs = [dict(r) for r in await conn.fetch(RUNS_SQL, job_ids)]
+    attempts: dict[uuid.UUID, list[dict[str, Any]]] = defaultdict(list)
+    for row in await conn.fetch(ATTEMPTS_SQL, job_ids):
+        attempts[row["run_id"]].append(dict(row))
+    unfinished = [dict(r) for r in await conn.fetch(UNFINISHED_SQL, job_ids)]
+    return runs, dict(attempts), unfinished

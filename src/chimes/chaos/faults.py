@@ -1,0 +1,151 @@
+"""Faults: a schedule drawn from a seed, and the runner that injects it into a live fleet.
+
+The schedule is computed up front from ``random.Random(seed)`` and the fleet's shape alone, never
+from what happens during the run, so the same seed replays the same faults at the same offsets.
+What really happened (when each fault started and ended, by the wall clock) is recorded as a
+:class:`FaultWindow` for the invariant checker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from chimes.chaos.fleet import Fleet
+from chimes.chaos.target import ChaosTarget
+
+log = logging.getLogger(__name__)
+
+# kind -> relative weight when drawing the next fault
+WEIGHTS = {
+    "kill_scheduler": 3.0,
+    "freeze_scheduler": 2.0,  # SIGSTOP past its partition leases, then SIGCONT: a stale leader wakes up
+    "kill_worker": 3.0,
+    "freeze_worker": 2.0,  # SIGSTOP past its run leases: its runs are reaped while it sleeps
+    "restart_postgres_fast": 0.6,
+    "restart_postgres_immediate": 0.6,  # a crash of the database: no checkpoint, recovery on start
+    "target_errors": 1.5,
+    "target_hang": 1.5,
+    "target_close": 1.5,
+}
+DATABASE_COOLDOWN_SEC = 20.0  # between database restarts, so outages never add up to a missed fire
+RECOVERED_SEC = 2.0  # a victim stays healthy at least this long before it is hit again
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedFault:
+    at: float  # seconds after the fault phase starts
+    kind: str
+    victim: str | None  # the fleet member hit, for process faults
+    duration: float  # seconds it stays down, frozen or misbehaving (0 for a database restart)
+
+
+@dataclass(slots=True)
+class FaultWindow:
+    kind: str
+    victim: str | None
+    started: float  # epoch seconds
+    ended: float | None = None
+    note: str = ""
+
+    @property
+    def hits(self) -> str:
+        """What the fault hits: ``scheduler``, ``worker``, ``postgres`` or ``target``."""
+        return next(what for what in ("scheduler", "worker", "postgres", "target") if what in self.kind)
+
+
+def plan_faults(seed: int | str, duration: float, *, schedulers: Sequence[str], workers: Sequence[str],
+                lease_ttl: float, worker_lease: float, mean_gap: float, database: bool) -> list[PlannedFault]:
+    """Faults for ``duration`` seconds, about one every ``mean_gap`` seconds. At least one scheduler
+    and one worker are always left untouched; database restarts only with ``database``."""
+    rng = random.Random(f"{seed}-faults")
+    kinds = [k for k in WEIGHTS if database or "postgres" not in k]
+    weights = [WEIGHTS[k] for k in kinds]
+    free_at: dict[str, float] = {}  # victim (or "postgres", "target") -> when it may be hit again
+    planned: list[PlannedFault] = []
+    at = rng.expovariate(1 / mean_gap)
+    while at < duration - 1:
+        kind = rng.choices(kinds, weights)[0]
+        fault = _draw(rng, kind, at, free_at, schedulers, workers, lease_ttl, worker_lease)
+        if fault is not None and fault.at + fault.duration < duration:
+            planned.append(fault)
+            key = fault.victim or ("postgres" if "postgres" in kind else "target")
+            cooldown = DATABASE_COOLDOWN_SEC if key == "postgres" else RECOVERED_SEC
+            free_at[key] = fault.at + fault.duration + cooldown
+        at += rng.expovariate(1 / mean_gap)
+    return planned
+
+
+def _draw(rng: random.Random, kind: str, at: float, free_at: dict[str, float], schedulers: Sequence[str],
+          workers: Sequence[str], lease_ttl: float, worker_lease: float) -> PlannedFault | None:
+    if "postgres" in kind or kind.startswith("target"):
+        key = "postgres" if "postgres" in kind else "target"
+        if free_at.get(key, 0.0) > at:
+            return None
+        return PlannedFault(at, kind, None, 0.0 if key == "postgres" else round(rng.uniform(2, 8), 2))
+    members = schedulers if kind.endswith("scheduler") else workers
+    healthy = [m for m in members if free_at.get(m, 0.0) <= at]
+    if len(healthy) < 2:  # never the last healthy one: losing *any* node must be survivable
+        return None
+    victim = rng.choice(healthy)
+    if kind.startswith("kill"):
+        duration = rng.uniform(0.5, 5.0)
+    elif kind == "freeze_scheduler":
+        duration = rng.uniform(lease_ttl + 1, lease_ttl + 4)
+    else:
+        duration = rng.uniform(worker_lease + 1, worker_lease + 4)
+    return PlannedFault(at, kind, victim, round(duration, 2))
+
+
+class FaultRunner:
+    """Injects a planned schedule into the fleet and the target, recording each fault's window."""
+
+    def __init__(self, plan: Sequence[PlannedFault], fleet: Fleet, target: ChaosTarget) -> None:
+        self.plan = list(plan)
+        self.fleet = fleet
+        self.target = target
+        self.windows: list[FaultWindow] = []
+
+    async def run(self) -> None:
+        start = time.monotonic()
+        injections: list[asyncio.Task[None]] = []
+        for fault in self.plan:
+            await asyncio.sleep(max(0.0, start + fault.at - time.monotonic()))
+            injections.append(asyncio.create_task(self._inject(fault)))
+        await asyncio.gather(*injections)
+
+    async def _inject(self, fault: PlannedFault) -> None:
+        window = FaultWindow(fault.kind, fault.victim, time.time())
+        self.windows.append(window)
+        log.info("fault: %s %s for %.1fs", fault.kind, fault.victim or "", fault.duration)
+        try:
+            await self._apply(fault, window)
+        finally:
+            window.ended = time.time()
+
+    async def _apply(self, fault: PlannedFault, window: FaultWindow) -> None:
+        if fault.kind.startswith("kill"):
+            member = self.fleet.members[fault.victim or ""]
+            member.kill()
+            await asyncio.sleep(fault.duration)
+            member.start()
+        elif fault.kind.startswith("freeze"):
+            member = self.fleet.members[fault.victim or ""]
+            member.freeze()
+            await asyncio.sleep(fault.duration)
+            member.thaw()
+        elif fault.kind.startswith("restart_postgres"):
+            mode = fault.kind.rsplit("_", 1)[1]
+            try:
+                await asyncio.to_thread(self.fleet.restart_database, mode)
+            except Exception as exc:  # recorded, and the run goes on: the checker will show the damage
+                window.note = f"restart failed: {exc}"
+                log.error("database restart (%s) failed: %s", mode, exc)
+        else:
+            self.target.mode = fault.kind.split("_", 1)[1]
+            await asyncio.sleep(fault.duration)
+            self.target.mode = "normal"

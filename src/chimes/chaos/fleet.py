@@ -1,0 +1,188 @@
+"""The fleet under test: real ``python -m chimes`` processes on one machine and their PostgreSQL.
+
+Each member is one role process that the fault runner can SIGKILL and start again, or SIGSTOP and
+SIGCONT. The database is the harness's own embedded PostgreSQL in the work folder (so it can be
+restarted too), unless a database URL is given.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.fernet import Fernet
+
+from chimes.store.embedded import EmbeddedPostgres
+
+
+@dataclass(frozen=True, slots=True)
+class FleetShape:
+    schedulers: int = 3
+    workers: int = 3
+    lease_ttl: float = 3.0  # chimes scheduler --lease-ttl: how soon a lost node's partitions move
+    worker_lease: float = 5.0  # chimes worker --lease-sec: how soon a lost worker's runs are retried
+    worker_concurrency: int = 50
+
+    @property
+    def lease_renew_sec(self) -> float:
+        return min(1.0, self.lease_ttl / 4)  # as chimes.cli.roles.run_scheduler renews
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    member: str
+    code: int | None
+    at: float  # epoch seconds it was found gone
+    log_tail: str
+
+
+class Member:
+    """One role process. ``down_on_purpose`` tells the supervisor not to bring it back yet."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.args = args
+        self.env = env
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.frozen = False
+        self.down_on_purpose = False
+        self.starts = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "chimes", *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        self.frozen = False
+        self.down_on_purpose = False
+        self.starts += 1
+
+    def kill(self) -> None:
+        """SIGKILL the process group: no clean-up, as in a crash or an OOM kill."""
+        self.down_on_purpose = True
+        if self.alive and self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.frozen = False
+
+    def freeze(self) -> None:
+        if self.alive and self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+            self.frozen = True
+
+    def thaw(self) -> None:
+        if self.alive and self.proc is not None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+        self.frozen = False
+
+    def terminate(self, timeout: float = 20.0) -> None:
+        if not self.alive or self.proc is None:
+            return
+        self.thaw()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log_tail(self, lines: int = 5) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+class Fleet:
+    def __init__(self, work_dir: Path, shape: FleetShape, database_url: str | None = None) -> None:
+        self.work_dir = work_dir
+        self.shape = shape
+        self.postgres = None if database_url else EmbeddedPostgres(work_dir / "postgres-data")
+        self.dsn = database_url or ""
+        self.api_url = ""
+        self.members: dict[str, Member] = {}
+        self.exits: list[Exit] = []
+
+    @property
+    def schedulers(self) -> list[str]:
+        return [name for name in self.members if name.startswith("scheduler")]
+
+    @property
+    def workers(self) -> list[str]:
+        return [name for name in self.members if name.startswith("worker")]
+
+    def start_database(self) -> str:
+        """Blocking (initdb takes seconds): call it in a thread from async code."""
+        if self.postgres is not None:
+            self.dsn = self.postgres.acquire()
+        return self.dsn
+
+    def restart_database(self, mode: str) -> None:
+        if self.postgres is None:
+            raise RuntimeError("the database is not the harness's own: it cannot be restarted")
+        self.postgres.restart(mode)
+
+    def start_roles(self) -> None:
+        logs = self.work_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "CHIMES_DATABASE_URL": self.dsn, "CHIMES_DATA_DIR": str(self.work_dir / "data"),
+               "CHIMES_SECRET_KEY": Fernet.generate_key().decode(), "CHIMES_LOG_FORMAT": "json",
+               "CHIMES_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
+        port = _free_port()
+        self.api_url = f"http://127.0.0.1:{port}"
+        shape = self.shape
+        roles = {"api": ["api", "--host", "127.0.0.1", "--port", str(port), "--write-burst", "1000"]}
+        for i in range(1, shape.schedulers + 1):
+            roles[f"scheduler-{i}"] = ["scheduler", "--node-id", f"scheduler-{i}", "--lease-ttl", str(shape.lease_ttl)]
+        for i in range(1, shape.workers + 1):
+            roles[f"worker-{i}"] = ["worker", "--worker-id", f"worker-{i}", "--lease-sec", str(shape.worker_lease),
+                                    "--concurrency", str(shape.worker_concurrency), "--shutdown-grace", "2"]
+        for name, args in roles.items():
+            self.members[name] = Member(name, args, env, logs)
+            self.members[name].start()
+
+    def supervise(self) -> list[Exit]:
+        """Bring back members that exited without being killed on purpose (as systemd or Kubernetes
+        would); each such exit is recorded."""
+        found = []
+        for member in self.members.values():
+            if member.proc is not None and not member.alive and not member.down_on_purpose:
+                found.append(Exit(member.name, member.proc.returncode, time.time(), member.log_tail()))
+                member.start()
+        self.exits += found
+        return found
+
+    def heal(self) -> None:
+        """Every member running and awake (the end of the fault phase)."""
+        for member in self.members.values():
+            if not member.alive:
+                member.start()
+            elif member.frozen:
+                member.thaw()
+
+    def stop(self) -> None:
+        for member in self.members.values():
+            member.thaw()
+            if member.alive and member.proc is not None:
+                member.proc.send_signal(signal.SIGTERM)
+        for member in self.members.values():
+            member.terminate()
+        if self.postgres is not None:
+            self.postgres.release()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,103 @@
+"""Watching partition ownership during a chaos run: who held which partition, with which token, when.
+
+The observer reads ``partition_leases`` every ~200 ms and keeps, per partition, the *spans* of each
+fencing token: when it was first seen, the last time it was seen valid (owned and unexpired, by the
+database's clock), and the first time it was seen gone for good (another token, or released). A token
+that merely expired may be renewed by its owner if nobody took it, so only a new token or a release
+ends a span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+POLL_SQL = "SELECT now() AS seen, partition_id, owner, token, expires_at FROM partition_leases"
+
+
+@dataclass(slots=True)
+class Span:
+    partition: int
+    token: int
+    owner: str
+    first_seen: datetime
+    last_valid: datetime | None = None
+    ended_seen: datetime | None = None  # first observation showing another token or a release
+
+
+@dataclass
+class LeaseObserver:
+    dsn: str
+    every_sec: float = 0.2
+    spans: dict[int, list[Span]] = field(default_factory=dict)
+    polls: int = 0
+    failed_polls: int = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        conn: asyncpg.Connection | None = None
+        while not stop.is_set():
+            try:
+                if conn is None or conn.is_closed():
+                    conn = await asyncpg.connect(self.dsn, timeout=2)
+                self.observe(await conn.fetch(POLL_SQL, timeout=2))
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+                self.failed_polls += 1  # the database is restarting: nobody can change leases either
+                conn = None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.every_sec)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def observe(self, rows: list[asyncpg.Record] | list[dict]) -> None:
+        self.polls += 1
+        for row in rows:
+            seen, partition, owner, token = row["seen"], row["partition_id"], row["owner"], row["token"]
+            history = self.spans.setdefault(partition, [])
+            current = history[-1] if history and history[-1].ended_seen is None else None
+            if current is not None and (current.token != token or owner is None):
+                current.ended_seen = seen
+                current = None
+            if owner is None:
+                continue
+            if current is None:
+                if history and history[-1].token == token and history[-1].owner == owner:
+                    continue  # a released span stays ended
+                current = Span(partition, token, owner, seen)
+                history.append(current)
+            if row["expires_at"] > seen:
+                current.last_valid = seen
+
+    def held_at(self, owner: str, moment: datetime) -> dict[int, Span]:
+        """The spans ``owner`` held at ``moment`` (seen valid before it and not seen ended by then)."""
+        held = {}
+        for partition, history in self.spans.items():
+            for span in reversed(history):
+                if span.first_seen <= moment:
+                    if (span.owner == owner and span.last_valid is not None
+                            and (span.ended_seen is None or span.ended_seen > moment)):
+                        held[partition] = span
+                    break
+        return held
+
+    def next_span(self, span: Span) -> Span | None:
+        history = self.spans.get(span.partition, [])
+        index = history.index(span)
+        return history[index + 1] if index + 1 < len(history) else None
+
+    def last_ended_before(self, partition: int, moment: datetime) -> Span | None:
+        """The latest span of ``partition`` seen ended before ``moment``."""
+        history = self.spans.get(partition, [])
+        ends = [s.ended_seen for s in history]
+        # spans end in order; an open span (None) can only be the last one
+        count = len(history) if not history or history[-1].ended_seen is not None else len(history) - 1
+        index = bisect.bisect_left(ends[:count], moment)  # type: ignore[arg-type]
+        return history[index - 1] if index > 0 else None

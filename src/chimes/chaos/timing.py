@@ -1,0 +1,149 @@
+"""The timing invariants of a chaos run: takeover after a node is lost (5) and start lag (6).
+
+Both compare with fault windows. A window is widened by the time its fault keeps hurting after it
+ends: a scheduler that comes back makes the others shed partitions, a restarted database has to be
+reconnected to, a restarted process costs a couple of CPU-seconds on a small machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from chimes.chaos.faults import FaultWindow
+from chimes.ids import partition_of
+
+if TYPE_CHECKING:
+    from chimes.chaos.evidence import Evidence
+    from chimes.chaos.invariants import Violation
+
+START_LAG_P99_SEC = 2.0
+TAKEOVER_SLACK_SEC = 1.0  # a fire's own latency on a loaded machine
+SETTLE_SEC = {"scheduler": 3.0, "postgres": 5.0, "worker": 3.0}  # after the window, plus the lease TTL for schedulers
+
+
+def _when(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+def lag_windows(ev: Evidence) -> list[tuple[datetime, datetime]]:
+    """The spans of time in which a fault may delay starts (target faults cannot: they only fail calls)."""
+    windows = []
+    for fault in ev.faults:
+        if fault.hits not in SETTLE_SEC:
+            continue
+        settle = SETTLE_SEC[fault.hits] + (ev.shape.lease_ttl if fault.hits == "scheduler" else 0.0)
+        end = fault.ended if fault.ended is not None else ev.faults_ended.timestamp()
+        windows.append((_when(fault.started), _when(end + settle)))
+    return windows
+
+
+def _inside(moment: datetime, windows: list[tuple[datetime, datetime]]) -> bool:
+    return any(start <= moment <= end for start, end in windows)
+
+
+def takeover_bound(ev: Evidence) -> float:
+    shape = ev.shape
+    return shape.lease_ttl + shape.lease_renew_sec + 1.0 + TAKEOVER_SLACK_SEC  # TTL, one lease round, one scan
+
+
+def check_takeovers(ev: Evidence) -> list[Violation]:
+    """5: when a scheduler node is killed or frozen past its lease, every fire due in its partitions
+    happens within the bound after the loss; checked for *clean* losses (no other scheduler or
+    database fault nearby, which would legitimately slow the takeover), measured for all."""
+    from chimes.chaos.invariants import Violation
+
+    found = []
+    bound = takeover_bound(ev)
+    runs_by_partition: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for run in ev.runs:
+        if run["fired_at"] is not None and run["trigger"] in ("schedule", "catchup"):
+            runs_by_partition[run["partition_id"]].append(run)
+    lease_moves, fire_delays, clean_delays = [], [], []
+    for loss in (f for f in ev.faults if f.hits == "scheduler"):
+        lost_at = _when(loss.started)
+        held = ev.leases.held_at(loss.victim or "", lost_at)
+        for span in held.values():
+            following = ev.leases.next_span(span)
+            if following is not None:
+                lease_moves.append((following.first_seen - lost_at).total_seconds())
+        delays = _fire_delays(runs_by_partition, set(held), lost_at, ev.shape.lease_ttl)
+        if not delays:
+            continue
+        worst = max(delays)
+        fire_delays.append(worst)
+        if _clean(loss, ev, bound):
+            clean_delays.append(worst)
+            if worst > bound:
+                found.append(Violation(5, f"{loss.kind} {loss.victim} at {lost_at.isoformat()}: a fire in its "
+                                          f"partitions came {worst:.2f} s after the loss (bound {bound:.2f} s)"))
+    ev.figures["takeover"] = {
+        "node_losses": sum(1 for f in ev.faults if f.hits == "scheduler"),
+        "bound_sec": round(bound, 2),
+        "lease_moved_sec": _summary(lease_moves),
+        "fires_resumed_sec": _summary(fire_delays),
+        "fires_resumed_clean_sec": _summary(clean_delays),
+    }
+    return found
+
+
+def _fire_delays(runs_by_partition: dict[int, list[dict[str, Any]]], partitions: set[int], lost_at: datetime,
+                 lease_ttl: float) -> list[float]:
+    """How long after the loss (or after its slot, if later) each slot due around the loss fired."""
+    early, late = lost_at - timedelta(seconds=1), lost_at + timedelta(seconds=lease_ttl + 2)
+    return [(run["fired_at"] - max(run["scheduled_at"], lost_at)).total_seconds()
+            for partition in partitions for run in runs_by_partition.get(partition, [])
+            if early <= run["scheduled_at"] <= late]
+
+
+def _clean(loss: FaultWindow, ev: Evidence, bound: float) -> bool:
+    start = loss.started - ev.shape.lease_ttl - 2
+    end = loss.started + bound
+    for other in ev.faults:
+        if other is loss or other.hits not in ("scheduler", "postgres"):
+            continue
+        other_end = (other.ended or loss.started) + ev.shape.lease_ttl + 2
+        if other.started <= end and other_end >= start:
+            return False
+    return True
+
+
+def check_start_lag(ev: Evidence) -> list[Violation]:
+    """6: start lag (first attempt start minus scheduled time) of fired slots: p99 within 2 s outside
+    fault windows; inside them it is measured, not bounded."""
+    from chimes.chaos.invariants import Violation
+
+    windows = lag_windows(ev)
+    outside, inside = [], []
+    for run in ev.runs:
+        if run["trigger"] not in ("schedule", "catchup") or run["status"] == "skipped":
+            continue
+        attempts = ev.attempts.get(run["run_id"], [])
+        first_start = attempts[0]["started_at"] if attempts else run["started_at"]
+        if first_start is None:
+            continue
+        lag = (first_start - run["scheduled_at"]).total_seconds()
+        (inside if _inside(run["scheduled_at"], windows) else outside).append(lag)
+    ev.figures["start_lag_outside_faults_sec"] = _summary(outside)
+    ev.figures["start_lag_inside_faults_sec"] = _summary(inside)
+    if len(outside) >= 20 and _percentile(outside, 99) > START_LAG_P99_SEC:
+        return [Violation(6, f"start lag p99 outside fault windows was {_percentile(outside, 99):.2f} s "
+                             f"over {len(outside)} runs (bound {START_LAG_P99_SEC} s)")]
+    return []
+
+
+def _percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "p50": round(statistics.median(values), 3), "p99": round(_percentile(values, 99), 3),
+            "max": round(max(values), 3)}
+
+
+__all__ = ["check_start_lag", "check_takeovers", "lag_windows", "partition_of", "takeover_bound"]

@@ -1,0 +1,58 @@
+"""``chimes config``: operator settings kept in the database, read by every role."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+import orjson
+
+from chimes.cli.options import database_options, settings_from
+from chimes.cli.runtime import migrate_database
+from chimes.store import db
+from chimes.store.queries import sql
+
+KNOWN = {"notify-url": "notify_url"}  # the webhook for failures of jobs that name none
+
+
+@click.group()
+def config() -> None:
+    """Operator settings shared by the whole fleet."""
+
+
+@config.command("set")
+@database_options
+@click.argument("name", type=click.Choice(sorted(KNOWN)))
+@click.argument("value")
+def set_value(database_url: str | None, data_dir: Path, name: str, value: str) -> None:
+    """Set a setting, e.g. `chimes config set notify-url https://alerts.internal/chimes`."""
+    if name == "notify-url" and not value.startswith(("http://", "https://")):
+        raise click.BadParameter("must be an http:// or https:// URL", param_hint="VALUE")
+    _run(database_url, data_dir, "set_setting", KNOWN[name], orjson.dumps(value).decode())
+    click.echo(f"{name} = {value}")
+
+
+@config.command("unset")
+@database_options
+@click.argument("name", type=click.Choice(sorted(KNOWN)))
+def unset(database_url: str | None, data_dir: Path, name: str) -> None:
+    """Remove a setting."""
+    _run(database_url, data_dir, "delete_setting", KNOWN[name])
+    click.echo(f"{name} unset")
+
+
+def _run(database_url: str | None, data_dir: Path, query: str, *args: str) -> None:
+    async def main(dsn: str) -> None:
+        await migrate_database(dsn)
+        conn = await db.connect(dsn)
+        try:
+            if query == "set_setting":
+                await conn.execute(sql(query), args[0], orjson.loads(args[1]))
+            else:
+                await conn.execute(sql(query), *args)
+        finally:
+            await conn.close()
+
+    with db.database_url(settings_from(database_url, data_dir)) as dsn:
+        asyncio.run(main(dsn))

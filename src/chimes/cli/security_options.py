@@ -1,0 +1,155 @@
+"""Operator settings for the security of the API and the workers: flags, each with a CHIMES_* variable.
+
+The secret key itself has no flag (a flag would show in ``ps`` and shell history): it is read from
+``CHIMES_SECRET_KEY`` or from the key file (``--secret-key-file``, default ``<data-dir>/secret.key``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import click
+
+from chimes.api.limits import LimitSettings
+from chimes.jobs import JobSpec
+from chimes.security.secrets import (
+    KEY_ENV,
+    KEY_FILE_NAME,
+    Keyring,
+    SecretKeyError,
+    default_keyring,
+    has_secrets,
+    load_keyring,
+    seal_spec,
+)
+from chimes.security.ssrf import EgressPolicy
+from chimes.store.owners import check_secret_key
+
+_DEFAULTS = LimitSettings()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSecurity:
+    allow_commands: bool
+    egress: EgressPolicy
+    keyring: Keyring
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSecurity:
+    limits: LimitSettings
+    keyring: Keyring
+
+
+def _option(*names: str, env: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(*names, envvar=env, show_envvar=True, **kwargs)
+
+
+def key_file_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return _option("--secret-key-file", env="CHIMES_SECRET_KEY_FILE", type=click.Path(path_type=Path), default=None,
+                   help=f"File holding the key that seals secrets, made if missing (default: <data-dir>/"
+                        f"{KEY_FILE_NAME}); {KEY_ENV}, when set, wins. Every process needs the same key.")(func)
+
+
+def api_security_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        _option("--max-body-bytes", env="CHIMES_MAX_BODY_BYTES", type=click.IntRange(1024), show_default=True,
+                default=_DEFAULTS.max_body_bytes, help="Largest request body; larger ones get 413."),
+        _option("--write-rate", env="CHIMES_WRITE_RATE", type=click.FloatRange(0.01), show_default=True,
+                default=_DEFAULTS.writes_per_sec, help="Writes a second per token, per API process (then 429)."),
+        _option("--write-burst", env="CHIMES_WRITE_BURST", type=click.IntRange(1), show_default=True,
+                default=_DEFAULTS.write_burst, help="Writes a token may make at once before --write-rate applies."),
+        _option("--auth-failure-rate", env="CHIMES_AUTH_FAILURE_RATE", type=click.FloatRange(0.01),
+                show_default=True, default=_DEFAULTS.auth_failures_per_min,
+                help="Failed authentications a minute per client address (then 429)."),
+        _option("--auth-failure-burst", env="CHIMES_AUTH_FAILURE_BURST", type=click.IntRange(1), show_default=True,
+                default=_DEFAULTS.auth_failure_burst, help="Failed authentications at once per client address."),
+        _option("--default-job-quota", env="CHIMES_DEFAULT_JOB_QUOTA", type=click.IntRange(0), show_default=True,
+                default=_DEFAULTS.default_job_quota,
+                help="Jobs per owner without a quota of its own (chimes owner set); 0: no limit."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def worker_security_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        _option("--egress-allow", env="CHIMES_EGRESS_ALLOW", multiple=True, metavar="NET|HOST",
+                help="Only these networks (10.0.0.0/8), addresses or hosts (api.example.com, *.example.com) may "
+                     "be called by HTTP tasks (repeatable; in the variable, comma-separated).", default=()),
+        _option("--egress-deny", env="CHIMES_EGRESS_DENY", multiple=True, metavar="NET|HOST", default=(),
+                help="Networks, addresses or hosts HTTP tasks may never call, on top of the defaults (repeatable)."),
+        _option("--egress-default-deny/--no-egress-default-deny", env="CHIMES_EGRESS_DEFAULT_DENY", default=True,
+                show_default=True, help="Deny link-local and cloud metadata addresses (169.254.0.0/16, fe80::/10, "
+                                        "fd00:ec2::254, ...)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def allow_commands_option(default: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return _option("--allow-commands/--no-allow-commands", env="CHIMES_ALLOW_COMMANDS", default=default,
+                   show_default=True,
+                   help="Run command and container tasks (only for owners allowed with chimes owner set).")
+
+
+def _entries(values: tuple[str, ...]) -> list[str]:
+    # A variable holds one comma-separated value; flags may be repeated: accept both.
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def keyring_from(data_dir: Path, secret_key_file: Path | None) -> Keyring:
+    try:
+        return load_keyring(os.environ.get(KEY_ENV), secret_key_file or data_dir / KEY_FILE_NAME)
+    except (SecretKeyError, OSError) as exc:
+        raise click.UsageError(f"secret key: {exc}") from None
+
+
+def worker_security(data_dir: Path, options: dict[str, Any]) -> WorkerSecurity:
+    """From the options of :func:`worker_security_options`, :func:`allow_commands_option` and the key file."""
+    try:
+        egress = EgressPolicy.build(allow=_entries(options.get("egress_allow", ())),
+                                    deny=_entries(options.get("egress_deny", ())),
+                                    default_deny=options.get("egress_default_deny", True))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--egress-allow/--egress-deny") from None
+    return WorkerSecurity(bool(options.get("allow_commands")), egress,
+                          keyring_from(data_dir, options.get("secret_key_file")))
+
+
+def api_security(data_dir: Path, options: dict[str, Any]) -> ApiSecurity:
+    """From the options of :func:`api_security_options` and the key file."""
+    limits = LimitSettings(
+        max_body_bytes=options["max_body_bytes"], writes_per_sec=options["write_rate"],
+        write_burst=options["write_burst"], auth_failures_per_min=options["auth_failure_rate"],
+        auth_failure_burst=options["auth_failure_burst"], default_job_quota=options["default_job_quota"] or None,
+    )
+    return ApiSecurity(limits, keyring_from(data_dir, options.get("secret_key_file")))
+
+
+class Sealer:
+    """Seals the secret values of job specs written straight to the database (``chimes jobs import``),
+    loading the key and checking it against the database's only if some spec has secrets."""
+
+    def __init__(self, data_dir: Path | None) -> None:
+        self._data_dir = data_dir
+        self._keyring: Keyring | None = None
+
+    async def seal(self, conn: asyncpg.Connection, spec: JobSpec) -> JobSpec:
+        if not has_secrets(spec):
+            return spec
+        if self._keyring is None:
+            keyring = keyring_from(self._data_dir, None) if self._data_dir else default_keyring()
+            try:
+                await check_secret_key(conn, keyring)
+            except SecretKeyError as exc:
+                raise click.ClickException(str(exc)) from None
+            self._keyring = keyring
+        return seal_spec(spec, self._keyring)

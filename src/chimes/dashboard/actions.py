@@ -1,0 +1,120 @@
+"""What the dashboard's buttons do: sign in and out, run now, pause, resume, re-run, cancel.
+
+Every action is a form POST checked for origin and CSRF token (session.checked_form), runs as the
+signed-in principal with the same ownership rules as the API, and answers with a redirect to the
+page that shows its result (post/redirect/get, so a reload never repeats it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from chimes.dashboard import session
+from chimes.dashboard.pages import Viewer
+from chimes.dashboard.render import page
+from chimes.jobs import JobPatch
+from chimes.store.tokens import Principal
+
+router = APIRouter(include_in_schema=False)
+P = session.PREFIX
+
+
+@router.get("/login", response_class=HTMLResponse)
+async def login_form(request: Request, next: str | None = None) -> HTMLResponse:
+    return page(request, "login.html", next=session.safe_next(next), error=None)
+
+
+@router.post("/login", response_model=None)
+async def login(request: Request) -> Response:
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        raise session.FormRefused("the sign-in form was sent from another site")
+    form = await session.form_data(request)
+    target = session.safe_next(form.get("next"))
+    principal = await session.sign_in(request, form.get("token", ""))
+    if principal is None:
+        return page(request, "login.html", status_code=401, next=target,
+                    error="That token is not valid, or it was revoked. Paste a token made by chimes up "
+                          "or chimes token create.")
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(value=form["token"].strip(), max_age=session.COOKIE_MAX_AGE,
+                        **session.cookie_settings(request))  # type: ignore[arg-type]
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> RedirectResponse:
+    await session.checked_form(request)
+    response = RedirectResponse(f"{P}/login", status_code=303)
+    response.delete_cookie(**session.cookie_settings(request))  # type: ignore[arg-type]
+    return response
+
+
+@router.post("/jobs/{job_id}/run", response_model=None)
+async def run_now(job_id: str, request: Request, who: Viewer) -> Response:
+    await session.checked_form(request, who)
+    parsed = _uuid(job_id)
+    run_id = parsed and await request.app.state.runs.start_now(parsed, who.owner_filter, "manual", datetime.now(UTC))
+    if not run_id:
+        return _gone(request, who, "job")
+    return RedirectResponse(f"{P}/jobs/{job_id}?notice=started&started={run_id}", status_code=303)
+
+
+@router.post("/jobs/{job_id}/pause", response_model=None)
+async def pause(job_id: str, request: Request, who: Viewer) -> Response:
+    return await _set_paused(job_id, request, who, paused=True)
+
+
+@router.post("/jobs/{job_id}/resume", response_model=None)
+async def resume(job_id: str, request: Request, who: Viewer) -> Response:
+    return await _set_paused(job_id, request, who, paused=False)
+
+
+async def _set_paused(job_id: str, request: Request, who: Principal, *, paused: bool) -> Response:
+    await session.checked_form(request, who)
+    parsed = _uuid(job_id)
+    job = parsed and await request.app.state.jobs.update(parsed, who.owner_filter, JobPatch(paused=paused),
+                                                         datetime.now(UTC))
+    if not job:
+        return _gone(request, who, "job")
+    return RedirectResponse(f"{P}/jobs/{job_id}?notice={'paused' if paused else 'resumed'}", status_code=303)
+
+
+@router.post("/runs/{run_id}/rerun", response_model=None)
+async def rerun(run_id: str, request: Request, who: Viewer) -> Response:
+    await session.checked_form(request, who)
+    parsed = _uuid(run_id)
+    found = parsed and await request.app.state.runs.get(parsed, who.owner_filter)
+    if not found:
+        return _gone(request, who, "run")
+    new_run = await request.app.state.runs.start_now(found[0]["job_id"], who.owner_filter, "rerun", datetime.now(UTC))
+    if new_run is None:
+        return page(request, "not_found.html", status_code=409, viewer=who, what="job",
+                    detail="The job of this run was deleted, so it cannot run again.")
+    return RedirectResponse(f"{P}/runs/{new_run}?notice=started", status_code=303)
+
+
+@router.post("/runs/{run_id}/cancel", response_model=None)
+async def cancel(run_id: str, request: Request, who: Viewer) -> Response:
+    await session.checked_form(request, who)
+    parsed = _uuid(run_id)
+    if parsed is None or await request.app.state.runs.get(parsed, who.owner_filter) is None:
+        return _gone(request, who, "run")
+    done = await request.app.state.runs.cancel(parsed, who.owner_filter, f"cancelled by {who.owner} (dashboard)")
+    return RedirectResponse(f"{P}/runs/{run_id}?notice={'cancelled' if done else 'already-finished'}",
+                            status_code=303)
+
+
+def _gone(request: Request, who: Principal, what: str) -> HTMLResponse:
+    return page(request, "not_found.html", status_code=404, viewer=who, what=what)
+
+
+def _uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None

@@ -1,0 +1,175 @@
+"""The dashboard's pages: jobs, one job, one run, the fleet. GET only; forms post to actions.py.
+
+Pages that change while you look at them (the job list, a job's runs, an unfinished run, the fleet)
+refresh themselves with htmx: the page asks for ``?fragment=...`` and swaps in just that part.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse
+
+from chimes.dashboard import views
+from chimes.dashboard.render import page
+from chimes.dashboard.session import viewer
+from chimes.ids import scheduled_at_of
+from chimes.store.dashboard import JOB_FILTERS, LAG_BOUNDS, DashboardStore, JobCursor, RunCursor
+from chimes.store.tokens import Principal
+
+router = APIRouter(include_in_schema=False)
+Viewer = Annotated[Principal, Depends(viewer)]
+PAGE_SIZE = 50
+RUN_STATUSES = ("failed", "succeeded", "running", "scheduled", "cancelled", "skipped")
+LAG_WINDOW = timedelta(minutes=10)
+FAILURE_MINUTES = 30
+NOTICES = {
+    "paused": "Paused: no new runs will start until you resume it.",
+    "resumed": "Resumed: the schedule is active again.",
+    "started": "Run started: it is queued for a worker now.",
+    "cancelled": "Cancelled.",
+    "already-finished": "That run had already finished, so there was nothing to cancel.",
+}
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+async def jobs_page(
+    request: Request, who: Viewer,
+    q: Annotated[str, Query(max_length=200)] = "",
+    show: str = "all", after: str | None = None, fragment: str | None = None,
+) -> HTMLResponse:
+    show = show if show in JOB_FILTERS else "all"
+    found = await DashboardStore(request.app.state.pool).jobs(who.owner_filter, q.strip(), show,
+                                                              _job_cursor(after), PAGE_SIZE)
+    next_after = _encode_job_cursor(found.next) if found.next else None
+    context = {"viewer": who, "nav": "jobs", "jobs": found.jobs, "q": q.strip(), "show": show, "after": after,
+               "next_after": next_after, "filters": JOB_FILTERS}
+    return page(request, "_jobs_table.html" if fragment == "table" else "jobs.html", **context)
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+async def job_page(
+    job_id: str, request: Request, who: Viewer,
+    status: str | None = None, before: str | None = None, started: str | None = None,
+    notice: str | None = None, fragment: str | None = None,
+) -> HTMLResponse:
+    parsed = _uuid(job_id)
+    job = await request.app.state.jobs.get(parsed, who.owner_filter) if parsed else None
+    if job is None:
+        return _not_found(request, who, "job")
+    status = status if status in RUN_STATUSES else None
+    started = str(_uuid(started)) if started and _uuid(started) else None
+    rows = await DashboardStore(request.app.state.pool).job_runs(job.job_id, status, _run_cursor(before),
+                                                                 PAGE_SIZE + 1)
+    runs = rows[:PAGE_SIZE]
+    next_before = _encode_run_cursor(runs[-1]["run_id"]) if len(rows) > PAGE_SIZE else None
+    context = {
+        "viewer": who, "nav": "jobs", "job": job, "runs": runs, "status_filter": status, "statuses": RUN_STATUSES,
+        "before": before, "next_before": next_before, "started": started, "notice": NOTICES.get(notice or ""),
+        "next_fires": views.next_fires(job.definition, job.next_run_at),
+        "chart": _chart(runs), "task": job.definition["task"],
+        "headers": views.masked(job.definition["task"].get("headers")),
+        "env": views.masked(job.definition["task"].get("env")),
+    }
+    return page(request, "_runs.html" if fragment == "runs" else "job.html", **context)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+async def run_page(run_id: str, request: Request, who: Viewer, notice: str | None = None,
+                   fragment: str | None = None) -> HTMLResponse:
+    parsed = _uuid(run_id)
+    found = await request.app.state.runs.get(parsed, who.owner_filter) if parsed else None
+    if found is None:
+        return _not_found(request, who, "run")
+    run, attempt_rows = found
+    attempts: list[dict[str, Any]] = [dict(a) for a in attempt_rows]
+    if run["status"] == "running":  # the attempt under way has no row until it ends
+        attempts.append({"attempt": run["attempt"], "worker_id": run["worker_id"], "started_at": run["started_at"],
+                         "finished_at": None, "status": "running", "error": None, "output": None})
+    job = await request.app.state.jobs.get(run["job_id"], who.owner_filter)
+    spans, events = views.timeline(run, attempts, datetime.now(UTC))
+    context = {
+        "viewer": who, "nav": "jobs", "run": run, "attempts": attempts, "job": job, "spans": spans, "events": events,
+        "max_attempts": (job.definition["retryPolicy"] or {}).get("maxAttempts") if job else None,
+        "final": run["status"] in views.FINAL_STATUSES, "notice": NOTICES.get(notice or ""),
+    }
+    return page(request, "_run_body.html" if fragment == "body" else "run.html", **context)
+
+
+@router.get("/fleet", response_class=HTMLResponse)
+async def fleet_page(request: Request, who: Viewer, fragment: str | None = None) -> HTMLResponse:
+    now = datetime.now(UTC)
+    fleet = await DashboardStore(request.app.state.pool).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES)
+    context = {
+        "viewer": who, "nav": "fleet", "fleet": fleet, "lag_window_min": int(LAG_WINDOW.total_seconds() // 60),
+        "lag_bars": views.lag_bars(LAG_BOUNDS, fleet.fire_lag.buckets),
+        "failure_bars": views.minute_bars(fleet.failures, now, FAILURE_MINUTES),
+        "failure_minutes": FAILURE_MINUTES, "failures_total": sum(r["failed"] for r in fleet.failures),
+        "held": sum(len(n["partitions"]) for n in fleet.nodes),
+        "in_flight": sum(w["in_flight"] for w in fleet.workers),
+        "capacity": sum(w["concurrency"] for w in fleet.workers),
+        "queued": sum(t.depth for t in fleet.queue),
+    }
+    return page(request, "_fleet_body.html" if fragment == "body" else "fleet.html", **context)
+
+
+def _chart(runs: list[Any]) -> dict[str, list[Any]]:
+    """Start lag and duration per run, oldest first, for the uPlot chart (seconds; null = no value)."""
+    points = sorted(runs, key=lambda r: r["scheduled_at"])
+    return {
+        "x": [r["scheduled_at"].timestamp() for r in points],
+        "lag": [views.between(r["scheduled_at"], r["first_started_at"]) for r in points],
+        "duration": [views.between(r["started_at"], r["finished_at"]) for r in points],
+    }
+
+
+def _not_found(request: Request, who: Principal, what: str) -> HTMLResponse:
+    return page(request, "not_found.html", status_code=404, viewer=who, what=what)
+
+
+def _uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        return None
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _encode_job_cursor(cursor: JobCursor) -> str:
+    return _b64(cursor.job_id.bytes + cursor.name.encode())
+
+
+def _job_cursor(text: str | None) -> JobCursor | None:
+    """A cursor we did not make (edited by hand, truncated) just starts from the first page."""
+    if not text or len(text) > 1200:
+        return None
+    try:
+        raw = _unb64(text)
+        return JobCursor(raw[16:].decode(), uuid.UUID(bytes=raw[:16]))
+    except ValueError:
+        return None
+
+
+def _encode_run_cursor(run_id: uuid.UUID) -> str:
+    return _b64(run_id.bytes)
+
+
+def _run_cursor(text: str | None) -> RunCursor | None:
+    if not text or len(text) > 100:
+        return None
+    try:
+        run_id = uuid.UUID(bytes=_unb64(text))
+    except ValueError:
+        return None
+    return RunCursor(scheduled_at_of(run_id), run_id)

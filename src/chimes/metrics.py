@@ -1,0 +1,156 @@
+"""Prometheus metrics: every metric Chimes exports is defined here, once.
+
+Each process exports what it does itself: a scheduler node its fires, leases and reaps, a worker
+its runs and tasks, the API its request latency plus the fleet-wide gauges it reads from the
+database at scrape time (queue depth, live nodes and workers). ``chimes up`` is one process, so its
+``/metrics`` has all of them. Labels never carry job or run ids: their number must stay small.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import start_http_server as _start_http_server
+
+from chimes.store.dashboard import queue_tiers
+from chimes.store.queries import sql
+
+if TYPE_CHECKING:
+    from chimes.store.scheduling import DueTrigger, FireResult
+    from chimes.store.working import ClaimedRun, Outcome
+
+# Lateness is what a scheduler promises to keep small: fine buckets below a few seconds.
+LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+API_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+# --- scheduler node ----------------------------------------------------------------------------
+FIRE_LAG = Histogram("chimes_fire_lag_seconds", "Seconds between a trigger's due time and its firing.",
+                     buckets=LAG_BUCKETS)
+TRIGGERS_FIRED = Counter("chimes_triggers_fired_total", "Triggers fired (runs created or retries re-enqueued).")
+FIRES_REFUSED = Counter("chimes_fires_refused_total",
+                        "Triggers in batches the fencing token refused (the partition lease was lost).")
+PARTITIONS_OWNED = Gauge("chimes_partitions_owned", "Trigger partitions this scheduler node holds.")
+LEASE_CHANGES = Counter("chimes_lease_changes_total", "Partitions this node gained or lost.", ["change"])
+REAPER_REQUEUED = Counter("chimes_reaper_requeued_total",
+                          "Lost or overdue runs the reaper handed back for another attempt.")
+
+# --- worker --------------------------------------------------------------------------------------
+START_LAG = Histogram("chimes_start_lag_seconds",
+                      "Seconds between a run's scheduled time and the start of its first attempt.",
+                      buckets=LAG_BUCKETS)
+RUNS_FINISHED = Counter("chimes_runs_finished_total", "Runs that reached a final status.", ["status"])
+RETRIES = Counter("chimes_run_retries_total", "Failed attempts that will be retried.", ["by"])
+TASK_DURATION = Histogram("chimes_task_duration_seconds", "Seconds one attempt of a task ran.", ["type", "status"],
+                          buckets=DURATION_BUCKETS)
+
+# --- API -----------------------------------------------------------------------------------------
+API_LATENCY = Histogram("chimes_api_request_duration_seconds", "Seconds the API took to answer a request.",
+                        ["method", "route", "status"], buckets=API_BUCKETS)
+QUEUE_DEPTH = Gauge("chimes_queue_depth", "Runs waiting in the queue for a worker (counted up to a cap).", ["tier"])
+QUEUE_OLDEST = Gauge("chimes_queue_oldest_seconds", "Age of the oldest run waiting in the queue.", ["tier"])
+LIVE_NODES = Gauge("chimes_scheduler_nodes_live", "Scheduler nodes that heartbeated recently.")
+LIVE_WORKERS = Gauge("chimes_workers_live", "Workers that heartbeated recently.")
+PARTITIONS_UNLEASED = Gauge("chimes_partitions_unleased", "Trigger partitions no live node holds.")
+
+
+def record_fires(due: Sequence[DueTrigger], fired_at: datetime, result: FireResult) -> None:
+    """One fired batch: the lag of each trigger in it, and how many fired or were fenced out."""
+    for trigger in due:
+        FIRE_LAG.observe(max(0.0, (fired_at - trigger.fire_at).total_seconds()))
+    TRIGGERS_FIRED.inc(result.fired)
+    if result.leases_held < len({t.partition_id for t in due}):
+        FIRES_REFUSED.inc(len(due) - result.fired)
+
+
+def record_lease_round(held: int, gained: int, lost: int) -> None:
+    PARTITIONS_OWNED.set(held)
+    if gained:
+        LEASE_CHANGES.labels("gained").inc(gained)
+    if lost:
+        LEASE_CHANGES.labels("lost").inc(lost)
+
+
+def record_reaped(ended: Iterable[Any]) -> None:
+    """Rows the reaper ended: ``retry_at`` set means another attempt, else the run failed for good."""
+    for row in ended:
+        if row["retry_at"] is None:
+            RUNS_FINISHED.labels("failed").inc()
+        else:
+            REAPER_REQUEUED.inc()
+            RETRIES.labels("reaper").inc()
+
+
+def record_claims(claimed: Iterable[ClaimedRun]) -> None:
+    """Start lag of first attempts (a retry's start is late by design: its backoff)."""
+    for run in claimed:
+        if run.attempt == 1:
+            START_LAG.observe(max(0.0, (run.started_at - run.scheduled_at).total_seconds()))
+
+
+def record_outcomes(batch: Iterable[Outcome], accepted: set[Any]) -> None:
+    """Outcomes the database accepted: task durations, retries and final statuses."""
+    for outcome in batch:
+        if outcome.run.run_id not in accepted:
+            continue
+        task_type = (outcome.run.task or {}).get("type", "none")
+        duration = max(0.0, (outcome.finished_at - outcome.run.started_at).total_seconds())
+        TASK_DURATION.labels(task_type, outcome.status).observe(duration)
+        if outcome.retry_at is not None:
+            RETRIES.labels("worker").inc()
+        else:
+            RUNS_FINISHED.labels(outcome.status).inc()
+
+
+async def collect_fleet(pool: asyncpg.Pool) -> None:
+    """Read the fleet-wide gauges from the database; the API calls this on every scrape."""
+    async with pool.acquire() as conn:
+        for tier in await queue_tiers(conn):
+            QUEUE_DEPTH.labels(tier.tier).set(tier.depth)
+            QUEUE_OLDEST.labels(tier.tier).set(tier.oldest_sec or 0.0)
+        row = await conn.fetchrow(sql("metrics_fleet"))
+    LIVE_NODES.set(row["nodes"])
+    LIVE_WORKERS.set(row["workers"])
+    PARTITIONS_UNLEASED.set(row["unleased"])
+
+
+def exposition() -> tuple[bytes, str]:
+    """The text format of every metric in this process, and its content type."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def serve(port: int, host: str) -> None:
+    """Serve ``/metrics`` on its own port (scheduler and worker processes), from a daemon thread."""
+    _start_http_server(port, addr=host)
+
+
+class LatencyMiddleware:
+    """Times every HTTP request by its route template (``/jobs/{job_id}``), never by its raw path."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            API_LATENCY.labels(scope["method"], template, str(status)).observe(time.perf_counter() - started)

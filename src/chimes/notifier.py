@@ -1,0 +1,83 @@
+"""Sends queued notifications (a run failed for good) to their webhooks, at least once each.
+
+Rows are written to the ``notifications`` outbox in the same transaction as the failure, so none is
+lost. A sender claims a batch by pushing its next attempt a lease ahead, posts each one with its id
+as ``Idempotency-Key``, and marks it sent. A sender killed between posting and marking leaves the
+row to be sent again after the lease, with the same key, for the receiver to deduplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import asyncpg
+import orjson
+
+from chimes import __version__
+from chimes.store.queries import sql
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class NotifierConfig:
+    batch: int = 100
+    lease_sec: float = 60.0  # a claimed notification not marked within this is sent again
+    timeout_sec: float = 10.0
+    max_backoff_sec: float = 3600.0
+
+
+class Notifier:
+    def __init__(self, pool: asyncpg.Pool, config: NotifierConfig | None = None) -> None:
+        self._pool = pool
+        self.config = config or NotifierConfig()
+        self._session: aiohttp.ClientSession | None = None
+        self.sent = 0
+
+    async def deliver_due(self) -> int:
+        """Send what is due now; returns how many were delivered."""
+        rows = await self._pool.fetch(sql("claim_notifications"), self.config.batch, self.config.lease_sec)
+        if not rows:
+            return 0
+        results = await asyncio.gather(*(self._post(r["notification_id"], r["url"], r["payload"]) for r in rows))
+        delivered = [r["notification_id"] for r, error in zip(rows, results, strict=True) if error is None]
+        failed = [(r, error) for r, error in zip(rows, results, strict=True) if error is not None]
+        if delivered:
+            await self._pool.execute(sql("mark_notifications_sent"), delivered)
+        if failed:
+            await self._pool.execute(
+                sql("retry_notifications"), [r["notification_id"] for r, _ in failed],
+                [min(self.config.max_backoff_sec, 2.0 ** r["attempts"]) for r, _ in failed],
+                [error for _, error in failed],
+            )
+            for row, error in failed:
+                log.warning("notification %s to %s failed (attempt %d): %s", row["notification_id"], row["url"],
+                            row["attempts"], error)
+        self.sent += len(delivered)
+        return len(delivered)
+
+    async def _post(self, notification_id: uuid.UUID, url: str, payload: Any) -> str | None:
+        session = self._session_now()
+        headers = {"Content-Type": "application/json", "Idempotency-Key": str(notification_id),
+                   "User-Agent": f"chimes/{__version__}", "X-Chimes-Notification-Id": str(notification_id)}
+        try:
+            async with session.post(url, data=orjson.dumps(payload), headers=headers) as response:
+                await response.read()
+                return None if 200 <= response.status < 300 else f"HTTP {response.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return f"{type(exc).__name__}: {exc}"[:500]
+
+    def _session_now(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            timeout = aiohttp.ClientTimeout(total=self.config.timeout_sec)
+            self._session = aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar())
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,216 @@
+"""Server-side request forgery: which addresses an HTTP task may connect to.
+
+The check runs on the address actually connected to, after DNS, inside the HTTP client's
+connector: a name that resolves to a denied address is refused even if it resolved elsewhere a
+moment before (no DNS rebinding), and so is a redirect to one. Link-local and cloud metadata
+addresses are denied by default; the operator adds deny and allow entries (networks or host names).
+
+Rules, in order: a denied address or host is refused; then, if there is an allow list, only an
+address or host on it is allowed; everything else is allowed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+#: Denied unless the operator turns the defaults off: instance metadata services and link-local.
+DEFAULT_DENY = (
+    "169.254.0.0/16",      # IPv4 link-local: AWS, GCP, Azure, OpenStack, DigitalOcean metadata at .169.254
+    "fe80::/10",           # IPv6 link-local
+    "fd00:ec2::254/128",   # AWS instance metadata over IPv6
+    "100.100.100.200/32",  # Alibaba Cloud metadata
+    "168.63.129.16/32",    # Azure WireServer
+)
+
+
+class EgressDenied(OSError):
+    """A connection the egress policy refuses; raised before any socket connects."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(13, f"refused by egress policy: {reason}")  # 13: EACCES
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class HostPattern:
+    """``example.com`` (that host) or ``*.example.com`` / ``.example.com`` (its subdomains)."""
+
+    name: str
+    subdomains: bool
+
+    @classmethod
+    def parse(cls, text: str) -> HostPattern:
+        name = _normal_host(text)
+        if name.startswith("*."):
+            return cls(name[2:], True)
+        if name.startswith("."):
+            return cls(name[1:], True)
+        return cls(name, False)
+
+    def matches(self, host: str) -> bool:
+        return host.endswith("." + self.name) if self.subdomains else host == self.name
+
+    def __str__(self) -> str:
+        return f"*.{self.name}" if self.subdomains else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class EgressPolicy:
+    deny_networks: tuple[IPNetwork, ...] = ()
+    deny_hosts: tuple[HostPattern, ...] = ()
+    allow_networks: tuple[IPNetwork, ...] = ()
+    allow_hosts: tuple[HostPattern, ...] = ()
+
+    @classmethod
+    def build(cls, *, allow: Iterable[str] = (), deny: Iterable[str] = (), default_deny: bool = True) -> EgressPolicy:
+        """From operator entries (CIDR networks, addresses or host names); raises ValueError naming a bad one."""
+        deny_networks, deny_hosts = _parse(list(deny) + (list(DEFAULT_DENY) if default_deny else []))
+        allow_networks, allow_hosts = _parse(allow)
+        return cls(deny_networks, deny_hosts, allow_networks, allow_hosts)
+
+    @property
+    def has_allow_list(self) -> bool:
+        return bool(self.allow_networks or self.allow_hosts)
+
+    def address_refusal(self, address: str) -> str | None:
+        """Why connecting to ``address`` is refused by the deny list, or None."""
+        ip = _parse_address(address)
+        if ip is None:
+            return f"{address} is not an IP address"
+        for network in self.deny_networks:
+            if any(candidate in network for candidate in _forms(ip)):
+                return f"address {ip} is in the denied network {network}"
+        return None
+
+    def host_refusal(self, host: str) -> str | None:
+        """Why ``host`` is refused by name (before it is resolved), or None."""
+        name = _normal_host(host)
+        for pattern in self.deny_hosts:
+            if pattern.matches(name):
+                return f"host {name} is denied ({pattern})"
+        return None
+
+    def refusal(self, host: str, address: str) -> str | None:
+        """Why connecting to ``address`` for ``host`` is refused, or None when it is allowed."""
+        reason = self.address_refusal(address) or self.host_refusal(host)
+        if reason is not None:
+            return reason
+        name = _normal_host(host)
+        if not self.has_allow_list:
+            return None
+        ip = _parse_address(address)
+        if any(p.matches(name) for p in self.allow_hosts) or any(
+            candidate in network for network in self.allow_networks for candidate in _forms(ip)
+        ):
+            return None
+        return f"{name} ({address}) is not on the allow list"
+
+
+def _parse(entries: Iterable[str]) -> tuple[tuple[IPNetwork, ...], tuple[HostPattern, ...]]:
+    networks: list[IPNetwork] = []
+    hosts: list[HostPattern] = []
+    for raw in entries:
+        entry = raw.strip()
+        if not entry:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+            continue
+        except ValueError:
+            pass
+        if any(ch in entry for ch in "/: ") or not entry.strip("*."):
+            raise ValueError(f"{entry!r} is neither a network (10.0.0.0/8, fd00::/8), an address nor a host name")
+        hosts.append(HostPattern.parse(entry))
+    return tuple(networks), tuple(hosts)
+
+
+def _normal_host(host: str) -> str:
+    return host.strip().lower().rstrip(".").strip("[]")
+
+
+def _parse_address(address: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 zone (fe80::1%eth0)
+    except ValueError:
+        return None
+
+
+def _forms(ip: IPAddress | None) -> list[IPAddress]:
+    """The address and the IPv4 address it embeds (::ffff:169.254.169.254 is 169.254.169.254)."""
+    if ip is None:
+        return []
+    forms: list[IPAddress] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):
+        for embedded in (ip.ipv4_mapped, ip.sixtofour, _compat_v4(ip)):
+            if embedded is not None:
+                forms.append(embedded)
+    return forms
+
+
+def _compat_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    # ::a.b.c.d (deprecated IPv4-compatible form), which some stacks still route to the IPv4 host.
+    if int(ip) >> 32 == 0 and int(ip) > 1:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+class GuardedConnector(aiohttp.TCPConnector):
+    """A TCP connector that applies an :class:`EgressPolicy` to every address it connects to.
+
+    Two checks: after name resolution (host and address, allow and deny lists; addresses refused
+    there are dropped, and the host is refused when none is left), and again when the socket is
+    made for the very address being connected (deny list), so nothing can slip between the two.
+    """
+
+    def __init__(self, policy: EgressPolicy, **kwargs: Any) -> None:
+        self.policy = policy
+        super().__init__(socket_factory=self._make_socket, **kwargs)
+
+    async def _resolve_host(self, host: str, port: int, traces: Sequence[Any] | None = None) -> list[Any]:
+        reason = self.policy.host_refusal(host)
+        if reason is not None:  # a denied name is not even looked up
+            raise EgressDenied(reason)
+        results = await super()._resolve_host(host, port, traces=traces)
+        allowed, reasons = [], []
+        for result in results:
+            reason = self.policy.refusal(host, result["host"])
+            if reason is None:
+                allowed.append(result)
+            else:
+                reasons.append(reason)
+        if not allowed:
+            raise EgressDenied(reasons[0] if reasons else f"{host} resolved to no address")
+        return allowed
+
+    def _make_socket(self, addr_info: Any) -> socket.socket:
+        family, type_, proto, _, address = addr_info
+        reason = self.policy.address_refusal(str(address[0]))
+        if reason is not None:
+            raise EgressDenied(reason)
+        return socket.socket(family=family, type=type_, proto=proto)
+
+
+def egress_error(exc: BaseException) -> str | None:
+    """The egress refusal behind a client error, if that is what it is."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, EgressDenied):
+            return str(current.args[1]) if len(current.args) > 1 else str(current)
+        os_error = getattr(current, "os_error", None)
+        if isinstance(os_error, EgressDenied):
+            return str(os_error.args[1])
+        if isinstance(os_error, OSError) and "refused by egress policy" in str(os_error):
+            return str(os_error.args[-1])
+        current = current.__cause__ or current.__context__
+    return None

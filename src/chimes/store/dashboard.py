@@ -1,0 +1,175 @@
+"""What the dashboard reads: pages of jobs and runs, and a snapshot of the fleet. Read-only.
+
+Every read is bounded: lists are keyset pages on an index (migration 0004), the fleet tables are
+small (nodes, workers, 1,024 leases), and the queue and recent runs are read with caps.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from chimes.ids import PARTITION_COUNT
+from chimes.jobs import PRIORITY_NAMES
+from chimes.store.jobs import JobRecord, definition_of
+from chimes.store.queries import sql
+
+JOB_FILTERS = ("all", "failing", "paused")
+# Upper end of a name prefix range: every name starting with the prefix sorts below prefix + this.
+_PREFIX_END = "\U0010ffff"
+_FIRST_ID = uuid.UUID(int=0)
+_LAST_ID = uuid.UUID(int=(1 << 128) - 1)
+# Fire-lag histogram buckets (seconds); a lag at or above a bound falls in the bucket after it.
+LAG_BOUNDS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+LAG_SAMPLE = 20_000  # newest scheduled runs read for the histogram
+RUNNING_SHOWN = 200  # in-flight runs listed on the fleet page
+QUEUE_COUNT_CAP = 100_000  # counting a huge backlog exactly would cost more than it tells
+_FAR_FUTURE = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class JobCursor:
+    """Where the next page of jobs starts: after this (lower-cased name, job id)."""
+
+    name: str
+    job_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: list[JobRecord]
+    next: JobCursor | None  # None: this was the last page
+
+
+@dataclass(frozen=True, slots=True)
+class RunCursor:
+    """Where the next (older) page of runs starts: before this (scheduled time, run id)."""
+
+    scheduled_at: datetime
+    run_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTier:
+    tier: str
+    depth: int  # at most QUEUE_COUNT_CAP
+    oldest_sec: float | None
+
+    @property
+    def capped(self) -> bool:
+        return self.depth >= QUEUE_COUNT_CAP
+
+
+@dataclass(frozen=True, slots=True)
+class FireLag:
+    runs: int
+    p50: float | None
+    p99: float | None
+    max: float | None
+    buckets: list[int]  # len(LAG_BOUNDS) + 1 counts
+
+
+@dataclass(slots=True)
+class Fleet:
+    nodes: list[asyncpg.Record]
+    unleased: int
+    workers: list[asyncpg.Record]
+    running: list[asyncpg.Record]
+    queue: list[QueueTier]
+    fire_lag: FireLag
+    failures: list[asyncpg.Record]
+    partitions: int = PARTITION_COUNT
+    running_by_worker: dict[str, list[asyncpg.Record]] = field(default_factory=dict)
+
+
+class DashboardStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def jobs(self, owner: str | None, prefix: str, show: str, after: JobCursor | None,
+                   limit: int) -> JobPage:
+        """A page of jobs in name order whose name starts with ``prefix`` (case-insensitive)."""
+        query = {
+            "all": "dashboard_jobs_of_all" if owner is None else "dashboard_jobs_of_owner",
+            "failing": "dashboard_failing_jobs",
+            "paused": "dashboard_paused_jobs",
+        }[show]
+        async with self._pool.acquire() as conn:
+            start = await conn.fetchval(sql("dashboard_name_key"), prefix)  # lower() as the index has it
+            if after is None or after.name < start:
+                after = JobCursor(start, _FIRST_ID)
+            rows = await conn.fetch(sql(query), owner, after.name, after.job_id, start + _PREFIX_END, limit + 1)
+            last = await _last_runs(conn, [r["job_id"] for r in rows[:limit]])
+        jobs = [_job(r, last.get(r["job_id"])) for r in rows[:limit]]
+        more = len(rows) > limit
+        return JobPage(jobs, JobCursor(rows[limit - 1]["name_key"], rows[limit - 1]["job_id"]) if more else None)
+
+    async def job_runs(self, job_id: uuid.UUID, status: str | None, before: RunCursor | None,
+                       limit: int) -> list[asyncpg.Record]:
+        """A page of a job's runs, newest first, optionally of one status."""
+        at, run_id = (before.scheduled_at, before.run_id) if before else (_FAR_FUTURE, _LAST_ID)
+        return await self._pool.fetch(sql("dashboard_job_runs"), job_id, status, at, run_id, limit)
+
+    async def fleet(self, owner: str | None, now: datetime, lag_window: timedelta,
+                    failure_minutes: int) -> Fleet:
+        """Nodes and their partitions, workers and their runs, the queue, recent lag and failures.
+
+        ``owner`` limits what names jobs (runs in flight, failures) to that owner's; the rest is
+        the fleet's, the same for everyone.
+        """
+        async with self._pool.acquire() as conn:
+            nodes = await conn.fetch(sql("dashboard_nodes"))
+            unleased = await conn.fetchval(sql("dashboard_unleased_partitions"))
+            workers = await conn.fetch(sql("dashboard_workers"))
+            running = await conn.fetch(sql("dashboard_running_runs"), owner, RUNNING_SHOWN)
+            queue = await queue_tiers(conn)
+            fire_lag = await _fire_lag(conn, now - lag_window, now)
+            failures = await conn.fetch(sql("dashboard_failures_per_minute"), failure_minutes, owner)
+        fleet = Fleet(nodes, unleased, workers, running, queue, fire_lag, failures)
+        for run in running:
+            fleet.running_by_worker.setdefault(run["worker_id"], []).append(run)
+        return fleet
+
+
+async def queue_tiers(conn: asyncpg.Connection) -> list[QueueTier]:
+    """Runs waiting per priority tier (counted up to a cap) and how long the oldest has waited."""
+    tiers = []
+    for tier, name in PRIORITY_NAMES.items():
+        row = await conn.fetchrow(sql("metrics_queue_tier"), tier, QUEUE_COUNT_CAP)
+        tiers.append(QueueTier(name, row["depth"], row["oldest_sec"]))
+    return tiers
+
+
+async def _fire_lag(conn: asyncpg.Connection, start: datetime, end: datetime) -> FireLag:
+    rows = await conn.fetch(sql("dashboard_fire_lag"), _run_id_floor(start), _run_id_floor(end), start, end,
+                            LAG_SAMPLE, list(LAG_BOUNDS))
+    buckets = [0] * (len(LAG_BOUNDS) + 1)
+    total = next((r for r in rows if r["bucket"] is None), None)
+    for row in rows:
+        if row["bucket"] is not None:
+            buckets[row["bucket"]] = row["runs"]
+    if total is None:
+        return FireLag(0, None, None, None, buckets)
+    return FireLag(total["runs"], total["p50"], total["p99"], total["max_lag"], buckets)
+
+
+def _run_id_floor(instant: datetime) -> uuid.UUID:
+    """The smallest run id scheduled at ``instant`` or later (ids.py: the top 48 bits are millis)."""
+    return uuid.UUID(int=int(instant.timestamp() * 1000) << 80)
+
+
+async def _last_runs(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:
+    if not job_ids:
+        return {}
+    return {r["job_id"]: r for r in await conn.fetch(sql("last_runs"), job_ids)}
+
+
+def _job(row: asyncpg.Record, last_run: asyncpg.Record | None) -> JobRecord:
+    return JobRecord(
+        job_id=row["job_id"], owner=row["owner"], definition=definition_of(row), paused=row["paused"],
+        version=row["version"], created_at=row["created_at"], updated_at=row["updated_at"],
+        next_run_at=row["next_run_at"], last_run=dict(last_run) if last_run else None,
+    )

@@ -1,0 +1,40 @@
+"""Admitting capped runs: at most N running at once per owner or per tag, fleet-wide.
+
+Pure admission logic; the worker runs it under an advisory lock so two workers never admit past a
+cap together, with usage counted live from the running runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+CapKey = tuple[str, str]  # ("owner", "team-a") or ("tag", "db-heavy")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    queue_id: int
+    owner: str
+    tags: Sequence[str]
+
+
+def caps_of(candidate: Candidate, rooms: Mapping[CapKey, int]) -> list[CapKey]:
+    keys = [("owner", candidate.owner)] + [("tag", tag) for tag in candidate.tags]
+    return [key for key in keys if key in rooms]
+
+
+def admit(candidates: Iterable[Candidate], rooms: Mapping[CapKey, int], limit: int) -> list[int]:
+    """The queue ids to claim, in queue order: each only if every cap it falls under has room left.
+    A run that does not fit is skipped, not blocking the ones behind it that fall under other caps."""
+    left = dict(rooms)
+    admitted: list[int] = []
+    for candidate in candidates:
+        if len(admitted) >= limit:
+            break
+        keys = caps_of(candidate, left)
+        if all(left[key] > 0 for key in keys):
+            for key in keys:
+                left[key] -= 1
+            admitted.append(candidate.queue_id)
+    return admitted

@@ -1,0 +1,192 @@
+"""Container tasks: run an image through a docker-compatible CLI and judge the run by its exit status.
+
+The worker speaks to no engine API. It runs ``<runtime> run --rm --name chimes-<run>-<attempt> ...``
+(docker, podman and nerdctl take the same arguments) as a local process group, exactly like a
+command task, and reads the container's output from that CLI. Killing the CLI does not stop the
+container, so on timeout or cancellation the container is stopped by name (``stop -t GRACE``; if the
+CLI stays attached, the CLI's group is killed and then the container with ``kill``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import re
+import shlex
+from collections.abc import Coroutine
+from typing import Any
+
+from chimes.worker.command_task import (
+    drain_output,
+    exit_error,
+    pump_output,
+    run_identity_env,
+    spawn_in_group,
+    stop_process_group,
+)
+from chimes.worker.executors import (
+    OUTPUT_TAIL_BYTES,
+    OutputTail,
+    TaskContext,
+    TaskOutcome,
+    format_seconds,
+    short_error,
+)
+
+__all__ = ["RUNTIME_ERROR_CODES", "ContainerExecutor", "container_name", "run_argv"]
+
+log = logging.getLogger(__name__)
+
+#: Exit statuses with which ``docker run`` reports its own failure (daemon error, command not
+#: executable, command not found) rather than the container command's.
+RUNTIME_ERROR_CODES = frozenset({125, 126, 127})
+#: Extra seconds a ``stop``/``kill`` command may take beyond the stop grace before it is abandoned.
+_CONTROL_SLACK_SEC = 10.0
+#: After a successful ``stop`` the attached CLI exits at once; this long without exit means it did not work.
+_CLI_EXIT_AFTER_STOP_SEC = 2.0
+#: Grace for the CLI's own group once the container is stopped: nothing worth waiting for is left in it.
+_CLI_KILL_GRACE_SEC = 1.0
+_USAGE_HINT = re.compile(r"^(Run|See) '.*--help'")
+
+
+def container_name(ctx: TaskContext) -> str:
+    """Unique per attempt, so a retry never collides with a container its predecessor left behind."""
+    return f"chimes-{ctx.run_id}-{int(ctx.attempt)}"
+
+
+def run_argv(runtime: list[str], task: dict[str, Any], ctx: TaskContext) -> list[str]:
+    """``<runtime> run --rm --name NAME --env K=V ... IMAGE [COMMAND...]``; the run identity wins over task env."""
+    env = {str(k): str(v) for k, v in (task.get("env") or {}).items()}
+    env.update(run_identity_env(ctx))
+    env_flags = [arg for key, value in env.items() for arg in ("--env", f"{key}={value}")]
+    command = [str(arg) for arg in task.get("command") or ()]
+    return [*runtime, "run", "--rm", "--name", container_name(ctx), *env_flags, str(task["image"]), *command]
+
+
+def _last_line(text: str | None) -> str:
+    """The last line that says something: docker ends its errors with a "Run 'docker run --help'" hint."""
+    lines = [line.strip() for line in (text or "").splitlines()]
+    lines = [line for line in lines if line and not _USAGE_HINT.match(line)]
+    return lines[-1] if lines else ""
+
+
+def _exit_outcome(returncode: int, output: str | None) -> TaskOutcome:
+    if returncode == 0:
+        return TaskOutcome(True, None, output)
+    if returncode in RUNTIME_ERROR_CODES:
+        line = _last_line(output)
+        message = f"container runtime error (exit {returncode})" + (f": {line}" if line else "")
+        return TaskOutcome(False, short_error(message), output)
+    return TaskOutcome(False, exit_error(returncode), output)
+
+
+async def _finish_despite_cancellation(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Run ``cleanup`` to its end even if the caller is cancelled again meanwhile, then re-raise that.
+
+    The worker re-cancels a run on every heartbeat while its lease is gone; an interrupted ``stop``
+    would leave the container running, and each step of the cleanup is bounded anyway.
+    """
+    task = asyncio.ensure_future(cleanup)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    task.result()
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+class ContainerExecutor:
+    """Runs ``{"type": "container"}`` tasks through ``runtime``, a command line such as ``sudo podman``."""
+
+    def __init__(self, runtime: str = "docker", *, kill_grace_sec: float = 5.0) -> None:
+        self.runtime = runtime
+        try:
+            self._runtime_argv = shlex.split(runtime)
+        except ValueError as exc:
+            raise ValueError(f"cannot parse the container runtime command {runtime!r}: {exc}") from None
+        if not self._runtime_argv:
+            raise ValueError("the container runtime command is empty")
+        self._kill_grace_sec = kill_grace_sec
+
+    async def run(self, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
+        """Run the container to completion or timeout; never raises except on cancellation."""
+        image = str(task.get("image") or "")
+        if not image or image.startswith("-"):  # the runtime would read it as an option
+            return TaskOutcome(False, short_error(f"invalid image {image!r}"))
+        try:
+            proc = await spawn_in_group(run_argv(self._runtime_argv, task, ctx))
+        except FileNotFoundError:
+            return TaskOutcome(False, f"container runtime {self.runtime!r} not found; set --container-runtime")
+        except PermissionError:
+            return TaskOutcome(False, f"permission denied running container runtime {self.runtime!r}")
+        except (OSError, ValueError) as exc:
+            return TaskOutcome(False, short_error(f"cannot start container runtime: {type(exc).__name__}: {exc}"))
+        return await self._supervise(proc, container_name(ctx), ctx)
+
+    async def _supervise(self, proc: asyncio.subprocess.Process, name: str, ctx: TaskContext) -> TaskOutcome:
+        tail = OutputTail(OUTPUT_TAIL_BYTES)
+        try:
+            async with asyncio.timeout(ctx.timeout_sec):
+                await pump_output(proc, tail)
+                returncode = await proc.wait()
+        except TimeoutError:
+            await _finish_despite_cancellation(self._stop(proc, name, tail, ctx))
+            return TaskOutcome(False, f"timed out after {format_seconds(ctx.timeout_sec)}s", tail.text())
+        except BaseException:  # cancellation (or anything unexpected): leave no container behind
+            await _finish_despite_cancellation(self._stop(proc, name, tail, ctx))
+            raise
+        return _exit_outcome(returncode, tail.text())
+
+    async def _stop(self, proc: asyncio.subprocess.Process, name: str, tail: OutputTail, ctx: TaskContext) -> None:
+        """Stop the container gracefully, kill it if the CLI stays attached, then end the CLI's group."""
+        # Whole seconds, and -t: docker, podman and nerdctl all accept it (docker deprecated --time for --timeout).
+        grace = str(math.ceil(max(0.0, self._kill_grace_sec)))
+        try:
+            stopped = await self._control(["stop", "-t", grace, name], self._kill_grace_sec + _CONTROL_SLACK_SEC, ctx)
+            if not await _exits_within(proc, _CLI_EXIT_AFTER_STOP_SEC if stopped else 0.0):
+                # The CLI goes first: once it is gone it cannot start the container after the kill below.
+                await stop_process_group(proc, _CLI_KILL_GRACE_SEC)
+                await self._control(["kill", name], _CONTROL_SLACK_SEC, ctx)
+        finally:
+            await stop_process_group(proc, _CLI_KILL_GRACE_SEC)
+            await drain_output(proc, tail)
+
+    async def _control(self, args: list[str], limit_sec: float, ctx: TaskContext) -> bool:
+        """Run ``<runtime> ARGS`` with a time limit; whether it exited 0 (failures are logged, not raised)."""
+        output = OutputTail(OUTPUT_TAIL_BYTES)
+        try:
+            proc = await spawn_in_group([*self._runtime_argv, *args])
+        except OSError as exc:
+            log.warning("cannot run the container runtime for %s: %s", args[0], exc, extra={"run_id": ctx.run_id})
+            return False
+        try:
+            async with asyncio.timeout(limit_sec):
+                await pump_output(proc, output)
+                returncode = await proc.wait()
+        except BaseException as exc:  # a hung runtime must not outlive the cleanup either
+            await stop_process_group(proc, 0.0)
+            await drain_output(proc, output)
+            if not isinstance(exc, TimeoutError):
+                raise
+            log.warning("container %s gave no answer within %ss", args[0], format_seconds(limit_sec),
+                        extra={"run_id": ctx.run_id})
+            return False
+        if returncode != 0:
+            log.warning("container %s failed (%s): %s", args[0], exit_error(returncode), _last_line(output.text()),
+                        extra={"run_id": ctx.run_id})
+        return returncode == 0
+
+
+async def _exits_within(proc: asyncio.subprocess.Process, seconds: float) -> bool:
+    if proc.returncode is not None:
+        return True
+    try:
+        async with asyncio.timeout(seconds):
+            await proc.wait()
+    except TimeoutError:
+        return False
+    return True

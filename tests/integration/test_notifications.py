@@ -1,0 +1,103 @@
+"""Final-failure notifications: one per run that fails for good, never one per attempt, through an
+outbox that survives the sender dying."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import httpx
+import orjson
+
+from chimes.notifier import Notifier, NotifierConfig
+from tests.helpers import wait_for
+from tests.integration.fleet import Fleet
+from tests.target import Target
+
+
+def failing_job(target: Target, **extra: object) -> dict:
+    at = (datetime.now(UTC) + timedelta(seconds=0.5)).isoformat()
+    return {"name": "doomed", "schedule": {"at": at}, "task": {"type": "http", "url": target.url + "/fail"},
+            "retryPolicy": {"maxAttempts": 3, "initialBackoffSec": 0.2, "jitter": 0}} | extra
+
+
+async def test_a_run_that_fails_every_attempt_notifies_once(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+) -> None:
+    target.responders["/fail"] = lambda n: 500
+    job_id = (await client.post("/jobs", json=failing_job(target, notifyUrl=target.url + "/alerts"))).json()["jobId"]
+    calls = await wait_for(lambda: target.calls_to("/alerts"), timeout=30, what="the failure notification")
+    assert len(target.calls_to("/fail")) == 3  # three attempts...
+    await wait_for(lambda: _all_sent(pool), timeout=10, what="the outbox to be marked sent")
+    assert len(target.calls_to("/alerts")) == 1  # ...one notification
+    payload = orjson.loads(calls[0].body)
+    assert payload["kind"] == "run_failed" and payload["jobId"] == job_id and payload["attempt"] == 3
+    assert payload["error"] == "HTTP 500" and payload["jobName"] == "doomed"
+    assert calls[0].headers["Idempotency-Key"] == calls[0].headers["X-Chimes-Notification-Id"]
+
+
+async def _all_sent(pool: asyncpg.Pool) -> bool:
+    return await pool.fetchval("SELECT count(*) FROM notifications WHERE sent_at IS NULL") == 0
+
+
+async def test_default_webhook_from_settings_and_no_notification_without_one(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+) -> None:
+    target.responders["/fail"] = lambda n: 500
+    quiet = (await client.post("/jobs", json=failing_job(target, name="quiet"))).json()["jobId"]
+    await wait_for(lambda: _failed(pool, quiet), timeout=30, what="the first job to fail")
+    assert await pool.fetchval("SELECT count(*) FROM notifications") == 0
+    await pool.execute("INSERT INTO settings (key, value) VALUES ('notify_url', $1)", target.url + "/default")
+    loud = (await client.post("/jobs", json=failing_job(target, name="loud"))).json()["jobId"]
+    calls = await wait_for(lambda: target.calls_to("/default"), timeout=30, what="the default webhook")
+    assert orjson.loads(calls[0].body)["jobId"] == loud
+
+
+async def _failed(pool: asyncpg.Pool, job_id: str) -> bool:
+    return await pool.fetchval("SELECT status FROM runs WHERE job_id = $1", uuid.UUID(job_id)) == "failed"
+
+
+async def test_notification_claimed_by_a_sender_that_died_is_sent_once_by_another(
+    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+) -> None:
+    """A sender SIGKILLed after claiming leaves exactly this in the database: a claimed row, unsent.
+    (Claimed here by SQL, as the dead sender did; no process is killed in this test.)"""
+    notification_id = uuid.uuid4()
+    await pool.execute(
+        "INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload) "
+        "VALUES ($1, $2, 'team-a', 'run_failed', $3, '{\"kind\": \"run_failed\"}')",
+        notification_id, uuid.uuid4(), target.url + "/alerts")
+    dead = Notifier(pool, NotifierConfig(lease_sec=1.0))
+    claimed = await pool.fetch("UPDATE notifications SET attempts = 1, next_attempt_at = now() + interval '1 second' "
+                               "RETURNING notification_id")
+    assert len(claimed) == 1
+    survivor = Notifier(pool, NotifierConfig(lease_sec=1.0))
+    try:
+        assert await survivor.deliver_due() == 0  # still leased by the dead sender
+        await wait_for(survivor.deliver_due, timeout=10, what="the lease to run out and the resend")
+        assert await survivor.deliver_due() == 0
+    finally:
+        await survivor.close()
+        await dead.close()
+    calls = target.calls_to("/alerts")
+    assert len(calls) == 1 and calls[0].headers["Idempotency-Key"] == str(notification_id)
+
+
+async def test_failed_delivery_is_retried_with_backoff(
+    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+) -> None:
+    target.responders["/flaky-alerts"] = lambda n: 503 if n == 1 else 200
+    await pool.execute(
+        "INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload) "
+        "VALUES ($1, $2, 'team-a', 'run_failed', $3, '{}')", uuid.uuid4(), uuid.uuid4(), target.url + "/flaky-alerts")
+    notifier = Notifier(pool)
+    try:
+        assert await notifier.deliver_due() == 0
+        row = await pool.fetchrow("SELECT * FROM notifications")
+        assert row["last_error"] == "HTTP 503" and row["sent_at"] is None and row["attempts"] == 1
+        await pool.execute("UPDATE notifications SET next_attempt_at = now()")  # the backoff has passed
+        assert await notifier.deliver_due() == 1
+    finally:
+        await notifier.close()
+    assert len(target.calls_to("/flaky-alerts")) == 2

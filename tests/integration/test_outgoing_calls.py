@@ -1,0 +1,295 @@
+"""Outgoing HTTP calls: every one is signed so that the target can verify it (with the example of
+docs/security.md, run as written), and none reaches an address the egress policy denies, however
+the address was reached: literally, by name, by redirect, or by a name that changes its answer."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import httpx
+import pytest
+from aiohttp import web
+
+from chimes.scheduler.node import SchedulerNode
+from chimes.security.secrets import default_keyring
+from chimes.security.signing import SIGNATURE_HEADER
+from chimes.security.ssrf import EgressDenied, EgressPolicy, GuardedConnector
+from chimes.store.owners import OwnerStore
+from chimes.worker.executors import Executors, TaskContext
+from chimes.worker.http_task import HttpExecutor
+from chimes.worker.worker import Worker
+from tests.helpers import wait_for
+from tests.integration.fleet import FAST_SCHEDULER, FAST_WORKER, Fleet
+from tests.target import Target
+
+SECURITY_DOC = Path(__file__).parents[2] / "docs" / "security.md"
+
+
+def documented_verifier() -> Callable[[str, str, bytes], bool]:
+    """The verification example of docs/security.md, exactly as a reader would copy it."""
+    block = re.search(r"<!-- verify-example -->\s*```python\n(.*?)```", SECURITY_DOC.read_text(), re.DOTALL)
+    assert block is not None, "docs/security.md lost its verification example"
+    assert len(block.group(1).strip().splitlines()) <= 10, "the example should stay ten lines or fewer"
+    namespace: dict[str, Any] = {}
+    exec(block.group(1), namespace)
+    return namespace["verify_chimes_signature"]
+
+
+@dataclass
+class VerifyingTarget:
+    """A target that checks X-Chimes-Signature with the documented code: 200 if valid, else 401."""
+
+    url: str
+    secret: str = ""
+    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    verdicts: list[bool] = field(default_factory=list)
+
+
+@pytest.fixture
+async def verifying_target() -> AsyncIterator[VerifyingTarget]:
+    verify = documented_verifier()
+    state = VerifyingTarget(url="")
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        state.received.append((dict(request.headers), body))
+        valid = verify(state.secret, request.headers.get(SIGNATURE_HEADER, ""), body)
+        state.verdicts.append(valid)
+        return web.Response(status=200 if valid else 401, text="verified" if valid else "bad signature")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    state.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    yield state
+    await runner.cleanup()
+
+
+def one_off(name: str, task: dict[str, Any], attempts: int = 1) -> dict[str, Any]:
+    at = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    return {"name": name, "schedule": {"at": at}, "task": task, "retryPolicy": {"maxAttempts": attempts}}
+
+
+async def final_run(client: httpx.AsyncClient, job_id: str, timeout: float = 30) -> dict[str, Any]:
+    async def ended() -> dict[str, Any] | None:
+        runs = (await client.get(f"/jobs/{job_id}/runs")).json()["runs"]
+        done = [r for r in runs if r["status"] in ("succeeded", "failed", "cancelled")]
+        return (await client.get(f"/runs/{done[0]['runId']}")).json() if done else None
+
+    run: dict[str, Any] = await wait_for(ended, timeout=timeout, what=f"a final run of job {job_id}")
+    return run
+
+
+async def test_every_call_is_signed_and_the_target_verifies_it(
+    fleet: Fleet, client: httpx.AsyncClient, pool: asyncpg.Pool, verifying_target: VerifyingTarget
+) -> None:
+    verifying_target.secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    jobs = [
+        one_off("json body", {"type": "http", "method": "POST", "url": f"{verifying_target.url}/a",
+                              "body": {"report": "full", "ünïcode": "✓"}}),
+        one_off("text body", {"type": "http", "method": "PUT", "url": f"{verifying_target.url}/b", "body": "plain"}),
+        one_off("no body", {"type": "http", "method": "GET", "url": f"{verifying_target.url}/c"}),
+    ]
+    job_ids = [(await client.post("/jobs", json=job)).json()["jobId"] for job in jobs]
+    runs = [await final_run(client, job_id) for job_id in job_ids]
+    assert [r["status"] for r in runs] == ["succeeded"] * 3, runs
+    assert verifying_target.verdicts == [True, True, True]
+    assert all(SIGNATURE_HEADER in headers for headers, _ in verifying_target.received)
+
+
+async def test_the_target_rejects_a_tampered_call(
+    fleet: Fleet, client: httpx.AsyncClient, pool: asyncpg.Pool, verifying_target: VerifyingTarget
+) -> None:
+    verifying_target.secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    job = one_off("signed", {"type": "http", "url": f"{verifying_target.url}/pay", "body": {"amount": 10}})
+    job_id = (await client.post("/jobs", json=job)).json()["jobId"]
+    assert (await final_run(client, job_id))["status"] == "succeeded"
+    headers, body = verifying_target.received[0]
+    signature = headers[SIGNATURE_HEADER]
+    timestamp = int(dict(p.split("=", 1) for p in signature.split(","))["t"])
+    other_secret = await OwnerStore(pool).signing_secret("team-b", default_keyring())
+    verify = documented_verifier()
+    secret = verifying_target.secret
+    assert verify(secret, signature, body)
+    assert not verify(secret, signature, body.replace(b"10", b"99")), "a changed body"
+    assert not verify(secret, signature.replace(f"t={timestamp}", f"t={timestamp + 1}"), body), "a changed time"
+    assert not verify(other_secret, signature, body), "another team's secret"
+    assert not verify(secret, "", body), "no signature"
+    stale = signature.replace(f"t={timestamp}", f"t={timestamp - 3600}")
+    assert not verify(secret, stale, body), "an old timestamp (a replay)"
+    # And over the wire: the same target answers 401 to the tampered request.
+    async with httpx.AsyncClient() as http:
+        tampered = await http.post(f"{verifying_target.url}/pay", content=body.replace(b"10", b"99"),
+                                   headers={SIGNATURE_HEADER: signature})
+    assert tampered.status_code == 401
+
+
+async def test_a_task_cannot_forge_or_drop_the_signature(
+    fleet: Fleet, client: httpx.AsyncClient, pool: asyncpg.Pool, verifying_target: VerifyingTarget
+) -> None:
+    verifying_target.secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    forged = {"type": "http", "url": f"{verifying_target.url}/f", "headers": {"x-chimes-signature": "t=1,v1=00"}}
+    job_id = (await client.post("/jobs", json=one_off("forged", forged))).json()["jobId"]
+    assert (await final_run(client, job_id))["status"] == "succeeded"
+    headers, _ = verifying_target.received[0]
+    assert headers[SIGNATURE_HEADER] != "t=1,v1=00"
+
+
+async def test_rotating_the_signing_secret_changes_what_targets_must_check(pool: asyncpg.Pool) -> None:
+    owners, keyring = OwnerStore(pool), default_keyring()
+    first = await owners.signing_secret("team-a", keyring)
+    assert await owners.signing_secret("team-a", keyring) == first
+    rotated = await owners.signing_secret("team-a", keyring, rotate=True)
+    assert rotated != first and rotated.startswith("whsec_")
+    stored = await pool.fetchval("SELECT signing_secret FROM owners WHERE owner = 'team-a'")
+    assert rotated not in stored, "stored sealed, not in clear"
+
+
+# --- egress (SSRF) -------------------------------------------------------------------------------
+
+@pytest.fixture
+async def guarded_fleet(pool: asyncpg.Pool, database_url: str) -> AsyncIterator[None]:
+    """A fleet whose worker may not call 127.0.0.2 or anything named *.invalid, on top of the defaults."""
+    policy = EgressPolicy.build(deny=["127.0.0.2/32", "*.invalid"])
+    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="test-node")
+    worker = Worker(pool, database_url, FAST_WORKER, worker_id="test-worker", executors=Executors(egress=policy))
+    tasks = [asyncio.create_task(node.run()), asyncio.create_task(worker.run())]
+    yield
+    node.stop()
+    worker.stop()
+    for task in tasks:
+        await task
+
+
+@pytest.fixture
+async def denied_target() -> AsyncIterator[Target]:
+    """A target listening on 127.0.0.2, an address the guarded worker denies: it must never be called."""
+    state = Target(url="")
+
+    async def handle(request: web.Request) -> web.Response:
+        state.calls.append(request)  # type: ignore[arg-type]
+        return web.Response(text="should never be reached")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.2", 0)
+    await site.start()
+    state.url = f"http://127.0.0.2:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    yield state
+    await runner.cleanup()
+
+
+async def test_a_task_pointed_at_a_denied_address_fails_clearly_and_never_connects(
+    guarded_fleet: None, client: httpx.AsyncClient, denied_target: Target
+) -> None:
+    job_id = (await client.post("/jobs", json=one_off("ssrf", {"type": "http", "url": f"{denied_target.url}/x"},
+                                                      attempts=2))).json()["jobId"]
+    run = await final_run(client, job_id)
+    assert run["status"] == "failed"
+    assert [a["error"] for a in run["attempts"]] == [
+        "refused by egress policy: address 127.0.0.2 is in the denied network 127.0.0.2/32"] * 2
+    assert denied_target.calls == []
+
+
+async def test_a_redirect_to_a_denied_address_is_not_followed(
+    guarded_fleet: None, client: httpx.AsyncClient, target: Target, denied_target: Target
+) -> None:
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPFound(f"{denied_target.url}/metadata")
+
+    app = web.Application()
+    app.router.add_get("/go", redirect)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        task = {"type": "http", "method": "GET", "url": f"http://127.0.0.1:{port}/go"}
+        run = await final_run(client, (await client.post("/jobs", json=one_off("hop", task))).json()["jobId"])
+    finally:
+        await runner.cleanup()
+    assert run["status"] == "failed"
+    assert run["error"] == "refused by egress policy: address 127.0.0.2 is in the denied network 127.0.0.2/32"
+    assert denied_target.calls == []
+
+
+async def test_a_denied_host_name_is_refused_before_it_is_even_resolved(
+    guarded_fleet: None, client: httpx.AsyncClient
+) -> None:
+    task = {"type": "http", "url": "http://metadata.example.invalid/latest"}
+    run = await final_run(client, (await client.post("/jobs", json=one_off("name", task))).json()["jobId"])
+    assert run["error"] == "refused by egress policy: host metadata.example.invalid is denied (*.invalid)"
+
+
+class FlippingResolver(aiohttp.abc.AbstractResolver):
+    """A stand-in for a hostile DNS server (none can run here): it answers an allowed address first,
+    then a denied one, as a DNS rebinding attack does."""
+
+    def __init__(self, answers: list[str]) -> None:
+        self.answers = answers
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
+        address = self.answers.pop(0)
+        return [{"hostname": host, "host": address, "port": port, "family": socket.AF_INET, "proto": 0,
+                 "flags": socket.AI_NUMERICHOST}]
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_dns_rebinding_is_caught_at_connect_time(target: Target, denied_target: Target) -> None:
+    policy = EgressPolicy.build(deny=["127.0.0.2/32"])
+    target_port = int(target.url.rsplit(":", 1)[1])
+    denied_port = int(denied_target.url.rsplit(":", 1)[1])
+    resolver = FlippingResolver(["127.0.0.1", "127.0.0.2"])
+    connector = GuardedConnector(policy, resolver=resolver, use_dns_cache=False, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.get(f"http://rebind.test:{target_port}/first") as first:
+            assert first.status == 200
+        with pytest.raises(aiohttp.ClientConnectorError) as refused:
+            async with session.get(f"http://rebind.test:{denied_port}/second"):
+                pass
+    assert isinstance(refused.value.os_error, EgressDenied)
+    assert [c.path for c in target.calls] == ["/first"]
+    assert denied_target.calls == []
+
+
+METADATA_URLS = [
+    ("http://169.254.169.254/latest/meta-data/", "address 169.254.169.254 is in the denied network 169.254.0.0/16"),
+    ("http://[fd00:ec2::254]/latest/meta-data/", "address fd00:ec2::254 is in the denied network fd00:ec2::254/128"),
+    ("http://[::ffff:169.254.169.254]/", "address ::ffff:a9fe:a9fe is in the denied network 169.254.0.0/16"),
+    ("http://100.100.100.200/latest/meta-data/", "address 100.100.100.200 is in the denied network "
+                                                 "100.100.100.200/32"),
+    ("http://[fe80::1]/", "address fe80::1 is in the denied network fe80::/10"),
+]
+
+
+@pytest.mark.parametrize(("url", "reason"), METADATA_URLS, ids=[u for u, _ in METADATA_URLS])
+async def test_metadata_and_link_local_addresses_are_denied_by_default(url: str, reason: str) -> None:
+    """The refusal comes before any socket exists, so these tests send nothing anywhere."""
+    executor = HttpExecutor()
+    ctx = TaskContext("run", "job", 1, datetime.now(UTC), 5.0)
+    started = time.monotonic()
+    try:
+        outcome = await executor.run({"type": "http", "method": "GET", "url": url}, ctx)
+    finally:
+        await executor.close()
+    assert not outcome.succeeded
+    assert outcome.error == f"refused by egress policy: {reason}"
+    assert time.monotonic() - started < 2, "refused at once, not after a connect timeout"

@@ -1,0 +1,184 @@
+"""The security building blocks on their own: egress rules, signatures, token buckets, sealed secrets."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from chimes.api.limits import RateLimiter
+from chimes.jobs import JobSpec
+from chimes.security.refusals import SecretNotKept
+from chimes.security.secrets import (
+    REDACTED,
+    Keyring,
+    SecretKeyError,
+    SecretUnreadable,
+    load_keyring,
+    redact,
+    reveal,
+    seal_spec,
+    split_sealed,
+)
+from chimes.security.signing import signature_header, verify
+from chimes.security.ssrf import EgressDenied, EgressPolicy, GuardedConnector
+from chimes.security.storable import storable_problem
+
+DEFAULT = EgressPolicy.build()
+ALLOW_LIST = EgressPolicy.build(allow=["10.0.0.0/8", "api.example.com", "*.partner.example"],
+                                deny=["10.9.0.0/16", "evil.partner.example"])
+
+EGRESS_CASES = [
+    # policy, host, address, refused because (None: allowed)
+    (DEFAULT, "example.com", "93.184.215.14", None),
+    (DEFAULT, "localhost", "127.0.0.1", None),
+    (DEFAULT, "169.254.169.254", "169.254.169.254", "address 169.254.169.254 is in the denied network 169.254.0.0/16"),
+    (DEFAULT, "metadata.google.internal", "169.254.169.254", "in the denied network 169.254.0.0/16"),
+    (DEFAULT, "x", "::ffff:169.254.169.254", "in the denied network 169.254.0.0/16"),
+    (DEFAULT, "x", "::a9fe:a9fe", "in the denied network 169.254.0.0/16"),
+    (DEFAULT, "x", "fd00:ec2::254", "in the denied network fd00:ec2::254/128"),
+    (DEFAULT, "x", "fe80::1%eth0", "in the denied network fe80::/10"),
+    (DEFAULT, "x", "100.100.100.200", "in the denied network 100.100.100.200/32"),
+    (DEFAULT, "x", "not-an-address", "not-an-address is not an IP address"),
+    (ALLOW_LIST, "internal", "10.1.2.3", None),
+    (ALLOW_LIST, "internal", "10.9.0.1", "in the denied network 10.9.0.0/16"),
+    (ALLOW_LIST, "api.example.com", "93.184.215.14", None),
+    (ALLOW_LIST, "API.Example.COM.", "93.184.215.14", None),
+    (ALLOW_LIST, "eu.partner.example", "198.51.100.7", None),
+    (ALLOW_LIST, "partner.example", "198.51.100.7", "partner.example (198.51.100.7) is not on the allow list"),
+    (ALLOW_LIST, "evil.partner.example", "198.51.100.7", "host evil.partner.example is denied"),
+    (ALLOW_LIST, "other.com", "192.0.2.1", "other.com (192.0.2.1) is not on the allow list"),
+    (ALLOW_LIST, "api.example.com", "169.254.169.254", "in the denied network 169.254.0.0/16"),
+    (EgressPolicy.build(default_deny=False), "x", "169.254.169.254", None),
+]
+
+
+@pytest.mark.parametrize(("policy", "host", "address", "reason"), EGRESS_CASES,
+                         ids=[f"{c[1]}@{c[2]}" for c in EGRESS_CASES])
+def test_egress_rules(policy: EgressPolicy, host: str, address: str, reason: str | None) -> None:
+    refusal = policy.refusal(host, address)
+    if reason is None:
+        assert refusal is None
+    else:
+        assert refusal is not None and reason in refusal
+
+
+def test_bad_egress_entries_are_named() -> None:
+    with pytest.raises(ValueError, match=re.escape("'10.0.0.0/33' is neither a network")):
+        EgressPolicy.build(deny=["10.0.0.0/33"])
+
+
+def test_the_socket_factory_refuses_a_denied_address_without_making_a_socket() -> None:
+    connector_policy = EgressPolicy.build(deny=["192.0.2.0/24"])
+    factory = GuardedConnector.__dict__["_make_socket"]
+    holder = type("Holder", (), {"policy": connector_policy})()
+    with pytest.raises(EgressDenied, match=re.escape("refused by egress policy: address 192.0.2.9 is in")):
+        factory(holder, (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.9", 80)))
+    allowed = factory(holder, (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 80)))
+    allowed.close()
+
+
+def test_signatures_verify_and_tampering_does_not() -> None:
+    header = signature_header("whsec_k", 1_700_000_000, b'{"a":1}')
+    assert verify("whsec_k", header, b'{"a":1}', now=1_700_000_100)
+    assert not verify("whsec_k", header, b'{"a":2}', now=1_700_000_100)
+    assert not verify("whsec_other", header, b'{"a":1}', now=1_700_000_100)
+    assert not verify("whsec_k", header, b'{"a":1}', now=1_700_000_301), "older than the tolerance"
+    assert not verify("whsec_k", "t=abc,v1=00", b"", now=0)
+    assert not verify("whsec_k", "", b"", now=0)
+
+
+def test_token_bucket_allows_a_burst_then_the_rate() -> None:
+    now = [100.0]
+    limiter = RateLimiter(per_sec=2.0, burst=3, clock=lambda: now[0])
+    assert [limiter.take("a") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limiter.take("a") == pytest.approx(0.5)
+    assert limiter.take("b") == 0.0, "buckets are per key"
+    now[0] += 0.5
+    assert limiter.take("a") == 0.0
+    assert limiter.wait("a") == pytest.approx(0.5)
+
+
+def test_token_buckets_are_bounded_in_number() -> None:
+    limiter = RateLimiter(per_sec=1.0, burst=1, max_keys=2, clock=lambda: 0.0)
+    for key in ("a", "b", "c"):
+        limiter.take(key)
+    assert limiter.wait("a") == 0.0, "the least recently used bucket was forgotten (so a is full again)"
+    assert limiter.wait("c") > 0
+
+
+def spec(task: dict) -> JobSpec:
+    return JobSpec.model_validate({"name": "s", "schedule": {"cron": "0 2 * * *"}, "task": task})
+
+
+def test_sealed_values_round_trip_and_are_redacted() -> None:
+    keyring = Keyring.generate()
+    sealed = seal_spec(spec({"type": "http", "url": "http://x", "secretHeaders": {"Authorization": "Bearer t"}}),
+                       keyring)
+    wire = sealed.to_wire()
+    assert wire["task"]["secretHeaders"]["Authorization"] != "Bearer t"
+    assert redact(wire)["task"]["secretHeaders"] == {"Authorization": REDACTED}
+    assert reveal(wire["task"], keyring)["headers"] == {"Authorization": "Bearer t"}
+    with pytest.raises(SecretUnreadable, match=re.escape("cannot open task.secretHeaders.Authorization")):
+        reveal(wire["task"], Keyring.generate())
+    plain, kept = split_sealed(wire)
+    assert "secretHeaders" not in plain["task"] and set(kept) == {"Authorization"}
+    again = seal_spec(spec({"type": "http", "url": "http://x", "secretHeaders": {"Authorization": REDACTED}}),
+                      keyring, kept)
+    assert again.to_wire()["task"]["secretHeaders"] == kept
+    with pytest.raises(SecretNotKept):
+        seal_spec(spec({"type": "http", "url": "http://x", "secretHeaders": {"X-Other": REDACTED}}), keyring, kept)
+
+
+def test_secret_env_goes_into_the_environment() -> None:
+    keyring = Keyring.generate()
+    task = seal_spec(spec({"type": "command", "argv": ["env"], "env": {"A": "1"}, "secretEnv": {"B": "2"}}),
+                     keyring).to_wire()["task"]
+    assert reveal(task, keyring)["env"] == {"A": "1", "B": "2"}
+    assert "secretEnv" not in reveal(task, keyring)
+
+
+def test_the_key_file_is_made_once_with_owner_only_permissions(tmp_path: Path) -> None:
+    path = tmp_path / "keys" / "secret.key"
+    rings: list[Keyring] = []
+    threads = [threading.Thread(target=lambda: rings.append(load_keyring(None, path))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({ring.key for ring in rings}) == 1, "processes starting together agree on one key"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert [p.name for p in path.parent.iterdir()] == ["secret.key"], "no spare files left behind"
+    assert load_keyring(Keyring.generate().key.decode(), path).key != rings[0].key, "CHIMES_SECRET_KEY wins"
+
+
+def test_a_malformed_key_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SecretKeyError, match="CHIMES_SECRET_KEY does not hold a valid secret key"):
+        load_keyring("not-a-key", tmp_path / "unused")
+
+
+STORABLE = [
+    ("text", None),
+    ("a\x00b", "contains a NUL character"),
+    ("\ud800", "contains a lone surrogate"),
+    ({"k\x00": 1}, "contains a NUL character"),
+    ([[[[1]]]], None),
+]
+
+
+@pytest.mark.parametrize(("value", "problem"), STORABLE)
+def test_storable_values(value: object, problem: str | None) -> None:
+    found = storable_problem(value)
+    assert found == problem if problem is None else problem in str(found)
+
+
+def test_nesting_is_limited() -> None:
+    deep: list = []
+    for _ in range(40):
+        deep = [deep]
+    assert storable_problem(deep) == "is nested deeper than 32 levels"

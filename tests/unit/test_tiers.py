@@ -1,0 +1,30 @@
+"""The worker's claim order across priority tiers."""
+
+from __future__ import annotations
+
+import pytest
+
+from chimes.worker.tiers import BATCH, HIGH, NORMAL, ClaimStep, TierPolicy, claim_steps
+
+POLICY = TierPolicy(batch_share=0.8, every=5, low_share=0.1)
+
+
+@pytest.mark.parametrize(("cycle", "free", "batch_room", "expected"), [
+    # Usual cycle: high and normal first, then batch up to its room.
+    (1, 20, 16, [ClaimStep(HIGH, NORMAL, 20), ClaimStep(BATCH, BATCH, 16)]),
+    # Batch already fills its share of the worker: only high and normal are claimed.
+    (2, 4, 0, [ClaimStep(HIGH, NORMAL, 4)]),
+    # Every fifth cycle the lower tiers get a small first turn, so they never starve.
+    (5, 20, 16, [ClaimStep(BATCH, BATCH, 2), ClaimStep(NORMAL, NORMAL, 2), ClaimStep(HIGH, NORMAL, 20),
+                 ClaimStep(BATCH, BATCH, 16)]),
+    # ...at least one run each, however few slots are free.
+    (10, 3, 1, [ClaimStep(BATCH, BATCH, 1), ClaimStep(NORMAL, NORMAL, 1), ClaimStep(HIGH, NORMAL, 3),
+                ClaimStep(BATCH, BATCH, 1)]),
+])
+def test_claim_steps(cycle: int, free: int, batch_room: int, expected: list[ClaimStep]) -> None:
+    assert claim_steps(POLICY, cycle, free, batch_room) == expected
+
+
+@pytest.mark.parametrize(("concurrency", "cap"), [(100, 80), (10, 8), (1, 1), (2, 1)])
+def test_batch_leaves_room_for_higher_tiers(concurrency: int, cap: int) -> None:
+    assert POLICY.batch_cap(concurrency) == cap
