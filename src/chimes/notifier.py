@@ -19,6 +19,7 @@ import asyncpg
 import orjson
 
 from chimes import __version__
+from chimes.security.ssrf import EgressPolicy, GuardedConnector
 from chimes.store.queries import sql
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class NotifierConfig:
     lease_sec: float = 60.0  # a claimed notification not marked within this is sent again
     timeout_sec: float = 10.0
     max_backoff_sec: float = 3600.0
+    egress: EgressPolicy | None = None  # None: the default policy (metadata and link-local denied)
 
 
 class Notifier:
@@ -75,7 +77,11 @@ class Notifier:
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             timeout = aiohttp.ClientTimeout(total=self.config.timeout_sec)
-            self._session = aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar())
+            # Webhooks are chosen by teams: the same egress policy as their tasks keeps them off
+            # link-local and cloud metadata addresses.
+            connector = GuardedConnector(self.config.egress or EgressPolicy.build())
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector,
+                                                  cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     async def close(self) -> None:

@@ -367,7 +367,8 @@ async def test_command_cancellation_kills_process_group(tmp_path: Path) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert not pid_alive(shell)
+    # Signalled before the task ended; on a loaded machine the kernel may take a moment to finish them.
+    await wait_until(lambda: not pid_alive(shell), f"shell {shell} to die")
     await wait_until(lambda: not pid_alive(child), f"background child {child} to die")
 
 

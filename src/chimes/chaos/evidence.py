@@ -38,6 +38,12 @@ FROM runs r WHERE r.job_id = ANY($1::uuid[]) AND r.status IN ('scheduled', 'runn
 """
 
 
+@dataclass(frozen=True, slots=True)
+class Violation:
+    invariant: int
+    what: str
+
+
 @dataclass
 class Evidence:
     jobs: dict[uuid.UUID, ChaosJob]

@@ -8,13 +8,13 @@ target's log of calls, the leases the harness saw) rather than trusting one of t
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections import Counter, defaultdict
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from chimes.chaos.evidence import Evidence
+from chimes.chaos.evidence import Evidence, Violation
 from chimes.chaos.target import Delivery, delivery_number
 from chimes.chaos.timing import check_start_lag, check_takeovers
 
@@ -29,12 +29,6 @@ INVARIANTS = {
 CONCURRENCY_SKIP = "skipped: the previous run is still active"
 TERMINAL = frozenset({"succeeded", "failed", "skipped", "cancelled"})
 FENCE_SLACK = timedelta(seconds=0.1)  # observation jitter of the lease poller
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    invariant: int
-    what: str
 
 
 def check_all(ev: Evidence) -> list[Violation]:
@@ -184,7 +178,7 @@ def _history(run: dict[str, Any], attempts: list[dict[str, Any]]) -> list[Violat
         problems.append(f"skipped, yet {len(attempts)} attempts recorded")
     if any(a["status"] == "succeeded" for a in attempts[:-1]):
         problems.append("an attempt succeeded and yet the run was attempted again")
-    for earlier, later in zip(attempts, attempts[1:], strict=False):
+    for earlier, later in itertools.pairwise(attempts):
         if later["started_at"] is not None and later["started_at"] < earlier["finished_at"]:
             problems.append(f"attempt {later['attempt']} started ({_at(later['started_at'])}) before attempt "
                             f"{earlier['attempt']} finished ({_at(earlier['finished_at'])})")

@@ -10,14 +10,10 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from chimes.chaos.evidence import Evidence, Violation
 from chimes.chaos.faults import FaultWindow
-from chimes.ids import partition_of
-
-if TYPE_CHECKING:
-    from chimes.chaos.evidence import Evidence
-    from chimes.chaos.invariants import Violation
 
 START_LAG_P99_SEC = 2.0
 TAKEOVER_SLACK_SEC = 1.0  # a fire's own latency on a loaded machine
@@ -53,8 +49,6 @@ def check_takeovers(ev: Evidence) -> list[Violation]:
     """5: when a scheduler node is killed or frozen past its lease, every fire due in its partitions
     happens within the bound after the loss; checked for *clean* losses (no other scheduler or
     database fault nearby, which would legitimately slow the takeover), measured for all."""
-    from chimes.chaos.invariants import Violation
-
     found = []
     bound = takeover_bound(ev)
     runs_by_partition: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -113,8 +107,6 @@ def _clean(loss: FaultWindow, ev: Evidence, bound: float) -> bool:
 def check_start_lag(ev: Evidence) -> list[Violation]:
     """6: start lag (first attempt start minus scheduled time) of fired slots: p99 within 2 s outside
     fault windows; inside them it is measured, not bounded."""
-    from chimes.chaos.invariants import Violation
-
     windows = lag_windows(ev)
     outside, inside = [], []
     for run in ev.runs:
@@ -136,7 +128,7 @@ def check_start_lag(ev: Evidence) -> list[Violation]:
 
 def _percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(pct / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
 
 
 def _summary(values: list[float]) -> dict[str, Any]:
@@ -144,6 +136,3 @@ def _summary(values: list[float]) -> dict[str, Any]:
         return {"n": 0}
     return {"n": len(values), "p50": round(statistics.median(values), 3), "p99": round(_percentile(values, 99), 3),
             "max": round(max(values), 3)}
-
-
-__all__ = ["check_start_lag", "check_takeovers", "lag_windows", "partition_of", "takeover_bound"]

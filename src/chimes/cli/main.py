@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from chimes import __version__, logs
-from chimes.cli import caps, client, config, owners, tokens
+from chimes.cli import caps, chaos, client, config, owners, tokens
 from chimes.cli.importer import import_jobs
 from chimes.cli.options import database_options, listen_options, metrics_options, settings_from
 from chimes.cli.runtime import migrate_database, run_async
@@ -81,12 +81,18 @@ def api(database_url: str | None, data_dir: Path, host: str, port: int, **securi
 @click.option("--lease-ttl", envvar="CHIMES_LEASE_TTL", show_envvar=True, default=5.0, show_default=True,
               type=click.FloatRange(1, 300),
               help="Seconds a partition lease lasts unrenewed: how soon a dead node's partitions move.")
-def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lease_ttl: float) -> None:
+@click.option("--retention-days", envvar="CHIMES_RETENTION_DAYS", show_envvar=True, default=30, show_default=True,
+              type=click.IntRange(1, 3650), help="Run history older than this is dropped, a day at a time.")
+@click.option("--missed-after", envvar="CHIMES_MISSED_AFTER_SEC", show_envvar=True, default=60.0,
+              show_default=True, type=click.FloatRange(5, 86400),
+              help="Seconds late after which a slot counts as missed and follows the job's catch-up policy.")
+def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lease_ttl: float, retention_days: int,
+              missed_after: float) -> None:
     """A scheduler node: leases a fair share of the 1,024 trigger partitions and fires their runs."""
     from chimes.cli.roles import run_scheduler
 
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        run_async(lambda: run_scheduler(dsn, node_id, lease_ttl))
+        run_async(lambda: run_scheduler(dsn, node_id, lease_ttl, retention_days, missed_after))
 
 
 @cli.command()
@@ -135,6 +141,7 @@ def migrate(database_url: str | None, data_dir: Path) -> None:
 cli.add_command(tokens.token)
 cli.add_command(config.config)
 cli.add_command(caps.cap)
+cli.add_command(chaos.chaos)
 cli.add_command(owners.owner)
 cli.add_command(client.jobs)
 cli.add_command(client.runs)

@@ -73,11 +73,13 @@ async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) 
     await server.serve()
 
 
-async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float) -> None:
+async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = 30,
+                        missed_after: float = 60.0) -> None:
     await migrate_database(dsn)
     pool = await db.create_pool(dsn, max_size=6)
     lease = LeaseConfig(ttl_sec=lease_ttl, renew_every_sec=min(1.0, lease_ttl / 4))
-    node = SchedulerNode(pool, SchedulerConfig(lease=lease), node_id=node_id)
+    config = SchedulerConfig(lease=lease, retention_days=retention_days, missed_after_sec=missed_after)
+    node = SchedulerNode(pool, config, node_id=node_id)
     on_shutdown_signals(node.stop)
     try:
         await node.run()

@@ -164,7 +164,11 @@ class JobStore:
 
     async def list(self, owner: str | None, after: uuid.UUID | None, limit: int) -> list[JobRecord]:
         async with self._pool.acquire() as conn:
-            rows = await conn.fetch(sql("list_jobs"), owner, after, limit)
+            after = after or uuid.UUID(int=0)
+            if owner is None:
+                rows = await conn.fetch(sql("list_all_jobs"), after, limit)
+            else:
+                rows = await conn.fetch(sql("list_jobs"), owner, after, limit)
             last = await self._last_runs(conn, [r["job_id"] for r in rows])
         return [_record(r, last.get(r["job_id"])) for r in rows]
 

@@ -69,8 +69,10 @@ class WorkerStore:
         """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]`` (0 high, 2 batch)."""
         if limit <= 0:
             return []
-        rows = await self._pool.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
-                                      tiers[0], tiers[1])
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(sql("plan_by_key"))
+            rows = await conn.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
+                                    tiers[0], tiers[1])
         return [ClaimedRun(**dict(row)) for row in rows]
 
     async def caps_exist(self) -> bool:
@@ -110,6 +112,7 @@ class WorkerStore:
         if not outcomes:
             return set()
         async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(sql("plan_by_key"))
             rows = await conn.fetch(
                 sql("complete_runs"),
                 [o.run.run_id for o in outcomes], [o.run.scheduled_at for o in outcomes],

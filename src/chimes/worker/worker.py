@@ -37,7 +37,7 @@ DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutErro
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     concurrency: int = 100  # runs executed at once
-    claim_batch: int = 100
+    claim_batch: int = 500
     lease_sec: float = 30.0
     heartbeat_every_sec: float = 10.0
     poll_every_sec: float = 1.0  # fallback when no NOTIFY arrives

@@ -1,0 +1,191 @@
+"""A chaos run from start to end: start the fleet, load the workload, inject faults, heal, check.
+
+Phases: the fleet starts (its own PostgreSQL unless a URL is given, the roles as real processes) and
+the workload is created through the API; faults are injected for ``duration`` seconds while one-off
+jobs keep being created; then every process is brought back and the fleet runs healthy for a while;
+the jobs are paused, the remaining runs are left to finish, and the invariants are checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shlex
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from chimes.chaos.evidence import Evidence, read_database, unfinished_count
+from chimes.chaos.faults import FaultRunner, plan_faults
+from chimes.chaos.fleet import Fleet, FleetShape
+from chimes.chaos.invariants import check_all
+from chimes.chaos.observer import LeaseObserver
+from chimes.chaos.report import Report
+from chimes.chaos.target import ChaosTarget
+from chimes.chaos.workload import OWNER, ChaosJob, create_job, make_one_offs, recurring_jobs
+from chimes.store.migrate import migrate
+from chimes.store.tokens import create_token
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosOptions:
+    duration: float = 120.0  # seconds of fault injection
+    seed: int = 7
+    database_url: str | None = None  # default: the harness's own embedded PostgreSQL (restartable)
+    jobs: int = 40
+    fault_every: float = 4.0  # mean seconds between faults
+    one_off_every: float = 5.0
+    shape: FleetShape = field(default_factory=FleetShape)
+    work_dir: Path | None = None  # default: a temporary folder, removed after a clean run
+    drain_timeout: float = 120.0
+
+    @property
+    def settle_sec(self) -> float:
+        """Healthy running after the faults, so the last slots are fired by a fleet at rest."""
+        return self.shape.lease_ttl + self.shape.worker_lease + 5.0
+
+    def command(self) -> str:
+        args = ["chimes", "chaos", "--duration", f"{self.duration:g}", "--seed", str(self.seed),
+                "--jobs", str(self.jobs), "--fault-every", f"{self.fault_every:g}"]
+        if self.database_url:
+            args += ["--database-url", "URL"]
+        return shlex.join(args)
+
+
+async def run_chaos(options: ChaosOptions) -> Report:
+    began = time.monotonic()
+    work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="chimes-chaos-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    fleet = Fleet(work_dir, options.shape, options.database_url)
+    target = ChaosTarget(work_dir / "deliveries.jsonl", options.seed)
+    report: Report | None = None
+    try:
+        await asyncio.to_thread(fleet.start_database)
+        token = await _prepare_database(fleet.dsn)
+        await target.start()
+        fleet.start_roles()
+        async with httpx.AsyncClient(base_url=fleet.api_url, timeout=10,
+                                     headers={"Authorization": f"Bearer {token}"}) as api:
+            await _until(lambda: _ready(fleet, api), 90, "the fleet to start", fleet)
+            report = await _run(options, fleet, target, api, work_dir)
+        report.wall_sec = time.monotonic() - began
+        return report
+    finally:
+        await asyncio.to_thread(fleet.stop)
+        await target.stop()
+        if report is not None and report.ok and options.work_dir is None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+
+async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: httpx.AsyncClient,
+               work_dir: Path) -> Report:
+    loop = asyncio.get_running_loop()
+    jobs = [await create_job(api, body, f"chaos-{options.seed}-{body['name']}", loop.time() + 30)
+            for body in recurring_jobs(options.seed, options.jobs, target.url)]
+    plan = plan_faults(options.seed, options.duration, schedulers=fleet.schedulers, workers=fleet.workers,
+                       lease_ttl=options.shape.lease_ttl, worker_lease=options.shape.worker_lease,
+                       mean_gap=options.fault_every, database=fleet.postgres is not None)
+    log.info("chaos: %d jobs created, %d faults planned over %g s", len(jobs), len(plan), options.duration)
+    observer, stop = LeaseObserver(fleet.dsn), asyncio.Event()
+    watchers = [asyncio.create_task(observer.run(stop)), asyncio.create_task(_supervise(fleet, stop))]
+    runner = FaultRunner(plan, fleet, target)
+    started = datetime.now(UTC)
+    await asyncio.gather(runner.run(), make_one_offs(api, target.url, options.seed, options.one_off_every,
+                                                     loop.time() + options.duration, jobs))
+    faults_ended = datetime.now(UTC)
+    fleet.heal()
+    log.info("chaos: faults over; the fleet runs healthy for %g s", options.settle_sec)
+    await asyncio.sleep(options.settle_sec)  # a time span to let pass, not a condition to wait for
+    check_end = datetime.now(UTC) - timedelta(seconds=options.shape.lease_ttl + 2)
+    for job in jobs:
+        await _pause(api, job)
+    job_ids = [job.job_id for job in jobs]
+    conn = await asyncpg.connect(fleet.dsn)
+    try:
+        await _until(lambda: _drained(conn, job_ids), options.drain_timeout, "the last runs to end", fleet,
+                     fail=False)
+        stop.set()
+        await asyncio.gather(*watchers)
+        runs, attempts, unfinished = await read_database(conn, job_ids)
+    finally:
+        await conn.close()
+    evidence = Evidence({job.job_id: job for job in jobs}, runs, attempts, unfinished, list(target.deliveries),
+                        runner.windows, fleet.exits, observer, options.shape, started, faults_ended, check_end)
+    violations = check_all(evidence)
+    return Report(
+        seed=options.seed, duration_sec=options.duration, wall_sec=0.0, command=options.command(),
+        work_dir=str(work_dir), database="own embedded PostgreSQL" if fleet.postgres else "database given by URL",
+        faults=dict(Counter(w.kind for w in runner.windows if not w.note)), faults_skipped=sum(1 for w in runner.windows
+                                                                                       if w.note),
+        jobs=len(jobs), runs=dict(Counter(r["status"] for r in runs)), attempts=sum(len(a) for a in attempts.values()),
+        figures=evidence.figures | {"lease_polls": observer.polls, "failed_lease_polls": observer.failed_polls},
+        exits=[asdict(e) for e in fleet.exits], violations=violations,
+    )
+
+
+async def _prepare_database(dsn: str) -> str:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await migrate(conn)
+        return await create_token(conn, OWNER, name="chimes chaos")
+    finally:
+        await conn.close()
+
+
+async def _ready(fleet: Fleet, api: httpx.AsyncClient) -> bool:
+    with contextlib.suppress(httpx.TransportError):
+        if (await api.get("/healthz")).status_code != 200:
+            return False
+        conn = await asyncpg.connect(fleet.dsn)
+        try:
+            row = await conn.fetchrow(
+                "SELECT (SELECT count(DISTINCT owner) FROM partition_leases WHERE expires_at > now()) AS nodes,"
+                " (SELECT count(*) FROM partition_leases WHERE expires_at > now()) AS held,"
+                " (SELECT count(*) FROM workers) AS workers")
+        finally:
+            await conn.close()
+        return (row["nodes"], row["held"], row["workers"]) == (fleet.shape.schedulers, 1024, fleet.shape.workers)
+    return False
+
+
+async def _drained(conn: asyncpg.Connection, job_ids: list[Any]) -> bool:
+    return await unfinished_count(conn, job_ids) == 0
+
+
+async def _pause(api: httpx.AsyncClient, job: ChaosJob) -> None:
+    response = await api.patch(f"/jobs/{job.job_id}", json={"paused": True})
+    if response.status_code != 200:
+        raise RuntimeError(f"pausing {job.name} failed: {response.status_code} {response.text}")
+
+
+async def _supervise(fleet: Fleet, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        for gone in fleet.supervise():
+            log.warning("chaos: %s exited on its own (code %s); started again", gone.member, gone.code)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], within: float, what: str, fleet: Fleet,
+                 fail: bool = True) -> None:
+    deadline = time.monotonic() + within
+    while not await condition():
+        if time.monotonic() > deadline:
+            if fail:
+                tails = "\n".join(f"--- {m.name}\n{m.log_tail()}" for m in fleet.members.values())
+                raise RuntimeError(f"timed out after {within:g} s waiting for {what}\n{tails}")
+            log.warning("chaos: timed out after %g s waiting for %s", within, what)
+            return
+        await asyncio.sleep(0.2)

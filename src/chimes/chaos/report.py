@@ -1,0 +1,82 @@
+"""The outcome of a chaos run: what was injected, what was checked, what was violated."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from chimes.chaos.evidence import Violation
+from chimes.chaos.invariants import INVARIANTS
+
+SHOWN_PER_INVARIANT = 10
+
+
+@dataclass
+class Report:
+    seed: int
+    duration_sec: float  # of the fault phase
+    wall_sec: float  # the whole run, start-up and checks included
+    command: str
+    work_dir: str
+    database: str  # "own embedded PostgreSQL" or "given by URL"
+    faults: dict[str, int]  # injected, by kind
+    faults_skipped: int  # planned faults the runner could not apply (noted in their window)
+    jobs: int
+    runs: dict[str, int]  # by status
+    attempts: int
+    figures: dict[str, Any]
+    exits: list[dict[str, Any]]
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["ok"] = self.ok
+        data["faults_injected"] = sum(self.faults.values())
+        data["runs_checked"] = sum(self.runs.values())
+        return json.dumps(data, indent=2, default=str)
+
+    def text(self) -> str:
+        by_invariant = Counter(v.invariant for v in self.violations)
+        takeover = self.figures.get("takeover", {})
+        lines = [
+            f"chimes chaos: seed {self.seed}, {self.duration_sec:g} s of faults ({self.wall_sec:.0f} s in all), "
+            f"{self.database}",
+            f"  command: {self.command}",
+            f"  faults injected: {sum(self.faults.values())} ("
+            + ", ".join(f"{kind} {n}" for kind, n in sorted(self.faults.items())) + ")",
+            f"  jobs: {self.jobs}; runs checked: {sum(self.runs.values())} ("
+            + ", ".join(f"{status} {n}" for status, n in sorted(self.runs.items())) + f"); attempts: {self.attempts}; "
+            f"deliveries: {self.figures.get('deliveries', 0)}",
+            f"  slots checked: {self.figures.get('slots_checked', 0)}; runs in flight at the end: "
+            f"{self.figures.get('runs_in_flight_at_end', 0)}; runs delivered more than once (same key): "
+            f"{self.figures.get('runs_delivered_more_than_once', 0)}",
+            f"  node losses: {takeover.get('node_losses', 0)}; lease moved after (s): "
+            f"{_fmt(takeover.get('lease_moved_sec'))}; fires resumed after (s): "
+            f"{_fmt(takeover.get('fires_resumed_sec'))}; clean losses: "
+            f"{_fmt(takeover.get('fires_resumed_clean_sec'))} (bound {takeover.get('bound_sec')} s)",
+            f"  start lag outside fault windows (s): {_fmt(self.figures.get('start_lag_outside_faults_sec'))}",
+            f"  start lag inside fault windows (s): {_fmt(self.figures.get('start_lag_inside_faults_sec'))}",
+            f"  processes that exited on their own (restarted): {len(self.exits)}",
+            "  invariants:",
+        ]
+        for number, name in INVARIANTS.items():
+            count = by_invariant[number]
+            lines.append(f"    {number}. {name}: {'ok' if not count else f'{count} VIOLATIONS'}")
+            shown = [v for v in self.violations if v.invariant == number][:SHOWN_PER_INVARIANT]
+            lines += [f"       - {v.what}" for v in shown]
+            if count > len(shown):
+                lines.append(f"       ... and {count - len(shown)} more")
+        lines.append(f"  violations: {len(self.violations)}" + ("" if self.ok else f" (logs in {self.work_dir})"))
+        return "\n".join(lines)
+
+
+def _fmt(summary: dict[str, Any] | None) -> str:
+    if not summary or not summary.get("n"):
+        return "none"
+    return f"n={summary['n']} p50 {summary['p50']} p99 {summary['p99']} max {summary['max']}"

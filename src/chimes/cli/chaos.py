@@ -1,0 +1,45 @@
+"""``chimes chaos``: break a real fleet on purpose for a while, then check every invariant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option("--duration", type=click.FloatRange(10), default=120.0, show_default=True,
+              help="Seconds of fault injection (start-up, healing and checks come on top).")
+@click.option("--seed", type=int, default=7, show_default=True,
+              help="Seeds the faults and the workload: the same seed replays the same schedule of faults.")
+@click.option("--database-url", envvar="CHIMES_DATABASE_URL", show_envvar=True, default=None,
+              help="An empty PostgreSQL database to use instead of the harness's own embedded server "
+                   "(then PostgreSQL is not restarted).")
+@click.option("--jobs", type=click.IntRange(1, 1000), default=40, show_default=True,
+              help="Recurring jobs, every 1 to 5 seconds (one-off jobs are added during the run).")
+@click.option("--fault-every", type=click.FloatRange(0.5), default=4.0, show_default=True,
+              help="Mean seconds between faults.")
+@click.option("--work-dir", type=click.Path(path_type=Path), default=None,
+              help="Where logs, the target's call log and the database live (default: a temporary folder, "
+                   "kept only when a violation is found).")
+@click.option("--report", "report_path", type=click.Path(path_type=Path), default=None,
+              help="Also write the report as JSON to this file.")
+def chaos(duration: float, seed: int, database_url: str | None, jobs: int, fault_every: float,
+          work_dir: Path | None, report_path: Path | None) -> None:
+    """Start a fleet (PostgreSQL, 3 scheduler nodes, 3 workers, an API, an HTTP target), inject faults
+    at random from the seed, then check the invariants. Exits 1 when any is violated."""
+    import asyncio
+    import logging
+
+    from chimes.chaos.harness import ChaosOptions, run_chaos
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call drowns the fault log
+
+    options = ChaosOptions(duration=duration, seed=seed, database_url=database_url, jobs=jobs,
+                           fault_every=fault_every, work_dir=work_dir)
+    report = asyncio.run(run_chaos(options))
+    click.echo(report.text())
+    if report_path is not None:
+        report_path.write_text(report.to_json())
+    if not report.ok:
+        raise SystemExit(1)
