@@ -197,3 +197,22 @@ CREATE TABLE concurrency_caps (
     max_running integer NOT NULL CHECK (max_running >= 0),
     PRIMARY KEY (scope, name)
 );
+
+-- Starts the runs a worker took from the queue: each becomes running under a new lease token, if it
+-- is still waiting (a run cancelled meanwhile is left alone). Returns what the worker needs to run it.
+CREATE FUNCTION chimes_start_runs(run_ids uuid[], scheduled_ats timestamptz[], job_ids uuid[], worker text,
+                                  lease_sec float8, deadline_grace_sec float8)
+RETURNS TABLE (run_id uuid, scheduled_at timestamptz, job_id uuid, attempt integer, lease_token uuid,
+               started_at timestamptz, trigger text, task jsonb, retry_policy jsonb, timeout_sec integer,
+               job_exists boolean, owner text, priority smallint)
+LANGUAGE sql AS $$
+    UPDATE runs r
+    SET status = 'running', worker_id = worker, lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => lease_sec), started_at = now(),
+        deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, 3600) + deadline_grace_sec)
+    FROM unnest(run_ids, scheduled_ats, job_ids) AS p(run_id, scheduled_at, job_id)
+    LEFT JOIN jobs j ON j.job_id = p.job_id
+    WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger,
+              j.task, j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL, r.owner, r.priority
+$$;

@@ -35,18 +35,10 @@ WITH picked AS (
         ORDER BY c.tier, c.queue_id LIMIT $1 FOR UPDATE SKIP LOCKED
     )
     RETURNING q.run_id, q.scheduled_at, q.job_id
-),
-claimed AS (
-    UPDATE runs r
-    SET status = 'running', worker_id = $2, lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => $3), started_at = now(),
-        deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, 3600) + $4)
-    FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
-    WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
-    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger,
-              j.task, j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority
 )
-SELECT * FROM claimed;
+SELECT started.*
+FROM (SELECT array_agg(run_id) AS runs, array_agg(scheduled_at) AS ats, array_agg(job_id) AS jobs FROM picked) p
+CROSS JOIN LATERAL chimes_start_runs(p.runs, p.ats, p.jobs, $2, $3, $4) started;
 
 -- name: extend_leases
 -- Returns the runs this worker still holds; a run missing from the answer was cancelled or reaped.
@@ -143,15 +135,7 @@ FOR UPDATE OF q SKIP LOCKED;
 WITH picked AS (
     DELETE FROM run_queue q WHERE q.queue_id = ANY($4::bigint[])
     RETURNING q.run_id, q.scheduled_at, q.job_id
-),
-claimed AS (
-    UPDATE runs r
-    SET status = 'running', worker_id = $1, lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => $2), started_at = now(),
-        deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, 3600) + $3)
-    FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
-    WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
-    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger,
-              j.task, j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority
 )
-SELECT * FROM claimed;
+SELECT started.*
+FROM (SELECT array_agg(run_id) AS runs, array_agg(scheduled_at) AS ats, array_agg(job_id) AS jobs FROM picked) p
+CROSS JOIN LATERAL chimes_start_runs(p.runs, p.ats, p.jobs, $1, $2, $3) started;

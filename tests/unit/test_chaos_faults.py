@@ -1,0 +1,52 @@
+"""The chaos fault schedule: replayed exactly by its seed, and never more than the fleet can survive."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+from chimes.chaos.faults import DATABASE_COOLDOWN_SEC, PlannedFault, plan_faults
+
+SCHEDULERS = ["scheduler-1", "scheduler-2", "scheduler-3"]
+WORKERS = ["worker-1", "worker-2", "worker-3"]
+
+
+def plan(seed: int, duration: float = 1800, database: bool = True) -> list[PlannedFault]:
+    return plan_faults(seed, duration, schedulers=SCHEDULERS, workers=WORKERS, lease_ttl=3, worker_lease=5,
+                       mean_gap=4, database=database)
+
+
+def test_the_same_seed_replays_the_same_faults_and_another_seed_does_not() -> None:
+    assert plan(7) == plan(7)
+    assert plan(7) != plan(8)
+
+
+def test_a_long_run_injects_hundreds_of_faults_of_every_kind() -> None:
+    faults = plan(7)
+    kinds = Counter(f.kind for f in faults)
+    assert len(faults) >= 200
+    assert set(kinds) == {"kill_scheduler", "freeze_scheduler", "kill_worker", "freeze_worker", "restart_postgres_fast",
+                          "restart_postgres_immediate", "target_errors", "target_hang", "target_close"}
+    assert all(f.at + f.duration < 1800 for f in faults)
+
+
+def test_one_scheduler_and_one_worker_are_always_left_alone() -> None:
+    for seed in range(20):
+        faults = plan(seed, duration=600)
+        for role in (SCHEDULERS, WORKERS):
+            hits = [f for f in faults if f.victim in role]
+            for f in hits:
+                at_once = {g.victim for g in hits if g.at <= f.at <= g.at + g.duration}
+                assert len(at_once) < len(role), f"seed {seed}: {at_once} down at {f.at}"
+
+
+def test_freezes_outlast_the_leases_so_the_node_wakes_up_stale() -> None:
+    faults = plan(7)
+    assert all(f.duration > 3 for f in faults if f.kind == "freeze_scheduler")
+    assert all(f.duration > 5 for f in faults if f.kind == "freeze_worker")
+
+
+def test_database_restarts_only_on_the_harness_own_database_and_well_apart() -> None:
+    assert not [f for f in plan(7, database=False) if "postgres" in f.kind]
+    restarts = [f.at for f in plan(7) if "postgres" in f.kind]
+    assert all(later - earlier >= DATABASE_COOLDOWN_SEC for earlier, later in itertools.pairwise(restarts))
