@@ -189,6 +189,27 @@ def test_list_without_all_reads_one_page_and_json_is_raw(api: FakeApi) -> None:
     assert json.loads(result.stdout) == {"jobs": [job(1)], "nextCursor": "c2"}
 
 
+def test_create_with_semantics_options(api: FakeApi) -> None:
+    api.routes[("POST", "/jobs")] = (201, {"jobId": JOB_ID, "nextRunAt": None})
+    result = invoke(client.jobs, [
+        "create", "--name", "n", "--cron", "*/5 * * * *", "--command", "true", "--catch-up", "none",
+        "--tag", "db-heavy", "--tag", "nightly", "--notify-url", "https://alerts.internal/chimes",
+    ], api)
+    assert result.exit_code == 0, result.output
+    body = api.requests[0].body
+    assert body["catchUp"] == {"policy": "none"} and body["tags"] == ["db-heavy", "nightly"]
+    assert body["notifyUrl"] == "https://alerts.internal/chimes"
+
+
+def test_backfill_posts_the_range(api: FakeApi) -> None:
+    api.routes[("POST", f"/jobs/{JOB_ID}/backfill")] = (202, {"runIds": [], "created": 3, "existing": 2})
+    result = invoke(client.jobs, ["backfill", JOB_ID, "--start", "2026-11-01T00:00:00Z",
+                                  "--end", "2026-11-01T05:00:00Z"], api)
+    assert result.exit_code == 0, result.output
+    assert api.requests[0].body == {"start": "2026-11-01T00:00:00Z", "end": "2026-11-01T05:00:00Z"}
+    assert "created 3 runs; 2 slots already had one" in result.output
+
+
 def test_pause_sends_patch(api: FakeApi) -> None:
     api.routes[("PATCH", f"/jobs/{JOB_ID}")] = (200, job(1, paused=True))
     result = invoke(client.jobs, ["pause", JOB_ID], api)

@@ -164,6 +164,10 @@ def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--concurrency", type=click.Choice(["skip", "queue", "allow"]),
                      help="What to do when a run is due while the last one still runs."),
         click.option("--priority", type=click.Choice(["high", "normal", "batch"]), help="Queue tier."),
+        click.option("--catch-up", type=click.Choice(["one", "all", "none"]),
+                     help="What happens to fires missed while the scheduler was down or the job paused."),
+        click.option("--tag", "tags", multiple=True, help="A tag, for fleet-wide caps (repeatable)."),
+        click.option("--notify-url", help="Webhook told when a run fails for good, starts late or stalls."),
     ]):
         func = option(func)
     return func
@@ -252,6 +256,12 @@ def _tuning(opts: dict[str, Any]) -> dict[str, Any]:
     for key in ("concurrency", "priority"):
         if opts[key]:
             out[key] = opts[key]
+    if opts.get("catch_up"):
+        out["catchUp"] = {"policy": opts["catch_up"]}
+    if opts.get("tags"):
+        out["tags"] = list(opts["tags"])
+    if opts.get("notify_url"):
+        out["notifyUrl"] = opts["notify_url"]
     return out
 
 
@@ -368,6 +378,18 @@ def run_now(api: Api, job_id: str) -> None:
     """Trigger a manual run now; prints the run id."""
     started = api.call("POST", _path("jobs", job_id, "runs"))
     click.echo(f"started run {started.get('runId')}")
+
+
+@jobs.command("backfill")
+@api_options
+@click.argument("job_id")
+@click.option("--start", required=True, help="Start of the past range (exclusive), RFC 3339 with an offset.")
+@click.option("--end", required=True, help="End of the past range (inclusive), RFC 3339 with an offset.")
+def backfill(api: Api, job_id: str, start: str, end: str) -> None:
+    """Create the runs the schedule would have made in a past range (at most 1,000; slots that
+    already have a run keep it)."""
+    made = api.call("POST", _path("jobs", job_id, "backfill"), body={"start": start, "end": end})
+    click.echo(f"created {made.get('created')} runs; {made.get('existing')} slots already had one")
 
 
 # ----------------------------------------------------------------------------------------------- runs
