@@ -52,8 +52,22 @@ async def wait_until(predicate: Callable[[], bool], what: str, within: float = D
         await asyncio.sleep(0.01)
 
 
+# Start times of the processes the tests read pids of: a pid reused by a newer process (other tests
+# on a busy machine start many) must not count as the old process still running.
+_started: dict[int, str] = {}
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()[19]
+
+
 def pid_alive(pid: int) -> bool:
-    """True if ``pid`` runs; zombies count as dead (the container init may never reap them)."""
+    """True if ``pid`` runs and is the process first seen with it; zombies count as dead (the
+    container init may never reap them)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -62,6 +76,8 @@ def pid_alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return True
+    if pid in _started and _start_time(pid) != _started[pid]:
+        return False
     return stat[stat.rfind(")") + 2] not in "ZX"
 
 
@@ -71,7 +87,13 @@ def pid_in(path: Path) -> int | None:
         text = path.read_text().strip()
     except FileNotFoundError:
         return None
-    return int(text) if text.isdigit() else None
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    started = _start_time(pid)
+    if started is not None:
+        _started.setdefault(pid, started)
+    return pid
 
 
 def same_dir(a: str, b: Path) -> bool:
