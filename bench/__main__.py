@@ -14,7 +14,6 @@ Without ``--database-url`` an embedded PostgreSQL is started in a temporary fold
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from pathlib import Path
@@ -47,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--systems", default="chimes,apscheduler,procrastinate,pgqueuer",
                         help="systems for `peers`, comma-separated")
     parser.add_argument("--repeat", type=int, default=1, help="run the scenario this many times")
+    parser.add_argument("--statements", action="store_true",
+                        help="load pg_stat_statements (embedded server) and report the database time by statement")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--chart", type=Path, help="write a PNG of the start-lag distributions here")
     return parser
@@ -57,12 +58,13 @@ async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
     from bench.target import TargetProcess
 
     shape = FleetShape(args.schedulers, args.workers, args.concurrency)
-    with environment(args.database_url) as env:
+    with environment(args.database_url, args.statements) as env:
         machine = await describe_machine(env)
         results: list[Result] = []
         target = TargetProcess(env.workdir)
         try:
-            for attempt in range(args.repeat):
+            # top-of-hour repeats its burst on one seeded index itself
+            for attempt in range(1 if args.scenario == "top-of-hour" else args.repeat):
                 if args.repeat > 1:
                     say(f"round {attempt + 1} of {args.repeat}")
                 results += await _scenario(args, env, target, shape)
@@ -85,7 +87,7 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
     if args.scenario == "top-of-hour":
         from bench.top_of_hour import top_of_hour
 
-        return [await top_of_hour(env, runs=args.runs, idle=args.idle, shape=shape, say=say)]
+        return await top_of_hour(env, runs=args.runs, idle=args.idle, shape=shape, say=say, rounds=args.repeat)
     if args.scenario == "load":
         from bench.load import load
 
@@ -106,11 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         args.json.write_bytes(orjson.dumps({"scenario": args.scenario, "args": vars(args) | {
             "json": str(args.json), "chart": str(args.chart)}, "machine": machine,
-            "results": [r.to_json() for r in results]}, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+            "results": [r.to_json() for r in results]}, option=orjson.OPT_INDENT_2, default=str))
     if args.chart:
         from bench.chart import lag_chart
 
-        lag_chart(results, args.chart, title=f"{args.scenario}: start lag, {args.runs:,} runs")
+        what = "fire lag (the run was created)" if args.scenario == "top-of-hour" else "start lag (the task began)"
+        lag_chart(results, args.chart, title=f"{args.scenario}: {what}, {results[0].runs:,} runs", what=what)
 
 
 if __name__ == "__main__":

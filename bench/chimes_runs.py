@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 import asyncpg
 
 from bench import seed
-from bench.env import Env, fresh_database
+from bench.env import Env, drop_database, fresh_database, statement_costs
 from bench.procs import CpuMeter, Proc, python
 from bench.report import Result, percentiles
 from bench.target import TargetProcess
@@ -56,9 +56,9 @@ class Fleet:
                                    python("-m", "chimes", "worker", "--concurrency", str(shape.concurrency)),
                                    env.workdir / f"{tag}-worker{i}.log", common))
 
-    async def wait_ready(self, timeout: float = 60.0) -> None:
+    async def wait_ready(self, limit_sec: float = 60.0) -> None:
         """Every partition leased by a live node, and every worker registered."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + limit_sec
         conn = await asyncpg.connect(self.dsn)
         try:
             while True:
@@ -71,7 +71,7 @@ class Fleet:
                 if (leased == 1024 or not self.shape.schedulers) and workers == self.shape.workers:
                     return
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"fleet not ready after {timeout}s: {leased} partitions, {workers} workers")
+                    raise RuntimeError(f"fleet not ready after {limit_sec}s: {leased} partitions, {workers} workers")
                 await asyncio.sleep(0.2)
         finally:
             await conn.close()
@@ -83,9 +83,19 @@ class Fleet:
     def peaks(self) -> dict[str, float]:
         return {p.name: round(p.peak_rss_mb(), 1) for p in self.procs}
 
+    def warnings(self, keep: int = 5) -> dict[str, object]:
+        """How many warnings each process logged, and the first few: a benchmark must not hide them."""
+        found: dict[str, object] = {}
+        for proc in self.procs:
+            lines = [line for line in proc.log_path.read_text(errors="replace").splitlines()
+                     if '"level":"WARNING"' in line or '"level":"ERROR"' in line]
+            if lines:
+                found[proc.name] = {"count": len(lines), "first": lines[:keep]}
+        return found
 
-async def _wait_for(condition: Callable[[], Awaitable[bool]], timeout: float, what: str, fleet: Fleet) -> None:
-    deadline = time.monotonic() + timeout
+
+async def _wait_for(condition: Callable[[], Awaitable[bool]], limit_sec: float, what: str, fleet: Fleet) -> None:
+    deadline = time.monotonic() + limit_sec
     while not await condition():
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}")
@@ -103,7 +113,7 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
                      scenario: str, say: Say, system: str = "chimes") -> Result:
     """``runs`` one-off HTTP jobs due at one instant (``spread_sec`` 0) or spread evenly over
     ``spread_sec`` seconds, through a real fleet, until every run is recorded as succeeded."""
-    dsn = await fresh_database(env, "bench_chimes", chimes_schema=True)
+    dsn = await fresh_database(env, env.database("chimes"), chimes_schema=True)
     await target.reset()
     fleet = Fleet(env, dsn, shape, scenario)
     pool = await db.create_pool(dsn, max_size=2)
@@ -124,15 +134,23 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
             raise RuntimeError("creating the jobs took longer than the lead time")
         meter = CpuMeter(fleet.procs, env.postmaster_pid())
         meter.start()
+        wal_start = await pool.fetchval("SELECT pg_current_wal_lsn()")
         limit = 120 + runs / 200 + spread_sec
         await _wait_for(lambda: _done(pool, runs), limit, "every run to succeed", fleet)
         cpu = meter.stop()
+        wal = await pool.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)", wal_start)
         rows = await pool.fetch(LAGS)
         times, keys = await target.arrivals()
+        costs = await statement_costs(env, dsn)
     finally:
         await pool.close()
         fleet.stop()
-    return _result(system, scenario, runs, due, spread_sec, rows, times, keys, cpu, fleet)
+        await drop_database(env, env.database("chimes"))
+    result = _result(system, scenario, runs, due, spread_sec, rows, times, keys, cpu, fleet)
+    result.extra["wal_bytes_per_run"] = round(float(wal) / runs)  # includes the polling and idle loops
+    if costs:
+        result.extra["statements"] = costs
+    return result
 
 
 async def _done(pool: asyncpg.Pool, runs: int) -> bool:
@@ -151,7 +169,7 @@ def _result(system: str, scenario: str, runs: int, due: datetime, spread_sec: fl
                     fire_lag=percentiles(fire), start_lag=percentiles(arrivals), cpu_sec=cpu,
                     peak_mb=fleet.peaks(), start_lags=arrivals)
     result.extra = {"claim_lag": percentiles(start_db), "calls": len(times), "distinct_calls": len(set(keys)),
-                    "fleet": vars(fleet.shape)}
+                    "fleet": vars(fleet.shape), "warnings": fleet.warnings()}
     if spread_sec:
         result.extra["rate_per_sec"] = runs / spread_sec
         result.notes = "start lag from runs.started_at (each run's own due time)"

@@ -25,6 +25,11 @@ class Env:
     server_dsn: str
     workdir: Path
     embedded: EmbeddedPostgres | None
+    prefix: str = "bench"  # of the databases made on the server
+    statements: bool = False  # pg_stat_statements loaded: the cost of each statement is reported
+
+    def database(self, system: str) -> str:
+        return f"{self.prefix}_{system}"
 
     def dsn_of(self, database: str) -> str:
         parts = urlsplit(self.server_dsn)
@@ -39,16 +44,22 @@ class Env:
 
 
 @contextlib.contextmanager
-def environment(database_url: str | None) -> Iterator[Env]:
+def environment(database_url: str | None, statements: bool = False) -> Iterator[Env]:
+    """With ``statements`` (embedded server only), pg_stat_statements is loaded: a restart."""
     workdir = Path(tempfile.mkdtemp(prefix="chimes-bench-"))
     server = None
     try:
         if database_url is None:
             server = EmbeddedPostgres(workdir / "data")
             dsn = server.acquire()
+            if statements:
+                with (server.pgdata / "postgresql.conf").open("a") as conf:
+                    conf.write("shared_preload_libraries = 'pg_stat_statements'\n")
+                server.stop()
+                server.acquire()
         else:
             dsn = database_url
-        yield Env(dsn, workdir, server)
+        yield Env(dsn, workdir, server, statements=statements and server is not None)
     finally:
         if server is not None:
             server.release()
@@ -64,6 +75,13 @@ async def fresh_database(env: Env, name: str, *, chimes_schema: bool = False) ->
     finally:
         await admin.close()
     dsn = env.dsn_of(name)
+    if env.statements:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("CREATE EXTENSION pg_stat_statements")
+            await conn.execute("SELECT pg_stat_statements_reset()")
+        finally:
+            await conn.close()
     if chimes_schema:
         conn = await asyncpg.connect(dsn)
         try:
@@ -71,6 +89,27 @@ async def fresh_database(env: Env, name: str, *, chimes_schema: bool = False) ->
         finally:
             await conn.close()
     return dsn
+
+
+STATEMENT_COSTS = """
+SELECT regexp_replace(left(query, 400), '\\s+', ' ', 'g') AS query, calls, rows,
+       round(total_exec_time::numeric, 1) AS total_ms, round(mean_exec_time::numeric, 3) AS mean_ms,
+       round(total_plan_time::numeric, 1) AS plan_ms
+FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+ORDER BY total_exec_time DESC LIMIT $1
+"""
+
+
+async def statement_costs(env: Env, dsn: str, top: int = 12) -> list[dict[str, object]]:
+    """The statements that took the database's time, most first (with ``--statements``)."""
+    if not env.statements:
+        return []
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [{k: float(v) if k.endswith("_ms") else v for k, v in r.items()}
+                for r in await conn.fetch(STATEMENT_COSTS, top)]
+    finally:
+        await conn.close()
 
 
 async def drop_database(env: Env, name: str) -> None:
@@ -87,14 +126,8 @@ async def describe_machine(env: Env) -> dict[str, object]:
         version = await conn.fetchval("SHOW server_version")
     finally:
         await conn.close()
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
     return {
-        "cpu": model or platform.processor(),
+        "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "python": platform.python_version(),
@@ -102,3 +135,11 @@ async def describe_machine(env: Env) -> dict[str, object]:
         "postgresql_settings": dict(SERVER_SETTINGS) if env.embedded else "external (--database-url)",
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()

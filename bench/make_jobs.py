@@ -1,12 +1,13 @@
 """Writes N jobs as JSON Lines for ``chimes jobs import``: a realistic mix of cron schedules and zones.
 
-    python bench/make_jobs.py 1000000 > jobs.jsonl
+    python -m bench.make_jobs 1000000 > jobs.jsonl     (the `load` scenario uses it)
 """
 
 from __future__ import annotations
 
 import random
 import sys
+from typing import BinaryIO
 
 import orjson
 
@@ -15,8 +16,11 @@ ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Asia/Tokyo", "Australia/Sy
 
 
 def main(count: int, seed: int = 1) -> None:
+    write(sys.stdout.buffer, count, seed)
+
+
+def write(out: BinaryIO, count: int, seed: int = 1) -> None:
     rand = random.Random(seed)
-    out = sys.stdout.buffer
     for i in range(count):
         job = {
             "name": f"job-{i}",

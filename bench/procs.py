@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+REPO_ROOT = Path(__file__).resolve().parents[1]  # so `python -m bench.x` works from anywhere
+
 
 class Proc:
     """A child process whose CPU time and peak resident memory the benchmark reports."""
@@ -20,7 +22,7 @@ class Proc:
         self.name = name
         self.log_path = log_path
         self._log = log_path.open("ab")
-        self.popen = subprocess.Popen(list(argv), stdout=self._log, stderr=subprocess.STDOUT,
+        self.popen = subprocess.Popen(list(argv), stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                       env={**os.environ, **(env or {})}, start_new_session=True)
         self._cpu_at_stop: float | None = None
         self._peak_at_stop: float | None = None

@@ -90,4 +90,8 @@ def table(results: Sequence[Result]) -> str:
             lines.append(f"  {r.system}: CPU seconds {parts}" + (f"; {r.notes}" if r.notes else ""))
         elif r.notes:
             lines.append(f"  {r.system}: {r.notes}")
+        if r.extra.get("statements"):
+            lines.append(f"  {r.system}: database time by statement (pg_stat_statements)")
+            lines += [f"    {float(c['total_ms']):9.1f} ms {int(c['calls']):7d} calls {int(c['rows']):8d} rows  "
+                      f"{str(c['query'])[:80]}" for c in r.extra["statements"]]
     return "\n".join(lines)

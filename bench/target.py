@@ -39,8 +39,12 @@ async def serve(port_file: Path) -> None:
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(server, "127.0.0.1", 0, backlog=4096)
     port = listener.sockets[0].getsockname()[1]
-    port_file.write_text(str(port))
+    _announce(port_file, port)
     await asyncio.Event().wait()
+
+
+def _announce(port_file: Path, port: int) -> None:
+    port_file.write_text(str(port))
 
 
 class TargetProcess:

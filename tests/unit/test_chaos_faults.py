@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
 
 from chimes.chaos.faults import DATABASE_COOLDOWN_SEC, PlannedFault, plan_faults
+from chimes.chaos.fleet import Fleet, FleetShape
 
 SCHEDULERS = ["scheduler-1", "scheduler-2", "scheduler-3"]
 WORKERS = ["worker-1", "worker-2", "worker-3"]
@@ -50,3 +53,20 @@ def test_database_restarts_only_on_the_harness_own_database_and_well_apart() -> 
     assert not [f for f in plan(7, database=False) if "postgres" in f.kind]
     restarts = [f.at for f in plan(7) if "postgres" in f.kind]
     assert all(later - earlier >= DATABASE_COOLDOWN_SEC for earlier, later in itertools.pairwise(restarts))
+
+
+def test_crashes_of_postgresql_itself_are_read_from_its_log(tmp_path: Path) -> None:
+    fleet = Fleet(tmp_path, FleetShape())
+    assert fleet.postgres is not None
+    fleet.postgres.pgdata.mkdir(parents=True)
+    (fleet.postgres.pgdata / "server.log").write_text(
+        "2026-11-30 01:38:18.101 UTC [2211] LOG:  database system is ready to accept connections\n"
+        "2026-11-30 01:38:41.879 UTC [2211] LOG:  client backend (PID 2253) was terminated by signal 11: "
+        "Segmentation fault\n"
+        "2026-11-30 01:38:42.814 UTC [2312] LOG:  database system was not properly shut down\n"
+        "2026-11-30 01:38:42.950 UTC [2211] LOG:  database system is ready to accept connections\n")
+    [(start, end, line)] = fleet.database_crashes()
+    assert (start, end) == (datetime(2026, 11, 30, 1, 38, 41, 879000, UTC).timestamp(),
+                            datetime(2026, 11, 30, 1, 38, 42, 950000, UTC).timestamp())
+    assert "signal 11" in line
+    assert Fleet(tmp_path, FleetShape(), database_url="postgresql://elsewhere/db").database_crashes() == []

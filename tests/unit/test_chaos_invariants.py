@@ -9,7 +9,7 @@ from typing import Any
 
 from chimes.chaos.evidence import Evidence
 from chimes.chaos.faults import FaultWindow
-from chimes.chaos.fleet import FleetShape
+from chimes.chaos.fleet import Exit, FleetShape
 from chimes.chaos.invariants import check_all, check_slots
 from chimes.chaos.observer import LeaseObserver
 from chimes.chaos.target import Delivery
@@ -223,3 +223,16 @@ def test_start_lag_is_bounded_only_for_runs_that_waited_outside_faults() -> None
     excused = history.evidence(faults=[restart], check_end=at(58))
     assert check_all(excused) == []
     assert excused.figures["start_lag_inside_faults_sec"]["n"] == 5  # slots 0..8: the restart, then 5 s settling
+
+
+def test_a_process_that_crashes_is_caught_unless_it_was_starting_during_a_database_restart() -> None:
+    restart = FaultWindow("restart_postgres_fast", None, at(100).timestamp(), at(102).timestamp())
+    could_not_start = Exit("worker-2", 1, at(99).timestamp(), at(101).timestamp(), "connection refused")
+    crashed = Exit("worker-1", 1, at(0).timestamp(), at(101).timestamp(), "Traceback ...\nInternalClientError: ...")
+    ev = History().evidence(faults=[restart])
+    ev.exits = [could_not_start, crashed]
+    found = check_all(ev)
+    assert [v.invariant for v in found] == [7]
+    assert "worker-1 exited with code 1 after 101 s: InternalClientError" in found[0].what
+    assert ev.figures["exits_while_starting"] == 1
+

@@ -27,12 +27,16 @@ FROM run_attempts a JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.sc
 WHERE r.job_id = ANY($1::uuid[])
 ORDER BY a.run_id, a.attempt
 """
-# Runs not ended, with what would prove them still in flight: a live lease, a queue entry, a pending
-# retry trigger, or a place among a job's held runs.
+# Runs not ended, with what would prove them still in flight: a live lease before its deadline, a
+# place in the queue taken only just now, a retry trigger about to fire, or a place among a job's
+# held runs. A run waiting longer than that after the drain is stuck, not in flight.
 UNFINISHED_SQL = """
-SELECT r.run_id, r.status, r.attempt, r.lease_expires_at > now() AS lease_live,
-       EXISTS (SELECT 1 FROM run_queue q WHERE q.run_id = r.run_id) AS queued,
-       EXISTS (SELECT 1 FROM triggers t WHERE t.trigger_id = r.run_id AND t.kind = 1) AS retry_pending,
+SELECT r.run_id, r.status, r.attempt,
+       r.lease_expires_at > now() AND r.deadline_at > now() AS lease_live,
+       EXISTS (SELECT 1 FROM run_queue q WHERE q.run_id = r.run_id
+               AND q.enqueued_at > now() - interval '10 seconds') AS queued,
+       EXISTS (SELECT 1 FROM triggers t WHERE t.trigger_id = r.run_id AND t.kind = 1
+               AND t.fire_at > now() - interval '5 seconds') AS retry_pending,
        EXISTS (SELECT 1 FROM active_runs a WHERE a.run_id = r.run_id AND a.held) AS held
 FROM runs r WHERE r.job_id = ANY($1::uuid[]) AND r.status IN ('scheduled', 'running')
 """

@@ -7,6 +7,7 @@ restarted too), unless a database URL is given.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography.fernet import Fernet
@@ -38,6 +40,7 @@ class FleetShape:
 class Exit:
     member: str
     code: int | None
+    started: float  # epoch seconds the process had started
     at: float  # epoch seconds it was found gone
     log_tail: str
 
@@ -54,6 +57,7 @@ class Member:
         self.frozen = False
         self.down_on_purpose = False
         self.starts = 0
+        self.started = 0.0
 
     @property
     def alive(self) -> bool:
@@ -68,6 +72,7 @@ class Member:
         self.frozen = False
         self.down_on_purpose = False
         self.starts += 1
+        self.started = time.time()
 
     def kill(self) -> None:
         """SIGKILL the process group: no clean-up, as in a crash or an OOM kill."""
@@ -158,7 +163,8 @@ class Fleet:
         found = []
         for member in self.members.values():
             if member.proc is not None and not member.alive and not member.down_on_purpose:
-                found.append(Exit(member.name, member.proc.returncode, time.time(), member.log_tail()))
+                found.append(Exit(member.name, member.proc.returncode, member.started, time.time(),
+                                  member.log_tail()))
                 member.start()
         self.exits += found
         return found
@@ -171,6 +177,33 @@ class Fleet:
             elif member.frozen:
                 member.thaw()
 
+    def database_crashes(self) -> list[tuple[float, float, str]]:
+        """Crashes of the harness's own PostgreSQL that no fault caused (a server process killed by a
+        signal, then crash recovery), from its log: (start, back up, the log line), epoch seconds."""
+        if self.postgres is None:
+            return []
+        crashes: list[tuple[float, float, str]] = []
+        crashed: tuple[float, str] | None = None
+        with contextlib.suppress(FileNotFoundError), (self.postgres.pgdata / "server.log").open(
+                errors="replace") as log:
+            for line in log:
+                if "was terminated by signal" in line:
+                    crashed = (_log_time(line), line.strip())
+                elif crashed is not None and "ready to accept connections" in line:
+                    crashes.append((crashed[0], _log_time(line), crashed[1]))
+                    crashed = None
+        if crashed is not None:
+            crashes.append((crashed[0], crashed[0], crashed[1]))
+        return crashes
+
+    def count_in_logs(self, text: str) -> int:
+        """Lines of every member's log (all its lives) that contain ``text``."""
+        count = 0
+        for member in self.members.values():
+            with contextlib.suppress(FileNotFoundError), member.log_path.open(errors="replace") as log:
+                count += sum(1 for line in log if text in line)
+        return count
+
     def stop(self) -> None:
         for member in self.members.values():
             member.thaw()
@@ -180,6 +213,12 @@ class Fleet:
             member.terminate()
         if self.postgres is not None:
             self.postgres.release()
+
+
+def _log_time(line: str) -> float:
+    """The time a PostgreSQL log line starts with (``2026-11-30 01:38:41.879 UTC ...``)."""
+    stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
+    return stamp.replace(tzinfo=UTC).timestamp()
 
 
 def _free_port() -> int:

@@ -26,7 +26,7 @@ import asyncpg
 import httpx
 
 from chimes.chaos.evidence import Evidence, read_database, unfinished_count
-from chimes.chaos.faults import FaultRunner, plan_faults
+from chimes.chaos.faults import FaultRunner, FaultWindow, plan_faults
 from chimes.chaos.fleet import Fleet, FleetShape
 from chimes.chaos.invariants import check_all
 from chimes.chaos.observer import LeaseObserver
@@ -102,37 +102,68 @@ async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: ht
     watchers = [asyncio.create_task(observer.run(stop)), asyncio.create_task(_supervise(fleet, stop))]
     runner = FaultRunner(plan, fleet, target)
     started = datetime.now(UTC)
-    await asyncio.gather(runner.run(), make_one_offs(api, target.url, options.seed, options.one_off_every,
-                                                     loop.time() + options.duration, jobs))
+    async with asyncio.TaskGroup() as phase:  # one failing cancels the other
+        phase.create_task(runner.run())
+        phase.create_task(make_one_offs(api, target.url, options.seed, options.one_off_every,
+                                        loop.time() + options.duration, jobs))
     faults_ended = datetime.now(UTC)
+    check_end = await _heal_and_pause(options, fleet, api, jobs)
+    runs, attempts, unfinished = await _drain_and_read(options, fleet, [job.job_id for job in jobs])
+    stop.set()
+    await asyncio.gather(*watchers)
+    # A crash of PostgreSQL itself is a fault too, one nobody injected: the checks must allow for it.
+    crashes = [FaultWindow("postgres_crashed", None, start, end, note) for start, end, note in fleet.database_crashes()]
+    evidence = Evidence({job.job_id: job for job in jobs}, runs, attempts, unfinished, list(target.deliveries),
+                        runner.windows + crashes, fleet.exits, observer, options.shape, started, faults_ended,
+                        check_end)
+    violations = check_all(evidence)
+    return Report(
+        seed=options.seed, duration_sec=options.duration, wall_sec=0.0, command=options.command(),
+        work_dir=str(work_dir), database="own embedded PostgreSQL" if fleet.postgres else "database given by URL",
+        faults=dict(Counter(w.kind for w in runner.windows if not w.note)),
+        faults_skipped=sum(1 for w in runner.windows if w.note), jobs=len(jobs),
+        runs=dict(Counter(r["status"] for r in runs)), attempts=sum(len(a) for a in attempts.values()),
+        figures=evidence.figures | _fence_figures(fleet, attempts) | {"lease_polls": observer.polls,
+                                                                       "failed_lease_polls": observer.failed_polls},
+        exits=[asdict(e) for e in fleet.exits], violations=violations,
+        database_crashes=[asdict(c) for c in crashes], fault_windows=[asdict(w) for w in runner.windows],
+    )
+
+
+async def _heal_and_pause(options: ChaosOptions, fleet: Fleet, api: httpx.AsyncClient,
+                          jobs: list[ChaosJob]) -> datetime:
+    """Bring every process back, let the fleet run unharmed, then pause the jobs. Returns the check
+    horizon: every slot up to it must have fired."""
     fleet.heal()
     log.info("chaos: faults over; the fleet runs healthy for %g s", options.settle_sec)
     await asyncio.sleep(options.settle_sec)  # a time span to let pass, not a condition to wait for
     check_end = datetime.now(UTC) - timedelta(seconds=options.shape.lease_ttl + 2)
     for job in jobs:
         await _pause(api, job)
-    job_ids = [job.job_id for job in jobs]
+    return check_end
+
+
+async def _drain_and_read(options: ChaosOptions, fleet: Fleet, job_ids: list[Any]) -> tuple[
+        list[dict[str, Any]], dict[Any, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Let the runs still going end (a timeout is not an error: invariant 2 judges what is left)."""
     conn = await asyncpg.connect(fleet.dsn)
     try:
         await _until(lambda: _drained(conn, job_ids), options.drain_timeout, "the last runs to end", fleet,
                      fail=False)
-        stop.set()
-        await asyncio.gather(*watchers)
-        runs, attempts, unfinished = await read_database(conn, job_ids)
+        return await read_database(conn, job_ids)
     finally:
         await conn.close()
-    evidence = Evidence({job.job_id: job for job in jobs}, runs, attempts, unfinished, list(target.deliveries),
-                        runner.windows, fleet.exits, observer, options.shape, started, faults_ended, check_end)
-    violations = check_all(evidence)
-    return Report(
-        seed=options.seed, duration_sec=options.duration, wall_sec=0.0, command=options.command(),
-        work_dir=str(work_dir), database="own embedded PostgreSQL" if fleet.postgres else "database given by URL",
-        faults=dict(Counter(w.kind for w in runner.windows if not w.note)), faults_skipped=sum(1 for w in runner.windows
-                                                                                       if w.note),
-        jobs=len(jobs), runs=dict(Counter(r["status"] for r in runs)), attempts=sum(len(a) for a in attempts.values()),
-        figures=evidence.figures | {"lease_polls": observer.polls, "failed_lease_polls": observer.failed_polls},
-        exits=[asdict(e) for e in fleet.exits], violations=violations,
-    )
+
+
+def _fence_figures(fleet: Fleet, attempts: dict[Any, list[dict[str, Any]]]) -> dict[str, int]:
+    """How often the faults made the fences work: stale writes refused, lost runs reaped."""
+    return {
+        "stale_outcomes_refused": fleet.count_in_logs("refused: the lease was lost"),
+        "stale_fire_batches_refused": fleet.count_in_logs("fencing refused a batch"),
+        "attempts_reaped": sum(1 for history in attempts.values() for a in history
+                               if "stopped heartbeating" in (a["error"] or "")
+                               or "ran past its deadline" in (a["error"] or "")),
+    }
 
 
 async def _prepare_database(dsn: str) -> str:

@@ -25,7 +25,9 @@ INVARIANTS = {
     4: "no status written by a worker or node after it lost its lease survived",
     5: "a lost node's partitions fired again within the lease TTL plus one scan",
     6: "start lag p99 within 2 s outside fault windows",
+    7: "no process exited on its own (but for failing to start while PostgreSQL restarted)",
 }
+STARTING_SEC = 20.0  # a process this young that exits during a database restart could not start
 CONCURRENCY_SKIP = "skipped: the previous run is still active"
 TERMINAL = frozenset({"succeeded", "failed", "skipped", "cancelled"})
 FENCE_SLACK = timedelta(seconds=0.1)  # observation jitter of the lease poller
@@ -33,7 +35,8 @@ FENCE_SLACK = timedelta(seconds=0.1)  # observation jitter of the lease poller
 
 def check_all(ev: Evidence) -> list[Violation]:
     violations: list[Violation] = []
-    for check in (check_slots, check_ended, check_deliveries, check_fencing, check_takeovers, check_start_lag):
+    for check in (check_slots, check_ended, check_deliveries, check_fencing, check_takeovers, check_start_lag,
+                  check_exits):
         violations += check(ev)
     return violations
 
@@ -76,8 +79,8 @@ def check_slots(ev: Evidence) -> list[Violation]:
 
 
 def check_ended(ev: Evidence) -> list[Violation]:
-    """2: runs that have not ended must hold a live lease, wait in the queue or for a retry trigger,
-    or wait behind an active run; ended runs have a finish time."""
+    """2: after the drain, a run that has not ended must hold a live lease, have just been queued, be
+    about to be retried, or wait behind an active run; ended runs have a finish time."""
     found = []
     in_flight = 0
     for row in ev.unfinished:
@@ -86,8 +89,8 @@ def check_ended(ev: Evidence) -> list[Violation]:
         if proven:
             in_flight += 1
         else:
-            found.append(Violation(2, f"run {row['run_id']} is {row['status']} (attempt {row['attempt']}) with "
-                                      "nothing left to move it: no live lease, queue entry or retry trigger"))
+            found.append(Violation(2, f"run {row['run_id']} is stuck {row['status']} (attempt {row['attempt']}): "
+                                      "no live lease, no fresh queue entry, no retry trigger about to fire"))
     for run in ev.runs:
         if run["status"] in TERMINAL and run["finished_at"] is None:
             found.append(Violation(2, f"run {run['run_id']} is {run['status']} without a finish time"))
@@ -122,7 +125,9 @@ def check_deliveries(ev: Evidence) -> list[Violation]:
             found.append(Violation(3, f"run {run['run_id']} succeeded (attempt {run['attempt']}) but the target "
                                       "never answered that attempt with a success"))
     ev.figures["deliveries"] = len(ev.deliveries)
-    ev.figures["runs_delivered_more_than_once"] = sum(1 for d in by_run.values() if len(d) > 1)
+    # At-least-once at work: delivered again after the target had answered 2xx (the outcome was lost).
+    ev.figures["runs_redelivered_after_success"] = sum(
+        1 for d in by_run.values() if any(x.succeeded for x in d[:-1]))
     return found
 
 
@@ -238,3 +243,19 @@ def _uuid(text: str) -> uuid.UUID | None:
         return uuid.UUID(text)
     except ValueError:
         return None
+
+
+def check_exits(ev: Evidence) -> list[Violation]:
+    """7: a role survives every fault aimed elsewhere: one that exits on its own crashed (the harness
+    started it again), unless it was still starting while the database restarted."""
+    restarts = [(f.started, f.ended or f.started) for f in ev.faults if f.hits == "postgres"]
+    found = []
+    for gone in ev.exits:
+        starting = gone.at - gone.started < STARTING_SEC and any(
+            start <= gone.at and end + 5 >= gone.started for start, end in restarts)
+        if not starting:
+            last = gone.log_tail.strip().splitlines()[-1:] or [""]
+            found.append(Violation(7, f"{gone.member} exited with code {gone.code} after "
+                                      f"{gone.at - gone.started:.0f} s: {last[0][:300]}"))
+    ev.figures["exits_while_starting"] = len(ev.exits) - len(found)
+    return found

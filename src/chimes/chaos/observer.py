@@ -80,24 +80,17 @@ class LeaseObserver:
         """The spans ``owner`` held at ``moment`` (seen valid before it and not seen ended by then)."""
         held = {}
         for partition, history in self.spans.items():
-            for span in reversed(history):
-                if span.first_seen <= moment:
-                    if (span.owner == owner and span.last_valid is not None
-                            and (span.ended_seen is None or span.ended_seen > moment)):
-                        held[partition] = span
-                    break
+            index = bisect.bisect_right(history, moment, key=lambda span: span.first_seen) - 1
+            if index < 0:
+                continue
+            span = history[index]
+            if span.owner == owner and span.last_valid is not None and (
+                    span.ended_seen is None or span.ended_seen > moment):
+                held[partition] = span
         return held
 
     def next_span(self, span: Span) -> Span | None:
+        """The span that followed ``span`` in its partition, if any was seen."""
         history = self.spans.get(span.partition, [])
-        index = history.index(span)
-        return history[index + 1] if index + 1 < len(history) else None
-
-    def last_ended_before(self, partition: int, moment: datetime) -> Span | None:
-        """The latest span of ``partition`` seen ended before ``moment``."""
-        history = self.spans.get(partition, [])
-        ends = [s.ended_seen for s in history]
-        # spans end in order; an open span (None) can only be the last one
-        count = len(history) if not history or history[-1].ended_seen is not None else len(history) - 1
-        index = bisect.bisect_left(ends[:count], moment)  # type: ignore[arg-type]
-        return history[index - 1] if index > 0 else None
+        index = bisect.bisect_right(history, span.first_seen, key=lambda other: other.first_seen)
+        return history[index] if index < len(history) else None

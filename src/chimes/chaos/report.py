@@ -29,6 +29,8 @@ class Report:
     figures: dict[str, Any]
     exits: list[dict[str, Any]]
     violations: list[Violation] = field(default_factory=list)
+    database_crashes: list[dict[str, Any]] = field(default_factory=list)  # not injected: PostgreSQL's own
+    fault_windows: list[dict[str, Any]] = field(default_factory=list)  # each fault as it really happened
 
     @property
     def ok(self) -> bool:
@@ -54,15 +56,21 @@ class Report:
             + ", ".join(f"{status} {n}" for status, n in sorted(self.runs.items())) + f"); attempts: {self.attempts}; "
             f"deliveries: {self.figures.get('deliveries', 0)}",
             f"  slots checked: {self.figures.get('slots_checked', 0)}; runs in flight at the end: "
-            f"{self.figures.get('runs_in_flight_at_end', 0)}; runs delivered more than once (same key): "
-            f"{self.figures.get('runs_delivered_more_than_once', 0)}",
+            f"{self.figures.get('runs_in_flight_at_end', 0)}; runs delivered again after a 2xx (same key): "
+            f"{self.figures.get('runs_redelivered_after_success', 0)}",
+            f"  fences at work: stale outcomes refused {self.figures.get('stale_outcomes_refused', 0)}, stale fire "
+            f"batches refused {self.figures.get('stale_fire_batches_refused', 0)}, attempts reaped "
+            f"{self.figures.get('attempts_reaped', 0)}",
             f"  node losses: {takeover.get('node_losses', 0)}; lease moved after (s): "
             f"{_fmt(takeover.get('lease_moved_sec'))}; fires resumed after (s): "
             f"{_fmt(takeover.get('fires_resumed_sec'))}; clean losses: "
             f"{_fmt(takeover.get('fires_resumed_clean_sec'))} (bound {takeover.get('bound_sec')} s)",
             f"  start lag outside fault windows (s): {_fmt(self.figures.get('start_lag_outside_faults_sec'))}",
             f"  start lag inside fault windows (s): {_fmt(self.figures.get('start_lag_inside_faults_sec'))}",
-            f"  processes that exited on their own (restarted): {len(self.exits)}",
+            f"  PostgreSQL crashed on its own (not injected): {len(self.database_crashes)}"
+            + "".join(f"\n    {c['note'][:200]}" for c in self.database_crashes),
+            f"  processes that exited on their own (restarted): {len(self.exits)}, of which "
+            f"{self.figures.get('exits_while_starting', 0)} while starting during a database restart",
             "  invariants:",
         ]
         for number, name in INVARIANTS.items():

@@ -76,7 +76,8 @@ async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) 
 async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = 30,
                         missed_after: float = 60.0) -> None:
     await migrate_database(dsn)
-    pool = await db.create_pool(dsn, max_size=6)
+    # A node stalled inside a fire holds its lease rows: no takeover until the session ends.
+    pool = await db.create_pool(dsn, max_size=6, server_settings=db.lock_holding_limit(lease_ttl))
     lease = LeaseConfig(ttl_sec=lease_ttl, renew_every_sec=min(1.0, lease_ttl / 4))
     config = SchedulerConfig(lease=lease, retention_days=retention_days, missed_after_sec=missed_after)
     node = SchedulerNode(pool, config, node_id=node_id)
@@ -91,7 +92,8 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
                      shutdown_grace: float, executors: Executors | None = None,
                      work: WorkerSecurity | None = None) -> None:
     await migrate_database(dsn)
-    pool = await db.create_pool(dsn, max_size=4)
+    # A worker stalled inside a claim holds the claimed runs: nobody else starts them meanwhile.
+    pool = await db.create_pool(dsn, max_size=4, server_settings=db.lock_holding_limit(lease_sec))
     allow_commands = bool(work and work.allow_commands)
     config = WorkerConfig(concurrency=concurrency, lease_sec=lease_sec, heartbeat_every_sec=lease_sec / 3,
                           shutdown_grace_sec=shutdown_grace, allow_commands=allow_commands)

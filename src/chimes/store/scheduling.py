@@ -15,6 +15,7 @@ from chimes.store.queries import sql
 from chimes.store.working import runs_ended
 
 SCHEDULE, RETRY = 0, 1
+TriggerKey = tuple[int, datetime, uuid.UUID]  # (partition_id, fire_at, trigger_id): the primary key
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,7 @@ class DueTrigger:
     resumed_at: datetime | None = None
 
     @property
-    def key(self) -> tuple[int, datetime, uuid.UUID]:
+    def key(self) -> TriggerKey:
         return (self.partition_id, self.fire_at, self.trigger_id)
 
 
@@ -112,8 +113,21 @@ class SchedulerStore:
         await self._pool.execute(sql("forget_dead_nodes"))
 
     # --- triggers --------------------------------------------------------------------------
-    async def scan_due(self, partitions: Sequence[int], until: datetime, limit: int) -> list[DueTrigger]:
-        rows = await self._pool.fetch(sql("scan_due_triggers"), list(partitions), until, limit)
+    async def scan_due(self, partitions: Sequence[int], until: datetime, limit: int,
+                       after: datetime | None = None) -> list[DueTrigger]:
+        """The triggers due before ``until`` (and from ``after`` on, when given), with their jobs."""
+        rows = await self._pool.fetch(sql("scan_due_triggers"), list(partitions), until, limit, after)
+        return [DueTrigger(*row) for row in rows]
+
+    async def scan_due_keys(self, partitions: Sequence[int], before: datetime, limit: int) -> list[TriggerKey]:
+        """Only the keys of the triggers due before ``before``."""
+        rows = await self._pool.fetch(sql("scan_due_keys"), list(partitions), before, limit)
+        return [(row[0], row[1], row[2]) for row in rows]
+
+    async def due_triggers(self, keys: Sequence[TriggerKey]) -> list[DueTrigger]:
+        """The triggers with these keys that still exist, with their jobs."""
+        rows = await self._pool.fetch(sql("due_triggers_by_key"), [k[0] for k in keys], [k[1] for k in keys],
+                                      [k[2] for k in keys])
         return [DueTrigger(*row) for row in rows]
 
     async def fire(self, leases: Mapping[int, int], fires: Sequence[Fire], fired_at: datetime) -> FireResult:

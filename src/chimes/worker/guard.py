@@ -22,7 +22,7 @@ from chimes.store.owners import COMMAND_TASK_TYPES, OwnerCache, OwnerStore, chec
 from chimes.store.working import ClaimedRun
 
 log = logging.getLogger(__name__)
-_DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+_DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,13 +31,14 @@ from chimes.worker.tiers import BATCH, TierPolicy, claim_steps
 
 log = logging.getLogger(__name__)
 CAPS_RECHECK_SEC = 2.0
-DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
+# InternalClientError: a pooled connection the server dropped mid-operation (asyncpg#784, on restarts).
+DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     concurrency: int = 100  # runs executed at once
-    claim_batch: int = 500
+    claim_batch: int = 100
     lease_sec: float = 30.0
     heartbeat_every_sec: float = 10.0
     poll_every_sec: float = 1.0  # fallback when no NOTIFY arrives
@@ -226,9 +227,11 @@ class Worker:
         await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, len(self._running))
         # Runs whose outcome waits in the buffer still need their lease until it is written.
         held = [run for run, _ in self._running.values()] + [o.run for o in self._outcomes]
+        asked = {run.run_id for run in held}
         still_held = await self.store.extend_leases(held, self.config.lease_sec)
+        # Only runs this round asked about: one claimed while it waited was not, and is not lost.
         for run_id, (_run, task) in list(self._running.items()):
-            if run_id not in still_held:
+            if run_id in asked and run_id not in still_held:
                 log.warning("run %s was taken away (cancelled or reaped); stopping it", run_id,
                             extra=run_fields(_run))
                 task.cancel()

@@ -41,16 +41,35 @@ RETURNING l.partition_id, l.token;
 SELECT partition_id, owner, token, expires_at FROM partition_leases ORDER BY partition_id;
 
 -- name: scan_due_triggers
+-- $4: only triggers due from then on (NULL: all); the node reads the rest of its look-ahead by key.
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at
 FROM triggers t
 LEFT JOIN jobs j ON j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
-WHERE t.partition_id = ANY($1::smallint[]) AND t.fire_at < $2
+WHERE t.partition_id = ANY($1::smallint[]) AND t.fire_at < $2 AND t.fire_at >= coalesce($4::timestamptz, '-infinity')
 LIMIT $3;
+
+-- name: scan_due_keys
+-- Just the keys of the triggers due before $2 (an index-only scan, a few bytes a row): the node
+-- compares them with the triggers it holds, to find those written into the part of its look-ahead
+-- it has already read (a job created or edited to fire within seconds, a retry, a failed batch).
+SELECT partition_id, fire_at, trigger_id FROM triggers
+WHERE partition_id = ANY($1::smallint[]) AND fire_at < $2
+LIMIT $3;
+
+-- name: due_triggers_by_key
+SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
+       j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at
+FROM unnest($1::smallint[], $2::timestamptz[], $3::uuid[]) AS k(partition_id, fire_at, trigger_id)
+JOIN triggers t ON t.partition_id = k.partition_id AND t.fire_at = k.fire_at AND t.trigger_id = k.trigger_id
+LEFT JOIN jobs j ON j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0;
 
 -- name: fire_triggers
 -- One batch of due triggers, in one statement. Only partitions whose lease this node still holds
--- (same token, unexpired) fire; FOR SHARE makes a takeover wait until this transaction ends.
+-- (same token, unexpired) fire; FOR KEY SHARE makes a takeover (acquire_leases locks FOR UPDATE)
+-- wait until this transaction ends, but not a renewal of the lease, a plain UPDATE: with FOR SHARE
+-- the renewal queued behind every batch, batches queued behind it, and under a burst the two
+-- deadlocked or the renewal timed out and the node dropped all it held.
 -- A trigger fires only if it is still there with the same job version: an edit, pause or delete
 -- since the scan left nothing to match. A schedule trigger makes one run per slot (normally one;
 -- several after missed fires), each with a deterministic id, so a slot fired twice collides, and
@@ -62,7 +81,7 @@ WITH lease AS (
     JOIN unnest($1::smallint[], $2::bigint[]) AS held(partition_id, token)
       ON l.partition_id = held.partition_id AND l.token = held.token
     WHERE l.owner = $3 AND l.expires_at > now()
-    FOR SHARE OF l
+    FOR KEY SHARE OF l
 ),
 due AS (
     SELECT d.*
@@ -177,7 +196,7 @@ WITH lease AS (
     JOIN unnest($1::smallint[], $2::bigint[]) AS held(partition_id, token)
       ON l.partition_id = held.partition_id AND l.token = held.token
     WHERE l.owner = $3 AND l.expires_at > now()
-    FOR SHARE OF l
+    FOR KEY SHARE OF l
 ),
 lost AS (
     SELECT * FROM unnest($4::uuid[], $5::timestamptz[], $6::uuid[], $7::text[], $8::timestamptz[], $11::boolean[])

@@ -1,0 +1,93 @@
+"""The scheduler path at the top of the hour: N recurring jobs that share one cron expression come due
+in the same second, on top of M idle schedules that only make the trigger index big.
+
+One real ``chimes scheduler`` process (no worker: the runs wait in the queue) fires them; the figure
+is fires per second from the due second to the last run created, read from ``runs.fired_at``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from bench import seed
+from bench.chimes_runs import Fleet, FleetShape, _wait_for
+from bench.env import Env, drop_database, fresh_database, statement_costs
+from bench.procs import CpuMeter
+from bench.report import Result, percentiles
+from chimes.store import db
+
+FIRED = """
+SELECT extract(epoch FROM fired_at - scheduled_at) AS fire_lag, extract(epoch FROM fired_at) AS fired
+FROM runs WHERE owner = 'bench' AND scheduled_at = $1
+"""
+
+
+async def top_of_hour(env: Env, *, runs: int, idle: int, shape: FleetShape, say: Callable[[str], None],
+                      rounds: int = 1) -> list[Result]:
+    """``rounds`` bursts, one after the other, on the same index (seeding it is the slow part): the
+    jobs of a round, once fired, wait for tomorrow and count as idle for the next round."""
+    dsn = await fresh_database(env, env.database("top_of_hour"), chimes_schema=True)
+    pool = await db.create_pool(dsn, max_size=2)
+    results = []
+    try:
+        seeded = await seed.add_idle_schedules(pool, idle, say) if idle else 0.0
+        fleet = Fleet(env, dsn, FleetShape(schedulers=shape.schedulers, workers=0), "top-of-hour")
+        try:
+            await fleet.wait_ready()
+            for number in range(rounds):
+                result = await _round(env, dsn, pool, fleet, runs, idle + number * runs, say)
+                result.extra["idle_seed_sec"] = round(seeded, 1)
+                results.append(result)
+        finally:
+            fleet.stop()
+        for result in results:
+            result.peak_mb = fleet.peaks()
+    finally:
+        await pool.close()
+        await drop_database(env, env.database("top_of_hour"))
+    return results
+
+
+async def _round(env: Env, dsn: str, pool: asyncpg.Pool, fleet: Fleet, runs: int, idle: int,
+                 say: Callable[[str], None]) -> Result:
+    due = seed.due_instant(6.0 + runs / 20_000)
+    # Every job: a 6-field cron whose next fire is the due second, daily; all share it.
+    spec = seed.http_job("hourly", seed.daily_at(due), "http://127.0.0.1:9/hook")
+    took = await seed.add_jobs(pool, spec, runs)
+    async with pool.acquire() as conn:
+        await conn.execute("ANALYZE jobs")
+        await conn.execute("ANALYZE triggers")
+    if env.statements:
+        await pool.execute("SELECT pg_stat_statements_reset()")
+    say(f"top-of-hour: {runs:,} recurring jobs in {took:.1f}s on {idle:,} idle schedules, due at {due:%H:%M:%S}")
+    if datetime.now(UTC) > due - timedelta(seconds=1):
+        raise RuntimeError("creating the jobs took longer than the lead time")
+    meter = CpuMeter(fleet.procs, env.postmaster_pid())
+    meter.start()
+    wal_start = await pool.fetchval("SELECT pg_current_wal_lsn()")
+
+    async def all_fired() -> bool:
+        return await pool.fetchval("SELECT count(*) FROM runs WHERE scheduled_at = $1", due) >= runs
+
+    await _wait_for(all_fired, 120 + runs / 500, "every trigger to fire", fleet)
+    cpu = meter.stop()
+    wal = await pool.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)", wal_start)
+    rows = await pool.fetch(FIRED, due)
+    index = await pool.fetchval("SELECT count(*) FROM triggers")
+    costs = await statement_costs(env, dsn)
+    fired = [float(r["fired"]) for r in rows]
+    lags = [float(r["fire_lag"]) for r in rows]
+    result = Result("chimes scheduler", "top-of-hour", runs, len(rows), max(fired) - due.timestamp(),
+                    fire_lag=percentiles(lags), cpu_sec=cpu, start_lags=lags)
+    spread = max(fired) - min(fired)
+    result.extra = {"idle_schedules": idle, "triggers_in_index": index,
+                    "fires_per_sec_while_firing": round(len(rows) / spread, 1) if spread > 0 else None,
+                    "wal_bytes_per_fire": round(float(wal) / runs)}
+    if costs:
+        result.extra["statements"] = costs
+    result.notes = (f"{idle:,} idle schedules; runs/s = fires/s from the due second; lags are fire lags; "
+                    f"{result.extra['fires_per_sec_while_firing']} fires/s from first to last fire")
+    return result

@@ -1,0 +1,44 @@
+"""The benchmark code keeps working: the burst and top-of-hour scenarios, tiny, on the test server.
+
+Real `chimes scheduler` and `chimes worker` processes and the benchmark's own HTTP target, as in a
+real benchmark run; no timing is asserted (the machine is shared), only that every run is accounted
+for and the report can be written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+
+from bench.chimes_runs import FleetShape, end_to_end
+from bench.env import Env
+from bench.report import table
+from bench.target import TargetProcess
+from bench.top_of_hour import top_of_hour
+
+
+async def test_burst_scenario_runs_every_job_once_and_reports(server_dsn: str, tmp_path: Path) -> None:
+    env = Env(server_dsn, tmp_path, None, prefix=f"bench_smoke_{os.getpid()}")
+    target = TargetProcess(tmp_path)
+    try:
+        result = await end_to_end(env, target, runs=30, spread_sec=0, shape=FleetShape(concurrency=10),
+                                  scenario="burst", say=lambda _: None)
+    finally:
+        target.stop()
+    assert (result.runs, result.completed) == (30, 30)
+    assert result.extra["calls"] == result.extra["distinct_calls"] == 30  # each job called its target once
+    assert result.start_lag is not None and result.fire_lag is not None
+    assert set(result.peak_mb) == {"scheduler", "worker"} and all(mb > 0 for mb in result.peak_mb.values())
+    assert "30/30" in table([result])
+    assert orjson.loads(orjson.dumps(result.to_json()))["runs"] == 30
+
+
+async def test_top_of_hour_scenario_fires_every_recurring_job_over_idle_schedules(server_dsn: str,
+                                                                                 tmp_path: Path) -> None:
+    env = Env(server_dsn, tmp_path, None, prefix=f"bench_smoke_{os.getpid()}")
+    first, second = await top_of_hour(env, runs=40, idle=500, shape=FleetShape(), say=lambda _: None, rounds=2)
+    assert (first.completed, second.completed) == (40, 40)
+    # each fired job moved on to its next slot, none lost
+    assert (first.extra["triggers_in_index"], second.extra["triggers_in_index"]) == (540, 580)

@@ -1,0 +1,106 @@
+"""What a burst exposed: while fires are in flight a node still renews its leases, a takeover still
+waits for them, and a worker's heartbeat never stops a run it claimed while the heartbeat ran."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from chimes.ids import partition_of
+from chimes.scheduler.firing import plan_fires
+from chimes.store.scheduling import SchedulerStore
+from chimes.store.working import ClaimedRun
+from chimes.worker.worker import Worker, WorkerConfig
+from tests.helpers import wait_for
+from tests.integration.test_fencing import due, make_due_job, stall, take_all
+
+FIRE_WAITING = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%One batch of due triggers%'
+"""
+
+
+@contextlib.asynccontextmanager
+async def fire_held_mid_statement(pool: asyncpg.Pool, store: SchedulerStore, leases: dict[int, int],
+                                  job_id: object) -> AsyncIterator[asyncio.Task]:
+    """A batch in flight: it has checked (and locked) its leases, then waits on a trigger row that
+    another transaction holds, until the block ends."""
+    async with pool.acquire() as holder:
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute("SELECT 1 FROM triggers WHERE job_id = $1 FOR UPDATE", job_id)
+        triggers = await due(store, leases)
+        firing = asyncio.create_task(store.fire(leases, plan_fires(triggers), datetime.now(UTC)))
+        await wait_for(lambda: _fire_waiting(pool), timeout=10, what="the batch to wait mid-statement")
+        try:
+            yield firing
+        finally:
+            await transaction.rollback()
+
+
+async def _fire_waiting(pool: asyncpg.Pool) -> bool:
+    return await pool.fetchval(FIRE_WAITING) == 1
+
+
+async def test_lease_renewal_does_not_wait_for_a_fire_in_flight(pool: asyncpg.Pool) -> None:
+    job_id = await make_due_job(pool)
+    store = SchedulerStore(pool, "node")
+    leases = await take_all(store)
+    async with fire_held_mid_statement(pool, store, leases, job_id) as firing:
+        renewed = await asyncio.wait_for(store.sync_leases("host", 1, leases, ttl_sec=30), timeout=10)
+        assert renewed == leases
+    assert (await firing).fired == 1
+
+
+async def test_takeover_skips_a_partition_while_its_fire_is_in_flight(pool: asyncpg.Pool) -> None:
+    job_id = await make_due_job(pool)
+    old = SchedulerStore(pool, "node-old")
+    old_leases = await take_all(old)
+    partition = partition_of(job_id)
+    new = SchedulerStore(pool, "node-new")
+    async with fire_held_mid_statement(pool, old, old_leases, job_id) as firing:
+        await asyncio.wait_for(stall(pool, "node-old"), timeout=10)
+        taken = await asyncio.wait_for(take_all(new), timeout=10)
+        assert partition not in taken and len(taken) == 1023
+    assert (await firing).fired == 1  # checked against the lease it still held when it started
+    taken = await new.sync_leases("host", 1, taken, ttl_sec=30)
+    assert taken[partition] == old_leases[partition] + 1
+
+
+async def test_heartbeat_keeps_a_run_claimed_while_it_waited(pool: asyncpg.Pool, database_url: str) -> None:
+    for _ in range(2):
+        await make_due_job(pool, {"at": (datetime.now(UTC) - timedelta(seconds=1)).isoformat()})
+    store = SchedulerStore(pool, "node")
+    leases = await take_all(store)
+    await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
+    worker = Worker(pool, database_url, WorkerConfig(), worker_id="worker")
+    never = asyncio.Event()
+
+    def start(run: ClaimedRun) -> None:  # as the claim loop does, with a task that runs until stopped
+        worker._running[run.run_id] = (run, asyncio.create_task(never.wait()))
+
+    [first] = await worker.store.claim(1, 30, 30)
+    start(first)
+    extend = worker.store.extend_leases
+
+    async def extend_while_claiming(runs: list[ClaimedRun], lease_sec: float) -> set:
+        held = await extend(runs, lease_sec)
+        [second] = await worker.store.claim(1, 30, 30)  # the claim loop ran while the heartbeat waited
+        start(second)
+        return held
+
+    worker.store.extend_leases = extend_while_claiming  # type: ignore[method-assign]
+    await worker._heartbeat()
+    tasks = [task for _, task in worker._running.values()]
+    try:
+        assert len(tasks) == 2 and not any(task.cancelling() for task in tasks)
+        await asyncio.sleep(0.1)
+        assert not any(task.done() for task in tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
