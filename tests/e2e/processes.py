@@ -50,7 +50,10 @@ class ChimesProcess:
     async def exited(self, timeout: float) -> int:
         """Wait for the process to exit without blocking the event loop (the test's HTTP target
         runs in it); returns the exit code."""
-        await wait_for(lambda: self.proc.poll() is not None, timeout=timeout, what=f"{self.name} to exit")
+        try:
+            await wait_for(lambda: self.proc.poll() is not None, timeout=timeout, what=f"{self.name} to exit")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its log ends with:\n{self.output()[-4000:]}") from None
         return self.proc.returncode
 
     def output(self) -> str:

@@ -38,6 +38,7 @@ class SchedulerConfig:
     scan_limit: int = 200_000
     fire_batch_size: int = 1000
     fire_concurrency: int = 3  # batches fired at once, each on its own connection
+    fire_coalesce_sec: float = 0.02  # a trigger waits this long for others due just after it
     reap_every_sec: float = 2.0
     missed_after_sec: float = MISSED_AFTER.total_seconds()  # later than this, catch-up policies apply
     retention_days: int = 30  # run history older than this is dropped, a day's partition at a time
@@ -187,9 +188,14 @@ class SchedulerNode:
         await self.store.forget_dead_nodes()
 
     async def _fire_loop(self) -> None:
+        # Triggers due within fire_coalesce_sec of the first go in its batch: under a steady stream
+        # a batch of one costs the database nearly as much as a batch of a hundred.
+        coalesce = self.config.fire_coalesce_sec
         while True:
             now = self._clock()
-            due = self.wheel.pop_due(now, limit=self.config.fire_batch_size)
+            first = self.wheel.next_due()
+            due = self.wheel.pop_due(now, limit=self.config.fire_batch_size) if (
+                first is not None and first <= now - coalesce) else []
             if due:
                 await self._fire_slots.acquire()
                 task = asyncio.create_task(self._fire_batch(due))
@@ -198,7 +204,7 @@ class SchedulerNode:
                 continue
             self._wake.clear()
             next_due = self.wheel.next_due()
-            delay = 0.25 if next_due is None else min(0.25, max(0.0, next_due - now))
+            delay = 0.25 if next_due is None else min(0.25, max(0.0, next_due + coalesce - now))
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
             except TimeoutError:
