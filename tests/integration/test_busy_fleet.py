@@ -1,5 +1,6 @@
 """What a burst exposed: while fires are in flight a node still renews its leases, a takeover still
-waits for them, and a worker's heartbeat never stops a run it claimed while the heartbeat ran."""
+waits for them, a worker's heartbeat never stops a run it claimed while the heartbeat ran, and
+triggers due a few milliseconds apart are fired in one batch, not one statement each."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ import asyncpg
 
 from chimes.ids import partition_of
 from chimes.scheduler.firing import plan_fires
-from chimes.store.scheduling import SchedulerStore
+from chimes.scheduler.node import SchedulerNode
+from chimes.store.jobs import JobStore
+from chimes.store.scheduling import FireResult, SchedulerStore
 from chimes.store.working import ClaimedRun
 from chimes.worker.worker import Worker, WorkerConfig
 from tests.helpers import wait_for
-from tests.integration.test_fencing import due, make_due_job, stall, take_all
+from tests.integration.fleet import FAST_SCHEDULER
+from tests.integration.test_fencing import due, make_due_job, spec, stall, take_all
 
 FIRE_WAITING = """
 SELECT count(*) FROM pg_stat_activity
@@ -104,3 +108,30 @@ async def test_heartbeat_keeps_a_run_claimed_while_it_waited(pool: asyncpg.Pool,
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_triggers_due_milliseconds_apart_fire_in_one_batch(pool: asyncpg.Pool) -> None:
+    first = (datetime.now(UTC) + timedelta(seconds=2)).replace(microsecond=0)
+    jobs = JobStore(pool)
+    for ms in (0, 4, 8, 12, 16):  # within fire_coalesce_sec (20 ms) of the first
+        await jobs.create("team-a", spec({"at": (first + timedelta(milliseconds=ms)).isoformat()}), datetime.now(UTC))
+    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="node")
+    batches: list[int] = []
+    fire = node.store.fire
+
+    async def counting(leases: dict[int, int], fires: list, fired_at: datetime) -> FireResult:
+        batches.append(len(fires))
+        return await fire(leases, fires, fired_at)
+
+    node.store.fire = counting  # type: ignore[method-assign]
+    running = asyncio.create_task(node.run())
+    try:
+        await wait_for(lambda: _runs(pool, 5), timeout=15, what="five runs")
+    finally:
+        node.stop()
+        await running
+    assert batches == [5]
+
+
+async def _runs(pool: asyncpg.Pool, count: int) -> bool:
+    return await pool.fetchval("SELECT count(*) FROM runs") == count
