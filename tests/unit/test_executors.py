@@ -390,8 +390,8 @@ async def test_command_cancellation_kills_process_group(tmp_path: Path) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     # Signalled before the task ended; on a loaded machine the kernel may take a moment to finish them.
-    await wait_until(lambda: not pid_alive(shell), f"shell {shell} to die")
-    await wait_until(lambda: not pid_alive(child), f"background child {child} to die")
+    await wait_until(lambda: not pid_alive(shell), f"shell {shell} to die", within=30)
+    await wait_until(lambda: not pid_alive(child), f"background child {child} to die", within=30)
 
 
 async def test_command_missing_executable_and_cwd(tmp_path: Path) -> None:
