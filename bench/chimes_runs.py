@@ -119,7 +119,7 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
     pool = await db.create_pool(dsn, max_size=2)
     try:
         await fleet.wait_ready()
-        lead = 3.0 + runs / 20_000
+        lead = 3.0 + runs / 20_000 + (runs / 8_000 if spread_sec else 0)  # spread: a JobSpec validated per job
         due = seed.due_instant(lead)
         url = f"{target.url}/r"
 

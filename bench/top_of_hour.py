@@ -39,6 +39,7 @@ async def top_of_hour(env: Env, *, runs: int, idle: int, shape: FleetShape, say:
             await fleet.wait_ready()
             for number in range(rounds):
                 result = await _round(env, dsn, pool, fleet, runs, idle + number * runs, say)
+                result.system = f"chimes scheduler, round {number + 1}" if rounds > 1 else result.system
                 result.extra["idle_seed_sec"] = round(seeded, 1)
                 results.append(result)
         finally:
@@ -54,7 +55,7 @@ async def top_of_hour(env: Env, *, runs: int, idle: int, shape: FleetShape, say:
 async def _round(env: Env, dsn: str, pool: asyncpg.Pool, fleet: Fleet, runs: int, idle: int,
                  say: Callable[[str], None]) -> Result:
     # Creating the jobs and analyzing the tables takes longer the bigger the index.
-    due = seed.due_instant(6.0 + runs / 20_000 + idle / 500_000)
+    due = seed.due_instant(3.0 + runs / 10_000 + idle / 500_000)
     # Every job: a 6-field cron whose next fire is the due second, daily; all share it.
     spec = seed.http_job("hourly", seed.daily_at(due), "http://127.0.0.1:9/hook")
     took = await seed.add_jobs(pool, spec, runs)

@@ -62,7 +62,8 @@ class Report:
             f"batches refused {self.figures.get('stale_fire_batches_refused', 0)}, attempts reaped "
             f"{self.figures.get('attempts_reaped', 0)}",
             f"  node losses: {takeover.get('node_losses', 0)}; lease moved after (s): "
-            f"{_fmt(takeover.get('lease_moved_sec'))}; fires resumed after (s): "
+            f"{_fmt(takeover.get('lease_moved_sec'))} (kept by their woken owner: "
+            f"{takeover.get('leases_kept_by_woken_owner', 0)}); fires resumed after (s): "
             f"{_fmt(takeover.get('fires_resumed_sec'))}; clean losses: "
             f"{_fmt(takeover.get('fires_resumed_clean_sec'))} (bound {takeover.get('bound_sec')} s)",
             f"  start lag outside fault windows (s): {_fmt(self.figures.get('start_lag_outside_faults_sec'))}",

@@ -57,13 +57,21 @@ def check_takeovers(ev: Evidence) -> list[Violation]:
         if run["fired_at"] is not None and run["trigger"] in ("schedule", "catchup"):
             runs_by_partition[run["partition_id"]].append(run)
     lease_moves, fire_delays, clean_delays = [], [], []
+    slowest: list[tuple[float, int, str]] = []
+    kept, kept_after = 0, timedelta(seconds=ev.shape.lease_ttl + 0.5)
     for loss in (f for f in ev.faults if f.hits == "scheduler"):
         lost_at = _when(loss.started)
         held = ev.leases.held_at(loss.victim or "", lost_at)
         for span in held.values():
             following = ev.leases.next_span(span)
-            if following is not None:
-                lease_moves.append((following.first_seen - lost_at).total_seconds())
+            if span.last_valid is not None and span.last_valid > lost_at + kept_after:
+                kept += 1  # nobody took it before the frozen owner woke up and renewed it: not a move
+            elif following is not None:
+                moved = (following.first_seen - lost_at).total_seconds()
+                lease_moves.append(moved)
+                slowest.append((moved, span.partition, f"{loss.kind} {loss.victim} at {lost_at.isoformat()}: "
+                                                       f"{span.owner} token {span.token} -> {following.owner} "
+                                                       f"token {following.token}"))
         delays = _fire_delays(runs_by_partition, set(held), lost_at, ev.shape.lease_ttl)
         if not delays:
             continue
@@ -78,8 +86,11 @@ def check_takeovers(ev: Evidence) -> list[Violation]:
         "node_losses": sum(1 for f in ev.faults if f.hits == "scheduler"),
         "bound_sec": round(bound, 2),
         "lease_moved_sec": _summary(lease_moves),
+        "leases_kept_by_woken_owner": kept,
         "fires_resumed_sec": _summary(fire_delays),
         "fires_resumed_clean_sec": _summary(clean_delays),
+        "slowest_lease_moves": [f"{moved:.1f} s, partition {partition}: {what}"
+                                for moved, partition, what in sorted(slowest, reverse=True)[:5]],
     }
     return found
 

@@ -76,11 +76,12 @@ LEFT JOIN jobs j ON j.job_id = t.job_id AND j.version = t.job_version AND t.kind
 -- advances. The job's concurrency policy decides which new runs start, wait (queue) or are
 -- recorded as skipped. A retry trigger re-enqueues its waiting run.
 WITH lease AS (
+    -- partition_id = ANY: the batch's few partitions are looked up by key, not all 1,024 scanned
     SELECT l.partition_id
     FROM partition_leases l
     JOIN unnest($1::smallint[], $2::bigint[]) AS held(partition_id, token)
       ON l.partition_id = held.partition_id AND l.token = held.token
-    WHERE l.owner = $3 AND l.expires_at > now()
+    WHERE l.partition_id = ANY($1::smallint[]) AND l.owner = $3 AND l.expires_at > now()
     FOR KEY SHARE OF l
 ),
 due AS (
