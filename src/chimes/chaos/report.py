@@ -70,8 +70,7 @@ class Report:
             f"  start lag inside fault windows (s): {_fmt(self.figures.get('start_lag_inside_faults_sec'))}",
             f"  PostgreSQL crashed on its own (not injected): {len(self.database_crashes)}"
             + "".join(f"\n    {c['note'][:200]}" for c in self.database_crashes),
-            f"  processes that exited on their own (restarted): {len(self.exits)}, of which "
-            f"{self.figures.get('exits_while_starting', 0)} while starting during a database restart",
+            f"  processes that exited on their own (restarted): {len(self.exits)}",
             "  invariants:",
         ]
         for number, name in INVARIANTS.items():

@@ -13,6 +13,18 @@ from chimes.settings import DEFAULT_HOST, DEFAULT_PORT, Settings, default_data_d
 
 
 def database_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def with_connect_wait(*args: Any, database_wait: float, **kwargs: Any) -> Any:
+        from chimes.store import db
+
+        db.set_connect_wait(database_wait)
+        return func(*args, **kwargs)
+
+    func = click.option(
+        "--database-wait", envvar="CHIMES_DATABASE_WAIT_SEC", show_envvar=True, type=click.FloatRange(min=0),
+        default=60.0, show_default=True,
+        help="Seconds to keep trying a database that is starting, recovering or full before giving up.",
+    )(with_connect_wait)
     func = click.option(
         "--data-dir", envvar="CHIMES_DATA_DIR", show_envvar=True, type=click.Path(path_type=Path),
         default=default_data_dir(), show_default=True,

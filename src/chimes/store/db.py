@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import asyncpg
 import orjson
 
 from chimes.settings import Settings
 from chimes.store.embedded import EmbeddedPostgres
+
+log = logging.getLogger("chimes.db")
+T = TypeVar("T")
 
 _JSONB_VERSION = b"\x01"  # the binary jsonb format is a version byte, then the JSON text
 
@@ -45,19 +51,62 @@ def lock_holding_limit(seconds: float) -> dict[str, str]:
     return {"idle_in_transaction_session_timeout": str(max(1, round(seconds * 1000)))}
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, **kwargs: Any) -> asyncpg.Pool:
+# Errors of a server that is not accepting connections yet, or just now: starting, recovering from a
+# crash, restarting, or out of connection slots. A process starting meanwhile waits for it (up to
+# CONNECT_WAIT_SEC) instead of exiting; a wrong password, database or URL still fails at once.
+NOT_READY_ERRORS = (
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.ConnectionDoesNotExistError,
+    OSError,
+    TimeoutError,
+)
+CONNECT_WAIT_SEC = 60.0
+
+
+def set_connect_wait(seconds: float) -> None:
+    """How long this process waits for a database that is not ready yet (``--database-wait``)."""
+    global CONNECT_WAIT_SEC
+    CONNECT_WAIT_SEC = seconds
+
+
+async def _when_ready(open_: Callable[[], Awaitable[T]], wait_sec: float | None) -> T:
+    deadline = time.monotonic() + (CONNECT_WAIT_SEC if wait_sec is None else wait_sec)
+    pause = 0.1
+    while True:
+        try:
+            return await open_()
+        except NOT_READY_ERRORS as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            log.warning("database not ready (%s: %s); trying again for up to %.0f s", type(exc).__name__, exc, left)
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, 2.0)
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, wait_sec: float | None = None,
+                      **kwargs: Any) -> asyncpg.Pool:
+    """A pool of connections set up for Chimes; waits for a database that is not ready yet."""
     settings = {**SESSION_SETTINGS, **(kwargs.pop("server_settings", None) or {})}
-    pool = await asyncpg.create_pool(
-        dsn, min_size=min_size, max_size=max_size, init=_init_connection, server_settings=settings, **kwargs
-    )
-    assert pool is not None
-    return pool
+
+    async def open_pool() -> asyncpg.Pool:
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, init=_init_connection, server_settings=settings, **kwargs
+        )
+        assert pool is not None
+        return pool
+
+    return await _when_ready(open_pool, wait_sec)
 
 
-async def connect(dsn: str) -> asyncpg.Connection:
-    conn = await asyncpg.connect(dsn, server_settings=SESSION_SETTINGS)
-    await _init_connection(conn)
-    return conn
+async def connect(dsn: str, *, wait_sec: float | None = None) -> asyncpg.Connection:
+    async def open_connection() -> asyncpg.Connection:
+        conn = await asyncpg.connect(dsn, server_settings=SESSION_SETTINGS)
+        await _init_connection(conn)
+        return conn
+
+    return await _when_ready(open_connection, wait_sec)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,136 @@
+"""A process that starts while PostgreSQL is starting, recovering from a crash or restarting waits for
+it instead of exiting (found by `chimes chaos`: nodes started during a crash recovery exited with
+"the database system is starting up"); a wrong database still fails at once.
+
+A real PostgreSQL cannot be held in its start-up state on demand without stopping the server every
+other test uses, so a small front server on 127.0.0.1 answers the first connections exactly as a
+starting PostgreSQL does (SQLSTATE 57P03 after the start-up packet), then passes bytes through to the
+real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from chimes.store import db
+
+SSL_REQUEST = 80877103
+
+
+def _starting_up_error() -> bytes:
+    fields = b"SFATAL\0VFATAL\0C57P03\0Mthe database system is starting up\0\0"
+    return b"E" + struct.pack("!I", len(fields) + 4) + fields
+
+
+@dataclass
+class FrontServer:
+    """Refuses the first ``refuse`` connections as a starting PostgreSQL, forwards the rest."""
+
+    upstream_dsn: str
+    refuse: int
+    connections: int = 0
+    port: int = 0
+
+    async def start(self) -> asyncio.Server:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        return server
+
+    def dsn(self, database: str | None = None) -> str:
+        parts = urlsplit(self.upstream_dsn)
+        path = f"/{database}" if database else parts.path
+        return urlunsplit(("postgresql", f"{parts.username or 'postgres'}@127.0.0.1:{self.port}", path, "", ""))
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            if self.connections <= self.refuse:
+                await self._refuse(reader, writer)
+            else:
+                await self._forward(reader, writer)
+        finally:
+            writer.close()
+
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        length, code = struct.unpack("!II", await reader.readexactly(8))
+        if code == SSL_REQUEST:
+            writer.write(b"N")
+            length = struct.unpack("!I", await reader.readexactly(4))[0]
+            await reader.readexactly(length - 4)
+        else:
+            await reader.readexactly(length - 8)
+        writer.write(_starting_up_error())
+        await writer.drain()
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await _open_upstream(self.upstream_dsn)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        except (ConnectionError, OSError):
+            pass  # one side hung up mid-stream: the test's assertions say whether that mattered
+
+
+async def _open_upstream(dsn: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    parts = urlsplit(dsn)
+    query = parse_qs(parts.query)
+    host = query.get("host", [parts.hostname or "localhost"])[0]
+    port = int(query.get("port", [parts.port or 5432])[0])
+    if host.startswith("/"):
+        return await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+    return await asyncio.open_connection(host, port)
+
+
+@pytest.fixture
+async def front(database_url: str, request: pytest.FixtureRequest) -> AsyncIterator[FrontServer]:
+    server_state = FrontServer(database_url, refuse=getattr(request, "param", 3))
+    server = await server_state.start()
+    try:
+        yield server_state
+    finally:
+        server.close()
+
+
+async def test_connect_waits_while_the_database_starts_up(front: FrontServer) -> None:
+    conn = await db.connect(front.dsn(), wait_sec=30)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM jobs") == 0  # the real, migrated database
+    finally:
+        await conn.close()
+    assert front.connections == 4  # three refusals, then the one that got through
+
+
+async def test_pool_waits_while_the_database_starts_up(front: FrontServer) -> None:
+    pool = await db.create_pool(front.dsn(), min_size=1, max_size=2, wait_sec=30)
+    try:
+        assert await pool.fetchval("SELECT 1") == 1
+    finally:
+        await pool.close()
+    assert front.connections >= 4
+
+
+@pytest.mark.parametrize("front", [1_000_000], indirect=True)
+async def test_gives_up_after_the_wait(front: FrontServer) -> None:
+    with pytest.raises(asyncpg.CannotConnectNowError, match="starting up"):
+        await db.connect(front.dsn(), wait_sec=0.5)
+    assert front.connections >= 2  # it did try again before giving up
+
+
+@pytest.mark.parametrize("front", [0], indirect=True)
+async def test_a_database_that_does_not_exist_fails_at_once(front: FrontServer) -> None:
+    with pytest.raises(asyncpg.InvalidCatalogNameError):
+        await db.connect(front.dsn("no_such_database"), wait_sec=30)
+    assert front.connections == 1
