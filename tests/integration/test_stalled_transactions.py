@@ -19,8 +19,8 @@ import asyncpg
 import httpx
 import pytest
 
-from chimes.scheduler.node import DB_ERRORS
 from chimes.store import db
+from chimes.store.db import DB_ERRORS
 from chimes.store.queries import sql
 from chimes.store.scheduling import SchedulerStore
 from chimes.store.working import WorkerStore

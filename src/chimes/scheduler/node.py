@@ -21,13 +21,11 @@ from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.leases import LeaseConfig, LeaseManager
 from chimes.scheduler.reaper import Reaper
 from chimes.scheduler.timer_wheel import TimerWheel
+from chimes.store.db import DB_ERRORS
 from chimes.store.migrate import drop_old_run_partitions, ensure_run_partitions
 from chimes.store.scheduling import DueTrigger, SchedulerStore
 
 log = logging.getLogger(__name__)
-# What a database restart can raise; InternalClientError: a pooled connection the server dropped
-# mid-operation (asyncpg#784).
-DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +112,7 @@ class SchedulerNode:
             await self.notifier.close()
             try:
                 await self.leases.release_all()
-            except (OSError, asyncpg.PostgresError) as exc:
+            except DB_ERRORS as exc:
                 log.warning("could not release partitions on shutdown (they expire on their own): %s", exc)
             log.info("scheduler node %s stopped", self.node_id)
 

@@ -51,6 +51,10 @@ def lock_holding_limit(seconds: float) -> dict[str, str]:
     return {"idle_in_transaction_session_timeout": str(max(1, round(seconds * 1000)))}
 
 
+# What a call can raise while the database restarts or the network drops; the roles' loops log it and
+# try again. InternalClientError: a pooled connection the server dropped mid-operation (asyncpg#784).
+DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, TimeoutError)
+
 # Errors of a server that is not accepting connections yet, or just now: starting, recovering from a
 # crash, restarting, or out of connection slots. A process starting meanwhile waits for it (up to
 # CONNECT_WAIT_SEC) instead of exiting; a wrong password, database or URL still fails at once.

@@ -18,11 +18,11 @@ from typing import Any
 import asyncpg
 
 from chimes.security.secrets import Keyring, SecretKeyError, SecretUnreadable, default_keyring, reveal
+from chimes.store.db import DB_ERRORS
 from chimes.store.owners import COMMAND_TASK_TYPES, OwnerCache, OwnerStore, check_secret_key
 from chimes.store.working import ClaimedRun
 
 log = logging.getLogger(__name__)
-_DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ class TaskGuard:
         try:
             await check_secret_key(self._pool, keyring)
             self._key_checked = True
-        except _DB_ERRORS as exc:
+        except DB_ERRORS as exc:
             log.warning("could not check the secret key against the database yet: %s", exc)
 
     async def prepare(self, run: ClaimedRun) -> PreparedTask:
@@ -75,7 +75,7 @@ class TaskGuard:
             secret = await self._owners.signing_secret(owner) if task_type == "http" else None
         except SecretUnreadable as exc:
             return PreparedTask(refusal=str(exc))
-        except _DB_ERRORS as exc:
+        except DB_ERRORS as exc:
             return PreparedTask(refusal=f"cannot read the settings of owner {owner!r}: {exc}")
         return PreparedTask(opened, secret)
 

@@ -23,6 +23,7 @@ import asyncpg
 from chimes import metrics
 from chimes.backoff import next_attempt_at
 from chimes.logs import run_fields
+from chimes.store.db import DB_ERRORS
 from chimes.store.working import QUEUE_CHANNEL, ClaimedRun, Outcome, WorkerStore
 from chimes.worker.executors import Executors, TaskContext, TaskOutcome
 from chimes.worker.guard import TaskGuard
@@ -31,8 +32,6 @@ from chimes.worker.tiers import BATCH, TierPolicy, claim_steps
 
 log = logging.getLogger(__name__)
 CAPS_RECHECK_SEC = 2.0
-# InternalClientError: a pooled connection the server dropped mid-operation (asyncpg#784, on restarts).
-DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
