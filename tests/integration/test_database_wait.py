@@ -11,7 +11,9 @@ real one.
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -124,8 +126,9 @@ async def test_pool_waits_while_the_database_starts_up(front: FrontServer) -> No
 
 @pytest.mark.parametrize("front", [1_000_000], indirect=True)
 async def test_gives_up_after_the_wait(front: FrontServer) -> None:
-    with pytest.raises(asyncpg.CannotConnectNowError, match="starting up"):
+    with pytest.raises(db.DatabaseUnavailable, match=r"starting up.*gave up after 0\.5 s") as raised:
         await db.connect(front.dsn(), wait_sec=0.5)
+    assert isinstance(raised.value.__cause__, asyncpg.CannotConnectNowError)
     assert front.connections >= 2  # it did try again before giving up
 
 
@@ -134,3 +137,26 @@ async def test_a_database_that_does_not_exist_fails_at_once(front: FrontServer) 
     with pytest.raises(asyncpg.InvalidCatalogNameError):
         await db.connect(front.dsn("no_such_database"), wait_sec=30)
     assert front.connections == 1
+
+
+async def _chimes(*args: str) -> tuple[int, str]:
+    env = {**os.environ, "CHIMES_LOG_FORMAT": "text"}
+    env.pop("CHIMES_DATABASE_URL", None)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "chimes", *args, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+    return proc.returncode or 0, out.decode()
+
+
+async def test_a_command_started_while_the_database_starts_up_goes_ahead(front: FrontServer) -> None:
+    code, out = await _chimes("migrate", "--database-url", front.dsn())
+    assert code == 0, out
+    assert out.count("database not ready (CannotConnectNowError: the database system is starting up)") == 3
+
+
+@pytest.mark.parametrize("front", [1_000_000], indirect=True)
+async def test_a_command_says_why_it_gave_up_waiting(front: FrontServer) -> None:
+    code, out = await _chimes("migrate", "--database-url", front.dsn(), "--database-wait", "0.5")
+    assert code == 1
+    assert out.splitlines()[-1] == ("Error: the database is not accepting connections (CannotConnectNowError: the "
+                                    "database system is starting up); gave up after 0.5 s (--database-wait)")

@@ -149,4 +149,8 @@ client.jobs.add_command(import_jobs)
 
 
 def main() -> None:
-    cli(prog_name="chimes")
+    try:
+        cli(prog_name="chimes")
+    except db.DatabaseUnavailable as exc:  # raised after the wait, with every attempt logged
+        click.echo(f"Error: {exc}", err=True)
+        raise SystemExit(1) from None

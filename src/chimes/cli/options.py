@@ -20,21 +20,20 @@ def database_options(func: Callable[..., Any]) -> Callable[..., Any]:
         db.set_connect_wait(database_wait)
         return func(*args, **kwargs)
 
-    func = click.option(
+    command = click.option(
         "--database-wait", envvar="CHIMES_DATABASE_WAIT_SEC", show_envvar=True, type=click.FloatRange(min=0),
         default=60.0, show_default=True,
         help="Seconds to keep trying a database that is starting, recovering or full before giving up.",
     )(with_connect_wait)
-    func = click.option(
+    command = click.option(
         "--data-dir", envvar="CHIMES_DATA_DIR", show_envvar=True, type=click.Path(path_type=Path),
         default=default_data_dir(), show_default=True,
         help="Where the embedded PostgreSQL keeps its data (used when no database URL is given).",
-    )(func)
-    func = click.option(
+    )(command)
+    return click.option(
         "--database-url", envvar="CHIMES_DATABASE_URL", show_envvar=True, default=None,
         help="PostgreSQL URL (14+). Without it, an embedded PostgreSQL is started in --data-dir.",
-    )(func)
-    return func
+    )(command)
 
 
 def listen_options(func: Callable[..., Any]) -> Callable[..., Any]:

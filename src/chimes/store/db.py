@@ -74,8 +74,13 @@ def set_connect_wait(seconds: float) -> None:
     CONNECT_WAIT_SEC = seconds
 
 
+class DatabaseUnavailable(ConnectionError):
+    """The database did not accept a connection within the wait; the last error is the cause."""
+
+
 async def _when_ready(open_: Callable[[], Awaitable[T]], wait_sec: float | None) -> T:
-    deadline = time.monotonic() + (CONNECT_WAIT_SEC if wait_sec is None else wait_sec)
+    wait = CONNECT_WAIT_SEC if wait_sec is None else wait_sec
+    deadline = time.monotonic() + wait
     pause = 0.1
     while True:
         try:
@@ -83,7 +88,9 @@ async def _when_ready(open_: Callable[[], Awaitable[T]], wait_sec: float | None)
         except NOT_READY_ERRORS as exc:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise
+                raise DatabaseUnavailable(
+                    f"the database is not accepting connections ({type(exc).__name__}: {exc}); gave up after "
+                    f"{wait:g} s (--database-wait)") from exc
             log.warning("database not ready (%s: %s); trying again for up to %.0f s", type(exc).__name__, exc, left)
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, 2.0)
