@@ -1,6 +1,6 @@
 """A stand-in for the docker CLI, for tests: no container engine runs on this machine.
 
-:data:`FAKE_RUNTIME` is a small Python program that takes ``run --rm --name N --env K=V IMAGE CMD...``
+:data:`FAKE_RUNTIME` is a small Python program that takes ``run --rm --name N --env-file F --env K=V IMAGE CMD...``
 and runs ``CMD`` as a local process with only those variables (in its own session, as a container
 lives outside the CLI's process group, its output relayed by the CLI), and answers ``stop -t T N``
 and ``kill N`` by signalling the process it started for ``N``. It records every invocation and every
@@ -53,6 +53,13 @@ def run(args):
         elif flag == "--env":
             key, _, value = args.pop(0).partition("=")
             env[key] = value
+        elif flag == "--env-file":  # KEY=VALUE lines, as docker reads them
+            path = args.pop(0)
+            append("env_files.jsonl", {{"path": path, "mode": oct(os.stat(path).st_mode & 0o777),
+                                        "folder_mode": oct(os.stat(os.path.dirname(path)).st_mode & 0o777)}})
+            for line in Path(path).read_text().splitlines():
+                key, _, value = line.partition("=")
+                env.setdefault(key, value)  # --env wins, whatever the order
         elif flag != "--rm":
             print(f"unknown flag: {{flag}}", file=sys.stderr)
             return 125
@@ -129,6 +136,10 @@ class FakeRuntime:
 
     def containers(self) -> list[dict[str, Any]]:
         return self._lines("containers.jsonl")
+
+    def env_files(self) -> list[dict[str, Any]]:
+        """Each ``--env-file`` the runtime was given: its path and the modes of it and its folder."""
+        return self._lines("env_files.jsonl")
 
     def _lines(self, name: str) -> list[Any]:
         try:

@@ -138,6 +138,16 @@ class ContainerTaskSpec(_Model):
               Annotated[str, Field(max_length=32768)]] = Field(default_factory=dict, max_length=500)
     secret_env: SecretEnv = Field(default=None, alias="secretEnv", max_length=500)
 
+    @field_validator("env", "secret_env")
+    @classmethod
+    def _single_line_values(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        # The worker hands them to the runtime in an env file (off the process list): one line each.
+        for name, text in (value or {}).items():
+            if "\n" in text or "\r" in text:
+                raise ValueError(f"variable {name!r} contains a line break; container env values are single "
+                                 "lines (encode longer values, for example in base64)")
+        return value
+
     @model_validator(mode="after")
     def _secret_names_distinct(self) -> ContainerTaskSpec:
         _no_overlap(set(self.env), set(self.secret_env or {}), "variable")

@@ -38,6 +38,10 @@ BAD_JOBS = [
     ("unknown field", cron_job(schedul={"cron": "* * * * *"}), "schedul", "unknown field"),
     ("missing name", {"schedule": {"cron": "* * * * *"}, "task": HTTP_TASK}, "name", "required"),
     ("empty command", cron_job(task={"type": "command", "argv": []}), "task.argv", "at least 1"),
+    ("multi-line container env", cron_job(task={"type": "container", "image": "alpine:3", "env": {"PEM": "a\nb"}}),
+     "task.env", "line break"),
+    ("multi-line container secret", cron_job(task={"type": "container", "image": "alpine:3",
+                                                   "secretEnv": {"PEM": "a\r\nb"}}), "task.secretEnv", "line break"),
 ]
 
 

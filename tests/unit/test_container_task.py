@@ -51,12 +51,45 @@ async def test_success_passes_env_and_keeps_output(fake: FakeRuntime) -> None:
     assert outcome == TaskOutcome(True, None, "run-123|job-abc|2|2026-12-01T09:00:00Z|bar\nerr\n")
     assert NAME == "chimes-run-123-2"
     [run] = fake.calls()
-    env_flags = [
-        "--env", "FOO=bar", "--env", "CHIMES_RUN_ID=run-123", "--env", "CHIMES_JOB_ID=job-abc",
+    [env_file] = fake.env_files()
+    identity_flags = [
+        "--env", "CHIMES_RUN_ID=run-123", "--env", "CHIMES_JOB_ID=job-abc",
         "--env", "CHIMES_ATTEMPT=2", "--env", "CHIMES_SCHEDULED_AT=2026-12-01T09:00:00Z",
     ]
-    assert run == ["run", "--rm", "--name", NAME, *env_flags, "alpine:3", "/bin/sh", "-c", script]
+    assert run == ["run", "--rm", "--name", NAME, "--env-file", env_file["path"], *identity_flags, "alpine:3",
+                   "/bin/sh", "-c", script]
     await fake.all_gone()
+
+
+async def test_task_env_stays_off_the_command_line_and_is_removed_after_the_run(fake: FakeRuntime) -> None:
+    # Secret values are opened into env before the executor sees them (chimes.security.secrets.reveal).
+    task = sh('printf "%s|%s" "$TOKEN" "$SPACED"', env={"TOKEN": "s3cret-value", "SPACED": " a = b "})
+    outcome = await ContainerExecutor(str(fake.path)).run(task, make_ctx())
+    assert outcome == TaskOutcome(True, None, "s3cret-value| a = b ")
+    [run] = fake.calls()
+    assert not any("s3cret" in arg for arg in run)
+    [env_file] = fake.env_files()
+    assert (env_file["mode"], env_file["folder_mode"]) == ("0o600", "0o700")
+    assert _gone(Path(env_file["path"]).parent)
+    await fake.all_gone()
+
+
+def _gone(path: Path) -> bool:
+    return not path.exists()
+
+
+async def test_a_line_break_in_an_env_value_fails_the_run_before_anything_starts(fake: FakeRuntime) -> None:
+    outcome = await ContainerExecutor(str(fake.path)).run(sh("true", env={"PEM": "line 1\nline 2"}), make_ctx())
+    assert not outcome.succeeded
+    assert outcome.error == ("cannot pass the task's environment: a container env value contains a line break, "
+                             "which an env file cannot carry")
+    assert fake.calls() == []
+
+
+async def test_without_task_env_there_is_no_env_file(fake: FakeRuntime) -> None:
+    assert (await ContainerExecutor(str(fake.path)).run(sh("true"), make_ctx())).succeeded
+    [run] = fake.calls()
+    assert "--env-file" not in run and fake.env_files() == []
 
 
 async def test_output_tail_is_capped_and_empty_command_uses_image_default(fake: FakeRuntime) -> None:

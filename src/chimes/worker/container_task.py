@@ -5,6 +5,10 @@ The worker speaks to no engine API. It runs ``<runtime> run --rm --name chimes-<
 command task, and reads the container's output from that CLI. Killing the CLI does not stop the
 container, so on timeout or cancellation the container is stopped by name (``stop -t GRACE``; if the
 CLI stays attached, the CLI's group is killed and then the container with ``kill``).
+
+The task's environment (secret values included) reaches the runtime in an env file readable by the
+worker's user only, removed when the run ends: on the command line, every user of the host could
+read it in the process list. Only the run identity (``CHIMES_*``) is passed as ``--env``.
 """
 
 from __future__ import annotations
@@ -12,9 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import re
 import shlex
-from collections.abc import Coroutine
+import shutil
+import tempfile
+from collections.abc import Coroutine, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 from chimes.worker.command_task import (
@@ -34,7 +43,7 @@ from chimes.worker.executors import (
     short_error,
 )
 
-__all__ = ["RUNTIME_ERROR_CODES", "ContainerExecutor", "container_name", "run_argv"]
+__all__ = ["RUNTIME_ERROR_CODES", "ContainerExecutor", "container_name", "run_argv", "task_env_file"]
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +64,40 @@ def container_name(ctx: TaskContext) -> str:
     return f"chimes-{ctx.run_id}-{int(ctx.attempt)}"
 
 
-def run_argv(runtime: list[str], task: dict[str, Any], ctx: TaskContext) -> list[str]:
-    """``<runtime> run --rm --name NAME --env K=V ... IMAGE [COMMAND...]``; the run identity wins over task env."""
-    env = {str(k): str(v) for k, v in (task.get("env") or {}).items()}
-    env.update(run_identity_env(ctx))
-    env_flags = [arg for key, value in env.items() for arg in ("--env", f"{key}={value}")]
+def run_argv(runtime: list[str], task: dict[str, Any], ctx: TaskContext, env_file: str | None = None) -> list[str]:
+    """``<runtime> run --rm --name NAME [--env-file FILE] --env CHIMES_...=V ... IMAGE [COMMAND...]``.
+
+    ``env_file`` holds the task's own variables (see :func:`task_env_file`); the run identity is
+    never taken from the task.
+    """
+    env_flags = [arg for key, value in run_identity_env(ctx).items() for arg in ("--env", f"{key}={value}")]
+    file_flags = ["--env-file", env_file] if env_file else []
     command = [str(arg) for arg in task.get("command") or ()]
-    return [*runtime, "run", "--rm", "--name", container_name(ctx), *env_flags, str(task["image"]), *command]
+    return [*runtime, "run", "--rm", "--name", container_name(ctx), *file_flags, *env_flags, str(task["image"]),
+            *command]
+
+
+@contextmanager
+def task_env_file(task: dict[str, Any], ctx: TaskContext) -> Iterator[str | None]:
+    """The task's variables (its ``env``, secret values opened) in a ``KEY=VALUE`` file, in a folder of
+    mode 0700, for as long as the run lasts; None when there are none. The API refuses line breaks in
+    container env values, which the format cannot carry."""
+    identity = run_identity_env(ctx)
+    env = {str(k): str(v) for k, v in (task.get("env") or {}).items() if str(k) not in identity}
+    if not env:
+        yield None
+        return
+    if any("\n" in value or "\r" in value for value in env.values()):
+        raise ValueError("a container env value contains a line break, which an env file cannot carry")
+    folder = Path(tempfile.mkdtemp(prefix="chimes-env-"))  # 0700: only the worker's user can look inside
+    try:
+        path = folder / "env"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.writelines(f"{key}={value}\n" for key, value in env.items())
+        yield str(path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _last_line(text: str | None) -> str:
@@ -117,8 +153,16 @@ class ContainerExecutor:
         image = str(task.get("image") or "")
         if not image or image.startswith("-"):  # the runtime would read it as an option
             return TaskOutcome(False, short_error(f"invalid image {image!r}"))
+        with ExitStack() as cleanup:
+            try:
+                env_file = cleanup.enter_context(task_env_file(task, ctx))
+            except (OSError, ValueError) as exc:
+                return TaskOutcome(False, short_error(f"cannot pass the task's environment: {exc}"))
+            return await self._start_and_supervise(task, ctx, env_file)
+
+    async def _start_and_supervise(self, task: dict[str, Any], ctx: TaskContext, env_file: str | None) -> TaskOutcome:
         try:
-            proc = await spawn_in_group(run_argv(self._runtime_argv, task, ctx))
+            proc = await spawn_in_group(run_argv(self._runtime_argv, task, ctx, env_file))
         except FileNotFoundError:
             return TaskOutcome(False, f"container runtime {self.runtime!r} not found; set --container-runtime")
         except PermissionError:
