@@ -4,13 +4,18 @@ Rows are written to the ``notifications`` outbox in the same transaction as the 
 lost. A sender claims a batch by pushing its next attempt a lease ahead, posts each one with its id
 as ``Idempotency-Key``, and marks it sent. A sender killed between posting and marking leaves the
 row to be sent again after the lease, with the same key, for the receiver to deduplicate.
+
+Workers send them: a webhook is a call a team chose, like a task's, so it goes out under the same
+egress policy and is signed with the owner's signing secret exactly as task calls are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +24,10 @@ import asyncpg
 import orjson
 
 from chimes import __version__
-from chimes.security.ssrf import EgressPolicy, GuardedConnector
+from chimes.security.secrets import SecretKeyError
+from chimes.security.signing import SIGNATURE_HEADER, signature_header
+from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
+from chimes.store.db import DB_ERRORS
 from chimes.store.queries import sql
 
 log = logging.getLogger(__name__)
@@ -34,9 +42,14 @@ class NotifierConfig:
     egress: EgressPolicy | None = None  # None: the default policy (metadata and link-local denied)
 
 
+SigningSecrets = Callable[[str], Awaitable[str]]  # owner -> signing secret in clear
+
+
 class Notifier:
-    def __init__(self, pool: asyncpg.Pool, config: NotifierConfig | None = None) -> None:
+    def __init__(self, pool: asyncpg.Pool, signing_secret: SigningSecrets,
+                 config: NotifierConfig | None = None) -> None:
         self._pool = pool
+        self._signing_secret = signing_secret
         self.config = config or NotifierConfig()
         self._session: aiohttp.ClientSession | None = None
         self.sent = 0
@@ -46,7 +59,8 @@ class Notifier:
         rows = await self._pool.fetch(sql("claim_notifications"), self.config.batch, self.config.lease_sec)
         if not rows:
             return 0
-        results = await asyncio.gather(*(self._post(r["notification_id"], r["url"], r["payload"]) for r in rows))
+        results = await asyncio.gather(*(self._post(r["notification_id"], r["owner"], r["url"], r["payload"])
+                                         for r in rows))
         delivered = [r["notification_id"] for r, error in zip(rows, results, strict=True) if error is None]
         failed = [(r, error) for r, error in zip(rows, results, strict=True) if error is not None]
         if delivered:
@@ -63,16 +77,21 @@ class Notifier:
         self.sent += len(delivered)
         return len(delivered)
 
-    async def _post(self, notification_id: uuid.UUID, url: str, payload: Any) -> str | None:
-        session = self._session_now()
-        headers = {"Content-Type": "application/json", "Idempotency-Key": str(notification_id),
-                   "User-Agent": f"chimes/{__version__}", "X-Chimes-Notification-Id": str(notification_id)}
+    async def _post(self, notification_id: uuid.UUID, owner: str, url: str, payload: Any) -> str | None:
+        body = orjson.dumps(payload)
         try:
-            async with session.post(url, data=orjson.dumps(payload), headers=headers) as response:
+            secret = await self._signing_secret(owner)
+        except (SecretKeyError, *DB_ERRORS) as exc:  # recorded on the row and retried; never sent unsigned
+            return f"cannot sign: {type(exc).__name__}: {exc}"[:500]
+        headers = {"Content-Type": "application/json", "Idempotency-Key": str(notification_id),
+                   "User-Agent": f"chimes/{__version__}", "X-Chimes-Notification-Id": str(notification_id),
+                   SIGNATURE_HEADER: signature_header(secret, int(time.time()), body)}
+        try:
+            async with self._session_now().post(url, data=body, headers=headers) as response:
                 await response.read()
                 return None if 200 <= response.status < 300 else f"HTTP {response.status}"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return f"{type(exc).__name__}: {exc}"[:500]
+            return (egress_error(exc) or f"{type(exc).__name__}: {exc}")[:500]
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

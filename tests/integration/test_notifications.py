@@ -3,6 +3,7 @@ outbox that survives the sender dying."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -11,6 +12,9 @@ import httpx
 import orjson
 
 from chimes.notifier import Notifier, NotifierConfig
+from chimes.security.secrets import default_keyring
+from chimes.security.signing import SIGNATURE_HEADER, verify
+from chimes.store.owners import OwnerStore, SigningSecrets
 from tests.helpers import wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
@@ -35,6 +39,13 @@ async def test_a_run_that_fails_every_attempt_notifies_once(
     assert payload["kind"] == "run_failed" and payload["jobId"] == job_id and payload["attempt"] == 3
     assert payload["error"] == "HTTP 500" and payload["jobName"] == "doomed"
     assert calls[0].headers["Idempotency-Key"] == calls[0].headers["X-Chimes-Notification-Id"]
+    # Signed like a task call, with the job owner's secret; no other secret verifies it.
+    secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    signed, now = calls[0].headers[SIGNATURE_HEADER], time.time()
+    assert verify(secret, signed, calls[0].body, now)
+    assert not verify(secret, signed, calls[0].body + b" ", now)
+    other = await OwnerStore(pool).signing_secret("team-b", default_keyring())
+    assert not verify(other, signed, calls[0].body, now)
 
 
 async def _all_sent(pool: asyncpg.Pool) -> bool:
@@ -68,11 +79,12 @@ async def test_notification_claimed_by_a_sender_that_died_is_sent_once_by_anothe
         "INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload) "
         "VALUES ($1, $2, 'team-a', 'run_failed', $3, '{\"kind\": \"run_failed\"}')",
         notification_id, uuid.uuid4(), target.url + "/alerts")
-    dead = Notifier(pool, NotifierConfig(lease_sec=1.0))
+    signer = SigningSecrets(pool)
+    dead = Notifier(pool, signer, NotifierConfig(lease_sec=1.0))
     claimed = await pool.fetch("UPDATE notifications SET attempts = 1, next_attempt_at = now() + interval '1 second' "
                                "RETURNING notification_id")
     assert len(claimed) == 1
-    survivor = Notifier(pool, NotifierConfig(lease_sec=1.0))
+    survivor = Notifier(pool, signer, NotifierConfig(lease_sec=1.0))
     try:
         assert await survivor.deliver_due() == 0  # still leased by the dead sender
         await wait_for(survivor.deliver_due, timeout=10, what="the lease to run out and the resend")
@@ -91,7 +103,7 @@ async def test_failed_delivery_is_retried_with_backoff(
     await pool.execute(
         "INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload) "
         "VALUES ($1, $2, 'team-a', 'run_failed', $3, '{}')", uuid.uuid4(), uuid.uuid4(), target.url + "/flaky-alerts")
-    notifier = Notifier(pool)
+    notifier = Notifier(pool, SigningSecrets(pool))
     try:
         assert await notifier.deliver_due() == 0
         row = await pool.fetchrow("SELECT * FROM notifications")

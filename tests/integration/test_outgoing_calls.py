@@ -162,9 +162,10 @@ async def test_rotating_the_signing_secret_changes_what_targets_must_check(pool:
 
 @pytest.fixture
 async def guarded_fleet(pool: asyncpg.Pool, database_url: str) -> AsyncIterator[None]:
-    """A fleet whose worker may not call 127.0.0.2 or anything named *.invalid, on top of the defaults."""
+    """A fleet that may not call 127.0.0.2 or anything named *.invalid, on top of the defaults: its
+    worker (task calls) and its node (failure webhooks)."""
     policy = EgressPolicy.build(deny=["127.0.0.2/32", "*.invalid"])
-    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="test-node")
+    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="test-node", egress=policy)
     worker = Worker(pool, database_url, FAST_WORKER, worker_id="test-worker", executors=Executors(egress=policy))
     tasks = [asyncio.create_task(node.run()), asyncio.create_task(worker.run())]
     yield
@@ -203,6 +204,20 @@ async def test_a_task_pointed_at_a_denied_address_fails_clearly_and_never_connec
     assert run["status"] == "failed"
     assert [a["error"] for a in run["attempts"]] == [
         "refused by egress policy: address 127.0.0.2 is in the denied network 127.0.0.2/32"] * 2
+    assert denied_target.calls == []
+
+
+async def test_a_failure_webhook_to_a_denied_address_is_refused_and_never_connects(
+    guarded_fleet: None, client: httpx.AsyncClient, target: Target, denied_target: Target, pool: asyncpg.Pool
+) -> None:
+    target.responders["/broken"] = lambda n: 500
+    job = one_off("alerting", {"type": "http", "url": f"{target.url}/broken"}, attempts=1)
+    job_id = (await client.post("/jobs", json=job | {"notifyUrl": f"{denied_target.url}/hook"})).json()["jobId"]
+    assert (await final_run(client, job_id))["status"] == "failed"
+    error = await wait_for(lambda: pool.fetchval("SELECT last_error FROM notifications"), timeout=20,
+                           what="the webhook's first try")
+    assert error == "refused by egress policy: address 127.0.0.2 is in the denied network 127.0.0.2/32"
+    assert await pool.fetchval("SELECT sent_at FROM notifications") is None
     assert denied_target.calls == []
 
 

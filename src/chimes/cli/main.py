@@ -86,13 +86,16 @@ def api(database_url: str | None, data_dir: Path, host: str, port: int, **securi
 @click.option("--missed-after", envvar="CHIMES_MISSED_AFTER_SEC", show_envvar=True, default=60.0,
               show_default=True, type=click.FloatRange(5, 86400),
               help="Seconds late after which a slot counts as missed and follows the job's catch-up policy.")
+@worker_security_options  # a node sends the failure webhooks: the same egress policy, signed with the key
+@key_file_option
 def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lease_ttl: float, retention_days: int,
-              missed_after: float) -> None:
+              missed_after: float, **security: Any) -> None:
     """A scheduler node: leases a fair share of the 1,024 trigger partitions and fires their runs."""
     from chimes.cli.roles import run_scheduler
 
+    outgoing = worker_security(data_dir, security)
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        run_async(lambda: run_scheduler(dsn, node_id, lease_ttl, retention_days, missed_after))
+        run_async(lambda: run_scheduler(dsn, node_id, lease_ttl, retention_days, missed_after, outgoing))
 
 
 @cli.command()

@@ -17,7 +17,7 @@ from chimes.scheduler.node import SchedulerConfig, SchedulerNode
 from chimes.security.secrets import SecretKeyError
 from chimes.settings import Settings
 from chimes.store import db, tokens
-from chimes.store.owners import OwnerStore, check_secret_key
+from chimes.store.owners import OwnerStore, SigningSecrets, check_secret_key
 from chimes.store.queries import sql
 from chimes.worker.executors import Executors
 from chimes.worker.guard import TaskGuard
@@ -38,7 +38,8 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
             await pool.close()
             raise click.ClickException(str(exc)) from None
     server = api_server(_app(dsn, api), settings.host, settings.port)
-    node = SchedulerNode(pool)
+    node = SchedulerNode(pool, signing_secrets=SigningSecrets(pool, work.keyring if work else None),
+                         egress=work.egress if work else None)
     runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", "docker")  # as for `chimes worker --container-runtime`
     allow_commands = bool(work and work.allow_commands)
     worker = Worker(pool, dsn, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
@@ -74,13 +75,21 @@ async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) 
 
 
 async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = 30,
-                        missed_after: float = 60.0) -> None:
+                        missed_after: float = 60.0, outgoing: WorkerSecurity | None = None) -> None:
     await migrate_database(dsn)
     # A node stalled inside a fire holds its lease rows: no takeover until the session ends.
     pool = await db.create_pool(dsn, max_size=6, server_settings=db.lock_holding_limit(lease_ttl))
+    if outgoing is not None:  # it signs webhooks: a wrong key is a start-up error, as for a worker
+        try:
+            await check_secret_key(pool, outgoing.keyring)
+        except SecretKeyError as exc:
+            await pool.close()
+            raise click.ClickException(str(exc)) from None
     lease = LeaseConfig(ttl_sec=lease_ttl, renew_every_sec=min(1.0, lease_ttl / 4))
     config = SchedulerConfig(lease=lease, retention_days=retention_days, missed_after_sec=missed_after)
-    node = SchedulerNode(pool, config, node_id=node_id)
+    node = SchedulerNode(pool, config, node_id=node_id,
+                         signing_secrets=SigningSecrets(pool, outgoing.keyring if outgoing else None),
+                         egress=outgoing.egress if outgoing else None)
     on_shutdown_signals(node.stop)
     try:
         await node.run()

@@ -82,9 +82,11 @@ def worker_security_options(func: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         _option("--egress-allow", env="CHIMES_EGRESS_ALLOW", multiple=True, metavar="NET|HOST",
                 help="Only these networks (10.0.0.0/8), addresses or hosts (api.example.com, *.example.com) may "
-                     "be called by HTTP tasks (repeatable; in the variable, comma-separated).", default=()),
+                     "be called by HTTP tasks and failure webhooks (repeatable; in the variable, comma-separated).",
+                default=()),
         _option("--egress-deny", env="CHIMES_EGRESS_DENY", multiple=True, metavar="NET|HOST", default=(),
-                help="Networks, addresses or hosts HTTP tasks may never call, on top of the defaults (repeatable)."),
+                help="Networks, addresses or hosts HTTP tasks and webhooks may never call, on top of the defaults "
+                     "(repeatable)."),
         _option("--egress-default-deny/--no-egress-default-deny", env="CHIMES_EGRESS_DEFAULT_DENY", default=True,
                 show_default=True, help="Deny link-local and cloud metadata addresses (169.254.0.0/16, fe80::/10, "
                                         "fd00:ec2::254, ...)."),

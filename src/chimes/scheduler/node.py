@@ -15,14 +15,16 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from chimes import metrics
-from chimes.notifier import Notifier
+from chimes.notifier import Notifier, NotifierConfig
 from chimes.scheduler.firing import MISSED_AFTER, follow_up, plan_fires
 from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.leases import LeaseConfig, LeaseManager
 from chimes.scheduler.reaper import Reaper
 from chimes.scheduler.timer_wheel import TimerWheel
+from chimes.security.ssrf import EgressPolicy
 from chimes.store.db import DB_ERRORS
 from chimes.store.migrate import drop_old_run_partitions, ensure_run_partitions
+from chimes.store.owners import SigningSecrets
 from chimes.store.scheduling import DueTrigger, SchedulerStore
 
 log = logging.getLogger(__name__)
@@ -59,13 +61,15 @@ def new_node_id() -> str:
 
 class SchedulerNode:
     def __init__(self, pool: asyncpg.Pool, config: SchedulerConfig | None = None,
-                 node_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
+                 node_id: str | None = None, clock: Callable[[], float] = time.time, *,
+                 signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.store = SchedulerStore(pool, node_id or new_node_id())
         self.wheel = TimerWheel()
         self.leases = LeaseManager(self.store, self.config.lease, on_lost=self._on_partitions_lost)
         self.reaper = Reaper(self.store)
-        self.notifier = Notifier(pool)
+        # Webhooks go out under the operator's egress policy, signed like task calls (docs/security.md).
+        self.notifier = Notifier(pool, signing_secrets or SigningSecrets(pool), NotifierConfig(egress=egress))
         self.health = HealthCheck(pool)
         self.stats = SchedulerStats()
         self._pool = pool

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
-from chimes.security.secrets import Keyring, SecretKeyError
+from chimes.security.secrets import Keyring, SecretKeyError, default_keyring
 from chimes.security.signing import new_signing_secret
 from chimes.store.queries import sql
 
@@ -93,6 +93,23 @@ class OwnerCache:
             cached = (time.monotonic() + self._ttl, await self._store.signing_secret(owner, self._keyring))
             self._secrets[owner] = cached
         return cached[1]
+
+
+class SigningSecrets:
+    """Owners' signing secrets for the calls a process makes on their behalf, opened with a key first
+    checked against the database's: a process with another key signs nothing."""
+
+    def __init__(self, pool: asyncpg.Pool, keyring: Keyring | None = None, ttl_sec: float = 30.0) -> None:
+        self._pool, self._keyring, self._ttl = pool, keyring, ttl_sec
+        self._cache: OwnerCache | None = None
+
+    async def __call__(self, owner: str) -> str:
+        """Raises SecretKeyError for a key that is not the database's, or a database error."""
+        if self._cache is None:
+            keyring = self._keyring or default_keyring()
+            await check_secret_key(self._pool, keyring)
+            self._cache = OwnerCache(OwnerStore(self._pool), keyring, self._ttl)
+        return await self._cache.signing_secret(owner)
 
 
 COMMAND_TASK_TYPES = frozenset({"command", "container"})

@@ -9,7 +9,7 @@ WHERE n.notification_id IN (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-RETURNING n.notification_id, n.url, n.payload, n.attempts;
+RETURNING n.notification_id, n.owner, n.url, n.payload, n.attempts;
 
 -- name: mark_notifications_sent
 UPDATE notifications SET sent_at = now(), last_error = NULL WHERE notification_id = ANY($1::uuid[]);
