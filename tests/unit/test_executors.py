@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -146,8 +147,8 @@ class Server:
     requests: list[Recorded] = field(default_factory=list)
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[Server]:
+@asynccontextmanager
+async def serving() -> AsyncIterator[Server]:
     release = asyncio.Event()
     srv = Server(base="")
 
@@ -173,7 +174,17 @@ async def server() -> AsyncIterator[Server]:
         await record(request)
         return web.Response(body=b"a" * 20_000 + b"THE-END")
 
+    async def redirect(request: web.Request) -> web.Response:
+        await record(request)
+        return web.Response(status=int(request.match_info["code"]), headers={"Location": request.query["to"]})
+
     app = web.Application()
+    async def loop(request: web.Request) -> web.Response:
+        await record(request)
+        return web.Response(status=302, headers={"Location": "/loop"})
+
+    app.router.add_route("*", "/redirect/{code}", redirect)
+    app.router.add_get("/loop", loop)
     app.router.add_route("*", "/ok", ok)
     app.router.add_route("*", "/status/{code}", status)
     app.router.add_get("/hang", hang)
@@ -189,6 +200,19 @@ async def server() -> AsyncIterator[Server]:
     finally:
         release.set()
         await runner.cleanup()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    async with serving() as srv:
+        yield srv
+
+
+@pytest.fixture
+async def elsewhere() -> AsyncIterator[Server]:
+    """A second server: another origin (same host, another port)."""
+    async with serving() as srv:
+        yield srv
 
 
 @pytest.fixture
@@ -247,6 +271,50 @@ async def test_http_string_body_sent_as_is_and_defaults_to_get(server: Server, h
     assert second.headers["User-Agent"] == "mine/1"
     assert (third.method, third.body) == ("GET", b"")
     assert "Content-Type" not in third.headers
+
+
+SECRET_TASK_HEADERS = {"Authorization": "Bearer s3cret", "X-Api-Key": "k3y"}
+
+
+async def test_http_redirect_within_the_origin_keeps_headers_and_body(server: Server, http: HttpExecutor) -> None:
+    task = {"type": "http", "method": "POST", "url": f"{server.base}/redirect/307?to=/ok",
+            "headers": SECRET_TASK_HEADERS, "body": {"n": 1}}
+    outcome = await http.run(task, make_ctx(signing_secret="whsec_test"))
+    assert outcome == TaskOutcome(True, None, "created")
+    first, landed = server.requests
+    assert (landed.method, landed.path, landed.body) == ("POST", "/ok", first.body)
+    for name in [*SECRET_TASK_HEADERS, "X-Chimes-Signature", "Idempotency-Key"]:
+        assert landed.headers[name] == first.headers[name]
+
+
+async def test_http_redirect_to_another_origin_drops_task_headers_and_signature(
+    server: Server, elsewhere: Server, http: HttpExecutor
+) -> None:
+    task = {"type": "http", "method": "POST", "url": f"{server.base}/redirect/308?to={elsewhere.base}/ok",
+            "headers": SECRET_TASK_HEADERS, "body": {"n": 1}}
+    outcome = await http.run(task, make_ctx(signing_secret="whsec_test"))
+    assert outcome == TaskOutcome(True, None, "created")
+    [first] = server.requests
+    [landed] = elsewhere.requests
+    assert all(first.headers[name] for name in [*SECRET_TASK_HEADERS, "X-Chimes-Signature"])
+    assert not {*SECRET_TASK_HEADERS, "X-Chimes-Signature"} & set(landed.headers)
+    assert landed.headers["Idempotency-Key"] == "run-123" and landed.headers["User-Agent"] == USER_AGENT
+    assert (landed.method, landed.body, landed.headers["Content-Type"]) == ("POST", first.body, "application/json")
+
+
+async def test_http_303_turns_into_a_get_without_body(server: Server, http: HttpExecutor) -> None:
+    task = {"type": "http", "method": "POST", "url": f"{server.base}/redirect/303?to=/ok", "body": {"n": 1}}
+    assert (await http.run(task, make_ctx())).succeeded
+    _, landed = server.requests
+    assert (landed.method, landed.body) == ("GET", b"") and "Content-Type" not in landed.headers
+
+
+async def test_http_redirect_loop_and_unsupported_scheme_fail_clearly(server: Server, http: HttpExecutor) -> None:
+    loop = await http.run({"type": "http", "url": f"{server.base}/loop"}, make_ctx())
+    assert loop == TaskOutcome(False, "more than 10 redirects")
+    assert len(server.requests) == 11
+    odd = await http.run({"type": "http", "url": f"{server.base}/redirect/302?to=file:///etc/passwd"}, make_ctx())
+    assert odd == TaskOutcome(False, "HTTP 302: redirect to an unsupported URL file:///etc/passwd")
 
 
 async def test_http_non_2xx_is_failure(server: Server, http: HttpExecutor) -> None:

@@ -6,6 +6,10 @@ thousands of concurrent webhook calls reuse connections instead of paying a TCP
 
 Its connector applies the egress (SSRF) policy to every address it connects to, and every request
 is signed with the owner's signing secret (``X-Chimes-Signature``, chimes.security.signing).
+
+Redirects are followed here, not by aiohttp, which would carry every header, secret ones included,
+to whatever origin the target names. A hop to another origin (scheme, host and port) keeps only
+Chimes' own headers: the task's headers and the signature are for the origin the team configured.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 from multidict import CIMultiDict
+from yarl import URL
 
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
@@ -32,10 +37,12 @@ from chimes.worker.executors import (
     short_error,
 )
 
-__all__ = ["HTTP_READ_LIMIT_BYTES", "USER_AGENT", "HttpExecutor", "build_headers"]
+__all__ = ["HTTP_READ_LIMIT_BYTES", "MAX_REDIRECTS", "USER_AGENT", "HttpExecutor", "build_headers"]
 
 #: Most response bytes read per run: a streaming or huge response must not hold the run open.
 HTTP_READ_LIMIT_BYTES = 64 * 1024
+MAX_REDIRECTS = 10  # as aiohttp's and most clients' default
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _READ_CHUNK = 16 * 1024
 _RESERVED_PREFIX = "x-chimes-"
 
@@ -91,6 +98,29 @@ def _connection_error(exc: aiohttp.ClientError) -> str:
     return short_error(f"{type(exc).__name__}: {exc}")
 
 
+def _for_another_origin(headers: CIMultiDict[str], ctx: TaskContext) -> CIMultiDict[str]:
+    """Chimes' own headers only (and the body's type): no task header, secret or not, no signature."""
+    kept = build_headers(None, ctx)
+    if "Content-Type" in headers:
+        kept["Content-Type"] = headers["Content-Type"]
+    return kept
+
+
+async def _outcome(resp: aiohttp.ClientResponse, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
+    tail = OutputTail(OUTPUT_TAIL_BYTES)
+    while tail.total_bytes < HTTP_READ_LIMIT_BYTES:
+        chunk = await resp.content.read(min(_READ_CHUNK, HTTP_READ_LIMIT_BYTES - tail.total_bytes))
+        if not chunk:
+            break
+        tail.feed(chunk)
+    output = tail.text(resp.charset or "utf-8")
+    if resp.status == 202 and task.get("callback") and ctx.lease_token is not None:
+        return TaskOutcome(True, None, output, pending=True)
+    if 200 <= resp.status < 300:
+        return TaskOutcome(True, None, output)
+    return TaskOutcome(False, f"HTTP {resp.status}", output)
+
+
 class HttpExecutor:
     """Runs ``{"type": "http"}`` tasks over one lazily created, pooled client session."""
 
@@ -128,22 +158,28 @@ class HttpExecutor:
         if ctx.signing_secret is not None:  # fresh on every attempt: targets refuse old timestamps
             headers[SIGNATURE_HEADER] = signature_header(ctx.signing_secret, int(time.time()), data or b"")
         method = str(task.get("method") or "GET").upper()
-        timeout = aiohttp.ClientTimeout(total=ctx.timeout_sec)  # covers connect, send and body read
-        async with self._get_session().request(
-            method, str(task["url"]), headers=headers, data=data, timeout=timeout
-        ) as resp:
-            tail = OutputTail(OUTPUT_TAIL_BYTES)
-            while tail.total_bytes < HTTP_READ_LIMIT_BYTES:
-                chunk = await resp.content.read(min(_READ_CHUNK, HTTP_READ_LIMIT_BYTES - tail.total_bytes))
-                if not chunk:
-                    break
-                tail.feed(chunk)
-            output = tail.text(resp.charset or "utf-8")
-            if resp.status == 202 and task.get("callback") and ctx.lease_token is not None:
-                return TaskOutcome(True, None, output, pending=True)
-            if 200 <= resp.status < 300:
-                return TaskOutcome(True, None, output)
-            return TaskOutcome(False, f"HTTP {resp.status}", output)
+        url = URL(str(task["url"]))
+        timeout = aiohttp.ClientTimeout(total=ctx.timeout_sec)
+        async with asyncio.timeout(ctx.timeout_sec):  # every hop, connect, send and body read together
+            for _ in range(MAX_REDIRECTS + 1):
+                async with self._get_session().request(
+                    method, url, headers=headers, data=data, timeout=timeout, allow_redirects=False
+                ) as resp:
+                    location = resp.headers.get("Location") if resp.status in _REDIRECT_STATUSES else None
+                    if location is None:
+                        return await _outcome(resp, task, ctx)
+                    status = resp.status
+                following = url.join(URL(location))
+                if following.scheme not in ("http", "https"):
+                    return TaskOutcome(False, short_error(f"HTTP {status}: redirect to an unsupported URL {location}"))
+                if status == 303 or (status in (301, 302) and method == "POST"):  # as every client does
+                    method = "HEAD" if method == "HEAD" else "GET"
+                    data = None
+                    headers.popall("Content-Type", None)
+                if following.origin() != url.origin():
+                    headers = _for_another_origin(headers, ctx)
+                url = following
+        return TaskOutcome(False, f"more than {MAX_REDIRECTS} redirects")
 
     async def close(self) -> None:
         """Close pooled connections; a later ``run`` would open a fresh session."""
