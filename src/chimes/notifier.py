@@ -5,8 +5,9 @@ lost. A sender claims a batch by pushing its next attempt a lease ahead, posts e
 as ``Idempotency-Key``, and marks it sent. A sender killed between posting and marking leaves the
 row to be sent again after the lease, with the same key, for the receiver to deduplicate.
 
-Workers send them: a webhook is a call a team chose, like a task's, so it goes out under the same
-egress policy and is signed with the owner's signing secret exactly as task calls are.
+Scheduler nodes send them, so they go out even when no worker is alive. A webhook is a call a team
+chose, like a task's, so it goes out under the operator's egress policy and is signed with the
+owner's signing secret exactly as task calls are.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ class NotifierConfig:
     egress: EgressPolicy | None = None  # None: the default policy (metadata and link-local denied)
 
 
-SigningSecrets = Callable[[str], Awaitable[str]]  # owner -> signing secret in clear
+SecretOfOwner = Callable[[str], Awaitable[str]]  # owner -> signing secret in clear (store.owners.SigningSecrets)
 
 
 class Notifier:
-    def __init__(self, pool: asyncpg.Pool, signing_secret: SigningSecrets,
+    def __init__(self, pool: asyncpg.Pool, signing_secret: SecretOfOwner,
                  config: NotifierConfig | None = None) -> None:
         self._pool = pool
         self._signing_secret = signing_secret

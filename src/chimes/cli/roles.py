@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 
+import asyncpg
 import click
 from fastapi import FastAPI
 
@@ -14,7 +15,7 @@ from chimes.cli.runtime import api_server, migrate_database, on_shutdown_signals
 from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
-from chimes.security.secrets import SecretKeyError
+from chimes.security.secrets import Keyring, SecretKeyError
 from chimes.settings import Settings
 from chimes.store import db, tokens
 from chimes.store.owners import OwnerStore, SigningSecrets, check_secret_key
@@ -32,11 +33,7 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     await _announce_admin_token(dsn, allow_commands=bool(work and work.allow_commands))
     pool = await db.create_pool(dsn, max_size=12)
     if work is not None:  # before anything starts: a wrong key must not leave half the roles running
-        try:
-            await check_secret_key(pool, work.keyring)
-        except SecretKeyError as exc:
-            await pool.close()
-            raise click.ClickException(str(exc)) from None
+        await _require_database_key(pool, work.keyring)
     server = api_server(_app(dsn, api), settings.host, settings.port)
     node = SchedulerNode(pool, signing_secrets=SigningSecrets(pool, work.keyring if work else None),
                          egress=work.egress if work else None)
@@ -62,6 +59,15 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
         await pool.close()
 
 
+async def _require_database_key(pool: asyncpg.Pool, keyring: Keyring) -> None:
+    """Stop at start-up, pool closed, when this process's secret key is not the database's."""
+    try:
+        await check_secret_key(pool, keyring)
+    except SecretKeyError as exc:
+        await pool.close()
+        raise click.ClickException(str(exc)) from None
+
+
 def _app(dsn: str, api: ApiSecurity | None) -> FastAPI:
     return create_app(dsn, limits=api.limits, keyring=api.keyring) if api else create_app(dsn)
 
@@ -80,11 +86,7 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
     # A node stalled inside a fire holds its lease rows: no takeover until the session ends.
     pool = await db.create_pool(dsn, max_size=6, server_settings=db.lock_holding_limit(lease_ttl))
     if outgoing is not None:  # it signs webhooks: a wrong key is a start-up error, as for a worker
-        try:
-            await check_secret_key(pool, outgoing.keyring)
-        except SecretKeyError as exc:
-            await pool.close()
-            raise click.ClickException(str(exc)) from None
+        await _require_database_key(pool, outgoing.keyring)
     lease = LeaseConfig(ttl_sec=lease_ttl, renew_every_sec=min(1.0, lease_ttl / 4))
     config = SchedulerConfig(lease=lease, retention_days=retention_days, missed_after_sec=missed_after)
     node = SchedulerNode(pool, config, node_id=node_id,
