@@ -6,19 +6,26 @@ connection out again and fail the next call with ``InternalClientError`` ("canno
 ``PostgresError`` nor an ``InterfaceError``. A chaos run saw two workers exit on it during a fast
 restart. That race cannot be produced on demand, so these tests make one store call raise the error
 exactly as asyncpg does; the fleet, the database and the target are real.
+
+A restart also drops each worker's LISTEN connection; a worker must listen again once the server is
+back, not poll for the rest of its life (every run would then start up to a poll interval late). Its
+backend is ended with ``pg_terminate_backend``, as a restart ends it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import httpx
 
+from chimes.worker.worker import Worker
 from tests.helpers import wait_for
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import FAST_WORKER, Fleet
 from tests.target import Target
 
 
@@ -69,3 +76,37 @@ async def test_scheduler_keeps_scanning_after_asyncpg_fails_a_broken_connection(
     job_id = await one_off(client, target, "/after-scan-error")
     await wait_for(lambda: succeeded(client, job_id), timeout=15, what="the node to fire the job anyway")
     assert len(target.calls_to("/after-scan-error")) == 1
+
+
+async def listening_backend(pool: asyncpg.Pool) -> int | None:
+    return await pool.fetchval("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND query LIKE 'LISTEN %'")
+
+
+async def test_worker_listens_again_after_its_listen_connection_is_dropped(
+    pool: asyncpg.Pool, database_url: str, client: httpx.AsyncClient, target: Target
+) -> None:
+    # Polling once a minute: a run started within seconds was woken by NOTIFY.
+    worker = Worker(pool, database_url, replace(FAST_WORKER, poll_every_sec=60.0), worker_id="listener")
+    running = asyncio.create_task(worker.run())
+    try:
+        first = await wait_for(lambda: listening_backend(pool), timeout=10, what="the worker to LISTEN")
+        assert await pool.fetchval("SELECT pg_terminate_backend($1)", first)
+        second = await wait_for(lambda: _other_backend(pool, first), timeout=10, what="the worker to LISTEN again")
+        assert second != first and worker.listening
+
+        response = await client.post("/jobs", json={"name": "woken", "schedule": {"cron": "0 0 1 1 *"},
+                                                    "task": {"type": "http", "url": target.url + "/woken"}})
+        assert response.status_code == 201, response.text
+        job_id = response.json()["jobId"]
+        assert (await client.post(f"/jobs/{job_id}/runs")).status_code == 202
+        await wait_for(lambda: succeeded(client, job_id), timeout=10, what="NOTIFY to wake the worker")
+        assert len(target.calls_to("/woken")) == 1
+    finally:
+        worker.stop()
+        await running
+
+
+async def _other_backend(pool: asyncpg.Pool, old: int) -> int | None:
+    pid = await listening_backend(pool)
+    return pid if pid not in (None, old) else None

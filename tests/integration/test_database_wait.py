@@ -5,7 +5,8 @@ it instead of exiting (found by `chimes chaos`: nodes started during a crash rec
 A real PostgreSQL cannot be held in its start-up state on demand without stopping the server every
 other test uses, so a small front server on 127.0.0.1 answers the first connections exactly as a
 starting PostgreSQL does (SQLSTATE 57P03 after the start-up packet), then passes bytes through to the
-real one.
+real one. To play a server that restarts just after a process connected, it can also cut the first
+connections that send a given statement, as a restarting server closes every session.
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ def _starting_up_error() -> bytes:
 
 @dataclass
 class FrontServer:
-    """Refuses the first ``refuse`` connections as a starting PostgreSQL, forwards the rest."""
+    """Refuses the first ``refuse`` connections as a starting PostgreSQL, forwards the rest; the first
+    ``cuts`` of them that send ``cut_on`` are closed right there."""
 
     upstream_dsn: str
     refuse: int
+    cut_on: bytes = b""
+    cuts: int = 0
     connections: int = 0
     port: int = 0
 
@@ -76,6 +80,11 @@ class FrontServer:
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             while data := await src.read(65536):
+                if self.cuts and self.cut_on and self.cut_on in data:
+                    self.cuts -= 1
+                    writer.close()
+                    up_writer.close()
+                    return
                 dst.write(data)
                 await dst.drain()
             dst.close()
@@ -160,3 +169,14 @@ async def test_a_command_says_why_it_gave_up_waiting(front: FrontServer) -> None
     assert code == 1
     assert out.splitlines()[-1] == ("Error: the database is not accepting connections (CannotConnectNowError: the "
                                     "database system is starting up); gave up after 0.5 s (--database-wait)")
+
+
+async def test_a_restart_during_start_up_migrations_means_trying_again(front: FrontServer) -> None:
+    front.refuse, front.cut_on, front.cuts = 0, b"pg_advisory_lock", 2
+    code, out = await _chimes("migrate", "--database-url", front.dsn())
+    assert code == 0, out
+    assert out.count("database not ready (ConnectionDoesNotExistError: connection was closed in the middle of "
+                     "operation)") == 2
+    assert out.splitlines()[-1] == "schema is up to date"
+    assert front.cuts == 0
+

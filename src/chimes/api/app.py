@@ -13,7 +13,7 @@ from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
 from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
-from chimes.store.db import create_pool
+from chimes.store.db import create_pool, when_ready
 from chimes.store.jobs import JobStore
 from chimes.store.owners import check_secret_key
 from chimes.store.runs import RunStore
@@ -28,7 +28,8 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
         ring = keyring or default_keyring()
         pool = await create_pool(dsn, max_size=pool_size)
         try:
-            await check_secret_key(pool, ring)  # another key than the workers' fails here, not in every run
+            # Another key than the workers' fails here, not in every run.
+            await when_ready(lambda: check_secret_key(pool, ring))
         except BaseException:
             await pool.close()
             raise

@@ -62,7 +62,7 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
 async def _require_database_key(pool: asyncpg.Pool, keyring: Keyring) -> None:
     """Stop at start-up, pool closed, when this process's secret key is not the database's."""
     try:
-        await check_secret_key(pool, keyring)
+        await db.when_ready(lambda: check_secret_key(pool, keyring))
     except SecretKeyError as exc:
         await pool.close()
         raise click.ClickException(str(exc)) from None
@@ -120,17 +120,19 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
 async def _announce_admin_token(dsn: str, allow_commands: bool = False) -> None:
     """On the first start, create an admin token and print it: the only time it is ever shown.
     With ``allow_commands`` (chimes up's default), its owner may also run command tasks."""
-    conn = await db.connect(dsn)
-    try:
+    async def create_first(conn: asyncpg.Connection) -> str | None:
         async with conn.transaction():
             await conn.execute("LOCK TABLE api_tokens IN SHARE ROW EXCLUSIVE MODE")
             if await conn.fetchval(sql("count_admin_tokens")):
-                return
+                return None
             token = await tokens.create_token(conn, "admin", admin=True, name="created by chimes up")
             if allow_commands:
                 await OwnerStore(conn).set("admin", allow_commands=True)
-    finally:
-        await conn.close()
+            return token
+
+    token = await db.with_connection(dsn, create_first)
+    if token is None:
+        return
     click.echo(
         "\nThis is the admin token; it is shown only now, so keep it:\n\n"
         f"    {token}\n\n"

@@ -31,11 +31,8 @@ def on_shutdown_signals(stop: Callable[[], None]) -> None:
 
 
 async def migrate_database(dsn: str) -> list[int]:
-    conn = await db.connect(dsn)
-    try:
-        return await migrate(conn)
-    finally:
-        await conn.close()
+    """Apply pending migrations; each runs in its own transaction, so a restart midway is tried again."""
+    return await db.with_connection(dsn, migrate)
 
 
 class ApiServer(uvicorn.Server):

@@ -56,12 +56,15 @@ def lock_holding_limit(seconds: float) -> dict[str, str]:
 DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, TimeoutError)
 
 # Errors of a server that is not accepting connections yet, or just now: starting, recovering from a
-# crash, restarting, or out of connection slots. A process starting meanwhile waits for it (up to
-# CONNECT_WAIT_SEC) instead of exiting; a wrong password, database or URL still fails at once.
+# crash, restarting (closing every session as it goes), or out of connection slots. A process starting
+# meanwhile waits for it (up to CONNECT_WAIT_SEC) instead of exiting; a wrong password, database or URL
+# still fails at once.
 NOT_READY_ERRORS = (
     asyncpg.CannotConnectNowError,
     asyncpg.TooManyConnectionsError,
     asyncpg.ConnectionDoesNotExistError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
     OSError,
     TimeoutError,
 )
@@ -78,13 +81,15 @@ class DatabaseUnavailable(ConnectionError):
     """The database did not accept a connection within the wait; the last error is the cause."""
 
 
-async def _when_ready(open_: Callable[[], Awaitable[T]], wait_sec: float | None) -> T:
+async def when_ready(step: Callable[[], Awaitable[T]], wait_sec: float | None = None) -> T:
+    """Run ``step`` until the database lets it through, trying again from the start while the server is
+    not ready, for up to ``wait_sec`` (default: ``--database-wait``). The step must be safe to repeat."""
     wait = CONNECT_WAIT_SEC if wait_sec is None else wait_sec
     deadline = time.monotonic() + wait
     pause = 0.1
     while True:
         try:
-            return await open_()
+            return await step()
         except NOT_READY_ERRORS as exc:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -108,16 +113,34 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, wait_s
         assert pool is not None
         return pool
 
-    return await _when_ready(open_pool, wait_sec)
+    return await when_ready(open_pool, wait_sec)
+
+
+async def _open_connection(dsn: str) -> asyncpg.Connection:
+    conn = await asyncpg.connect(dsn, server_settings=SESSION_SETTINGS)
+    await _init_connection(conn)
+    return conn
 
 
 async def connect(dsn: str, *, wait_sec: float | None = None) -> asyncpg.Connection:
-    async def open_connection() -> asyncpg.Connection:
-        conn = await asyncpg.connect(dsn, server_settings=SESSION_SETTINGS)
-        await _init_connection(conn)
-        return conn
+    return await when_ready(lambda: _open_connection(dsn), wait_sec)
 
-    return await _when_ready(open_connection, wait_sec)
+
+async def with_connection(dsn: str, step: Callable[[asyncpg.Connection], Awaitable[T]], *,
+                          wait_sec: float | None = None) -> T:
+    """Run ``step`` on a connection of its own, closed after. A server that goes away in the middle
+    (restarting, crashing) means a fresh connection and the step from the start, within the wait: what
+    a process does on start-up must not make it exit when the database restarts at that moment (found
+    by ``chimes chaos``). The step must be safe to repeat: one transaction, or work that checks first."""
+    async def once() -> T:
+        conn = await _open_connection(dsn)
+        try:
+            return await step(conn)
+        finally:
+            if not conn.is_closed():
+                await conn.close()
+
+    return await when_ready(once, wait_sec)
 
 
 @contextlib.contextmanager

@@ -55,7 +55,8 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
         await ensure_run_partitions(conn)
         return applied
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+        if not conn.is_closed():  # a lost session has released its locks already
+            await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
 
 
 async def drop_old_run_partitions(conn: asyncpg.Connection, retention_days: int) -> int:

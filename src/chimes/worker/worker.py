@@ -61,6 +61,7 @@ class Worker:
         self.executors = executors or Executors()
         self.guard = guard or TaskGuard(pool, allow_commands=self.config.allow_commands)
         self.completed = 0
+        self.listening = False  # whether NOTIFY wakes this worker now (else it polls)
         self._dsn = dsn
         self._running: dict[uuid.UUID, tuple[ClaimedRun, asyncio.Task[None]]] = {}
         self._outcomes: list[Outcome] = []
@@ -84,9 +85,9 @@ class Worker:
     async def run(self) -> None:
         log.info("worker %s starting (concurrency %d)", self.worker_id, self.config.concurrency)
         await self.guard.start()  # a secret key that is not the database's stops the worker here
-        listener = await self._listen()
         with contextlib.suppress(*DB_ERRORS):
             await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, 0)
+        listener = asyncio.create_task(self._listen_loop())
         heartbeat = asyncio.create_task(self._heartbeat_loop())
         flusher = asyncio.create_task(self._flush_loop())
         try:
@@ -94,27 +95,42 @@ class Worker:
             await self._drain()
         finally:
             heartbeat.cancel()
+            listener.cancel()
             # The flusher is never cancelled mid-write (that would lose the batch it holds): it is
             # told to stop and finishes its last flush.
             self._drained.set()
-            await asyncio.gather(heartbeat, flusher, return_exceptions=True)
+            await asyncio.gather(heartbeat, listener, flusher, return_exceptions=True)
             await self._flush()
-            if listener is not None:
-                with contextlib.suppress(*DB_ERRORS):
-                    await listener.close()
             with contextlib.suppress(*DB_ERRORS):
                 await self.store.forget()
             await self.executors.close()
             log.info("worker %s stopped after %d runs", self.worker_id, self.completed)
 
-    async def _listen(self) -> asyncpg.Connection | None:
+    async def _listen_loop(self) -> None:
+        """Hold a LISTEN connection that wakes the claim loop. When the database drops it (a restart, a
+        failover), open another: meanwhile the worker only polls, starting runs up to a poll late."""
+        while True:
+            try:
+                await self._listen_until_lost()
+                log.warning("the LISTEN connection was lost; polling until it is back")
+            except DB_ERRORS as exc:
+                log.warning("LISTEN failed, polling until it works: %s", exc)
+                await asyncio.sleep(self.config.poll_every_sec)
+
+    async def _listen_until_lost(self) -> None:
+        lost = asyncio.Event()
+        conn = await asyncpg.connect(self._dsn)
         try:
-            conn = await asyncpg.connect(self._dsn)
+            conn.add_termination_listener(lambda _: lost.set())
             await conn.add_listener(QUEUE_CHANNEL, lambda *_: self._wake.set())
-            return conn
-        except DB_ERRORS as exc:
-            log.warning("LISTEN failed, polling only: %s", exc)
-            return None
+            self.listening = True
+            self._wake.set()  # whatever was enqueued while nobody listened
+            await lost.wait()
+        finally:
+            self.listening = False
+            if not conn.is_closed():
+                with contextlib.suppress(*DB_ERRORS):
+                    await conn.close(timeout=5)
 
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():
