@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import signal
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
 import httpx
 
+from chimes.store.owners import OwnerStore
 from tests.e2e.processes import Processes
+from tests.fake_container_runtime import install_fake_runtime
 from tests.helpers import wait_for
 from tests.target import Target
 
@@ -81,6 +85,32 @@ async def test_worker_killed_mid_run_is_run_again_by_another_worker(
     assert [(a["attempt"], a["worker_id"], a["status"]) for a in attempts] == [
         (1, "worker-1", "failed"), (2, "worker-2", "succeeded")]
     assert "stopped heartbeating" in attempts[0]["error"]
+
+
+async def test_env_file_of_a_worker_killed_mid_container_run_is_removed_by_the_next_worker(
+    processes: Processes, client: httpx.AsyncClient, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    # No container engine runs here: the stand-in CLI of tests/fake_container_runtime.py takes its place.
+    (tmp_path / "runtime").mkdir()
+    runtime = install_fake_runtime(tmp_path / "runtime")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"CHIMES_CONTAINER_RUNTIME": str(runtime.path), "TMPDIR": str(tmp)}
+    await OwnerStore(pool).set("team-a", allow_commands=True)
+    processes.scheduler("node-1")
+    doomed = processes.start("worker-1", "worker", "--worker-id", "worker-1", "--allow-commands", env=env)
+    task = {"type": "container", "image": "alpine:3", "command": ["sleep", "5"], "env": {"TOKEN": "s3cret"}}
+    response = await client.post("/jobs", json={"name": "boxed", "schedule": {"at": soon(0.5)}, "task": task,
+                                                "retryPolicy": {"maxAttempts": 1}})
+    assert response.status_code == 201, response.text
+    [left] = await wait_for(lambda: list(tmp.glob(f"chimes-env-{doomed.pid}-*")), timeout=20,
+                            what="the worker to write the run's env file")
+    assert (left / "env").read_text() == "TOKEN=s3cret\n"
+    doomed.kill()
+    assert (left / "env").exists()  # nothing ran to remove it
+    processes.start("worker-2", "worker", "--worker-id", "worker-2", "--allow-commands", env=env)
+    await wait_for(lambda: not left.exists(), timeout=30, what="the next worker to remove the env file")
+    assert os.listdir(tmp) == []
 
 
 async def _run_with_status(pool: asyncpg.Pool, job_id: str, status: str) -> asyncpg.Record | None:

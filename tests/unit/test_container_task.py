@@ -9,7 +9,9 @@ subprocesses, real signals, real process groups.
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
+import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from chimes.worker.container_task import ContainerExecutor, container_name
+from chimes.worker.container_task import ContainerExecutor, container_name, remove_orphaned_env_files
 from chimes.worker.executors import OUTPUT_TAIL_BYTES, Executors, TaskContext, TaskOutcome
 from tests.fake_container_runtime import DEADLINE_SEC, FakeRuntime, install_fake_runtime, pid_alive
 from tests.helpers import wait_for
@@ -70,12 +72,26 @@ async def test_task_env_stays_off_the_command_line_and_is_removed_after_the_run(
     assert not any("s3cret" in arg for arg in run)
     [env_file] = fake.env_files()
     assert (env_file["mode"], env_file["folder_mode"]) == ("0o600", "0o700")
+    assert Path(env_file["path"]).parent.name.startswith(f"chimes-env-{os.getpid()}-")
     assert _gone(Path(env_file["path"]).parent)
     await fake.all_gone()
 
 
 def _gone(path: Path) -> bool:
     return not path.exists()
+
+
+def test_env_folders_of_dead_workers_are_removed_and_those_of_live_ones_kept(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for pid in (dead.pid, os.getpid()):
+        folder = tmp_path / f"chimes-env-{pid}-x1y2"
+        folder.mkdir(mode=0o700)
+        (folder / "env").write_text("TOKEN=s3cret\n")
+    (tmp_path / "chimes-env-notapid").mkdir()
+    assert remove_orphaned_env_files(tmp_path) == 1
+    assert sorted(path.name for path in tmp_path.iterdir()) == [f"chimes-env-{os.getpid()}-x1y2", "chimes-env-notapid"]
+    assert remove_orphaned_env_files(tmp_path) == 0
 
 
 async def test_a_line_break_in_an_env_value_fails_the_run_before_anything_starts(fake: FakeRuntime) -> None:

@@ -20,6 +20,7 @@ from chimes.settings import Settings
 from chimes.store import db, tokens
 from chimes.store.owners import OwnerStore, SigningSecrets, check_secret_key
 from chimes.store.queries import sql
+from chimes.worker.container_task import remove_orphaned_env_files
 from chimes.worker.executors import Executors
 from chimes.worker.guard import TaskGuard
 from chimes.worker.worker import Worker, WorkerConfig
@@ -34,6 +35,7 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     pool = await db.create_pool(dsn, max_size=12)
     if work is not None:  # before anything starts: a wrong key must not leave half the roles running
         await _require_database_key(pool, work.keyring)
+    _remove_orphaned_env_files()
     server = api_server(_app(dsn, api), settings.host, settings.port)
     node = SchedulerNode(pool, signing_secrets=SigningSecrets(pool, work.keyring if work else None),
                          egress=work.egress if work else None)
@@ -110,11 +112,17 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
                           shutdown_grace_sec=shutdown_grace, allow_commands=allow_commands)
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
     worker = Worker(pool, dsn, config, worker_id=worker_id, executors=executors, guard=guard)
+    _remove_orphaned_env_files()
     on_shutdown_signals(worker.stop)
     try:
         await worker.run()
     finally:
         await pool.close()
+
+
+def _remove_orphaned_env_files() -> None:
+    if removed := remove_orphaned_env_files():
+        log.warning("removed %d container env folders left by workers that died mid-run", removed)
 
 
 async def _announce_admin_token(dsn: str, allow_commands: bool = False) -> None:

@@ -8,7 +8,9 @@ CLI stays attached, the CLI's group is killed and then the container with ``kill
 
 The task's environment (secret values included) reaches the runtime in an env file readable by the
 worker's user only, removed when the run ends: on the command line, every user of the host could
-read it in the process list. Only the run identity (``CHIMES_*``) is passed as ``--env``.
+read it in the process list. Only the run identity (``CHIMES_*``) is passed as ``--env``. A worker
+killed mid-run cannot remove its files; the folder names carry the worker's pid, and a worker starting
+on the same host removes those of workers no longer alive (:func:`remove_orphaned_env_files`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from chimes.worker.executors import (
     short_error,
 )
 
-__all__ = ["RUNTIME_ERROR_CODES", "ContainerExecutor", "container_name", "run_argv", "task_env_file"]
+__all__ = ["RUNTIME_ERROR_CODES", "ContainerExecutor", "container_name", "remove_orphaned_env_files", "run_argv",
+           "task_env_file"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ _CLI_EXIT_AFTER_STOP_SEC = 2.0
 #: Grace for the CLI's own group once the container is stopped: nothing worth waiting for is left in it.
 _CLI_KILL_GRACE_SEC = 1.0
 _USAGE_HINT = re.compile(r"^(Run|See) '.*--help'")
+_ENV_FOLDER = re.compile(r"^chimes-env-(\d+)-")
 
 
 def container_name(ctx: TaskContext) -> str:
@@ -89,7 +93,8 @@ def task_env_file(task: dict[str, Any], ctx: TaskContext) -> Iterator[str | None
         return
     if any("\n" in value or "\r" in value for value in env.values()):
         raise ValueError("a container env value contains a line break, which an env file cannot carry")
-    folder = Path(tempfile.mkdtemp(prefix="chimes-env-"))  # 0700: only the worker's user can look inside
+    # 0700: only the worker's user can look inside. The pid lets a later worker remove it after a crash.
+    folder = Path(tempfile.mkdtemp(prefix=f"chimes-env-{os.getpid()}-"))
     try:
         path = folder / "env"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -98,6 +103,29 @@ def task_env_file(task: dict[str, Any], ctx: TaskContext) -> Iterator[str | None
         yield str(path)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_orphaned_env_files(folder: Path | None = None) -> int:
+    """Remove the env folders that workers killed mid-run (SIGKILL, out of memory) left in the
+    temporary folder: they hold secret values. Folders of live processes stay; returns how many went."""
+    removed = 0
+    for path in Path(folder or tempfile.gettempdir()).glob("chimes-env-*"):
+        match = _ENV_FOLDER.match(path.name)
+        if match is None or not path.is_dir() or _process_alive(int(match[1])):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += not path.exists()
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and its folder is not ours to judge
+        return True
+    return True
 
 
 def _last_line(text: str | None) -> str:
