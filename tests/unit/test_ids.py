@@ -15,6 +15,7 @@ import pytest
 from chimes.ids import (
     PARTITION_COUNT,
     new_job_id,
+    new_job_ids,
     partition_of,
     run_id_for,
     scheduled_at_of,
@@ -129,3 +130,12 @@ def test_new_job_ids_sort_in_creation_order() -> None:
         assert job_id.version == 7
         assert job_id.variant == uuid.RFC_4122
         assert abs(scheduled_at_of(job_id) - datetime.now(UTC)) < timedelta(seconds=5)
+
+
+def test_new_job_ids_in_bulk_are_distinct_version_7_ids_of_now() -> None:
+    ids = new_job_ids(1000)
+    assert ids == sorted(ids)  # in creation order, as one at a time
+    assert len(set(ids)) == 1000
+    assert {(job_id.version, job_id.variant) for job_id in ids} == {(7, uuid.RFC_4122)}
+    assert all(abs(scheduled_at_of(job_id) - datetime.now(UTC)) < timedelta(seconds=5) for job_id in ids)
+    assert new_job_ids(0) == []

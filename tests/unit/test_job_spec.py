@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import typing
 from datetime import UTC, datetime
 
 import pydantic
 import pytest
 
+from chimes import jobs
 from chimes.api.errors import field_path
 from chimes.jobs import AtScheduleSpec, CronScheduleSpec, JobPatch, JobSpec
 
@@ -136,3 +138,25 @@ def test_invalid_patch_raises(patch: dict) -> None:
 def test_unknown_patch_field_is_rejected() -> None:
     with pytest.raises(pydantic.ValidationError):
         JobPatch.model_validate({"nmae": "typo"})
+
+
+def _holds_text(annotation: object) -> bool:
+    if annotation is str or annotation is typing.Any:
+        return True
+    if typing.get_origin(annotation) is typing.Literal:  # its values are checked against a fixed set
+        return False
+    return any(_holds_text(arg) for arg in typing.get_args(annotation))
+
+
+def _checked_fields(model: type[pydantic.BaseModel]) -> set[str]:
+    validators = model.__pydantic_decorators__.field_validators.values()
+    named = {name for v in validators if v.func.__name__ == "_refuse_unstorable" for name in v.info.fields}
+    return set(model.model_fields) if "*" in named else named
+
+
+@pytest.mark.parametrize("model", [m for m in vars(jobs).values()
+                                   if isinstance(m, type) and issubclass(m, jobs._Model) and m is not jobs._Model])
+def test_every_field_that_can_hold_text_is_checked_for_storability(model: type[pydantic.BaseModel]) -> None:
+    text_fields = {name for name, field in model.model_fields.items() if _holds_text(field.annotation)}
+    unchecked = text_fields - _checked_fields(model)
+    assert not unchecked, f"{model.__name__}: fields not checked for storability: {sorted(unchecked)}"

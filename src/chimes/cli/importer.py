@@ -8,7 +8,10 @@ field) leaves the database as it was.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -50,7 +53,7 @@ def parse_line(number: int, line: bytes) -> JobSpec:
 @click.option("--owner", required=True, help="The team that will own the imported jobs.")
 def import_jobs(database_url: str | None, data_dir: Path, file: Path, owner: str) -> None:
     """Bulk-load jobs from a JSON Lines file (one POST /jobs body per line), all or nothing."""
-    with db.database_url(settings_from(database_url, data_dir)) as dsn:
+    with db.database_url(settings_from(database_url, data_dir)) as dsn, _without_cycle_collection():
         count, seconds = asyncio.run(_import(dsn, file, file.stat().st_size, owner, data_dir))
     click.echo(f"imported {count} jobs in {seconds:.1f}s ({count / max(seconds, 1e-9):,.0f} jobs/s)")
 
@@ -69,17 +72,29 @@ async def _import(dsn: str, file: Path, size: int, owner: str, data_dir: Path | 
                 chunk: list[JobSpec] = []
                 with file.open("rb") as lines:
                     for number, line in enumerate(lines, start=1):
-                        progress.advance(task, len(line))
                         if not line.strip():
                             continue
                         chunk.append(await sealer.seal(conn, parse_line(number, line)))
                         if len(chunk) >= CHUNK:
                             total += len(await copy_jobs(conn, owner, chunk, now))
                             chunk = []
+                            progress.update(task, completed=lines.tell())  # per chunk: per line costs
                 total += len(await copy_jobs(conn, owner, chunk, now))
     finally:
         await conn.close()
     return total, time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def _without_cycle_collection() -> Iterator[None]:
+    """Validated jobs are trees without cycles, freed by reference counting as each chunk goes. The
+    cycle collector would still walk every object of the chunk being built, again and again: a fifth
+    of the importer's time, for nothing to collect."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def _progress() -> Progress:

@@ -8,7 +8,7 @@ from datetime import datetime
 
 import asyncpg
 
-from chimes.ids import new_job_id, partition_of
+from chimes.ids import new_job_ids, partition_of
 from chimes.jobs import JobSpec
 from chimes.store.jobs import first_fire, job_columns
 
@@ -21,10 +21,8 @@ TRIGGER_COLUMNS = ("partition_id", "fire_at", "trigger_id", "job_id", "job_versi
 async def copy_jobs(conn: asyncpg.Connection, owner: str, specs: Sequence[JobSpec], now: datetime) -> list[uuid.UUID]:
     """COPY a chunk of validated jobs and their first triggers. The caller holds the transaction,
     so a failure anywhere in a large import leaves nothing behind."""
-    jobs, triggers, ids = [], [], []
-    for spec in specs:
-        job_id = new_job_id()
-        ids.append(job_id)
+    jobs, triggers, ids = [], [], new_job_ids(len(specs))
+    for spec, job_id in zip(specs, ids, strict=True):
         jobs.append((job_id, owner, *job_columns(spec)))
         fire_at = first_fire(spec, job_id, now)
         if fire_at is not None:
