@@ -1,6 +1,6 @@
 """Putting jobs in a Chimes database for a scenario.
 
-Jobs that will fire go in through the real bulk path (``chimes.store.bulk.copy_jobs``: validated
+Jobs that will fire go in through the real bulk path (``chimes.store.bulk``: validated
 ``JobSpec``s, COPY into ``jobs`` and ``triggers``). The idle schedules that only make the index big
 are generated inside PostgreSQL (``INSERT ... SELECT generate_series``), which is much faster than
 sending them; they are due an hour or more later, so no scenario fires them.
@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from chimes.jobs import JobSpec
-from chimes.store.bulk import copy_jobs
+from chimes.store.bulk import copy_rows, job_rows
 
 CHUNK = 5000
 IDLE_CHUNK = 500_000
@@ -54,7 +54,7 @@ async def add_jobs(pool: asyncpg.Pool, spec: JobSpec, count: int, owner: str = "
     async with pool.acquire() as conn, conn.transaction():
         for first in range(0, count, CHUNK):
             chunk = [spec if specs is None else specs(i) for i in range(first, min(count, first + CHUNK))]
-            await copy_jobs(conn, owner, chunk, now)
+            await copy_rows(conn, job_rows(chunk, owner, now))
     return time.perf_counter() - started
 
 

@@ -1,4 +1,5 @@
-"""`chimes jobs import`: bulk load through the CLI, all or nothing."""
+"""`chimes jobs import`: bulk load through the CLI, all or nothing, validated in this process
+(``--processes 1``) or in several."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import asyncpg
 import orjson
+import pytest
 
+from chimes.cli.security_options import keyring_from
 from tests.e2e.processes import Processes
 
 
@@ -18,9 +21,9 @@ def job_line(i: int, **overrides: object) -> bytes:
     return orjson.dumps(job) + b"\n"
 
 
-async def run_import(processes: Processes, file: Path, owner: str) -> tuple[int, str]:
+async def run_import(processes: Processes, file: Path, owner: str, *options: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "chimes", "jobs", "import", str(file), "--owner", owner, env=processes.env,
+        sys.executable, "-m", "chimes", "jobs", "import", str(file), "--owner", owner, *options, env=processes.env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
@@ -28,11 +31,12 @@ async def run_import(processes: Processes, file: Path, owner: str) -> tuple[int,
     return proc.returncode, out.decode()
 
 
+@pytest.mark.parametrize("validators", ["1", "3"])
 async def test_import_loads_jobs_with_their_triggers(processes: Processes, tmp_path: Path,
-                                                     pool: asyncpg.Pool) -> None:
+                                                     pool: asyncpg.Pool, validators: str) -> None:
     file = tmp_path / "jobs.jsonl"
     file.write_bytes(b"".join(job_line(i) for i in range(12_000)) + b"\n")  # spans several COPY chunks
-    code, output = await run_import(processes, file, "bulk-team")
+    code, output = await run_import(processes, file, "bulk-team", "--processes", validators)
     assert code == 0, output
     assert "imported 12000 jobs" in output
     assert await pool.fetchval("SELECT count(*) FROM jobs WHERE owner = 'bulk-team'") == 12_000
@@ -43,15 +47,38 @@ async def test_import_loads_jobs_with_their_triggers(processes: Processes, tmp_p
         WHERE extract(minute FROM t.fire_at)::int <> split_part(j.cron, ' ', 1)::int
     """)
     assert wrong == 0
+    # Job ids follow the file's order, as jobs created one by one follow the order of creation.
+    names = await pool.fetch("SELECT name FROM jobs ORDER BY job_id")
+    assert [r["name"] for r in names] == [f"job-{i}" for i in range(12_000)]
 
 
-async def test_a_bad_line_imports_nothing(processes: Processes, tmp_path: Path, pool: asyncpg.Pool) -> None:
+@pytest.mark.parametrize("validators", ["1", "3"])
+async def test_a_bad_line_imports_nothing(processes: Processes, tmp_path: Path, pool: asyncpg.Pool,
+                                          validators: str) -> None:
     file = tmp_path / "jobs.jsonl"
-    lines = [job_line(i) for i in range(7000)]
+    lines = [job_line(i) for i in range(16_000)]
     lines[6500] = job_line(6500, schedule={"cron": "0 0 * * *", "timezone": "Atlantis/Capital"})
+    lines[15_000] = b"{not json\n"  # later in the file, maybe validated first: the first one is reported
     file.write_bytes(b"".join(lines))
-    code, output = await run_import(processes, file, "bulk-team")
+    code, output = await run_import(processes, file, "bulk-team", "--processes", validators)
     assert code == 1
     assert "line 6501: schedule.timezone: unknown time zone 'Atlantis/Capital'; nothing was imported" in output
     assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
+
+
+async def test_secret_values_are_sealed_with_the_key_of_the_data_dir(processes: Processes, tmp_path: Path,
+                                                                     pool: asyncpg.Pool) -> None:
+    file = tmp_path / "jobs.jsonl"
+    lines = [job_line(i) for i in range(12_000)]
+    lines[11_000] = job_line(11_000, task={"type": "http", "url": "http://127.0.0.1:9/s",
+                                           "secretHeaders": {"X-Api-Key": "s3cret-value"}})
+    file.write_bytes(b"".join(lines))
+    data_dir = tmp_path / "data"
+    code, output = await run_import(processes, file, "bulk-team", "--processes", "2", "--data-dir", str(data_dir))
+    assert code == 0, output
+    task = await pool.fetchval("SELECT task FROM jobs WHERE name = 'job-11000'")
+    sealed = task["secretHeaders"]["X-Api-Key"]
+    assert "s3cret" not in sealed
+    assert keyring_from(data_dir, None).open(sealed) == "s3cret-value"
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE task ? 'secretHeaders'") == 1

@@ -139,3 +139,5 @@ def test_new_job_ids_in_bulk_are_distinct_version_7_ids_of_now() -> None:
     assert {(job_id.version, job_id.variant) for job_id in ids} == {(7, uuid.RFC_4122)}
     assert all(abs(scheduled_at_of(job_id) - datetime.now(UTC)) < timedelta(seconds=5) for job_id in ids)
     assert new_job_ids(0) == []
+    at = int(datetime(2026, 12, 1, tzinfo=UTC).timestamp() * 1000)
+    assert {scheduled_at_of(job_id) for job_id in new_job_ids(3, at)} == {datetime(2026, 12, 1, tzinfo=UTC)}

@@ -16,16 +16,13 @@ import asyncpg
 import click
 
 from chimes.api.limits import LimitSettings
-from chimes.jobs import JobSpec
 from chimes.security.secrets import (
     KEY_ENV,
     KEY_FILE_NAME,
     Keyring,
     SecretKeyError,
     default_keyring,
-    has_secrets,
     load_keyring,
-    seal_spec,
 )
 from chimes.security.ssrf import EgressPolicy
 from chimes.store.owners import check_secret_key
@@ -136,22 +133,20 @@ def api_security(data_dir: Path, options: dict[str, Any]) -> ApiSecurity:
     return ApiSecurity(limits, keyring_from(data_dir, options.get("secret_key_file")))
 
 
-class Sealer:
-    """Seals the secret values of job specs written straight to the database (``chimes jobs import``),
-    loading the key and checking it against the database's only if some spec has secrets."""
+class ImportKey:
+    """The secret key of ``chimes jobs import``, loaded and checked against the database's only once a
+    line has secret values to seal: an import without secrets needs no key."""
 
     def __init__(self, data_dir: Path | None) -> None:
         self._data_dir = data_dir
-        self._keyring: Keyring | None = None
+        self.keyring: Keyring | None = None
 
-    async def seal(self, conn: asyncpg.Connection, spec: JobSpec) -> JobSpec:
-        if not has_secrets(spec):
-            return spec
-        if self._keyring is None:
+    async def load(self, conn: asyncpg.Connection) -> Keyring:
+        if self.keyring is None:
             keyring = keyring_from(self._data_dir, None) if self._data_dir else default_keyring()
             try:
                 await check_secret_key(conn, keyring)
             except SecretKeyError as exc:
                 raise click.ClickException(str(exc)) from None
-            self._keyring = keyring
-        return seal_spec(spec, self._keyring)
+            self.keyring = keyring
+        return self.keyring

@@ -1,10 +1,12 @@
-"""Loading many jobs at once: COPY into jobs and triggers, in one transaction."""
+"""Loading many jobs at once: the rows of jobs and their first triggers, then COPY, in the caller's
+transaction."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -18,15 +20,31 @@ JOB_COLUMNS = ("job_id", "owner", "name", "cron", "run_at", "timezone", "jitter_
 TRIGGER_COLUMNS = ("partition_id", "fire_at", "trigger_id", "job_id", "job_version", "kind")
 
 
-async def copy_jobs(conn: asyncpg.Connection, owner: str, specs: Sequence[JobSpec], now: datetime) -> list[uuid.UUID]:
-    """COPY a chunk of validated jobs and their first triggers. The caller holds the transaction,
-    so a failure anywhere in a large import leaves nothing behind."""
-    jobs, triggers, ids = [], [], new_job_ids(len(specs))
-    for spec, job_id in zip(specs, ids, strict=True):
-        jobs.append((job_id, owner, *job_columns(spec)))
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """The rows of a chunk of jobs, in the order of JOB_COLUMNS and TRIGGER_COLUMNS. Ids are text
+    (PostgreSQL takes either): rows made in another process cross over several times faster so."""
+
+    jobs: list[tuple[Any, ...]]
+    triggers: list[tuple[Any, ...]]
+
+
+def job_rows(specs: Sequence[JobSpec], owner: str, now: datetime, id_millis: int | None = None) -> Rows:
+    """New jobs for validated specs, each with its first trigger (after ``now``) where it has one;
+    their ids carry ``id_millis`` (default: now), which orders chunks made side by side."""
+    jobs, triggers = [], []
+    for spec, job_id in zip(specs, new_job_ids(len(specs), id_millis), strict=True):
+        text_id = str(job_id)
+        jobs.append((text_id, owner, *job_columns(spec)))
         fire_at = first_fire(spec, job_id, now)
         if fire_at is not None:
-            triggers.append((partition_of(job_id), fire_at, job_id, job_id, 1, 0))
-    await conn.copy_records_to_table("jobs", records=jobs, columns=JOB_COLUMNS)
-    await conn.copy_records_to_table("triggers", records=triggers, columns=TRIGGER_COLUMNS)
-    return ids
+            triggers.append((partition_of(job_id), fire_at, text_id, text_id, 1, 0))
+    return Rows(jobs, triggers)
+
+
+async def copy_rows(conn: asyncpg.Connection, rows: Rows) -> int:
+    """COPY one chunk; the caller holds the transaction, so a failure anywhere in a large import
+    leaves nothing behind. Returns how many jobs it wrote."""
+    await conn.copy_records_to_table("jobs", records=rows.jobs, columns=JOB_COLUMNS)
+    await conn.copy_records_to_table("triggers", records=rows.triggers, columns=TRIGGER_COLUMNS)
+    return len(rows.jobs)
