@@ -38,6 +38,9 @@ from chimes.store import db
 from chimes.store.bulk import Rows, copy_rows, job_rows
 
 CHUNK = 5000
+# Below this a file validates in about a second here, sooner than validating processes start: unless
+# --processes says otherwise, it is validated in the importing process.
+SMALL_FILE_BYTES = 4 * 2**20
 
 
 class BadLine(click.ClickException):
@@ -144,6 +147,9 @@ async def validators(processes: int, owner: str, now: datetime) -> AsyncIterator
               help="Processes validating lines side by side (1: validate in this process).")
 def import_jobs(database_url: str | None, data_dir: Path, file: Path, owner: str, processes: int) -> None:
     """Bulk-load jobs from a JSON Lines file (one POST /jobs body per line), all or nothing."""
+    source = click.get_current_context().get_parameter_source("processes")
+    if source is click.core.ParameterSource.DEFAULT and file.stat().st_size < SMALL_FILE_BYTES:
+        processes = 1
     with db.database_url(settings_from(database_url, data_dir)) as dsn, _without_cycle_collection():
         count, seconds = asyncio.run(_import(dsn, file, file.stat().st_size, owner, data_dir, processes))
     click.echo(f"imported {count} jobs in {seconds:.1f}s ({count / max(seconds, 1e-9):,.0f} jobs/s)")
