@@ -22,7 +22,9 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 
+from chimes.chaos import observer
 from chimes.worker.worker import Worker
 from tests.helpers import wait_for
 from tests.integration.fleet import FAST_WORKER, Fleet
@@ -110,3 +112,37 @@ async def test_worker_listens_again_after_its_listen_connection_is_dropped(
 async def _other_backend(pool: asyncpg.Pool, old: int) -> int | None:
     pid = await listening_backend(pool)
     return pid if pid not in (None, old) else None
+
+
+async def test_chaos_lease_observer_keeps_watching_after_asyncpg_fails_a_broken_connection(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It once ended a 30-minute chaos run with this error, before any invariant was checked.
+    real_connect = asyncpg.connect
+    opened: list[asyncpg.Connection] = []
+
+    class FirstConnection:
+        """A real connection whose first fetch fails as asyncpg's does (its attributes are read-only)."""
+
+        def __init__(self, conn: asyncpg.Connection) -> None:
+            self.conn, self.fetch = conn, FailsOnce(conn.fetch)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.conn, name)
+
+    async def connect(*args: Any, **kwargs: Any) -> Any:
+        conn = await real_connect(*args, **kwargs)
+        opened.append(conn)
+        return FirstConnection(conn) if len(opened) == 1 else conn
+
+    monkeypatch.setattr(observer.asyncpg, "connect", connect)
+    watcher = observer.LeaseObserver(database_url, every_sec=0.05)
+    stop = asyncio.Event()
+    watching = asyncio.create_task(watcher.run(stop))
+    try:
+        await wait_for(lambda: watcher.polls >= 3, timeout=10, what="the observer to poll again")
+    finally:
+        stop.set()
+        await watching
+    assert watcher.failed_polls == 1
+    assert len(opened) == 2 and opened[0].is_closed()  # the broken connection was dropped, a new one opened

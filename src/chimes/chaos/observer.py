@@ -18,6 +18,8 @@ from datetime import datetime
 
 import asyncpg
 
+from chimes.store.db import DB_ERRORS
+
 log = logging.getLogger(__name__)
 
 POLL_SQL = "SELECT now() AS seen, partition_id, owner, token, expires_at FROM partition_leases"
@@ -48,8 +50,10 @@ class LeaseObserver:
                 if conn is None or conn.is_closed():
                     conn = await asyncpg.connect(self.dsn, timeout=2)
                 self.observe(await conn.fetch(POLL_SQL, timeout=2))
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            except DB_ERRORS:  # asyncpg's InternalClientError too: it ended a 30-minute run once
                 self.failed_polls += 1  # the database is restarting: nobody can change leases either
+                if conn is not None:
+                    conn.terminate()
                 conn = None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.every_sec)
