@@ -26,6 +26,7 @@ from chimes.store.db import DB_ERRORS
 from chimes.store.migrate import drop_old_run_partitions, ensure_run_partitions
 from chimes.store.owners import SigningSecrets
 from chimes.store.scheduling import DueTrigger, SchedulerStore
+from chimes.timeouts import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ class SchedulerNode:
 
     async def _sync_leases(self) -> None:
         try:
-            await asyncio.wait_for(self.leases.sync(), timeout=self.config.lease.ttl_sec / 2)
+            async with asyncio.timeout(self.config.lease.ttl_sec / 2):  # not wait_for: chimes.timeouts
+                await self.leases.sync()
         except BaseException:
             # Unsure whether we still hold anything: stop firing locally until a round succeeds.
             # (The database would refuse stale fires anyway; this just avoids the wasted work.)
@@ -207,10 +209,7 @@ class SchedulerNode:
             self._wake.clear()
             next_due = self.wheel.next_due()
             delay = 0.25 if next_due is None else min(0.25, max(0.0, next_due + coalesce - now))
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, delay)
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._batches.discard(task)

@@ -25,6 +25,7 @@ from chimes.backoff import next_attempt_at
 from chimes.logs import run_fields
 from chimes.store.db import DB_ERRORS
 from chimes.store.working import QUEUE_CHANNEL, ClaimedRun, Outcome, WorkerStore
+from chimes.timeouts import wait_event
 from chimes.worker.executors import Executors, TaskContext, TaskOutcome
 from chimes.worker.guard import TaskGuard
 from chimes.worker.reporting import report_outcomes
@@ -150,8 +151,7 @@ class Worker:
             for run in claimed:
                 self._running[run.run_id] = (run, asyncio.create_task(self._execute(run)))
             if len(claimed) < limit:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.config.poll_every_sec)
+                await wait_event(self._wake, self.config.poll_every_sec)
 
     async def _claim_by_tier(self, limit: int) -> list[ClaimedRun]:
         self._claim_cycles += 1
@@ -209,8 +209,7 @@ class Worker:
 
     async def _flush_loop(self) -> None:
         while not self._drained.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), timeout=self.config.flush_every_sec)
+            await wait_event(self._drained, self.config.flush_every_sec)
             await self._flush()
 
     async def _flush(self) -> None:
@@ -256,8 +255,7 @@ class Worker:
         deadline = time.monotonic() + self.config.shutdown_grace_sec
         while self._running and time.monotonic() < deadline:
             self._slot_free.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_free.wait(), timeout=deadline - time.monotonic())
+            await wait_event(self._slot_free, deadline - time.monotonic())
         if not self._running:
             return
         left = [run for run, _ in self._running.values()]
