@@ -38,6 +38,25 @@ def new_job_ids(count: int, millis: int | None = None) -> list[uuid.UUID]:
     return sorted(_v7(millis, tails[i:i + 10]) for i in range(0, 10 * count, 10))
 
 
+# The times a run can be scheduled at: a run id holds milliseconds since 1970 (none before), and
+# PostgreSQL and Python must both round-trip the time (Python's end at year 9999 is the nearer one;
+# PostgreSQL stores years 1 and earlier as -infinity).
+EARLIEST_SCHEDULABLE = _EPOCH
+LATEST_SCHEDULABLE = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def schedulable(instant: datetime) -> datetime:
+    """``instant`` in UTC, if a run can be scheduled at it; else ValueError saying what can be."""
+    try:
+        in_utc = instant.astimezone(UTC)
+    except OverflowError:
+        in_utc = None
+    if in_utc is None or not EARLIEST_SCHEDULABLE <= in_utc < LATEST_SCHEDULABLE:
+        raise ValueError(f"is outside the times Chimes can schedule: from {EARLIEST_SCHEDULABLE:%Y-%m-%dT%H:%M:%SZ} "
+                         f"up to (not including) {LATEST_SCHEDULABLE:%Y-%m-%dT%H:%M:%SZ}")
+    return in_utc
+
+
 def truncate_to_millis(instant: datetime) -> datetime:
     """Run times are kept at millisecond precision: the run id encodes them in 48 bits of millis."""
     return instant.replace(microsecond=instant.microsecond // 1000 * 1000)

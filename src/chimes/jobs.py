@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from chimes import cron
-from chimes.ids import truncate_to_millis
+from chimes.ids import schedulable, truncate_to_millis
 from chimes.security.storable import storable_problem
 
 PRIORITIES = {"high": 0, "normal": 1, "batch": 2}
@@ -83,6 +83,7 @@ class AtScheduleSpec(_Model):
     @field_validator("at")
     @classmethod
     def _millis(cls, value: datetime) -> datetime:
+        schedulable(value)
         return truncate_to_millis(value)
 
 

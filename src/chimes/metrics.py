@@ -29,6 +29,14 @@ LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 API_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
+# --- every role ----------------------------------------------------------------------------------
+LOOP_FAILURES = Counter("chimes_loop_failures_total",
+                        "Steps of a long-lived loop that failed and were tried again (chimes.failures).",
+                        ["role", "loop"])
+ITEMS_SET_ASIDE = Counter("chimes_items_set_aside_total",
+                          "Items (triggers, outcomes, expired runs) set aside because handling them failed.",
+                          ["role", "kind"])
+
 # --- scheduler node ----------------------------------------------------------------------------
 FIRE_LAG = Histogram("chimes_fire_lag_seconds", "Seconds between a trigger's due time and its firing.",
                      buckets=LAG_BUCKETS)

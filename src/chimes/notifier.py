@@ -24,7 +24,7 @@ import aiohttp
 import asyncpg
 import orjson
 
-from chimes import __version__
+from chimes import __version__, failures
 from chimes.security.secrets import SecretKeyError
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
@@ -60,8 +60,9 @@ class Notifier:
         rows = await self._pool.fetch(sql("claim_notifications"), self.config.batch, self.config.lease_sec)
         if not rows:
             return 0
-        results = await asyncio.gather(*(self._post(r["notification_id"], r["owner"], r["url"], r["payload"])
-                                         for r in rows))
+        results = [_error_text(result) for result in await asyncio.gather(
+            *(self._post(r["notification_id"], r["owner"], r["url"], r["payload"]) for r in rows),
+            return_exceptions=True)]
         delivered = [r["notification_id"] for r, error in zip(rows, results, strict=True) if error is None]
         failed = [(r, error) for r, error in zip(rows, results, strict=True) if error is not None]
         if delivered:
@@ -107,3 +108,14 @@ class Notifier:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def _error_text(result: str | BaseException | None) -> str | None:
+    """A notification whose sending failed unexpectedly is retried like one its target refused,
+    and the others of its batch go out all the same."""
+    if isinstance(result, asyncio.CancelledError):
+        raise result
+    if isinstance(result, BaseException):
+        log.error("sending a notification failed: %s", failures.describe(result), exc_info=result)
+        return f"internal error: {failures.describe(result)}"[:500]
+    return result

@@ -22,6 +22,13 @@ BAD_JOBS = [
     ("seven fields", with_schedule({"cron": "* * * * * * *"}), "schedule.cron", "fields"),
     ("never fires", with_schedule({"cron": "0 0 30 2 *"}), "schedule.cron", "never fires"),
     ("at without offset", with_schedule({"at": "2030-01-01T09:00:00"}), "schedule.at", "offset"),
+    # Times no run can have: PostgreSQL keeps year 1 as -infinity, run ids count milliseconds from 1970,
+    # and Python's datetime ends in year 9999. Accepted, the first one stopped every scheduler node.
+    ("at in year 1", with_schedule({"at": "0001-01-01T00:00:00Z"}), "schedule.at", "outside the times"),
+    ("at in year 1 east of UTC", with_schedule({"at": "0001-01-01T00:00:00+14:00"}), "schedule.at",
+     "outside the times"),
+    ("at before 1970", with_schedule({"at": "1969-12-31T23:59:59Z"}), "schedule.at", "outside the times"),
+    ("at in year 9999", with_schedule({"at": "9999-06-01T00:00:00Z"}), "schedule.at", "outside the times"),
     ("both cron and at", with_schedule({"cron": "* * * * *", "at": "2030-01-01T09:00:00Z"}), "schedule",
      "exactly one"),
     ("unknown task type", cron_job(task={"type": "carrier-pigeon"}), "task", "type"),

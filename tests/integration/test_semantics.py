@@ -234,6 +234,8 @@ async def test_backfill_refuses_bad_ranges(client: httpx.AsyncClient, target: Ta
         (cron_job, {"start": now.isoformat(), "end": (now + timedelta(hours=1)).isoformat()}, "end", "past"),
         (cron_job, {"start": "2026-01-01T00:00:00", "end": now.isoformat()}, "start", "offset"),
         (once, {"start": (now - timedelta(hours=1)).isoformat(), "end": now.isoformat()}, "schedule", "cron"),
+        (cron_job, {"start": "1969-12-31T23:00:00Z", "end": "1970-01-01T01:00:00Z"}, "start", "outside the times"),
+        (cron_job, {"start": "0001-01-01T00:00:00+14:00", "end": now.isoformat()}, "start", "outside the times"),
     ]
     for job_id, body, field, words in cases:
         response = await client.post(f"/jobs/{job_id}/backfill", json=body)

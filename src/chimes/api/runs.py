@@ -8,14 +8,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError, not_found
 from chimes.api.jobs import parse_id, parse_run_id
 from chimes.api.responses import JSONResponse
 from chimes.api.views import run_view
-from chimes.ids import scheduled_at_of_or_none
+from chimes.ids import schedulable, scheduled_at_of_or_none
 from chimes.jobs import PRIORITY_NAMES
 from chimes.store.runs import BackfillError, RunStore
 from chimes.store.tokens import Principal
@@ -60,6 +60,11 @@ class BackfillRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     start: AwareDatetime
     end: AwareDatetime
+
+    @field_validator("start", "end")
+    @classmethod
+    def _schedulable(cls, value: datetime) -> datetime:
+        return schedulable(value)
 
 
 @router.post("/jobs/{job_id}/backfill", status_code=202, response_class=JSONResponse)

@@ -8,15 +8,15 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from chimes import metrics
+from chimes import failures, metrics
 from chimes.notifier import Notifier, NotifierConfig
-from chimes.scheduler.firing import MISSED_AFTER, follow_up, plan_fires
+from chimes.scheduler.firing import MISSED_AFTER, follow_up, plan_fire
 from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.leases import LeaseConfig, LeaseManager
 from chimes.scheduler.reaper import Reaper
@@ -25,7 +25,7 @@ from chimes.security.ssrf import EgressPolicy
 from chimes.store.db import DB_ERRORS
 from chimes.store.migrate import drop_old_run_partitions, ensure_run_partitions
 from chimes.store.owners import SigningSecrets
-from chimes.store.scheduling import DueTrigger, SchedulerStore
+from chimes.store.scheduling import DueTrigger, Fire, FireResult, SchedulerStore
 from chimes.timeouts import wait_event
 
 log = logging.getLogger(__name__)
@@ -125,13 +125,14 @@ class SchedulerNode:
         self._stopping.set()
 
     async def _every(self, interval: float, step: Callable[[], Awaitable[None]]) -> None:
-        """Run ``step`` every ``interval`` seconds; a failing step is logged and tried again next time."""
+        """Run ``step`` every ``interval`` seconds. A step that fails, for whatever reason, is logged
+        with its cause, counted, and tried again next time: no error ends a loop of the node."""
         while True:
             started = time.monotonic()
             try:
                 await step()
-            except DB_ERRORS as exc:
-                log.warning("%s failed: %s", step.__name__, exc)
+            except Exception as exc:
+                failures.loop_failed("scheduler", step.__name__.lstrip("_"), exc)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _sync_leases(self) -> None:
@@ -151,9 +152,19 @@ class SchedulerNode:
         until = self._now() + timedelta(seconds=self.config.lookahead_sec)
         triggers = await self._due_before(list(held), until)
         current = self.leases.held  # partitions may have been lost while the scan ran
-        added = self.wheel.add_all(t for t in triggers if t.partition_id in current)
+        added = 0
+        for trigger in triggers:
+            if trigger.partition_id not in current:
+                continue
+            added += self._hold(trigger)
         if added:
             self._wake.set()
+
+    def _set_aside(self, trigger: DueTrigger, exc: Exception) -> None:
+        """One trigger that cannot be fired must not hold up the others: it stays in the database,
+        and this node leaves it alone until its job changes."""
+        self.wheel.set_aside(trigger)
+        failures.set_aside("scheduler", "trigger", f"trigger of job {trigger.job_id} due {trigger.fire_at}", exc)
 
     async def _due_before(self, partitions: list[int], until: datetime) -> list[DueTrigger]:
         """Every trigger of these partitions due before ``until``. The part of the look-ahead the last
@@ -192,6 +203,14 @@ class SchedulerNode:
         await self.store.forget_dead_nodes()
 
     async def _fire_loop(self) -> None:
+        while True:
+            try:
+                await self._fire_due()
+            except Exception as exc:
+                failures.loop_failed("scheduler", "fire_loop", exc)
+                await asyncio.sleep(self.config.scan_every_sec)
+
+    async def _fire_due(self) -> None:
         # Triggers due within fire_coalesce_sec of the first go in its batch: under a steady stream
         # a batch of one costs the database nearly as much as a batch of a hundred.
         coalesce = self.config.fire_coalesce_sec
@@ -216,17 +235,42 @@ class SchedulerNode:
         self._fire_slots.release()
 
     async def _fire_batch(self, due: list[DueTrigger]) -> None:
+        fired_at = self._now()
+
+        async def fire(some: Sequence[Fire]) -> tuple[FireResult, int]:
+            result = await self.store.fire(self.leases.held, some, fired_at)
+            return result, len({f.trigger.partition_id for f in some}) - result.leases_held
+
         try:
-            fired_at = self._now()
-            fires = plan_fires(due, fired_at, timedelta(seconds=self.config.missed_after_sec))
-            result = await self.store.fire(self.leases.held, fires, fired_at)
-        except DB_ERRORS as exc:
+            fires = self._plan(due, fired_at)
+            # One transaction per call: a batch that fails committed nothing, so its halves can be
+            # fired apart until the trigger that fails it alone is found and set aside.
+            done = await failures.narrow_down(fires, fire, lambda bad, exc: self._set_aside(bad.trigger, exc))
+        except Exception as exc:
             # Nothing was committed; the triggers are still in the database and the next scan
             # brings them back.
-            log.warning("firing %d triggers failed: %s", len(due), exc)
+            failures.loop_failed("scheduler", "fire_batch", exc)
             return
         finally:
             self.wheel.done(due)
+        if done:
+            lost = sum(partitions_lost for _, partitions_lost in done)
+            fired = [f.trigger for f in fires]
+            result = FireResult(len({t.partition_id for t in fired}) - lost, sum(r.fired for r, _ in done),
+                                sum(r.enqueued for r, _ in done))
+            self._fired(fired, fires, fired_at, result)
+
+    def _plan(self, due: list[DueTrigger], fired_at: datetime) -> list[Fire]:
+        missed_after = timedelta(seconds=self.config.missed_after_sec)
+        fires = []
+        for trigger in due:
+            try:
+                fires.append(plan_fire(trigger, fired_at, missed_after))
+            except Exception as exc:  # a schedule or a time its slots cannot be computed for
+                self._set_aside(trigger, exc)
+        return fires
+
+    def _fired(self, due: list[DueTrigger], fires: list[Fire], fired_at: datetime, result: FireResult) -> None:
         self.stats.fired += result.fired
         self.stats.enqueued += result.enqueued
         metrics.record_fires(due, fired_at, result)
@@ -242,5 +286,12 @@ class SchedulerNode:
                 continue
             nxt = follow_up(fire)
             if nxt is not None:
-                self.wheel.add(nxt)
+                self._hold(nxt)
         self._wake.set()
+
+    def _hold(self, trigger: DueTrigger) -> bool:
+        try:
+            return self.wheel.add(trigger)
+        except Exception as exc:  # a time that is no time (stored before such times were refused)
+            self._set_aside(trigger, exc)
+            return False

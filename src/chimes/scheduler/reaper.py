@@ -13,7 +13,7 @@ from datetime import datetime
 
 import asyncpg
 
-from chimes import metrics
+from chimes import failures, metrics
 from chimes.backoff import DEFAULT_POLICY, next_attempt_at
 from chimes.store.scheduling import LostRun, SchedulerStore
 
@@ -43,6 +43,17 @@ def judge(row: asyncpg.Record | Mapping, now: datetime, poison_after: int = POIS
                    error, retry_at, lease_lost)
 
 
+def _judge_or_fail(row: asyncpg.Record | Mapping, now: datetime) -> LostRun:
+    """A run whose stored retry policy cannot be read fails for good, saying why, instead of
+    stopping the reaper for every run behind it."""
+    try:
+        return judge(row, now)
+    except Exception as exc:
+        failures.set_aside("scheduler", "expired_run", f"expired run {row['run_id']}", exc)
+        return LostRun(row["run_id"], row["scheduled_at"], row["lease_token"], row["worker_id"], row["started_at"],
+                       f"the run could not be judged after its attempt ended ({failures.describe(exc)})", None)
+
+
 class Reaper:
     def __init__(self, store: SchedulerStore, batch_size: int = 1000, reconcile_every: int = 5) -> None:
         self.store = store
@@ -61,7 +72,7 @@ class Reaper:
         rows = await self.store.expired_runs(list(leases), self.batch_size)
         if not rows:
             return 0
-        ended = await self.store.reap(leases, [judge(r, now) for r in rows])
+        ended = await self.store.reap(leases, [_judge_or_fail(r, now) for r in rows])
         for row in ended:
             log.warning("reaped run %s (%s)", row["run_id"],
                         "re-enqueued" if row["retry_at"] is not None else "failed",

@@ -16,6 +16,7 @@ from datetime import datetime
 from chimes.store.scheduling import DueTrigger
 
 Key = tuple[int, datetime, object]
+SET_ASIDE_LIMIT = 10_000  # keys remembered; past this the oldest are forgotten (and tried once more)
 
 
 class TimerWheel:
@@ -23,6 +24,7 @@ class TimerWheel:
         self._heap: list[tuple[float, int, Key]] = []
         self._held: dict[Key, DueTrigger] = {}
         self._in_flight: set[Key] = set()
+        self._set_aside: dict[Key, int] = {}  # key -> job version; insertion order: oldest forgotten first
         self._order = itertools.count()
 
     def __len__(self) -> int:
@@ -34,10 +36,11 @@ class TimerWheel:
     def add(self, trigger: DueTrigger) -> bool:
         """Hold a trigger unless it is already held or being fired; True if it was added."""
         key = trigger.key
-        if key in self:
+        if key in self or self._set_aside.get(key) == trigger.job_version:
             return False
+        due = trigger.fire_at.timestamp()  # first: a time that cannot be one raises before anything changes
         self._held[key] = trigger
-        heapq.heappush(self._heap, (trigger.fire_at.timestamp(), next(self._order), key))
+        heapq.heappush(self._heap, (due, next(self._order), key))
         return True
 
     def add_all(self, triggers: Iterable[DueTrigger]) -> int:
@@ -61,6 +64,16 @@ class TimerWheel:
     def done(self, triggers: Iterable[DueTrigger]) -> None:
         for trigger in triggers:
             self._in_flight.discard(trigger.key)
+
+    def set_aside(self, trigger: DueTrigger) -> None:
+        """Never hold this trigger again (poison: handling it failed) while its job keeps this
+        version: an edit of the job gives it a fresh chance."""
+        key = trigger.key
+        self._held.pop(key, None)
+        self._in_flight.discard(key)
+        self._set_aside[key] = trigger.job_version
+        if len(self._set_aside) > SET_ASIDE_LIMIT:
+            del self._set_aside[next(iter(self._set_aside))]
 
     def drop_partitions(self, partitions: Collection[int]) -> int:
         """Forget the triggers of partitions this node no longer holds (the heap entries go lazily)."""

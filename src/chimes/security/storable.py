@@ -5,12 +5,14 @@ instead of failing later with a server error."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel
 
 #: Deepest nesting of a free-form value (an HTTP task's body); JSON APIs rarely go past ten.
 MAX_DEPTH = 32
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def storable_problem(value: Any, depth: int = 0) -> str | None:
@@ -37,3 +39,12 @@ def _text_problem(text: str) -> str | None:
     except UnicodeEncodeError:
         return "contains a lone surrogate (such as \\ud800), which is not valid Unicode"
     return None
+
+
+def storable_text(text: str | None) -> str | None:
+    """``text`` as PostgreSQL can keep it: NUL characters and lone surrogates replaced by U+FFFD.
+    For what Chimes records rather than refuses (a task's output, an error message): a target that
+    answers with a NUL byte must not make its outcome impossible to record."""
+    if text is None or _text_problem(text) is None:
+        return text
+    return _UNSTORABLE.sub("\ufffd", text)

@@ -20,9 +20,10 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from chimes import metrics
+from chimes import failures, metrics
 from chimes.backoff import next_attempt_at
 from chimes.logs import run_fields
+from chimes.security.storable import storable_text
 from chimes.store.db import DB_ERRORS
 from chimes.store.working import QUEUE_CHANNEL, ClaimedRun, Outcome, WorkerStore
 from chimes.timeouts import wait_event
@@ -66,6 +67,7 @@ class Worker:
         self._dsn = dsn
         self._running: dict[uuid.UUID, tuple[ClaimedRun, asyncio.Task[None]]] = {}
         self._outcomes: list[Outcome] = []
+        self._unrecordable: set[uuid.UUID] = set()  # runs whose outcome text the database refused
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -114,8 +116,8 @@ class Worker:
             try:
                 await self._listen_until_lost()
                 log.warning("the LISTEN connection was lost; polling until it is back")
-            except DB_ERRORS as exc:
-                log.warning("LISTEN failed, polling until it works: %s", exc)
+            except Exception as exc:
+                failures.loop_failed("worker", "listen", exc)
                 await asyncio.sleep(self.config.poll_every_sec)
 
     async def _listen_until_lost(self) -> None:
@@ -144,8 +146,8 @@ class Worker:
             limit = min(free, self.config.claim_batch)
             try:
                 claimed = await self._claim_by_tier(limit)
-            except DB_ERRORS as exc:
-                log.warning("claiming runs failed: %s", exc)
+            except Exception as exc:
+                failures.loop_failed("worker", "claim", exc)
                 claimed = []
             metrics.record_claims(claimed)
             for run in claimed:
@@ -179,7 +181,11 @@ class Worker:
 
     async def _execute(self, run: ClaimedRun) -> None:
         try:
-            outcome = await self._attempt(run)
+            try:
+                outcome = await self._attempt(run)
+            except Exception as exc:  # a bug or a stored task no executor can read: one run fails, not the worker
+                failures.set_aside("worker", "run", f"run {run.run_id}", exc)
+                outcome = _Result("failed", f"internal error: {failures.describe(exc)}"[:1000], None)
             if outcome.status == "pending":
                 log.info("run %s accepted by its target, which reports its outcome itself", run.run_id,
                          extra={"run_id": str(run.run_id), "job_id": str(run.job_id)})
@@ -188,7 +194,8 @@ class Worker:
             retry_at = None
             if outcome.status == "failed":
                 retry_at = next_attempt_at(run.retry_policy, run.attempt, now)
-            self._outcomes.append(Outcome(run, outcome.status, outcome.error, outcome.output, now, retry_at))
+            self._outcomes.append(Outcome(run, outcome.status, storable_text(outcome.error),
+                                          storable_text(outcome.output), now, retry_at))
         finally:
             self._running.pop(run.run_id, None)
             self._slot_free.set()
@@ -210,18 +217,24 @@ class Worker:
     async def _flush_loop(self) -> None:
         while not self._drained.is_set():
             await wait_event(self._drained, self.config.flush_every_sec)
-            await self._flush()
+            try:
+                await self._flush()
+            except Exception as exc:
+                failures.loop_failed("worker", "flush", exc)
 
     async def _flush(self) -> None:
         if not self._outcomes:
             return
         batch, self._outcomes = self._outcomes, []
         try:
-            accepted = await self.store.complete(batch)
-        except DB_ERRORS as exc:
-            log.warning("recording %d outcomes failed, retrying: %s", len(batch), exc)
+            # One outcome the database refuses must not keep everyone else's from being recorded.
+            recorded = await failures.narrow_down(batch, self.store.complete, self._unrecordable_outcome)
+        except Exception as exc:
+            failures.loop_failed("worker", "flush", exc)
             self._outcomes[:0] = batch  # keep them; the leases are still extended meanwhile
             return
+        accepted = set().union(*recorded)
+        self._unrecordable -= accepted
         self.completed += len(accepted)
         report_outcomes(batch, accepted)
         for outcome in batch:
@@ -229,13 +242,28 @@ class Worker:
                 log.warning("outcome of run %s refused: the lease was lost (reaped or cancelled)",
                             outcome.run.run_id, extra=run_fields(outcome.run))
 
+    def _unrecordable_outcome(self, outcome: Outcome, exc: Exception) -> None:
+        """Record the attempt without its text, saying why; an outcome refused even so is given up,
+        and its run comes back through the reaper when its lease expires (never lost)."""
+        run_id = outcome.run.run_id
+        if run_id in self._unrecordable:
+            self._unrecordable.discard(run_id)
+            failures.set_aside("worker", "outcome", f"outcome of run {run_id}", exc)
+            return
+        self._unrecordable.add(run_id)
+        log.warning("the outcome of run %s could not be recorded (%s); recording it without its text", run_id,
+                    failures.describe(exc), extra=run_fields(outcome.run))
+        self._outcomes.append(Outcome(
+            outcome.run, outcome.status, f"the outcome's text could not be stored: {failures.describe(exc)}"[:1000],
+            None, outcome.finished_at, outcome.retry_at))
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.heartbeat_every_sec)
             try:
                 await self._heartbeat()
-            except DB_ERRORS as exc:
-                log.warning("heartbeat failed: %s", exc)
+            except Exception as exc:
+                failures.loop_failed("worker", "heartbeat", exc)
 
     async def _heartbeat(self) -> None:
         await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, len(self._running))

@@ -1,0 +1,90 @@
+"""What the long-lived loops of every role do with a failure: say its cause, count it, go on.
+
+A scheduler node or a worker serves every team at once, so nothing one job can put in the database
+may stop a loop: a step that fails is logged with its cause and counted, and the loop runs again.
+A failure that one item causes (a trigger whose time cannot be computed, an outcome the database
+refuses) is narrowed down to that item, which is set aside ("poison") while the rest goes on.
+
+Failures of the connection or the server (a restart, a failover, a lost network) are transient: the
+same work is simply tried again. Anything else may be caused by the data of one item.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import asyncpg
+
+from chimes import metrics
+
+log = logging.getLogger("chimes.failures")
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Errors of the connection, the server's state or concurrency, never of the data sent: trying the
+# same statement again later can succeed. asyncpg's client-side "invalid input for query argument"
+# is an InterfaceError too, but also a ValueError: it is about one value, not transient.
+_TRANSIENT = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InternalClientError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown, cannot connect now
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,  # statement_timeout
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # a primary demoted under us
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says nothing about the data: the same work may succeed when tried again."""
+    return isinstance(exc, _TRANSIENT) and not isinstance(exc, ValueError)
+
+
+def describe(exc: BaseException) -> str:
+    """The cause in one line, never empty: a TimeoutError's text is ``""``."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def loop_failed(role: str, loop: str, exc: BaseException) -> None:
+    """Log and count a failed step of a long-lived loop, which then runs again."""
+    metrics.LOOP_FAILURES.labels(role, loop).inc()
+    if is_transient(exc):
+        log.warning("%s failed: %s", loop, describe(exc))
+    else:
+        log.error("%s failed: %s", loop, describe(exc), exc_info=exc)
+
+
+def set_aside(role: str, kind: str, what: str, exc: BaseException) -> None:
+    """Log and count one item set aside because handling it failed."""
+    metrics.ITEMS_SET_ASIDE.labels(role, kind).inc()
+    log.error("%s set aside: %s", what, describe(exc), exc_info=exc)
+
+
+async def narrow_down(items: Sequence[T], step: Callable[[Sequence[T]], Awaitable[R]],
+                      on_poison: Callable[[T, Exception], None]) -> list[R]:
+    """Run ``step`` on ``items``; when it fails for a reason other than a transient one, run it on
+    each half in turn, down to single items, and hand the ones that fail alone to ``on_poison``.
+    One bad item costs about 2·log2(n) extra calls; the rest of the batch still goes through.
+    Transient errors propagate: the caller tries the whole batch again later. Returns the results
+    of the calls that succeeded."""
+    if not items:
+        return []
+    try:
+        return [await step(items)]
+    except Exception as exc:
+        if is_transient(exc):
+            raise
+        if len(items) == 1:
+            on_poison(items[0], exc)
+            return []
+    middle = len(items) // 2
+    return (await narrow_down(items[:middle], step, on_poison)
+            + await narrow_down(items[middle:], step, on_poison))
