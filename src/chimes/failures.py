@@ -73,8 +73,23 @@ async def narrow_down(items: Sequence[T], step: Callable[[Sequence[T]], Awaitabl
     """Run ``step`` on ``items``; when it fails for a reason other than a transient one, run it on
     each half in turn, down to single items, and hand the ones that fail alone to ``on_poison``.
     One bad item costs about 2·log2(n) extra calls; the rest of the batch still goes through.
-    Transient errors propagate: the caller tries the whole batch again later. Returns the results
-    of the calls that succeeded."""
+    Returns the results of the calls that succeeded.
+
+    Transient errors propagate: the caller tries the whole batch again later. So does an error that
+    every part of a batch of several met: that is no bad item but something wrong with every call
+    (a schema that does not match the code during an upgrade, say), and setting the whole batch
+    aside would stop it for good."""
+    poisoned: list[tuple[T, Exception]] = []
+    results = await _narrow(items, step, poisoned)
+    if poisoned and not results and len(items) > 1:
+        raise poisoned[0][1]
+    for item, exc in poisoned:
+        on_poison(item, exc)
+    return results
+
+
+async def _narrow(items: Sequence[T], step: Callable[[Sequence[T]], Awaitable[R]],
+                  poisoned: list[tuple[T, Exception]]) -> list[R]:
     if not items:
         return []
     try:
@@ -83,8 +98,7 @@ async def narrow_down(items: Sequence[T], step: Callable[[Sequence[T]], Awaitabl
         if is_transient(exc):
             raise
         if len(items) == 1:
-            on_poison(items[0], exc)
+            poisoned.append((items[0], exc))
             return []
     middle = len(items) // 2
-    return (await narrow_down(items[:middle], step, on_poison)
-            + await narrow_down(items[middle:], step, on_poison))
+    return await _narrow(items[:middle], step, poisoned) + await _narrow(items[middle:], step, poisoned)

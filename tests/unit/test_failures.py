@@ -46,3 +46,11 @@ def test_errors_of_the_data_are_not_transient() -> None:
 def test_a_cause_is_never_empty() -> None:
     assert describe(TimeoutError()) == "TimeoutError"
     assert describe(OSError("Connection refused")) == "OSError: Connection refused"
+
+
+async def test_an_error_every_part_meets_is_no_bad_item() -> None:
+    async def step(items: Sequence[int]) -> int:
+        raise asyncpg.UndefinedColumnError('column "job_version" does not exist')
+
+    with pytest.raises(asyncpg.UndefinedColumnError):
+        await narrow_down([1, 2, 3, 4], step, lambda item, exc: pytest.fail("nothing is set aside"))

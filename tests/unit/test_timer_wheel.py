@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from chimes.scheduler import timer_wheel
 from chimes.scheduler.timer_wheel import TimerWheel
 from chimes.store.scheduling import SCHEDULE, DueTrigger
 
@@ -100,3 +105,28 @@ def test_next_due() -> None:
     assert wheel.next_due() == at(2.5)
     wheel.pop_due(at(3))
     assert wheel.next_due() is None
+
+
+def test_a_trigger_set_aside_is_not_held_again_until_its_job_changes_or_the_time_is_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    wheel = TimerWheel()
+    bad = trig(1, 1)
+    assert wheel.add(bad)
+    wheel.pop_due(at(2))
+    wheel.set_aside(bad)
+    assert not wheel.add(bad)
+    assert len(wheel) == 0
+    assert wheel.add(replace(bad, job_version=2))  # edited: a fresh chance
+    other = trig(2, 1)
+    wheel.set_aside(other)
+    later = time.monotonic() + timer_wheel.SET_ASIDE_SEC + 1
+    monkeypatch.setattr(timer_wheel.time, "monotonic", lambda: later)
+    assert wheel.add(other)  # tried again once the time is up
+
+
+def test_a_time_that_is_no_time_changes_nothing() -> None:
+    wheel = TimerWheel()
+    naive = replace(trig(1, 1), fire_at=datetime(1, 1, 1))  # how asyncpg reads -infinity
+    with pytest.raises((OverflowError, ValueError, OSError)):
+        wheel.add(naive)
+    assert len(wheel) == 0 and wheel.next_due() is None

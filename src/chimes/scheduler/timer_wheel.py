@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections.abc import Collection, Iterable
 from datetime import datetime
 
@@ -17,6 +18,9 @@ from chimes.store.scheduling import DueTrigger
 
 Key = tuple[int, datetime, object]
 SET_ASIDE_LIMIT = 10_000  # keys remembered; past this the oldest are forgotten (and tried once more)
+# A trigger set aside is tried again after this long: if what failed was not the trigger after all
+# (a fault of the code that a restart or a fix ends), it fires late, not never.
+SET_ASIDE_SEC = 600.0
 
 
 class TimerWheel:
@@ -24,7 +28,8 @@ class TimerWheel:
         self._heap: list[tuple[float, int, Key]] = []
         self._held: dict[Key, DueTrigger] = {}
         self._in_flight: set[Key] = set()
-        self._set_aside: dict[Key, int] = {}  # key -> job version; insertion order: oldest forgotten first
+        # key -> (job version, monotonic time it may be tried again); insertion order: oldest first
+        self._set_aside: dict[Key, tuple[int, float]] = {}
         self._order = itertools.count()
 
     def __len__(self) -> int:
@@ -36,7 +41,7 @@ class TimerWheel:
     def add(self, trigger: DueTrigger) -> bool:
         """Hold a trigger unless it is already held or being fired; True if it was added."""
         key = trigger.key
-        if key in self or self._set_aside.get(key) == trigger.job_version:
+        if key in self or self._is_set_aside(trigger):
             return False
         due = trigger.fire_at.timestamp()  # first: a time that cannot be one raises before anything changes
         self._held[key] = trigger
@@ -66,14 +71,25 @@ class TimerWheel:
             self._in_flight.discard(trigger.key)
 
     def set_aside(self, trigger: DueTrigger) -> None:
-        """Never hold this trigger again (poison: handling it failed) while its job keeps this
-        version: an edit of the job gives it a fresh chance."""
+        """Do not hold this trigger again (poison: handling it failed) for SET_ASIDE_SEC, or until its
+        job is edited."""
         key = trigger.key
         self._held.pop(key, None)
         self._in_flight.discard(key)
-        self._set_aside[key] = trigger.job_version
+        self._set_aside.pop(key, None)
+        self._set_aside[key] = (trigger.job_version, time.monotonic() + SET_ASIDE_SEC)
         if len(self._set_aside) > SET_ASIDE_LIMIT:
             del self._set_aside[next(iter(self._set_aside))]
+
+    def _is_set_aside(self, trigger: DueTrigger) -> bool:
+        entry = self._set_aside.get(trigger.key)
+        if entry is None:
+            return False
+        version, until = entry
+        if version == trigger.job_version and time.monotonic() < until:
+            return True
+        del self._set_aside[trigger.key]
+        return False
 
     def drop_partitions(self, partitions: Collection[int]) -> int:
         """Forget the triggers of partitions this node no longer holds (the heap entries go lazily)."""
