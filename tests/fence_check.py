@@ -8,7 +8,7 @@ For each fence below, the check copies the package (``src/chimes``) into a tempo
 neutralises the fence's clause there (``X`` becomes ``(X OR true)``: the statement keeps its
 parameters and their types, and the condition no longer holds anything back), and runs the fence's
 tests against that copy (``PYTHONPATH`` puts it before the installed package). A fence counts as
-guarded only if at least one of its tests fails on an assertion, not on an error of the mutated SQL.
+guarded only if at least one of its tests fails, and not on an error of the mutated SQL itself.
 The working tree is never touched. The tests first run once against an unchanged copy: they must
 pass there. A clause whose text is no longer found, exactly once, in its statement fails the check,
 so the list cannot drift from the SQL. Exit status 1 on any of these.
