@@ -10,9 +10,14 @@ RETURNING job_id;
 SELECT job_id, request_hash FROM jobs WHERE owner = $1 AND idempotency_key = $2;
 
 -- name: insert_schedule_trigger
+-- Written under the job's row lock, so $4 is its current version. A fire that ran concurrently with
+-- this edit may have left its next trigger at this very key, at the old version (the edit's delete
+-- could not see that uncommitted row): it becomes this version's trigger, or the job would keep only
+-- a stale one, which fires nothing, and never fire again.
 INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
 VALUES ($1, $2, $3, $3, $4, 0)
-ON CONFLICT DO NOTHING;
+ON CONFLICT (partition_id, fire_at, trigger_id) DO UPDATE SET job_version = excluded.job_version
+WHERE triggers.job_version < excluded.job_version;
 
 -- name: delete_schedule_triggers
 DELETE FROM triggers WHERE job_id = $1 AND kind = 0;
