@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -250,20 +252,33 @@ async def _runs_with(client: httpx.AsyncClient, job_id: str, status: str, count:
 
 
 async def test_fleet_page_shows_nodes_partitions_workers_queue_and_lag(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, team_a: httpx.AsyncClient,
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, team_a: httpx.AsyncClient, api_url: str,
+    tokens: dict[str, str],
 ) -> None:
     await create_job(client, {**job_body("every-second", f"{target.url}/tick"),
                               "schedule": {"cron": "* * * * * *"}})
     await wait_for(lambda: len(target.calls_to("/tick")) >= 2, timeout=30, what="two ticks")
     await wait_for(lambda: len(fleet.node.leases.held) == 1024, timeout=10, what="all partitions held")
-    html = (await team_a.get("/ui/fleet")).text
-    assert "test-node" in html and "test-worker" in html
+    host_and_pid = f"{socket.gethostname()} · {os.getpid()}"
+    async with signed_in(api_url, tokens["admin"]) as admin:
+        html = (await admin.get("/ui/fleet")).text
+        fragment = await admin.get("/ui/fleet?fragment=body")
+    assert "test-node" in html and "test-worker" in html and host_and_pid in html
     assert "1024/1024" in html and "0\u20131023" in html
     assert re.search(r"Fire lag, last 10 min.*?\(([\d,]+) runs", html, re.DOTALL).group(1) != "0"
+    assert "runs waiting in the queue" in html
     for tier in ("high", "normal", "batch"):
         assert f"<td>{tier}</td>" in html
-    fragment = await team_a.get("/ui/fleet?fragment=body")
     assert fragment.text.lstrip().startswith('<div id="fleet-body"')
+
+    # A team sees the fleet's health and its own runs, not what GET /queue keeps for admins: the
+    # fleet-wide queue, and the hosts and pids of nodes and workers (their default ids name both).
+    assert (await client.get("/queue")).status_code == 403
+    for page in ((await team_a.get("/ui/fleet")).text, (await team_a.get("/ui/fleet?fragment=body")).text):
+        assert "waiting in the queue" not in page and "<h2>Queue</h2>" not in page
+        assert not any(f"<td>{tier}</td>" in page for tier in ("high", "normal", "batch"))
+        assert host_and_pid not in page and "test-node" not in page and "test-worker" not in page
+        assert "1024/1024" in page and "node 1" in page and "worker 1" in page
 
 
 async def test_static_assets_are_served_by_chimes_itself(api_url: str) -> None:

@@ -103,7 +103,9 @@ async def run_page(run_id: str, request: Request, who: Viewer, notice: str | Non
 @router.get("/fleet", response_class=HTMLResponse)
 async def fleet_page(request: Request, who: Viewer, fragment: str | None = None) -> HTMLResponse:
     now = datetime.now(UTC)
-    fleet = await DashboardStore(request.app.state.pool).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES)
+    # The queue is fleet-wide, so for admins only (as GET /queue); the template hides hosts and pids too.
+    fleet = await DashboardStore(request.app.state.pool).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES,
+                                                               with_queue=who.admin)
     context = {
         "viewer": who, "nav": "fleet", "fleet": fleet, "lag_window_min": int(LAG_WINDOW.total_seconds() // 60),
         "lag_bars": views.lag_bars(LAG_BOUNDS, fleet.fire_lag.buckets),
