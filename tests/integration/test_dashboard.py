@@ -311,3 +311,39 @@ async def test_job_lists_read_an_index_in_order_never_all_jobs(
         plan = "\n".join(r[0] for r in await statement.fetch(owner, "back", uuid.UUID(int=0), "back\U0010ffff", 51))
     assert index in plan and "Sort" not in plan and "Seq Scan on jobs" not in plan, plan
 
+
+
+# UUIDs whose time (the top 48 bits of a run id) is past year 9999, in version 4 and version 7.
+FORGED_RUN_IDS = ("ffffffff-ffff-4fff-bfff-ffffffffffff", "ffffffff-ffff-7fff-bfff-ffffffffffff")
+
+
+@pytest.mark.parametrize("action", ["page", "rerun", "cancel"])
+async def test_forged_run_ids_are_not_found(client: httpx.AsyncClient, team_a: httpx.AsyncClient,
+                                            action: str) -> None:
+    """Ids a client made up, not ones the dashboard links to, answer 404, never 500."""
+    job_id = await create_job(client, job_body("nightly"))
+    token = csrf_of((await team_a.get(f"/ui/jobs/{job_id}")).text)
+    for run_id in FORGED_RUN_IDS:
+        if action == "page":
+            answer = await team_a.get(f"/ui/runs/{run_id}")
+        else:
+            answer = await team_a.post(f"/ui/runs/{run_id}/{action}", data={"csrf": token})
+        assert answer.status_code == 404 and "No such run" in answer.text, run_id
+
+
+@pytest.mark.parametrize("before", ["_____________________w", "AAAAAAAAAAAAAAAAAAAAAA", "not-a-cursor!"])
+async def test_a_forged_run_cursor_is_a_bad_request(client: httpx.AsyncClient, team_a: httpx.AsyncClient,
+                                                    before: str) -> None:
+    job_id = await create_job(client, job_body("nightly"))
+    page = await team_a.get(f"/ui/jobs/{job_id}", params={"before": before})
+    assert page.status_code == 400 and "not a link the dashboard made" in page.text
+    assert (await team_a.get(f"/ui/jobs/{job_id}")).status_code == 200
+
+
+async def test_search_text_with_nul_is_a_bad_request(client: httpx.AsyncClient, team_a: httpx.AsyncClient) -> None:
+    await create_job(client, job_body("back\u00e9"))
+    search = await team_a.get("/ui/jobs", params={"q": "\x00"})
+    assert search.status_code == 400 and "NUL" in search.text
+    cursor = pages._b64(uuid.uuid4().bytes + b"back\x00")  # a name with NUL: starts from the first page
+    listed = await team_a.get("/ui/jobs", params={"after": cursor})
+    assert listed.status_code == 200 and "back\u00e9" in listed.text
