@@ -124,13 +124,14 @@ async def test_a_data_dir_that_trusted_everyone_requires_the_password_after_an_u
     other_user: str, data_dir: Path,
 ) -> None:
     make_trusting_data_dir(data_dir)
+    password_file = data_dir / "postgres.password"
+    assert not password_file.exists()
     server = EmbeddedPostgres(data_dir)
-    assert not server.password_file.exists()
     dsn = server.acquire()
     try:
         await assert_only_chimes_gets_in(dsn, other_user)
         assert "trust" not in (server.pgdata / "pg_hba.conf").read_text()
-        assert stat.S_IMODE(server.password_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
         # Another process on the same data dir (the server already runs) gets the same password.
         assert EmbeddedPostgres(data_dir).acquire() == dsn
         EmbeddedPostgres(data_dir).release(stop_if_last=False)
