@@ -82,6 +82,16 @@ def scheduled_at_of_or_none(run_id: uuid.UUID) -> datetime | None:
         return None
 
 
+def run_id_from(text: str) -> uuid.UUID | None:
+    """A run id given from outside (a URL), or None when it names no run: not a UUID, not version 7, or
+    a time past year 9999 (which no store query could take)."""
+    try:
+        run_id = uuid.UUID(text)
+    except ValueError:
+        return None
+    return run_id if run_id.version == 7 and scheduled_at_of_or_none(run_id) is not None else None
+
+
 def _millis(instant: datetime) -> int:
     delta = instant - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000

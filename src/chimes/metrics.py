@@ -3,7 +3,9 @@
 Each process exports what it does itself: a scheduler node its fires, leases and reaps, a worker
 its runs and tasks, the API its request latency plus the fleet-wide gauges it reads from the
 database at scrape time (queue depth, live nodes and workers). ``chimes up`` is one process, so its
-``/metrics`` has all of them. Labels never carry job or run ids: their number must stay small.
+``/metrics`` has all of them. Labels never carry job or run ids, and every label takes its value from a
+fixed set (anything else counts as ``other``): a client must not be able to add series, since each
+costs memory in this process and in Prometheus for as long as they run.
 """
 
 from __future__ import annotations
@@ -36,6 +38,24 @@ LOOP_FAILURES = Counter("chimes_loop_failures_total",
 ITEMS_SET_ASIDE = Counter("chimes_items_set_aside_total",
                           "Items (triggers, outcomes, expired runs) set aside because handling them failed.",
                           ["role", "kind"])
+
+# The values each label may take; anything else is counted as OTHER.
+OTHER = "other"
+UNMATCHED = "unmatched"  # the route of a request no route of the app matched (never its raw path)
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+TASK_TYPES = frozenset({"http", "command", "container", "none"})
+OUTCOME_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def bounded(value: str, allowed: frozenset[str]) -> str:
+    """``value`` when it is one of ``allowed``, else ``other``: what keeps a label's series few."""
+    return value if value in allowed else OTHER
+
+
+def status_label(status: int) -> str:
+    """An HTTP status as a label: one of the 500 codes HTTP has, whatever the app sends."""
+    return str(status) if 100 <= status <= 599 else OTHER
+
 
 # --- scheduler node ----------------------------------------------------------------------------
 FIRE_LAG = Histogram("chimes_fire_lag_seconds", "Seconds between a trigger's due time and its firing.",
@@ -106,13 +126,14 @@ def record_outcomes(batch: Iterable[Outcome], accepted: set[Any]) -> None:
     for outcome in batch:
         if outcome.run.run_id not in accepted:
             continue
-        task_type = (outcome.run.task or {}).get("type", "none")
+        task_type = bounded(str((outcome.run.task or {}).get("type", "none")), TASK_TYPES)
+        status = bounded(outcome.status, OUTCOME_STATUSES)
         duration = max(0.0, (outcome.finished_at - outcome.run.started_at).total_seconds())
-        TASK_DURATION.labels(task_type, outcome.status).observe(duration)
+        TASK_DURATION.labels(task_type, status).observe(duration)
         if outcome.retry_at is not None:
             RETRIES.labels("worker").inc()
         else:
-            RUNS_FINISHED.labels(outcome.status).inc()
+            RUNS_FINISHED.labels(status).inc()
 
 
 async def collect_fleet(pool: asyncpg.Pool) -> None:
@@ -138,7 +159,9 @@ def serve(port: int, host: str) -> None:
 
 
 class LatencyMiddleware:
-    """Times every HTTP request by its route template (``/jobs/{job_id}``), never by its raw path."""
+    """Times every HTTP request by method, route template (``/jobs/{job_id}``) and status. Anyone may
+    send a request, so each label is bounded: a made-up method is ``other``, a path no route matched is
+    ``unmatched`` (never the raw path), a status outside 100-599 is ``other``."""
 
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
@@ -159,6 +182,11 @@ class LatencyMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            API_LATENCY.labels(scope["method"], template, str(status)).observe(time.perf_counter() - started)
+            API_LATENCY.labels(bounded(scope["method"], HTTP_METHODS), _route_template(scope),
+                               status_label(status)).observe(time.perf_counter() - started)
+
+
+def _route_template(scope: dict[str, Any]) -> str:
+    """The template of the route that handled the request: one of the app's, so a fixed set."""
+    template = getattr(scope.get("route"), "path", None)
+    return template if isinstance(template, str) and template.startswith("/") else UNMATCHED

@@ -120,8 +120,9 @@ async def test_sign_in_find_a_job_watch_it_run_run_it_now_and_see_the_fleet(
 
     await page.get_by_role("link", name="Fleet").click()
     await expect(page.get_by_role("heading", name="Fleet")).to_be_visible()
-    await expect(page.get_by_text("test-node")).to_be_visible()
-    await expect(page.get_by_text("test-worker")).to_be_visible()
+    await expect(page.get_by_text("node 1", exact=True)).to_be_visible()  # a team: no ids, hosts or pids
+    await expect(page.get_by_text("worker 1", exact=True)).to_be_visible()
+    await expect(page.get_by_text("test-node")).to_have_count(0)
     await expect(page.get_by_text("1024/1024")).to_be_visible()
     await shot(page, "fleet")
 

@@ -50,6 +50,8 @@ async def test_chimes_up_runs_everything_on_embedded_postgres(
         assert made.returncode == 0
         team_token = stdout.decode().strip()
         assert team_token.startswith("chm_")
+        password = (data_dir / "postgres.password").read_text().strip()
+        assert password not in up.output() and password not in stdout.decode(), "the database password was shown"
         mine = await http.get("/jobs", headers={"Authorization": f"Bearer {team_token}"})
         assert mine.status_code == 200 and mine.json()["jobs"] == []
 

@@ -13,9 +13,9 @@ from tests.helpers import free_port, wait_for
 
 
 @contextlib.asynccontextmanager
-async def served(app: Any) -> AsyncIterator[str]:
+async def served(app: Any, trusted_proxies: tuple[str, ...] = ()) -> AsyncIterator[str]:
     port = free_port()
-    server = api_server(app, "127.0.0.1", port)
+    server = api_server(app, "127.0.0.1", port, trusted_proxies)
     task = asyncio.create_task(server.serve())
     await wait_for(lambda: server.started or task.done(), timeout=10, what="API start")
     if not server.started:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -250,20 +252,33 @@ async def _runs_with(client: httpx.AsyncClient, job_id: str, status: str, count:
 
 
 async def test_fleet_page_shows_nodes_partitions_workers_queue_and_lag(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, team_a: httpx.AsyncClient,
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, team_a: httpx.AsyncClient, api_url: str,
+    tokens: dict[str, str],
 ) -> None:
     await create_job(client, {**job_body("every-second", f"{target.url}/tick"),
                               "schedule": {"cron": "* * * * * *"}})
     await wait_for(lambda: len(target.calls_to("/tick")) >= 2, timeout=30, what="two ticks")
     await wait_for(lambda: len(fleet.node.leases.held) == 1024, timeout=10, what="all partitions held")
-    html = (await team_a.get("/ui/fleet")).text
-    assert "test-node" in html and "test-worker" in html
+    host_and_pid = f"{socket.gethostname()} · {os.getpid()}"
+    async with signed_in(api_url, tokens["admin"]) as admin:
+        html = (await admin.get("/ui/fleet")).text
+        fragment = await admin.get("/ui/fleet?fragment=body")
+    assert "test-node" in html and "test-worker" in html and host_and_pid in html
     assert "1024/1024" in html and "0\u20131023" in html
     assert re.search(r"Fire lag, last 10 min.*?\(([\d,]+) runs", html, re.DOTALL).group(1) != "0"
+    assert "runs waiting in the queue" in html
     for tier in ("high", "normal", "batch"):
         assert f"<td>{tier}</td>" in html
-    fragment = await team_a.get("/ui/fleet?fragment=body")
     assert fragment.text.lstrip().startswith('<div id="fleet-body"')
+
+    # A team sees the fleet's health and its own runs, not what GET /queue keeps for admins: the
+    # fleet-wide queue, and the hosts and pids of nodes and workers (their default ids name both).
+    assert (await client.get("/queue")).status_code == 403
+    for page in ((await team_a.get("/ui/fleet")).text, (await team_a.get("/ui/fleet?fragment=body")).text):
+        assert "waiting in the queue" not in page and "<h2>Queue</h2>" not in page
+        assert not any(f"<td>{tier}</td>" in page for tier in ("high", "normal", "batch"))
+        assert host_and_pid not in page and "test-node" not in page and "test-worker" not in page
+        assert "1024/1024" in page and "node 1" in page and "worker 1" in page
 
 
 async def test_static_assets_are_served_by_chimes_itself(api_url: str) -> None:
@@ -296,3 +311,39 @@ async def test_job_lists_read_an_index_in_order_never_all_jobs(
         plan = "\n".join(r[0] for r in await statement.fetch(owner, "back", uuid.UUID(int=0), "back\U0010ffff", 51))
     assert index in plan and "Sort" not in plan and "Seq Scan on jobs" not in plan, plan
 
+
+
+# UUIDs whose time (the top 48 bits of a run id) is past year 9999, in version 4 and version 7.
+FORGED_RUN_IDS = ("ffffffff-ffff-4fff-bfff-ffffffffffff", "ffffffff-ffff-7fff-bfff-ffffffffffff")
+
+
+@pytest.mark.parametrize("action", ["page", "rerun", "cancel"])
+async def test_forged_run_ids_are_not_found(client: httpx.AsyncClient, team_a: httpx.AsyncClient,
+                                            action: str) -> None:
+    """Ids a client made up, not ones the dashboard links to, answer 404, never 500."""
+    job_id = await create_job(client, job_body("nightly"))
+    token = csrf_of((await team_a.get(f"/ui/jobs/{job_id}")).text)
+    for run_id in FORGED_RUN_IDS:
+        if action == "page":
+            answer = await team_a.get(f"/ui/runs/{run_id}")
+        else:
+            answer = await team_a.post(f"/ui/runs/{run_id}/{action}", data={"csrf": token})
+        assert answer.status_code == 404 and "No such run" in answer.text, run_id
+
+
+@pytest.mark.parametrize("before", ["_____________________w", "AAAAAAAAAAAAAAAAAAAAAA", "not-a-cursor!"])
+async def test_a_forged_run_cursor_is_a_bad_request(client: httpx.AsyncClient, team_a: httpx.AsyncClient,
+                                                    before: str) -> None:
+    job_id = await create_job(client, job_body("nightly"))
+    page = await team_a.get(f"/ui/jobs/{job_id}", params={"before": before})
+    assert page.status_code == 400 and "not a link the dashboard made" in page.text
+    assert (await team_a.get(f"/ui/jobs/{job_id}")).status_code == 200
+
+
+async def test_search_text_with_nul_is_a_bad_request(client: httpx.AsyncClient, team_a: httpx.AsyncClient) -> None:
+    await create_job(client, job_body("back\u00e9"))
+    search = await team_a.get("/ui/jobs", params={"q": "\x00"})
+    assert search.status_code == 400 and "NUL" in search.text
+    cursor = pages._b64(uuid.uuid4().bytes + b"back\x00")  # a name with NUL: starts from the first page
+    listed = await team_a.get("/ui/jobs", params={"after": cursor})
+    assert listed.status_code == 200 and "back\u00e9" in listed.text

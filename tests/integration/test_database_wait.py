@@ -52,7 +52,9 @@ class FrontServer:
     def dsn(self, database: str | None = None) -> str:
         parts = urlsplit(self.upstream_dsn)
         path = f"/{database}" if database else parts.path
-        return urlunsplit(("postgresql", f"{parts.username or 'postgres'}@127.0.0.1:{self.port}", path, "", ""))
+        user = parts.username or "postgres"
+        credentials = f"{user}:{parts.password}" if parts.password else user  # the embedded server's password
+        return urlunsplit(("postgresql", f"{credentials}@127.0.0.1:{self.port}", path, "", ""))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -148,9 +150,9 @@ async def test_a_database_that_does_not_exist_fails_at_once(front: FrontServer) 
     assert front.connections == 1
 
 
-async def _chimes(*args: str) -> tuple[int, str]:
-    env = {**os.environ, "CHIMES_LOG_FORMAT": "text"}
-    env.pop("CHIMES_DATABASE_URL", None)
+async def _chimes(*args: str, database_url: str) -> tuple[int, str]:
+    # The URL (with a password) goes in the environment: a command line is every local user's to read.
+    env = {**os.environ, "CHIMES_LOG_FORMAT": "text", "CHIMES_DATABASE_URL": database_url}
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "chimes", *args, env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
@@ -158,14 +160,14 @@ async def _chimes(*args: str) -> tuple[int, str]:
 
 
 async def test_a_command_started_while_the_database_starts_up_goes_ahead(front: FrontServer) -> None:
-    code, out = await _chimes("migrate", "--database-url", front.dsn())
+    code, out = await _chimes("migrate", database_url=front.dsn())
     assert code == 0, out
     assert out.count("database not ready (CannotConnectNowError: the database system is starting up)") == 3
 
 
 @pytest.mark.parametrize("front", [1_000_000], indirect=True)
 async def test_a_command_says_why_it_gave_up_waiting(front: FrontServer) -> None:
-    code, out = await _chimes("migrate", "--database-url", front.dsn(), "--database-wait", "0.5")
+    code, out = await _chimes("migrate", "--database-wait", "0.5", database_url=front.dsn())
     assert code == 1
     assert out.splitlines()[-1] == ("Error: the database is not accepting connections (CannotConnectNowError: the "
                                     "database system is starting up); gave up after 0.5 s (--database-wait)")
@@ -173,7 +175,7 @@ async def test_a_command_says_why_it_gave_up_waiting(front: FrontServer) -> None
 
 async def test_a_restart_during_start_up_migrations_means_trying_again(front: FrontServer) -> None:
     front.refuse, front.cut_on, front.cuts = 0, b"pg_advisory_lock", 2
-    code, out = await _chimes("migrate", "--database-url", front.dsn())
+    code, out = await _chimes("migrate", database_url=front.dsn())
     assert code == 0, out
     assert out.count("database not ready (ConnectionDoesNotExistError: connection was closed in the middle of "
                      "operation)") == 2

@@ -172,6 +172,34 @@ async def test_failed_logins_are_limited_per_address_and_logged_without_the_toke
     assert not any(guess in caplog.text for guess in [*guesses, "chm_same-wrong-token"])
 
 
+async def test_forwarded_addresses_count_only_from_trusted_proxies(
+    database_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client that names another address in each request must not get more guesses, unless the
+    connection comes from a proxy the operator trusts (--trusted-proxy)."""
+    limits = LimitSettings(auth_failures_per_min=1, auth_failure_burst=3)
+
+    def guess(i: int, address: str) -> dict[str, str]:
+        return {**auth_as(f"chm_guess{i}"), "X-Forwarded-For": address}
+
+    async with served(create_app(database_url, pool_size=2, limits=limits)) as url, \
+            httpx.AsyncClient(base_url=url) as http:
+        rotating = [await http.get("/jobs", headers=guess(i, f"203.0.113.{i}")) for i in range(5)]
+    assert [r.status_code for r in rotating] == [401, 401, 401, 429, 429], "by default no proxy is trusted"
+    assert rotating[3].json()["message"].startswith("too many failed authentication attempts from 127.0.0.1")
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="chimes.api.auth"):
+        async with served(create_app(database_url, pool_size=2, limits=limits), trusted_proxies=("127.0.0.0/8",)) \
+                as url, httpx.AsyncClient(base_url=url) as http:
+            others = [await http.get("/jobs", headers=guess(i, f"198.51.100.{i}")) for i in range(5)]
+            one = [await http.get("/jobs", headers=guess(10 + i, "192.0.2.7")) for i in range(4)]
+    assert [r.status_code for r in others] == [401] * 5, "behind a trusted proxy, each client has its own limit"
+    assert [r.status_code for r in one] == [401, 401, 401, 429]
+    assert one[3].json()["message"].startswith("too many failed authentication attempts from 192.0.2.7")
+    assert "authentication failed from 198.51.100.4: GET /jobs" in caplog.text
+
+
 async def test_job_quota_holds_exactly_under_concurrent_creates(database_url: str, tokens: dict[str, str],
                                                                 pool: asyncpg.Pool) -> None:
     await OwnerStore(pool).set("team-a", job_quota=5)

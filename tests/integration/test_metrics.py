@@ -7,6 +7,7 @@ compares a scrape after with a scrape before.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -129,3 +130,31 @@ async def test_reaper_requeue_and_lease_changes_are_counted(
     assert delta(after, before, "chimes_reaper_requeued_total") == 1
     assert delta(after, before, "chimes_run_retries_total", by="reaper") == 1
     assert delta(after, before, "chimes_lease_changes_total", change="gained") == 1024
+
+
+async def test_made_up_methods_and_random_paths_add_no_series(api_url: str) -> None:
+    """Anyone may send anything: unknown methods count as "other", unmatched paths as "unmatched"."""
+
+    async def flood(http: httpx.AsyncClient) -> None:
+        for _ in range(15):
+            word = secrets.token_hex(6).upper()
+            for path in (f"/{word.lower()}", f"/jobs/{word.lower()}/x", f"/ui/static/{word.lower()}.js"):
+                await http.request(word, path)
+                await http.get(path)
+            await http.request(word, "/jobs")  # a route, not this method: 405
+
+    def series(samples: Samples) -> set[frozenset[tuple[str, str]]]:
+        return {labels for name, labels in samples if name.startswith("chimes_api_request_duration_seconds")}
+
+    async with httpx.AsyncClient(base_url=api_url, timeout=30) as http:
+        await scrape(http)  # a scrape is counted too, once it is answered
+        await flood(http)  # the first flood may add the "other" and "unmatched" series once
+        first = await scrape(http)
+        await flood(http)
+        second = await scrape(http)
+    assert series(second) == series(first), "new series: " + repr(series(second) - series(first))
+    methods = {value for labels in series(second) for key, value in labels if key == "method"}
+    routes = {value for labels in series(second) for key, value in labels if key == "route"}
+    assert "other" in methods and methods <= {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}
+    assert "unmatched" in routes and all(route == "unmatched" or route.startswith("/") for route in routes)
+    assert not any(len(route) > 12 and route[1:13].isalnum() and route[1:13].islower() for route in routes)

@@ -18,6 +18,7 @@ from chimes.ids import (
     new_job_ids,
     partition_of,
     run_id_for,
+    run_id_from,
     scheduled_at_of,
     truncate_to_millis,
 )
@@ -141,3 +142,10 @@ def test_new_job_ids_in_bulk_are_distinct_version_7_ids_of_now() -> None:
     assert new_job_ids(0) == []
     at = int(datetime(2026, 12, 1, tzinfo=UTC).timestamp() * 1000)
     assert {scheduled_at_of(job_id) for job_id in new_job_ids(3, at)} == {datetime(2026, 12, 1, tzinfo=UTC)}
+
+
+def test_run_id_from_text_accepts_only_run_ids() -> None:
+    run_id = run_id_for(uuid.uuid4(), datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC))
+    assert run_id_from(str(run_id)) == run_id
+    for text in ("", "not-a-uuid", str(uuid.uuid4()), "ffffffff-ffff-7fff-bfff-ffffffffffff"):
+        assert run_id_from(text) is None, text

@@ -9,9 +9,11 @@ import stat
 import threading
 from pathlib import Path
 
+import click
 import pytest
 
 from chimes.api.limits import RateLimiter
+from chimes.cli.security_options import trusted_proxies
 from chimes.jobs import JobSpec
 from chimes.security.refusals import SecretNotKept
 from chimes.security.secrets import (
@@ -182,3 +184,11 @@ def test_nesting_is_limited() -> None:
     for _ in range(40):
         deep = [deep]
     assert storable_problem(deep) == "is nested deeper than 32 levels"
+
+
+def test_trusted_proxies_are_addresses_or_networks() -> None:
+    assert trusted_proxies(["10.0.0.5", "10.0.0.0/24", "::1"]) == ("10.0.0.5", "10.0.0.0/24", "::1")
+    assert trusted_proxies([]) == ()
+    for wrong in ("proxy.internal", "*", "10.0.0.0/33"):
+        with pytest.raises(click.BadParameter, match="not an IP address or network"):
+            trusted_proxies([wrong])

@@ -36,7 +36,7 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     if work is not None:  # before anything starts: a wrong key must not leave half the roles running
         await _require_database_key(pool, work.keyring)
     _remove_orphaned_env_files()
-    server = api_server(_app(dsn, api), settings.host, settings.port)
+    server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
     node = SchedulerNode(pool, signing_secrets=SigningSecrets(pool, work.keyring if work else None),
                          egress=work.egress if work else None)
     runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", "docker")  # as for `chimes worker --container-runtime`
@@ -76,7 +76,7 @@ def _app(dsn: str, api: ApiSecurity | None) -> FastAPI:
 
 async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) -> None:
     await migrate_database(dsn)
-    server = api_server(_app(dsn, api), settings.host, settings.port)
+    server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
     on_shutdown_signals(server.stop)
     log.info("API listening on http://%s:%d", settings.host, settings.port)
     await server.serve()

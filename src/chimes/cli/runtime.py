@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import uvicorn
@@ -46,8 +46,13 @@ class ApiServer(uvicorn.Server):
         self.should_exit = True
 
 
-def api_server(app: Any, host: str, port: int) -> ApiServer:
+def api_server(app: Any, host: str, port: int, trusted_proxies: Sequence[str] = ()) -> ApiServer:
+    """uvicorn serving ``app``. The client address (what the failed-login limit counts by) comes from
+    ``X-Forwarded-For`` only on connections from ``trusted_proxies``; with none, never. uvicorn on its
+    own trusts 127.0.0.1 (or ``FORWARDED_ALLOW_IPS``): anyone on the host could then pick an address
+    per request and never run out of failed logins."""
     # log_config=None: uvicorn's own lines go through our handler (JSON lines off a terminal), not its own.
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, log_config=None,
-                            lifespan="on", timeout_graceful_shutdown=10)
+                            lifespan="on", timeout_graceful_shutdown=10, proxy_headers=bool(trusted_proxies),
+                            forwarded_allow_ips=list(trusted_proxies))
     return ApiServer(config)

@@ -6,6 +6,7 @@ The secret key itself has no flag (a flag would show in ``ps`` and shell history
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ class WorkerSecurity:
 class ApiSecurity:
     limits: LimitSettings
     keyring: Keyring
+    trusted_proxies: tuple[str, ...] = ()  # addresses or networks whose X-Forwarded-For is believed
 
 
 def _option(*names: str, env: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -69,6 +71,10 @@ def api_security_options(func: Callable[..., Any]) -> Callable[..., Any]:
         _option("--default-job-quota", env="CHIMES_DEFAULT_JOB_QUOTA", type=click.IntRange(0), show_default=True,
                 default=_DEFAULTS.default_job_quota,
                 help="Jobs per owner without a quota of its own (chimes owner set); 0: no limit."),
+        _option("--trusted-proxy", env="CHIMES_TRUSTED_PROXIES", multiple=True, metavar="ADDRESS|NET", default=(),
+                help="Proxies (10.0.0.5, 10.0.0.0/24) whose X-Forwarded-For names the client, for the failed-login "
+                     "limit and logs (repeatable; in the variable, comma-separated). Default: none, the client "
+                     "is the connection's address."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -130,7 +136,19 @@ def api_security(data_dir: Path, options: dict[str, Any]) -> ApiSecurity:
         write_burst=options["write_burst"], auth_failures_per_min=options["auth_failure_rate"],
         auth_failure_burst=options["auth_failure_burst"], default_job_quota=options["default_job_quota"] or None,
     )
-    return ApiSecurity(limits, keyring_from(data_dir, options.get("secret_key_file")))
+    return ApiSecurity(limits, keyring_from(data_dir, options.get("secret_key_file")),
+                       trusted_proxies(_entries(options.get("trusted_proxy", ()))))
+
+
+def trusted_proxies(entries: list[str]) -> tuple[str, ...]:
+    """Addresses and networks, checked now so a typo is a start-up error, not a proxy silently untrusted."""
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise click.BadParameter(f"{entry!r} is not an IP address or network (10.0.0.5, 10.0.0.0/24)",
+                                     param_hint="--trusted-proxy") from None
+    return tuple(entries)
 
 
 class ImportKey:

@@ -16,6 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from chimes.dashboard import session
 from chimes.dashboard.pages import Viewer
 from chimes.dashboard.render import page
+from chimes.ids import run_id_from
 from chimes.jobs import JobPatch
 from chimes.store.tokens import Principal
 
@@ -87,7 +88,7 @@ async def _set_paused(job_id: str, request: Request, who: Principal, *, paused: 
 @router.post("/runs/{run_id}/rerun", response_model=None)
 async def rerun(run_id: str, request: Request, who: Viewer) -> Response:
     await session.checked_form(request, who)
-    parsed = _uuid(run_id)
+    parsed = run_id_from(run_id)
     found = parsed and await request.app.state.runs.get(parsed, who.owner_filter)
     if not found:
         return _gone(request, who, "run")
@@ -101,7 +102,7 @@ async def rerun(run_id: str, request: Request, who: Viewer) -> Response:
 @router.post("/runs/{run_id}/cancel", response_model=None)
 async def cancel(run_id: str, request: Request, who: Viewer) -> Response:
     await session.checked_form(request, who)
-    parsed = _uuid(run_id)
+    parsed = run_id_from(run_id)
     if parsed is None or await request.app.state.runs.get(parsed, who.owner_filter) is None:
         return _gone(request, who, "run")
     done = await request.app.state.runs.cancel(parsed, who.owner_filter, f"cancelled by {who.owner} (dashboard)")

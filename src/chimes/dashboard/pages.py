@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse
 from chimes.dashboard import views
 from chimes.dashboard.render import page
 from chimes.dashboard.session import viewer
-from chimes.ids import scheduled_at_of
+from chimes.ids import run_id_from, scheduled_at_of
 from chimes.store.dashboard import JOB_FILTERS, LAG_BOUNDS, DashboardStore, JobCursor, RunCursor
 from chimes.store.tokens import Principal
 
@@ -42,6 +42,8 @@ async def jobs_page(
     q: Annotated[str, Query(max_length=200)] = "",
     show: str = "all", after: str | None = None, fragment: str | None = None,
 ) -> HTMLResponse:
+    if "\x00" in q:  # PostgreSQL text cannot hold it
+        return _bad_request(request, who, "The search text holds a NUL character; no job name can.")
     show = show if show in JOB_FILTERS else "all"
     found = await DashboardStore(request.app.state.pool).jobs(who.owner_filter, q.strip(), show,
                                                               _job_cursor(after), PAGE_SIZE)
@@ -63,8 +65,12 @@ async def job_page(
         return _not_found(request, who, "job")
     status = status if status in RUN_STATUSES else None
     started = str(_uuid(started)) if started and _uuid(started) else None
-    rows = await DashboardStore(request.app.state.pool).job_runs(job.job_id, status, _run_cursor(before),
-                                                                 PAGE_SIZE + 1)
+    try:
+        cursor = _run_cursor(before)
+    except ValueError:
+        return _bad_request(request, who, "The before= value of this page is not a link the dashboard made. "
+                                          "Start again from the job's page.")
+    rows = await DashboardStore(request.app.state.pool).job_runs(job.job_id, status, cursor, PAGE_SIZE + 1)
     runs = rows[:PAGE_SIZE]
     next_before = _encode_run_cursor(runs[-1]["run_id"]) if len(rows) > PAGE_SIZE else None
     context = {
@@ -81,7 +87,7 @@ async def job_page(
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 async def run_page(run_id: str, request: Request, who: Viewer, notice: str | None = None,
                    fragment: str | None = None) -> HTMLResponse:
-    parsed = _uuid(run_id)
+    parsed = run_id_from(run_id)
     found = await request.app.state.runs.get(parsed, who.owner_filter) if parsed else None
     if found is None:
         return _not_found(request, who, "run")
@@ -103,7 +109,9 @@ async def run_page(run_id: str, request: Request, who: Viewer, notice: str | Non
 @router.get("/fleet", response_class=HTMLResponse)
 async def fleet_page(request: Request, who: Viewer, fragment: str | None = None) -> HTMLResponse:
     now = datetime.now(UTC)
-    fleet = await DashboardStore(request.app.state.pool).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES)
+    # The queue is fleet-wide, so for admins only (as GET /queue); the template hides hosts and pids too.
+    fleet = await DashboardStore(request.app.state.pool).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES,
+                                                               with_queue=who.admin)
     context = {
         "viewer": who, "nav": "fleet", "fleet": fleet, "lag_window_min": int(LAG_WINDOW.total_seconds() // 60),
         "lag_bars": views.lag_bars(LAG_BOUNDS, fleet.fire_lag.buckets),
@@ -131,6 +139,10 @@ def _not_found(request: Request, who: Principal, what: str) -> HTMLResponse:
     return page(request, "not_found.html", status_code=404, viewer=who, what=what)
 
 
+def _bad_request(request: Request, who: Principal, detail: str) -> HTMLResponse:
+    return page(request, "not_found.html", status_code=400, viewer=who, what="request", detail=detail)
+
+
 def _uuid(value: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(value)
@@ -156,9 +168,10 @@ def _job_cursor(text: str | None) -> JobCursor | None:
         return None
     try:
         raw = _unb64(text)
-        return JobCursor(raw[16:].decode(), uuid.UUID(bytes=raw[:16]))
+        cursor = JobCursor(raw[16:].decode(), uuid.UUID(bytes=raw[:16]))
     except ValueError:
         return None
+    return None if "\x00" in cursor.name else cursor  # no name holds one; PostgreSQL refuses it
 
 
 def _encode_run_cursor(run_id: uuid.UUID) -> str:
@@ -166,10 +179,12 @@ def _encode_run_cursor(run_id: uuid.UUID) -> str:
 
 
 def _run_cursor(text: str | None) -> RunCursor | None:
-    if not text or len(text) > 100:
+    """None for the first page; ValueError for a cursor that is not a run id of ours (edited, forged)."""
+    if not text:
         return None
-    try:
-        run_id = uuid.UUID(bytes=_unb64(text))
-    except ValueError:
-        return None
+    if len(text) > 100:
+        raise ValueError("cursor too long")
+    run_id = run_id_from(str(uuid.UUID(bytes=_unb64(text))))  # binascii.Error is a ValueError
+    if run_id is None:
+        raise ValueError("not a run id")
     return RunCursor(scheduled_at_of(run_id), run_id)

@@ -114,18 +114,18 @@ class DashboardStore:
         return await self._pool.fetch(sql("dashboard_job_runs"), job_id, status, at, run_id, limit)
 
     async def fleet(self, owner: str | None, now: datetime, lag_window: timedelta,
-                    failure_minutes: int) -> Fleet:
+                    failure_minutes: int, *, with_queue: bool = True) -> Fleet:
         """Nodes and their partitions, workers and their runs, the queue, recent lag and failures.
 
         ``owner`` limits what names jobs (runs in flight, failures) to that owner's; the rest is
-        the fleet's, the same for everyone.
+        the fleet's. Without ``with_queue`` the queue is not read (an empty list).
         """
         async with self._pool.acquire() as conn:
             nodes = await conn.fetch(sql("dashboard_nodes"))
             unleased = await conn.fetchval(sql("dashboard_unleased_partitions"))
             workers = await conn.fetch(sql("dashboard_workers"))
             running = await conn.fetch(sql("dashboard_running_runs"), owner, RUNNING_SHOWN)
-            queue = await queue_tiers(conn)
+            queue = await queue_tiers(conn) if with_queue else []
             fire_lag = await _fire_lag(conn, now - lag_window, now)
             failures = await conn.fetch(sql("dashboard_failures_per_minute"), failure_minutes, owner)
         fleet = Fleet(nodes, unleased, workers, running, queue, fire_lag, failures)

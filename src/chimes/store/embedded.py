@@ -4,15 +4,29 @@ Every command pointed at the same data dir shares one server. Each process that 
 pid in ``users.json`` under an inter-process lock; the last live user to leave stops the server, and
 pids of processes that died without leaving are ignored, so a SIGKILLed ``chimes up`` never keeps
 the server from stopping later nor from being reused.
+
+Only the Chimes user reaches the server: its socket directory is private (mode 0700, owned by the
+Chimes user, or by the server's system user when Chimes runs as root), and every connection
+authenticates (scram-sha-256) with a password generated on first use and kept in
+``<data_dir>/postgres.password`` (mode 0600). The DSN :meth:`EmbeddedPostgres.acquire` returns carries
+it, so every Chimes process on the data dir connects; data dirs made by older versions, which trusted
+every local connection, are switched over on their next start.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import logging
 import os
+import pwd
+import secrets
 import shutil
+import stat
 import subprocess
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -35,6 +49,14 @@ log = logging.getLogger(__name__)
 
 SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root
 DATABASE = "chimes"
+PASSWORD_FILE = "postgres.password"
+# Every connection, over the socket or (were it ever enabled) TCP, must prove the password.
+HBA = """# Chimes: every connection authenticates with the password in <data-dir>/postgres.password
+local   all           all                  scram-sha-256
+local   replication   all                  scram-sha-256
+host    all           all   127.0.0.1/32   scram-sha-256
+host    all           all   ::1/128        scram-sha-256
+"""
 
 # Safe for this workload: durability stays on (fsync, synchronous_commit); these only size the server.
 SERVER_SETTINGS = {
@@ -62,12 +84,20 @@ class EmbeddedPostgres:
         self._run_as = SYSTEM_USER if os.geteuid() == 0 else None
 
     @property
+    def password_file(self) -> Path:
+        return self.data_dir / PASSWORD_FILE
+
+    @property
     def dsn(self) -> str:
-        return f"postgresql://postgres@/{DATABASE}?host={self.socket_dir}"
+        """The URL of the ``chimes`` database, password included: never log or print it."""
+        return self._url(DATABASE)
 
     @property
     def admin_dsn(self) -> str:
-        return f"postgresql://postgres@/postgres?host={self.socket_dir}"
+        return self._url("postgres")
+
+    def _url(self, database: str) -> str:
+        return f"postgresql://postgres:{self._read_password()}@/{database}?host={self.socket_dir}"
 
     def acquire(self) -> str:
         """Start the server unless it already runs, register this process as a user; return the DSN."""
@@ -77,6 +107,7 @@ class EmbeddedPostgres:
                 self._initdb()
             if not self.is_running():
                 self._start()
+            self._require_password()
             self._write_users(self._live_users() | {os.getpid()})
         return self.dsn
 
@@ -106,19 +137,69 @@ class EmbeddedPostgres:
             shutil.rmtree(self.pgdata)  # a half-made cluster from an interrupted initdb
         self.pgdata.mkdir(mode=0o700)
         self._grant_system_user()
-        pg.initdb(
-            ["--auth=trust", "--encoding=UTF8", "--locale=C", "-U", "postgres"],
-            pgdata=self.pgdata, user=self._run_as, timeout=120,
-        )
+        password = self._new_password()
+        # initdb reads the superuser's password from a file the server's user can read; it gets the
+        # SCRAM verifier, not the password, and the file is gone once initdb ends.
+        folder = Path(tempfile.mkdtemp(prefix="initdb-", dir=self.data_dir))
+        try:
+            pwfile = folder / "password"
+            pwfile.write_text(scram_verifier(password) + "\n")
+            self._give_to_system_user(folder, pwfile)
+            self._run_pg("initdb", ["-D", str(self.pgdata), "--auth=scram-sha-256", f"--pwfile={pwfile}",
+                                    "--encoding=UTF8", "--locale=C", "-U", "postgres"], as_server=True, timeout=120)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         lines = [f"{key} = {value}" for key, value in SERVER_SETTINGS.items()]
         lines.append(f"unix_socket_directories = '{self.socket_dir}'")
         with (self.pgdata / "postgresql.conf").open("a") as conf:
             conf.write("\n# chimes\n" + "\n".join(lines) + "\n")
         self._start()
-        subprocess.run(
-            [str(pg.POSTGRES_BIN_PATH / "createdb"), "-h", str(self.socket_dir), "-U", "postgres", DATABASE],
-            check=True, capture_output=True, timeout=60,
-        )
+        self._run_pg("createdb", ["-h", str(self.socket_dir), "-U", "postgres", "-w", DATABASE],
+                     password=password, timeout=60)
+
+    def _require_password(self) -> None:
+        """Switch a data dir made by an older Chimes, whose server trusted every local connection, to
+        password authentication: set the superuser's password (the file's), rewrite pg_hba.conf, reload."""
+        hba = self.pgdata / "pg_hba.conf"
+        if not _trusts(hba.read_text()):
+            if not self.password_file.exists():
+                raise RuntimeError(
+                    f"the embedded PostgreSQL in {self.pgdata} requires a password, but {self.password_file} is "
+                    f"missing: restore that file (it was made with the data dir)")
+            return
+        password = self._read_password() if self.password_file.exists() else self._new_password()
+        sql = f"ALTER ROLE postgres PASSWORD '{scram_verifier(password)}';\n"
+        self._run_pg("psql", ["-h", str(self.socket_dir), "-U", "postgres", "-d", "postgres", "-w", "-q",
+                              "-v", "ON_ERROR_STOP=1", "-f", "-"], stdin=sql, timeout=60)
+        hba.write_text(HBA)  # in place: the owner and mode (the server's user, 0600) stay
+        self._run_pg("pg_ctl", ["-D", str(self.pgdata), "reload"], as_server=True, timeout=60)
+        log.warning("the embedded PostgreSQL in %s trusted every local connection; it now requires the "
+                    "password in %s", self.pgdata, self.password_file)
+
+    def _new_password(self) -> str:
+        password = secrets.token_urlsafe(32)  # URL-safe: it goes into the DSN as it is
+        self.password_file.unlink(missing_ok=True)
+        descriptor = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(password + "\n")
+        return password
+
+    def _read_password(self) -> str:
+        if stat.S_IMODE(self.password_file.stat().st_mode) & 0o077:
+            self.password_file.chmod(0o600)
+        return self.password_file.read_text().strip()
+
+    def _run_pg(self, program: str, args: list[str], *, as_server: bool = False, password: str | None = None,
+                stdin: str | None = None, timeout: float) -> None:
+        """Run a PostgreSQL program; unlike embedded_postgres' helpers, it never logs its arguments or
+        environment (a password may be in them)."""
+        env = {**os.environ, "PGPASSWORD": password} if password is not None else None
+        result = subprocess.run([str(pg.POSTGRES_BIN_PATH / program), *args], input=stdin, env=env,
+                                user=self._run_as if as_server else None, capture_output=True, text=True,
+                                timeout=timeout, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"embedded PostgreSQL: {program} failed (exit {result.returncode}): "
+                               f"{result.stderr.strip()[-2000:]}")
 
     def _start(self) -> None:
         self._grant_system_user()
@@ -129,6 +210,12 @@ class EmbeddedPostgres:
         except subprocess.CalledProcessError as err:
             tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
             raise RuntimeError(f"embedded PostgreSQL did not start; its log ends with:\n{tail}") from err
+
+    def _give_to_system_user(self, *paths: Path) -> None:
+        if self._run_as is not None:
+            entry = ensure_user_exists(self._run_as)
+            for path in paths:
+                os.chown(path, entry.pw_uid, entry.pw_gid)
 
     def _grant_system_user(self) -> None:
         if self._run_as is None:
@@ -151,9 +238,23 @@ class EmbeddedPostgres:
 
             digest = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:12]
             candidate = Path("/tmp") / f"chimes-pg-{digest}"
-        candidate.mkdir(parents=True, exist_ok=True)
-        candidate.chmod(0o777)
+        candidate.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # A folder someone else made first (/tmp is everyone's) could hold their socket: refuse it.
+        info = candidate.lstat()
+        owners = {os.geteuid(), *self._system_uid()}
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners:
+            raise RuntimeError(f"the socket directory {candidate} of the embedded PostgreSQL is not a folder of this "
+                               f"user's (owner uid {info.st_uid}): remove it, or use a shorter --data-dir")
+        candidate.chmod(0o700)  # older versions left it open to every local user
         return candidate
+
+    def _system_uid(self) -> set[int]:
+        if os.geteuid() != 0:
+            return set()
+        try:
+            return {pwd.getpwnam(SYSTEM_USER).pw_uid}
+        except KeyError:
+            return set()
 
     def _live_users(self) -> set[int]:
         try:
@@ -164,5 +265,24 @@ class EmbeddedPostgres:
 
     def _write_users(self, pids: set[int]) -> None:
         self._users_file.write_text(json.dumps(sorted(pids)))
+
+
+def _trusts(hba: str) -> bool:
+    """Whether pg_hba.conf lets any connection in without a password (``trust``)."""
+    return any("trust" in line.split("#", 1)[0].split() for line in hba.splitlines())
+
+
+def scram_verifier(password: str, iterations: int = 4096) -> str:
+    """What PostgreSQL stores for a scram-sha-256 password (RFC 5802, RFC 7677): the server gets this,
+    never the password itself, so no server log or statement can show it."""
+    salt = os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    stored_key = hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
