@@ -40,6 +40,7 @@ class NotifierConfig:
     lease_sec: float = 60.0  # a claimed notification not marked within this is sent again
     timeout_sec: float = 10.0
     max_backoff_sec: float = 3600.0
+    give_up_after_sec: float = 86400.0  # undelivered this long after it was queued: dead-lettered
     egress: EgressPolicy | None = None  # None: the default policy (metadata and link-local denied)
 
 
@@ -68,16 +69,24 @@ class Notifier:
         if delivered:
             await self._pool.execute(sql("mark_notifications_sent"), delivered)
         if failed:
-            await self._pool.execute(
-                sql("retry_notifications"), [r["notification_id"] for r, _ in failed],
-                [min(self.config.max_backoff_sec, 2.0 ** r["attempts"]) for r, _ in failed],
-                [error for _, error in failed],
-            )
+            await self._retry_or_give_up(failed)
             for row, error in failed:
                 log.warning("notification %s to %s failed (attempt %d): %s", row["notification_id"], row["url"],
                             row["attempts"], error)
         self.sent += len(delivered)
         return len(delivered)
+
+    async def _retry_or_give_up(self, failed: list[tuple[Any, str]]) -> None:
+        """Back off each failed notification, or dead-letter it past the give-up time."""
+        rows = await self._pool.fetch(
+            sql("retry_notifications"), [r["notification_id"] for r, _ in failed],
+            [min(self.config.max_backoff_sec, 2.0 ** r["attempts"]) for r, _ in failed],
+            [error for _, error in failed], self.config.give_up_after_sec,
+        )
+        for row in rows:
+            if row["dead"]:
+                log.warning("notification %s dead-lettered: undelivered %gs after it was queued",
+                            row["notification_id"], self.config.give_up_after_sec)
 
     async def _post(self, notification_id: uuid.UUID, owner: str, url: str, payload: Any) -> str | None:
         body = orjson.dumps(payload)

@@ -77,6 +77,7 @@ ROUTES: dict[tuple[str, str], Kind] = {
     ("POST", "/runs/{run_id}/heartbeat"): CALLBACK_OWN,
     ("POST", "/runs/{run_id}/complete"): CALLBACK_OWN,
     ("GET", "/queue"): ADMIN_ONLY,
+    ("GET", "/notifications"): API_LIST,
     ("GET", "/"): REDIRECT,
     ("GET", "/ui"): REDIRECT,
     ("GET", "/ui/static/htmx.min.js"): PUBLIC,  # the mount /ui/static: files shipped with Chimes
@@ -134,6 +135,10 @@ async def world(api_url: str, pool: asyncpg.Pool, tokens: dict[str, str]) -> Asy
         assert (await http.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
         run_id = (await http.post(f"/jobs/{job_id}/runs")).json()["runId"]
     lease_token = str(uuid.uuid4())
+    # A dead-lettered notification of team A's job: the lists of other teams must not show it.
+    await pool.execute("INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload, dead_at,"
+                       " last_error) VALUES (gen_random_uuid(), $1, 'team-a', 'run_failed', 'http://127.0.0.1:9/',"
+                       " '{}', now(), 'HTTP 500')", uuid.UUID(job_id))
     await pool.execute("DELETE FROM run_queue WHERE run_id = $1", uuid.UUID(run_id))
     await pool.execute("UPDATE runs SET status = 'running', lease_token = $2, lease_expires_at = now() + "
                        "interval '1 hour', started_at = now() WHERE run_id = $1", uuid.UUID(run_id), lease_token)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -10,9 +12,10 @@ import asyncpg
 from chimes.ids import run_id_for
 from chimes.scheduler.firing import plan_fires
 from chimes.scheduler.reaper import POISON_AFTER, Reaper
-from chimes.store.migrate import drop_old_run_partitions
+from chimes.scheduler.retention import Retention
 from chimes.store.scheduling import SchedulerStore
 from chimes.store.working import WorkerStore
+from tests.helpers import wait_for
 from tests.integration.test_fencing import due, make_due_job, take_all
 
 
@@ -34,9 +37,8 @@ async def test_retention_drops_old_days_and_keeps_recent_ones(pool: asyncpg.Pool
     old = await insert_run(pool, old_day)
     ancient = await insert_run(pool, today - timedelta(days=400))  # no partition: lands in the default one
     recent = await insert_run(pool, today - timedelta(days=1))
-    async with pool.acquire() as conn:
-        dropped = await drop_old_run_partitions(conn, retention_days=30)
-    assert dropped == 2  # runs_<day> and run_attempts_<day>
+    result = await Retention(pool, days=30).sweep(datetime.now(UTC))
+    assert result.dropped == 2 and result.deferred == []  # runs_<day> and run_attempts_<day>
     partition = f"runs_{old_day:%Y%m%d}"
     assert await pool.fetchval("SELECT to_regclass($1)", partition) is None
     kept = {r["run_id"] for r in await pool.fetch("SELECT run_id FROM runs")}
@@ -60,3 +62,55 @@ async def test_run_that_keeps_killing_workers_is_failed_as_poison(pool: asyncpg.
     assert run["status"] == "failed" and "poison run" in run["error"] and run["lease_losses"] == POISON_AFTER
     assert await pool.fetchval("SELECT count(*) FROM run_queue") == 0
     assert await pool.fetchval("SELECT count(*) FROM active_runs") == 0
+
+
+async def test_retention_gives_way_to_a_long_reader_and_drops_the_day_later(pool: asyncpg.Pool,
+                                                                              database_url: str) -> None:
+    old_day = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0) - timedelta(days=40)
+    await pool.execute("SELECT chimes_ensure_run_partitions($1::date, 1)", old_day.date())
+    await insert_run(pool, old_day)
+    retention = Retention(pool, days=30, lock_timeout_sec=0.5)
+    long_reader = await asyncpg.connect(database_url)
+    try:
+        # A report reading run history in a long transaction: it holds its lock on runs until it ends.
+        reading = long_reader.transaction()
+        await reading.start()
+        await long_reader.fetchval("SELECT count(*) FROM runs")
+        started = time.monotonic()
+        sweep = asyncio.create_task(retention.sweep(datetime.now(UTC)))
+        # While the drop waits for its lock, another reader comes: it must not queue behind the drop.
+        await wait_for(lambda: sweep.done() or _waiting_for_a_lock(pool), timeout=10, interval=0.01,
+                       what="the drop to wait for its lock")
+        async with asyncio.timeout(2.0):
+            assert await pool.fetchval("SELECT count(*) FROM runs") == 1
+        result = await sweep
+        assert time.monotonic() - started < 3.0
+        assert result.dropped == 0 and result.deferred == [f"run_attempts_{old_day:%Y%m%d}", f"runs_{old_day:%Y%m%d}"]
+        assert await pool.fetchval("SELECT to_regclass($1)", f"runs_{old_day:%Y%m%d}") is not None
+        await reading.commit()
+    finally:
+        await long_reader.close()
+    # The reader is done: the next round drops the day.
+    later = await retention.sweep(datetime.now(UTC))
+    assert later.dropped == 2 and later.deferred == []
+    assert await pool.fetchval("SELECT to_regclass($1)", f"runs_{old_day:%Y%m%d}") is None
+
+
+async def _waiting_for_a_lock(pool: asyncpg.Pool) -> bool:
+    return await pool.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted") > 0
+
+
+async def test_retention_removes_old_delivered_and_dead_notifications(pool: asyncpg.Pool) -> None:
+    old, recent = timedelta(days=40), timedelta(days=2)
+    rows = {"old sent": (old, "sent"), "old dead": (old, "dead"), "old pending": (old, None),
+            "recent sent": (recent, "sent"), "recent dead": (recent, "dead")}
+    for kind, (age, ended) in rows.items():
+        await pool.execute(
+            "INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload, created_at, sent_at,"
+            " dead_at) VALUES (gen_random_uuid(), gen_random_uuid(), 'team-a', $1, 'http://127.0.0.1:9/', '{}',"
+            " now() - $2::interval, CASE WHEN $3 = 'sent' THEN now() END, CASE WHEN $3 = 'dead' THEN now() END)",
+            kind, age, ended)
+    result = await Retention(pool, days=30, notification_batch=1).sweep(datetime.now(UTC))
+    assert result.notifications_deleted == 2
+    left = {r["kind"] for r in await pool.fetch("SELECT kind FROM notifications")}
+    assert left == {"old pending", "recent sent", "recent dead"}

@@ -15,7 +15,7 @@ from chimes.notifier import Notifier, NotifierConfig
 from chimes.security.secrets import default_keyring
 from chimes.security.signing import SIGNATURE_HEADER, verify
 from chimes.store.owners import OwnerStore, SigningSecrets
-from tests.helpers import wait_for
+from tests.helpers import auth_as, wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
 
@@ -113,3 +113,42 @@ async def test_failed_delivery_is_retried_with_backoff(
     finally:
         await notifier.close()
     assert len(target.calls_to("/flaky-alerts")) == 2
+
+
+async def test_an_undeliverable_notification_is_dead_lettered_and_listed_for_its_owner(
+    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool, tokens: dict[str, str]
+) -> None:
+    target.responders["/broken-alerts"] = lambda n: 500
+    given_up, fresh = uuid.uuid4(), uuid.uuid4()
+    job_id = uuid.uuid4()
+    for notification_id, age in ((given_up, timedelta(hours=25)), (fresh, timedelta(minutes=1))):
+        await pool.execute(
+            "INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload, created_at) "
+            "VALUES ($1, $2, 'team-a', 'run_failed', $3, '{}', now() - $4::interval)",
+            notification_id, job_id, target.url + "/broken-alerts", age)
+    notifier = Notifier(pool, SigningSecrets(pool))  # gives up 24 hours after a notification was queued
+    try:
+        assert await notifier.deliver_due() == 0
+        await pool.execute("UPDATE notifications SET next_attempt_at = now()")  # every backoff has passed
+        assert await notifier.deliver_due() == 0
+    finally:
+        await notifier.close()
+    # The one queued 25 hours ago was tried once and given up; the fresh one is still being tried.
+    assert len([c for c in target.calls_to("/broken-alerts") if c.headers["Idempotency-Key"] == str(given_up)]) == 1
+    assert len(target.calls_to("/broken-alerts")) == 3
+    dead = (await client.get("/notifications", params={"status": "dead"})).json()["notifications"]
+    assert [n["notificationId"] for n in dead] == [str(given_up)]
+    assert dead[0]["status"] == "dead" and dead[0]["lastError"] == "HTTP 500" and dead[0]["deadAt"] is not None
+    assert dead[0]["jobId"] == str(job_id) and dead[0]["attempts"] == 1
+    pending = (await client.get("/notifications", params={"status": "pending"})).json()["notifications"]
+    assert [n["notificationId"] for n in pending] == [str(fresh)]
+    everything = (await client.get("/notifications", params={"limit": 1})).json()
+    assert [n["notificationId"] for n in everything["notifications"]] == [str(fresh)]  # newest first
+    rest = (await client.get("/notifications", params={"limit": 1, "cursor": everything["nextCursor"]})).json()
+    assert [n["notificationId"] for n in rest["notifications"]] == [str(given_up)] and rest["nextCursor"] is None
+    # Scoped to the owner: another team sees none of them, an admin sees them all.
+    other = await client.get("/notifications", params={"status": "dead"}, headers=auth_as(tokens["team-b"]))
+    assert other.status_code == 200 and other.json()["notifications"] == []
+    admin = await client.get("/notifications", params={"status": "dead"}, headers=auth_as(tokens["admin"]))
+    assert [n["notificationId"] for n in admin.json()["notifications"]] == [str(given_up)]
+    assert (await client.get("/notifications", params={"status": "lost"})).status_code == 422

@@ -98,6 +98,27 @@ class RunList(_Answer):
     nextCursor: str | None
 
 
+class Notification(_Answer):
+    """One webhook call of the outbox: ``pending`` (being tried), ``sent``, or ``dead`` (given up)."""
+
+    notificationId: str
+    jobId: str
+    owner: str
+    kind: str
+    status: Literal["pending", "sent", "dead"]
+    url: str
+    createdAt: datetime
+    attempts: int
+    sentAt: datetime | None
+    deadAt: datetime | None
+    lastError: str | None
+
+
+class NotificationList(_Answer):
+    notifications: list[Notification]
+    nextCursor: str | None
+
+
 class RunStarted(_Answer):
     runId: str
 
@@ -143,6 +164,7 @@ SUCCESS: dict[tuple[str, str], dict[str, type[BaseModel] | str | None]] = {
     ("/runs/{run_id}/heartbeat", "post"): {"200": LeaseExtended},
     ("/runs/{run_id}/complete", "post"): {"200": Run},
     ("/queue", "get"): {"200": Queue},
+    ("/notifications", "get"): {"200": NotificationList},
     ("/healthz", "get"): {"200": Health, "503": Health},
     ("/metrics", "get"): {"200": PROMETHEUS_TEXT},
 }
@@ -156,7 +178,8 @@ ERRORS = {
     "422": "invalid input; the message names the field",
     "429": "too many requests (Retry-After says when to retry) or the owner's job quota is reached",
 }
-MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue)
+MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue,
+          NotificationList)
 
 
 def install(app: FastAPI) -> None:

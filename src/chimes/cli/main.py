@@ -86,16 +86,20 @@ def api(database_url: str | None, data_dir: Path, host: str, port: int, **securi
 @click.option("--missed-after", envvar="CHIMES_MISSED_AFTER_SEC", show_envvar=True, default=60.0,
               show_default=True, type=click.FloatRange(5, 86400),
               help="Seconds late after which a slot counts as missed and follows the job's catch-up policy.")
+@click.option("--notify-give-up-hours", envvar="CHIMES_NOTIFY_GIVE_UP_HOURS", show_envvar=True, default=24.0,
+              show_default=True, type=click.FloatRange(0.01, 24 * 365),
+              help="A notification its webhook has not accepted this long after it was queued is dead-lettered.")
 @worker_security_options  # a node sends the failure webhooks: the same egress policy, signed with the key
 @key_file_option
 def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lease_ttl: float, retention_days: int,
-              missed_after: float, **security: Any) -> None:
+              missed_after: float, notify_give_up_hours: float, **security: Any) -> None:
     """A scheduler node: leases a fair share of the 1,024 trigger partitions and fires their runs."""
     from chimes.cli.roles import run_scheduler
 
     outgoing = worker_security(data_dir, security)
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        run_async(lambda: run_scheduler(dsn, node_id, lease_ttl, retention_days, missed_after, outgoing))
+        run_async(lambda: run_scheduler(dsn, node_id, lease_ttl, retention_days, missed_after, outgoing,
+                                                notify_give_up_sec=notify_give_up_hours * 3600))
 
 
 @cli.command()

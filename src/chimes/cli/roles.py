@@ -83,14 +83,16 @@ async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) 
 
 
 async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = 30,
-                        missed_after: float = 60.0, outgoing: WorkerSecurity | None = None) -> None:
+                        missed_after: float = 60.0, outgoing: WorkerSecurity | None = None, *,
+                        notify_give_up_sec: float = 86400.0) -> None:
     await migrate_database(dsn)
     # A node stalled inside a fire holds its lease rows: no takeover until the session ends.
     pool = await db.create_pool(dsn, max_size=6, server_settings=db.lock_holding_limit(lease_ttl))
     if outgoing is not None:  # it signs webhooks: a wrong key is a start-up error, as for a worker
         await _require_database_key(pool, outgoing.keyring)
     lease = LeaseConfig(ttl_sec=lease_ttl, renew_every_sec=min(1.0, lease_ttl / 4))
-    config = SchedulerConfig(lease=lease, retention_days=retention_days, missed_after_sec=missed_after)
+    config = SchedulerConfig(lease=lease, retention_days=retention_days, missed_after_sec=missed_after,
+                             notify_give_up_sec=notify_give_up_sec)
     node = SchedulerNode(pool, config, node_id=node_id,
                          signing_secrets=SigningSecrets(pool, outgoing.keyring if outgoing else None),
                          egress=outgoing.egress if outgoing else None)

@@ -27,6 +27,7 @@ PAGE_SIZE = 50
 RUN_STATUSES = ("failed", "succeeded", "running", "scheduled", "cancelled", "skipped")
 LAG_WINDOW = timedelta(minutes=10)
 FAILURE_MINUTES = 30
+DEAD_SHOWN = 20  # dead-lettered notifications listed on a job's page (GET /notifications has them all)
 NOTICES = {
     "paused": "Paused: no new runs will start until you resume it.",
     "resumed": "Resumed: the schedule is active again.",
@@ -73,7 +74,9 @@ async def job_page(
     rows = await DashboardStore(request.app.state.pool).job_runs(job.job_id, status, cursor, PAGE_SIZE + 1)
     runs = rows[:PAGE_SIZE]
     next_before = _encode_run_cursor(runs[-1]["run_id"]) if len(rows) > PAGE_SIZE else None
+    stall, dead_notifications = await DashboardStore(request.app.state.pool).job_alerts(job.job_id, DEAD_SHOWN)
     context = {
+        "stall": stall, "dead_notifications": dead_notifications,
         "viewer": who, "nav": "jobs", "job": job, "runs": runs, "status_filter": status, "statuses": RUN_STATUSES,
         "before": before, "next_before": next_before, "started": started, "notice": NOTICES.get(notice or ""),
         "next_fires": views.next_fires(job.definition, job.next_run_at),

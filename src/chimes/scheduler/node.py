@@ -20,10 +20,11 @@ from chimes.scheduler.firing import MISSED_AFTER, follow_up, plan_fire
 from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.leases import LeaseConfig, LeaseManager
 from chimes.scheduler.reaper import Reaper
+from chimes.scheduler.retention import Retention
 from chimes.scheduler.timer_wheel import TimerWheel
 from chimes.security.ssrf import EgressPolicy
 from chimes.store.db import DB_ERRORS
-from chimes.store.migrate import drop_old_run_partitions, ensure_run_partitions
+from chimes.store.migrate import ensure_run_partitions
 from chimes.store.owners import SigningSecrets
 from chimes.store.scheduling import DueTrigger, Fire, FireResult, SchedulerStore
 from chimes.timeouts import wait_event
@@ -44,6 +45,7 @@ class SchedulerConfig:
     missed_after_sec: float = MISSED_AFTER.total_seconds()  # later than this, catch-up policies apply
     retention_days: int = 30  # run history older than this is dropped, a day's partition at a time
     notify_every_sec: float = 1.0
+    notify_give_up_sec: float = 86400.0  # a notification undelivered this long is dead-lettered
     health_every_sec: float = 10.0
     maintain_every_sec: float = 3600.0
 
@@ -70,8 +72,10 @@ class SchedulerNode:
         self.leases = LeaseManager(self.store, self.config.lease, on_lost=self._on_partitions_lost)
         self.reaper = Reaper(self.store)
         # Webhooks go out under the operator's egress policy, signed like task calls (docs/security.md).
-        self.notifier = Notifier(pool, signing_secrets or SigningSecrets(pool), NotifierConfig(egress=egress))
+        self.notifier = Notifier(pool, signing_secrets or SigningSecrets(pool), NotifierConfig(
+            egress=egress, give_up_after_sec=self.config.notify_give_up_sec))
         self.health = HealthCheck(pool)
+        self.retention = Retention(pool, self.config.retention_days)
         self.stats = SchedulerStats()
         self._pool = pool
         self._clock = clock
@@ -196,10 +200,7 @@ class SchedulerNode:
     async def _maintain(self) -> None:
         async with self._pool.acquire() as conn:
             await ensure_run_partitions(conn)
-            dropped = await drop_old_run_partitions(conn, self.config.retention_days)
-        if dropped:
-            log.info("retention: dropped %d run-history partitions older than %d days", dropped,
-                     self.config.retention_days)
+        await self.retention.sweep(self._now())
         await self.store.forget_dead_nodes()
 
     async def _fire_loop(self) -> None:

@@ -17,7 +17,7 @@ from chimes.jobs import PRIORITY_NAMES
 from chimes.store.jobs import JobRecord, definition_of
 from chimes.store.queries import sql
 
-JOB_FILTERS = ("all", "failing", "paused")
+JOB_FILTERS = ("all", "failing", "paused", "stalled")
 # Upper end of a name prefix range: every name starting with the prefix sorts below prefix + this.
 _PREFIX_END = "\U0010ffff"
 _FIRST_ID = uuid.UUID(int=0)
@@ -96,6 +96,7 @@ class DashboardStore:
             "all": "dashboard_jobs_of_all" if owner is None else "dashboard_jobs_of_owner",
             "failing": "dashboard_failing_jobs",
             "paused": "dashboard_paused_jobs",
+            "stalled": "dashboard_stalled_jobs",
         }[show]
         async with self._pool.acquire() as conn:
             start = await conn.fetchval(sql("dashboard_name_key"), prefix)  # lower() as the index has it
@@ -106,6 +107,13 @@ class DashboardStore:
         jobs = [_job(r, last.get(r["job_id"])) for r in rows[:limit]]
         more = len(rows) > limit
         return JobPage(jobs, JobCursor(rows[limit - 1]["name_key"], rows[limit - 1]["job_id"]) if more else None)
+
+    async def job_alerts(self, job_id: uuid.UUID, limit: int) -> tuple[asyncpg.Record | None, list[asyncpg.Record]]:
+        """Whether the dead man's switch holds the job stalled now, and its dead-lettered notifications."""
+        async with self._pool.acquire() as conn:
+            stall = await conn.fetchrow(sql("dashboard_job_stall"), job_id)
+            dead = await conn.fetch(sql("dashboard_job_dead_notifications"), job_id, limit)
+        return stall, dead
 
     async def job_runs(self, job_id: uuid.UUID, status: str | None, before: RunCursor | None,
                        limit: int) -> list[asyncpg.Record]:

@@ -59,13 +59,6 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
             await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
 
 
-async def drop_old_run_partitions(conn: asyncpg.Connection, retention_days: int) -> int:
-    """Retention: drop whole days of run history older than ``retention_days`` (never row by row)."""
-    return await conn.fetchval(
-        "SELECT chimes_drop_run_partitions((now() AT TIME ZONE 'UTC')::date - $1::integer)", retention_days
-    )
-
-
 async def ensure_run_partitions(conn: asyncpg.Connection, days_ahead: int = RUN_PARTITION_DAYS_AHEAD) -> int:
     """Create the run-history partitions from yesterday to ``days_ahead`` days from now."""
     return await conn.fetchval(

@@ -12,7 +12,7 @@ from chimes import cron
 from chimes.backoff import next_attempt_at
 from chimes.ids import partition_of, run_id_for, scheduled_at_of, truncate_to_millis
 from chimes.store.queries import sql
-from chimes.store.working import QUEUE_CHANNEL, runs_ended
+from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, runs_ended
 
 
 class BackfillError(ValueError):
@@ -112,4 +112,6 @@ class RunStore:
             row = await conn.fetchrow(sql("cancel_run"), run_id, scheduled_at_of(run_id), owner, reason)
             if row is not None:
                 await runs_ended(conn, [row])
+                if row["was_running"]:  # delivered at commit: its worker stops the attempt at once
+                    await conn.execute("SELECT pg_notify($1, $2)", CANCEL_CHANNEL, str(run_id))
         return row is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -15,6 +15,7 @@ from chimes.store.queries import sql
 from chimes.store.working import runs_ended
 
 SCHEDULE, RETRY = 0, 1
+MIN_START_DEADLINE = timedelta(seconds=1)  # the smallest startDeadlineSec a job may have
 TriggerKey = tuple[int, datetime, uuid.UUID]  # (partition_id, fire_at, trigger_id): the primary key
 
 
@@ -149,7 +150,16 @@ class SchedulerStore:
             )
             if row["enqueued"]:
                 await conn.execute(sql("notify_queue"))
+            await self._notify_late_fires(conn, fires, fired_at)
         return FireResult(row["leases_held"], row["fired"], row["enqueued"])
+
+    async def _notify_late_fires(self, conn: asyncpg.Connection, fires: Sequence[Fire], fired_at: datetime) -> None:
+        """A run created later than its job's start deadline has missed its start, however soon a
+        worker takes it: notified here, in the fire's transaction. On time (the usual case), no query."""
+        late = [s for f in fires for s in f.slots
+                if s.outcome != "skip" and fired_at - s.scheduled_at > MIN_START_DEADLINE]
+        if late:
+            await conn.execute(sql("notify_late_fires"), [s.run_id for s in late], [s.scheduled_at for s in late])
 
     # --- reaper ----------------------------------------------------------------------------
     async def expired_runs(self, partitions: Sequence[int], limit: int) -> list[asyncpg.Record]:

@@ -14,6 +14,7 @@ from chimes.store.queries import sql
 from chimes.worker.caps import Candidate, admit
 
 QUEUE_CHANNEL = "chimes_run_queue"
+CANCEL_CHANNEL = "chimes_run_cancel"  # payload: the id of a running run that was just cancelled
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from chimes.backoff import next_attempt_at
 from chimes.logs import run_fields
 from chimes.security.storable import storable_text
 from chimes.store.db import DB_ERRORS
-from chimes.store.working import QUEUE_CHANNEL, ClaimedRun, Outcome, WorkerStore
+from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, ClaimedRun, Outcome, WorkerStore
 from chimes.timeouts import wait_event
 from chimes.worker.executors import Executors, TaskContext, TaskOutcome
 from chimes.worker.guard import TaskGuard
@@ -126,6 +126,7 @@ class Worker:
         try:
             conn.add_termination_listener(lambda _: lost.set())
             await conn.add_listener(QUEUE_CHANNEL, lambda *_: self._wake.set())
+            await conn.add_listener(CANCEL_CHANNEL, self._on_cancel)
             self.listening = True
             self._wake.set()  # whatever was enqueued while nobody listened
             await lost.wait()
@@ -134,6 +135,18 @@ class Worker:
             if not conn.is_closed():
                 with contextlib.suppress(*DB_ERRORS):
                     await conn.close(timeout=5)
+
+    def _on_cancel(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        """A run was cancelled through the API: stop it now rather than at the next heartbeat. The
+        cancel recorded the attempt already; the heartbeat still catches a NOTIFY missed meanwhile."""
+        try:
+            held = self._running.get(uuid.UUID(payload))
+        except ValueError:
+            return
+        if held is not None:
+            run, task = held
+            log.info("run %s was cancelled; stopping it", run.run_id, extra=run_fields(run))
+            task.cancel()
 
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():

@@ -34,6 +34,26 @@ WHERE j.paused AND ($1::text IS NULL OR j.owner = $1)
 ORDER BY lower(j.name) COLLATE "C", j.job_id
 LIMIT $5;
 
+-- name: dashboard_stalled_jobs
+-- Schedules the dead man's switch holds stalled now (schedule_stalls: one row per incident, few).
+SELECT j.*, lower(j.name) AS name_key, (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
+FROM schedule_stalls s
+JOIN jobs j ON j.job_id = s.job_id
+WHERE ($1::text IS NULL OR s.owner = $1)
+  AND (lower(j.name) COLLATE "C", j.job_id) > ($2::text COLLATE "C", $3::uuid)
+  AND lower(j.name) COLLATE "C" < $4::text COLLATE "C"
+ORDER BY lower(j.name) COLLATE "C", j.job_id
+LIMIT $5;
+
+-- name: dashboard_job_stall
+SELECT cause, since, detail, detected_at FROM schedule_stalls WHERE job_id = $1;
+
+-- name: dashboard_job_dead_notifications
+-- The job's dead-lettered notifications, newest first (notifications_dead: they are few).
+SELECT notification_id, kind, url, created_at, dead_at, attempts, last_error
+FROM notifications WHERE dead_at IS NOT NULL AND job_id = $1
+ORDER BY created_at DESC LIMIT $2;
+
 -- name: dashboard_failing_jobs
 -- Jobs whose latest finished run failed, among the jobs with a failure in the last day
 -- (runs_failed index): bounded by the day's failures, not by the number of jobs.

@@ -40,12 +40,27 @@ enqueued AS (
 SELECT (SELECT count(*) FROM job) AS job_found, (SELECT count(*) FROM enqueued) AS enqueued;
 
 -- name: cancel_run
-WITH cancelled AS (
-    UPDATE runs SET status = 'cancelled', finished_at = now(), error = $4,
-                    lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL
+-- Ends a run that has not finished. An attempt in progress is recorded as cancelled, with who
+-- cancelled it ($4), in the same statement: the worker that held it can no longer write its outcome
+-- (the lease token is gone). The caller then tells that worker at once (NOTIFY on CANCEL_CHANNEL).
+WITH target AS (
+    SELECT run_id, scheduled_at, status AS was, worker_id, attempt, started_at FROM runs
     WHERE run_id = $1 AND scheduled_at = $2 AND ($3::text IS NULL OR owner = $3)
       AND status IN ('scheduled', 'running')
-    RETURNING run_id, scheduled_at, job_id, partition_id
+    FOR UPDATE
+),
+cancelled AS (
+    UPDATE runs r SET status = 'cancelled', finished_at = now(), error = $4,
+                      lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL
+    FROM target t
+    WHERE r.run_id = t.run_id AND r.scheduled_at = t.scheduled_at
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, t.was, t.worker_id, t.attempt, t.started_at
+),
+interrupted AS (
+    INSERT INTO run_attempts (run_id, scheduled_at, attempt, worker_id, status, started_at, finished_at, error)
+    SELECT run_id, scheduled_at, attempt, worker_id, 'cancelled', started_at, now(), $4
+    FROM cancelled WHERE was = 'running'
+    ON CONFLICT DO NOTHING
 ),
 dequeued AS (
     DELETE FROM run_queue WHERE run_id IN (SELECT run_id FROM cancelled)
@@ -54,7 +69,7 @@ untriggered AS (
     DELETE FROM triggers t USING cancelled c
     WHERE t.partition_id = c.partition_id AND t.trigger_id = c.run_id AND t.kind = 1
 )
-SELECT run_id, scheduled_at, job_id FROM cancelled;
+SELECT run_id, scheduled_at, job_id, was = 'running' AS was_running FROM cancelled;
 
 -- name: job_for_backfill
 SELECT job_id, owner, version, priority, cron, timezone, dst_gap, dst_fold

@@ -240,31 +240,101 @@ SELECT run_id, scheduled_at, job_id, retry_at, retry_at IS NULL AS final FROM en
 -- name: reconcile_active_runs
 SELECT chimes_forget_ended_runs() AS forgotten, chimes_release_held(NULL) AS released;
 
--- name: late_queued_runs
--- The oldest waiting runs of each tier whose wait passed their job's start deadline (no worker took
--- them: workers down, or too few), not yet notified.
-SELECT q.run_id, q.scheduled_at, q.enqueued_at, j.start_deadline_sec
-FROM generate_series(0, 2) AS tier
+-- name: late_unstarted_runs
+-- Runs not started by their job's start deadline, counted from the scheduled time (plus the job's
+-- jitter): waiting in the queue, fired late, or scheduled and never enqueued. Runs held by their
+-- job's concurrency policy wait by design (the dead man's switch watches those). Oldest first from
+-- runs_unstarted, skipping those notified already, at most $1.
+SELECT r.run_id, r.scheduled_at, r.fired_at, q.enqueued_at, j.start_deadline_sec
+FROM runs r
+JOIN jobs j ON j.job_id = r.job_id
+LEFT JOIN run_queue q ON q.run_id = r.run_id
+WHERE r.status = 'scheduled' AND r.started_at IS NULL
+  AND r.scheduled_at < now() - interval '1 second'
+  AND r.scheduled_at < now() - make_interval(secs => j.start_deadline_sec + j.jitter_sec)
+  AND NOT EXISTS (SELECT 1 FROM active_runs a WHERE a.job_id = r.job_id AND a.run_id = r.run_id AND a.held)
+  AND NOT EXISTS (SELECT 1 FROM notifications n WHERE n.notification_id = md5(r.run_id::text || ':start_missed')::uuid)
+ORDER BY r.scheduled_at
+LIMIT $1;
+
+-- name: notify_late_fires
+-- Runs a fire created later than their job's start deadline after their scheduled time (plus the
+-- job's jitter): their start is missed however soon a worker takes them. In the fire's transaction.
+SELECT chimes_notify_runs('start_missed', array_agg(r.run_id), array_agg(r.scheduled_at),
+       array_agg(format('fired %ss after its scheduled time, past its start deadline of %ss: '
+                        'are scheduler nodes running and keeping up?',
+                        round(extract(epoch FROM r.fired_at - r.scheduled_at)), j.start_deadline_sec)))
+FROM unnest($1::uuid[], $2::timestamptz[]) AS s(run_id, scheduled_at)
+JOIN runs r ON r.run_id = s.run_id AND r.scheduled_at = s.scheduled_at
+JOIN jobs j ON j.job_id = r.job_id
+WHERE r.status <> 'skipped'
+  AND r.fired_at > r.scheduled_at + make_interval(secs => j.start_deadline_sec + j.jitter_sec);
+
+-- name: overdue_triggers
+-- Schedule triggers still not fired $1 seconds after they were due (a partition with no live owner,
+-- a fleet behind), at most $2 per partition: one short range of the primary key per partition, so
+-- the cost does not grow with the number of schedules. Whether the partition has a live owner says
+-- which of the two it is.
+SELECT p.partition_id, t.fire_at, t.trigger_id, j.job_id, j.owner, j.cron, j.timezone, j.dst_gap, j.dst_fold,
+       j.jitter_sec, j.start_deadline_sec, (l.owner IS NOT NULL AND l.expires_at > now()) AS leased
+FROM generate_series(0, 1023) AS p(partition_id)
 CROSS JOIN LATERAL (
-    SELECT run_id, scheduled_at, job_id, enqueued_at FROM run_queue WHERE run_queue.tier = tier
-    ORDER BY queue_id LIMIT $1
-) q
-JOIN jobs j ON j.job_id = q.job_id
-WHERE q.enqueued_at < now() - make_interval(secs => j.start_deadline_sec)
-  AND NOT EXISTS (SELECT 1 FROM notifications n WHERE n.notification_id = md5(q.run_id::text || ':start_missed')::uuid);
+    SELECT t.fire_at, t.trigger_id, t.job_id, t.job_version FROM triggers t
+    WHERE t.partition_id = p.partition_id AND t.fire_at < now() - make_interval(secs => $1) AND t.kind = 0
+    ORDER BY t.fire_at
+    LIMIT $2
+) t
+JOIN jobs j ON j.job_id = t.job_id AND j.version = t.job_version AND NOT j.paused
+JOIN partition_leases l ON l.partition_id = p.partition_id;
+
+-- name: job_sweep_end
+-- The sweep for schedules without a trigger reads the jobs in id order, $2 at a time after $1.
+SELECT job_id FROM (SELECT job_id FROM jobs WHERE job_id > $1 ORDER BY job_id LIMIT $2) batch
+ORDER BY job_id DESC LIMIT 1;
+
+-- name: schedules_without_trigger
+-- Recurring, active jobs in ($1, $2] whose schedule trigger row is gone, with their last fire.
+SELECT j.job_id, j.owner, j.cron, j.timezone, j.dst_gap, j.dst_fold,
+       greatest(j.created_at, j.resumed_at, (SELECT max(r.scheduled_at) FROM runs r WHERE r.job_id = j.job_id))
+           AS last_fire
+FROM jobs j
+WHERE j.job_id > $1 AND j.job_id <= $2 AND j.cron IS NOT NULL AND NOT j.paused
+  AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0);
+
+-- name: record_stalls
+-- A stalled schedule is recorded once per incident: a job already recorded keeps its row (and its
+-- detected_at) until resolve_stalls removes it.
+INSERT INTO schedule_stalls (job_id, owner, cause, since, detail, fire_at, run_id)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::timestamptz[],
+                     $7::uuid[])
+ON CONFLICT (job_id) DO NOTHING;
+
+-- name: resolve_stalls
+-- Incidents that are over: the job fired again (its trigger moved on, or is back), the holding run
+-- ended, or the job was paused or deleted.
+DELETE FROM schedule_stalls s
+WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = s.job_id AND NOT j.paused)
+   OR CASE s.cause
+          WHEN 'overdue' THEN NOT EXISTS (SELECT 1 FROM triggers t
+                                          WHERE t.job_id = s.job_id AND t.kind = 0 AND t.fire_at = s.fire_at)
+          WHEN 'no_trigger' THEN EXISTS (SELECT 1 FROM triggers t WHERE t.job_id = s.job_id AND t.kind = 0)
+          ELSE NOT EXISTS (SELECT 1 FROM active_runs a WHERE a.job_id = s.job_id AND a.run_id = s.run_id AND NOT a.held)
+      END
+RETURNING s.job_id;
+
+-- name: notify_jobs
+SELECT chimes_notify_jobs($1, $2::uuid[], $3::text[], $4::text[], $5::timestamptz[], $6::uuid[]);
 
 -- name: blocking_runs
 -- Unfinished runs that hold back a recurring job with concurrency skip or queue, for the dead man's
--- switch (the caller compares their age with the job's interval), not yet notified.
-SELECT r.run_id, r.scheduled_at, coalesce(r.started_at, r.scheduled_at) AS since, j.cron, j.timezone,
-       j.dst_gap, j.dst_fold
+-- switch (the caller compares their age with the job's interval; a run is notified once).
+SELECT r.run_id, r.scheduled_at, r.job_id, r.owner, coalesce(r.started_at, r.scheduled_at) AS since, j.cron,
+       j.timezone, j.dst_gap, j.dst_fold
 FROM active_runs a
 JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at
 JOIN jobs j ON j.job_id = a.job_id
 WHERE NOT a.held AND j.cron IS NOT NULL AND j.concurrency <> 'allow' AND NOT j.paused
   AND coalesce(r.started_at, r.scheduled_at) < now() - make_interval(secs => $1)
-  AND NOT EXISTS (SELECT 1 FROM notifications n
-                  WHERE n.notification_id = md5(r.run_id::text || ':schedule_stalled')::uuid)
 LIMIT 1000;
 
 -- name: notify_runs
