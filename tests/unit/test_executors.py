@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from chimes.worker.command_task import CommandExecutor
+from chimes.worker.command_task import BASE_ENV, CommandExecutor
 from chimes.worker.executors import (
     OUTPUT_TAIL_BYTES,
     Executors,
@@ -471,6 +471,26 @@ async def test_command_env_and_cwd(tmp_path: Path) -> None:
     first, second = outcome.output.splitlines()
     assert first == f"run-123|job-abc|2|2026-12-01T09:00:00Z|bar|{os.environ['PATH']}"
     assert same_dir(second, tmp_path), second
+
+
+async def test_command_gets_a_minimal_environment_not_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's secret key and database URL must not reach a team's program (a real subprocess)."""
+    monkeypatch.setenv("CHIMES_SECRET_KEY", "worker-secret-key")
+    monkeypatch.setenv("CHIMES_DATABASE_URL", "postgresql://chimes:db-password@db/chimes")
+    monkeypatch.setenv("PGPASSWORD", "db-password")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "cloud-secret")
+    monkeypatch.setenv("LC_TIME", "C")
+    monkeypatch.setenv("HOME", "/home/worker")
+    task = {"type": "command", "argv": ["env"], "env": {"FOO": "bar"}}
+    outcome = await CommandExecutor().run(task, make_ctx())
+    assert outcome.succeeded and outcome.output is not None, outcome
+    env = dict(line.split("=", 1) for line in outcome.output.splitlines() if "=" in line)
+    for leaked in ("worker-secret-key", "db-password", "cloud-secret"):
+        assert leaked not in outcome.output
+    assert env["FOO"] == "bar" and env["CHIMES_RUN_ID"] == "run-123" and env["PATH"] == os.environ["PATH"]
+    assert env["HOME"] == "/home/worker" and env["LC_TIME"] == "C"
+    assert set(env) <= {*BASE_ENV, "FOO", "CHIMES_RUN_ID", "CHIMES_JOB_ID", "CHIMES_ATTEMPT", "CHIMES_SCHEDULED_AT",
+                        *(name for name in env if name.startswith("LC_"))}, sorted(env)
 
 
 async def test_command_timeout_kills_process_group(tmp_path: Path) -> None:
