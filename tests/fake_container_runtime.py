@@ -119,6 +119,7 @@ def kill(args):
 
 
 append("calls.jsonl", sys.argv[1:])
+append("cli_env.jsonl", dict(os.environ))
 verbs = {{"run": run, "stop": stop, "kill": kill}}
 sys.exit(verbs[sys.argv[1]](sys.argv[2:]))
 '''
@@ -133,6 +134,10 @@ class FakeRuntime:
 
     def calls(self) -> list[list[str]]:
         return self._lines("calls.jsonl")
+
+    def cli_envs(self) -> list[dict[str, str]]:
+        """The environment of each invocation of the CLI itself."""
+        return self._lines("cli_env.jsonl")
 
     def containers(self) -> list[dict[str, Any]]:
         return self._lines("containers.jsonl")

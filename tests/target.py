@@ -36,6 +36,8 @@ class Target:
     responders: dict[str, Callable[[int], int]] = field(default_factory=dict)
     # path -> function(call number) -> seconds to wait before answering (a slow or hanging target)
     delays: dict[str, Callable[[int], float]] = field(default_factory=dict)
+    # path -> Location: answered with the responder's status (default 307) and that Location
+    redirects: dict[str, str] = field(default_factory=dict)
 
     def calls_to(self, path: str) -> list[Call]:
         return [c for c in self.calls if c.path == path]
@@ -43,6 +45,19 @@ class Target:
 
 @pytest.fixture
 async def target() -> AsyncIterator[Target]:
+    async with serving_target() as state:
+        yield state
+
+
+@pytest.fixture
+async def other_target() -> AsyncIterator[Target]:
+    """A second target: another origin (same host, another port)."""
+    async with serving_target() as state:
+        yield state
+
+
+@contextlib.asynccontextmanager
+async def serving_target() -> AsyncIterator[Target]:
     state = Target(url="")
     closing = asyncio.Event()
 
@@ -55,6 +70,9 @@ async def target() -> AsyncIterator[Target]:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(closing.wait(), timeout=delay(number))
         responder = state.responders.get(request.path)
+        location = state.redirects.get(request.path)
+        if location is not None:
+            return web.Response(status=responder(number) if responder else 307, headers={"Location": location})
         status = responder(number) if responder else 200
         return web.Response(status=status, text=f"answer {status}")
 

@@ -24,12 +24,12 @@ from pydantic import (
 
 from chimes import cron
 from chimes.ids import schedulable, truncate_to_millis
+from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.storable import storable_problem
 
 PRIORITIES = {"high": 0, "normal": 1, "batch": 2}
 PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}
 MAX_TIMEOUT_SEC = 7 * 24 * 3600
-HEADER_VALUE_FORBIDDEN = ("\r", "\n", "\x00")
 
 
 class _Model(BaseModel):
@@ -106,9 +106,16 @@ class HttpTaskSpec(_Model):
     @field_validator("headers", "secret_headers")
     @classmethod
     def _no_header_injection(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        # Framing and connection headers are the HTTP client's: set by a task, they can smuggle a
+        # request into the next one on a kept-alive connection (chimes.security.headers).
         for name, header in (value or {}).items():
-            if any(ch in header for ch in HEADER_VALUE_FORBIDDEN):
-                raise ValueError(f"header {name!r} contains a line break or NUL")
+            if forbidden_header(name):
+                raise ValueError(f"header {name!r} may not be set by a task: Chimes sets the framing, connection "
+                                 "and host headers itself (Content-Length, Transfer-Encoding, Connection, "
+                                 "Keep-Alive, TE, Trailer, Upgrade, Expect, Host, Proxy-*)")
+            problem = header_value_problem(header)
+            if problem is not None:
+                raise ValueError(f"header {name!r} {problem}")
         return value
 
     @model_validator(mode="after")

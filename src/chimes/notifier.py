@@ -8,6 +8,11 @@ row to be sent again after the lease, with the same key, for the receiver to ded
 Scheduler nodes send them, so they go out even when no worker is alive. A webhook is a call a team
 chose, like a task's, so it goes out under the operator's egress policy and is signed with the
 owner's signing secret exactly as task calls are.
+
+Redirects are followed here, not by aiohttp, which would carry the signature to whatever origin the
+receiver names: a redirect within the webhook's origin (scheme, host and port) is followed, with the
+same body and signature, for at most 10 hops; one to another origin is not followed and fails the
+delivery, saying so.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import orjson
+from yarl import URL
 
 from chimes import __version__, failures
 from chimes.security.secrets import SecretKeyError
@@ -32,6 +38,9 @@ from chimes.store.db import DB_ERRORS
 from chimes.store.queries import sql
 
 log = logging.getLogger(__name__)
+
+MAX_REDIRECTS = 10
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +107,25 @@ class Notifier:
                    "User-Agent": f"chimes/{__version__}", "X-Chimes-Notification-Id": str(notification_id),
                    SIGNATURE_HEADER: signature_header(secret, int(time.time()), body)}
         try:
-            async with self._session_now().post(url, data=body, headers=headers) as response:
-                await response.read()
-                return None if 200 <= response.status < 300 else f"HTTP {response.status}"
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return await self._post_following(URL(url), body, headers)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             return (egress_error(exc) or f"{type(exc).__name__}: {exc}")[:500]
+
+    async def _post_following(self, url: URL, body: bytes, headers: dict[str, str]) -> str | None:
+        """POST, following redirects within ``url``'s origin only; None when delivered, else why not."""
+        for _ in range(MAX_REDIRECTS + 1):
+            async with self._session_now().post(url, data=body, headers=headers, allow_redirects=False) as response:
+                await response.read()
+                status = response.status
+                location = response.headers.get("Location") if status in _REDIRECT_STATUSES else None
+            if location is None:
+                return None if 200 <= status < 300 else f"HTTP {status}"
+            following = url.join(URL(location))
+            if following.scheme not in ("http", "https") or following.origin() != url.origin():
+                return (f"HTTP {status}: redirect to {following} not followed: a webhook goes to the origin it "
+                        "names, with its signature")[:500]
+            url = following
+        return f"more than {MAX_REDIRECTS} redirects"
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

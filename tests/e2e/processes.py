@@ -65,8 +65,9 @@ class Processes:
     """Starts processes against one database and makes sure none outlives the test."""
 
     def __init__(self, database_url: str, log_dir: Path) -> None:
+        # Targets are on 127.0.0.1, which `chimes worker` and `chimes scheduler` refuse unless allowed.
         self.env = {**os.environ, "CHIMES_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1",
-                    "CHIMES_LOG_LEVEL": "INFO"}
+                    "CHIMES_LOG_LEVEL": "INFO", "CHIMES_EGRESS_ALLOW_LOOPBACK": "true"}
         self.log_dir = log_dir
         self.started: list[ChimesProcess] = []
 

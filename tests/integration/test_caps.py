@@ -7,7 +7,7 @@ import uuid
 import asyncpg
 import httpx
 
-from tests.helpers import wait_for
+from tests.helpers import auth_as, wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
 
@@ -39,3 +39,45 @@ async def test_tag_cap_holds_across_the_fleet_and_nothing_is_dropped(
 async def _succeeded(pool: asyncpg.Pool, job_id: str, count: int) -> bool:
     return await pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND status = 'succeeded'",
                                uuid.UUID(job_id)) >= count
+
+
+async def test_a_tag_cap_counts_only_its_owners_jobs(
+    fleet: Fleet, client: httpx.AsyncClient, tokens: dict[str, str], target: Target, pool: asyncpg.Pool
+) -> None:
+    """team-a caps its `reports` jobs at one running; team-b's jobs tagged `reports` neither hold that
+    slot nor fall under the cap. A fleet-wide cap on the same tag counts both."""
+    await pool.execute("INSERT INTO concurrency_caps (scope, name, owner, max_running) VALUES ('tag', 'reports', "
+                       "'team-a', 1)")
+    target.delays["/b-report"] = lambda n: 3.0
+    target.delays["/a-report"] = lambda n: 0.5
+
+    def job(path: str) -> dict:
+        return {"name": path, "schedule": {"cron": "0 0 1 1 *"}, "tags": ["reports"], "concurrency": "allow",
+                "task": {"type": "http", "url": target.url + path}}
+
+    b_job = (await client.post("/jobs", json=job("/b-report"), headers=auth_as(tokens["team-b"]))).json()["jobId"]
+    a_job = (await client.post("/jobs", json=job("/a-report"))).json()["jobId"]
+    for _ in range(3):
+        assert (await client.post(f"/jobs/{b_job}/runs", headers=auth_as(tokens["team-b"]))).status_code == 202
+    await wait_for(lambda: len(target.calls_to("/b-report")) == 3, timeout=10,
+                   what="team-b's three runs, all at once: team-a's cap is not theirs")
+    for _ in range(3):
+        assert (await client.post(f"/jobs/{a_job}/runs")).status_code == 202
+    await wait_for(lambda: target.calls_to("/a-report"), timeout=2.5,
+                   what="team-a's run, while team-b's three still run: they hold none of its slots")
+    await wait_for(lambda: _succeeded(pool, a_job, 3), timeout=30, what="team-a's runs, one at a time")
+    runs = await pool.fetch("SELECT started_at, finished_at FROM runs WHERE job_id = $1", uuid.UUID(a_job))
+    for run in runs:
+        assert len([r for r in runs if r["started_at"] <= run["started_at"] < r["finished_at"]]) <= 1
+    await wait_for(lambda: _succeeded(pool, b_job, 3), timeout=30, what="team-b's runs")
+
+    # A fleet-wide cap on the tag (the operator's explicit choice) counts every owner's jobs.
+    await pool.execute("DELETE FROM concurrency_caps")
+    await pool.execute("INSERT INTO concurrency_caps (scope, name, owner, max_running) VALUES ('tag', 'reports', "
+                       "'', 1)")
+    for _ in range(2):
+        assert (await client.post(f"/jobs/{b_job}/runs", headers=auth_as(tokens["team-b"]))).status_code == 202
+    await wait_for(lambda: _succeeded(pool, b_job, 5), timeout=30, what="team-b's runs under the fleet-wide cap")
+    b_runs = await pool.fetch("SELECT started_at, finished_at FROM runs WHERE job_id = $1 ORDER BY started_at DESC "
+                              "LIMIT 2", uuid.UUID(b_job))
+    assert b_runs[0]["started_at"] >= b_runs[1]["finished_at"], "one at a time under the fleet-wide cap"

@@ -152,3 +152,38 @@ async def test_an_undeliverable_notification_is_dead_lettered_and_listed_for_its
     admin = await client.get("/notifications", params={"status": "dead"}, headers=auth_as(tokens["admin"]))
     assert [n["notificationId"] for n in admin.json()["notifications"]] == [str(given_up)]
     assert (await client.get("/notifications", params={"status": "lost"})).status_code == 422
+
+
+async def _notify(pool: asyncpg.Pool, url: str) -> tuple[int, asyncpg.Record]:
+    await pool.execute(
+        "INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload) "
+        "VALUES ($1, $2, 'team-a', 'run_failed', $3, '{\"kind\": \"run_failed\"}')", uuid.uuid4(), uuid.uuid4(), url)
+    notifier = Notifier(pool, SigningSecrets(pool))
+    try:
+        delivered = await notifier.deliver_due()
+    finally:
+        await notifier.close()
+    return delivered, await pool.fetchrow("SELECT * FROM notifications")
+
+
+async def test_a_webhook_is_not_followed_to_another_origin(
+    target: Target, other_target: Target, pool: asyncpg.Pool
+) -> None:
+    for status in (302, 307, 308):
+        target.redirects[f"/moved-{status}"] = other_target.url + "/collect"
+        target.responders[f"/moved-{status}"] = lambda n, status=status: status
+        delivered, row = await _notify(pool, f"{target.url}/moved-{status}")
+        assert delivered == 0 and row["sent_at"] is None
+        assert row["last_error"] == (f"HTTP {status}: redirect to {other_target.url}/collect not followed: a webhook "
+                                     "goes to the origin it names, with its signature")
+        await pool.execute("DELETE FROM notifications")
+    assert other_target.calls == [], "nothing, and no signature, reached the other origin"
+
+
+async def test_a_webhook_follows_a_307_within_its_origin_signed(target: Target, pool: asyncpg.Pool) -> None:
+    target.redirects["/old-alerts"] = "/alerts"
+    delivered, row = await _notify(pool, f"{target.url}/old-alerts")
+    assert delivered == 1 and row["sent_at"] is not None
+    [call] = target.calls_to("/alerts")
+    secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    assert verify(secret, call.headers[SIGNATURE_HEADER], call.body, time.time())

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import click
+import pytest
+
+from chimes.cli.caps import cap_owner
 from chimes.worker.caps import Candidate, admit
 
 
@@ -22,3 +26,22 @@ def test_limit_and_zero_caps() -> None:
     queue = [Candidate(i, "a", []) for i in range(5)]
     assert admit(queue, {("owner", "a"): 3}, limit=2) == [0, 1]
     assert admit(queue, {("owner", "a"): 0}, limit=5) == []
+
+
+def test_a_tag_cap_of_one_owner_counts_only_that_owners_jobs() -> None:
+    queue = [Candidate(1, "b", ["reports"]), Candidate(2, "b", ["reports"]), Candidate(3, "a", ["reports"]),
+             Candidate(4, "a", ["reports"])]
+    assert admit(queue, {("tag", "reports", "a"): 1}, limit=10) == [1, 2, 3]
+    assert admit(queue, {("tag", "reports"): 1}, limit=10) == [1], "fleet-wide: every owner's jobs share it"
+    assert admit(queue, {("tag", "reports", "a"): 1, ("tag", "reports", "b"): 0}, limit=10) == [3]
+
+
+def test_a_tag_cap_names_its_owner_or_is_fleet_wide_explicitly() -> None:
+    assert cap_owner("tag", "team-a", False) == "team-a"
+    assert cap_owner("tag", None, True) == ""
+    assert cap_owner("owner", None, False) == ""
+    for owner, fleet_wide in ((None, False), ("team-a", True)):
+        with pytest.raises(click.UsageError, match=r"--owner TEAM .* or --fleet-wide"):
+            cap_owner("tag", owner, fleet_wide)
+    with pytest.raises(click.UsageError, match="for tag caps"):
+        cap_owner("owner", "team-a", False)

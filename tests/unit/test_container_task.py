@@ -210,3 +210,21 @@ async def test_executors_dispatch_container_tasks(fake: FakeRuntime) -> None:
     finally:
         await executors.close()
     assert outcome == TaskOutcome(True, None, "dispatched\n")
+
+
+async def test_the_runtime_cli_gets_no_chimes_or_database_settings(
+    fake: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHIMES_SECRET_KEY", "worker-secret-key")
+    monkeypatch.setenv("CHIMES_DATABASE_URL", "postgresql://chimes:db-password@db/chimes")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://chimes:db-password@db/chimes")
+    monkeypatch.setenv("PGPASSWORD", "db-password")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
+    outcome = await ContainerExecutor(str(fake.path)).run(sh("env", env={"FOO": "bar"}), make_ctx())
+    assert outcome.succeeded and outcome.output is not None, outcome
+    [cli_env] = fake.cli_envs()
+    assert not {"CHIMES_SECRET_KEY", "CHIMES_DATABASE_URL", "DATABASE_URL", "PGPASSWORD"} & set(cli_env)
+    assert cli_env["DOCKER_HOST"] == "unix:///run/user/1000/docker.sock", "what the runtime needs stays"
+    for leaked in ("worker-secret-key", "db-password"):
+        assert leaked not in outcome.output, "nor does the container get them"
+    assert "FOO=bar" in outcome.output

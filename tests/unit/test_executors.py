@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from chimes.worker.command_task import CommandExecutor
+from chimes.worker.command_task import BASE_ENV, CommandExecutor
 from chimes.worker.executors import (
     OUTPUT_TAIL_BYTES,
     Executors,
@@ -369,14 +369,75 @@ async def test_http_cancellation_propagates(server: Server, http: HttpExecutor) 
 
 
 async def test_http_session_is_pooled_and_reopened_after_close(server: Server, http: HttpExecutor) -> None:
-    await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx())
-    first = http._session
-    await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx())
-    assert first is not None and http._session is first
+    await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-a"))
+    first = http.session_of("team-a")
+    await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-a"))
+    assert first is not None and http.session_of("team-a") is first
     await http.close()
     assert first.closed
-    again = await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx())
-    assert again.succeeded and http._session is not first
+    again = await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-a"))
+    assert again.succeeded and http.session_of("team-a") not in (None, first)
+
+
+async def test_http_owners_never_share_a_pool_and_idle_pools_close(server: Server) -> None:
+    http = HttpExecutor(max_connections=10, max_owner_pools=2, owner_pool_idle_sec=3600)
+    try:
+        for owner in ("team-a", "team-b"):
+            assert (await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner=owner))).succeeded
+        a, b = http.session_of("team-a"), http.session_of("team-b")
+        assert a is not None and b is not None and a is not b
+        await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-c"))
+        await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-c"))
+        assert a.closed and http.session_of("team-a") is None, "beyond the bound, the least recently used closes"
+        assert http.session_of("team-b") is b and not b.closed
+    finally:
+        await http.close()
+    idle = HttpExecutor(owner_pool_idle_sec=0.0)
+    try:
+        await idle.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-a"))
+        first = idle.session_of("team-a")
+        await idle.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-b"))
+        assert first is not None and first.closed, "an idle pool is closed"
+    finally:
+        await idle.close()
+
+
+async def test_http_lease_token_only_for_callback_tasks_on_their_origin(
+    server: Server, elsewhere: Server, http: HttpExecutor
+) -> None:
+    ctx = make_ctx(lease_token="lease-secret")
+    await http.run({"type": "http", "url": f"{server.base}/ok"}, ctx)
+    await http.run({"type": "http", "url": f"{server.base}/ok", "callback": True}, ctx)
+    await http.run({"type": "http", "url": f"{server.base}/redirect/307?to={elsewhere.base}/ok", "callback": True},
+                   ctx)
+    plain, callback, redirected = server.requests
+    assert "X-Chimes-Lease-Token" not in plain.headers
+    assert callback.headers["X-Chimes-Lease-Token"] == "lease-secret"
+    assert redirected.headers["X-Chimes-Lease-Token"] == "lease-secret"
+    [landed] = elsewhere.requests
+    assert "X-Chimes-Lease-Token" not in landed.headers, "never to another origin"
+
+
+async def test_http_framing_headers_of_a_stored_task_are_dropped(server: Server, http: HttpExecutor) -> None:
+    """Rows written around the API (before the rule, or by hand) must not set the framing either."""
+    task = {"type": "http", "method": "POST", "url": f"{server.base}/ok", "body": "0\r\n\r\nGET /x HTTP/1.1\r\n",
+            "headers": {"Transfer-Encoding": "chunked", "Connection": "keep-alive", "Host": "evil.example",
+                        "Proxy-Authorization": "Basic eA==", "Expect": "100-continue", "X-Kept": "yes"}}
+    outcome = await http.run(task, make_ctx())
+    assert outcome.succeeded, outcome
+    [req] = server.requests
+    assert req.headers["Host"] == server.base.removeprefix("http://")
+    assert req.headers["X-Kept"] == "yes"
+    assert "Transfer-Encoding" not in req.headers and "Proxy-Authorization" not in req.headers
+    assert "Expect" not in req.headers
+    assert req.body == b"0\r\n\r\nGET /x HTTP/1.1\r\n"
+
+
+async def test_http_a_control_character_in_a_stored_header_fails_clearly(server: Server, http: HttpExecutor) -> None:
+    task = {"type": "http", "url": f"{server.base}/ok", "headers": {"X-Odd": "a\x0bb"}}
+    outcome = await http.run(task, make_ctx())
+    assert outcome == TaskOutcome(False, "header 'X-Odd' contains the control character '\\x0b'")
+    assert server.requests == []
 
 
 # --------------------------------------------------------------------------- commands
@@ -410,6 +471,26 @@ async def test_command_env_and_cwd(tmp_path: Path) -> None:
     first, second = outcome.output.splitlines()
     assert first == f"run-123|job-abc|2|2026-12-01T09:00:00Z|bar|{os.environ['PATH']}"
     assert same_dir(second, tmp_path), second
+
+
+async def test_command_gets_a_minimal_environment_not_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's secret key and database URL must not reach a team's program (a real subprocess)."""
+    monkeypatch.setenv("CHIMES_SECRET_KEY", "worker-secret-key")
+    monkeypatch.setenv("CHIMES_DATABASE_URL", "postgresql://chimes:db-password@db/chimes")
+    monkeypatch.setenv("PGPASSWORD", "db-password")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "cloud-secret")
+    monkeypatch.setenv("LC_TIME", "C")
+    monkeypatch.setenv("HOME", "/home/worker")
+    task = {"type": "command", "argv": ["env"], "env": {"FOO": "bar"}}
+    outcome = await CommandExecutor().run(task, make_ctx())
+    assert outcome.succeeded and outcome.output is not None, outcome
+    env = dict(line.split("=", 1) for line in outcome.output.splitlines() if "=" in line)
+    for leaked in ("worker-secret-key", "db-password", "cloud-secret"):
+        assert leaked not in outcome.output
+    assert env["FOO"] == "bar" and env["CHIMES_RUN_ID"] == "run-123" and env["PATH"] == os.environ["PATH"]
+    assert env["HOME"] == "/home/worker" and env["LC_TIME"] == "C"
+    assert set(env) <= {*BASE_ENV, "FOO", "CHIMES_RUN_ID", "CHIMES_JOB_ID", "CHIMES_ATTEMPT", "CHIMES_SCHEDULED_AT",
+                        *(name for name in env if name.startswith("LC_"))}, sorted(env)
 
 
 async def test_command_timeout_kills_process_group(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ import click
 import pytest
 
 from chimes.api.limits import RateLimiter
-from chimes.cli.security_options import trusted_proxies
+from chimes.cli.main import cli
+from chimes.cli.security_options import egress_policy, trusted_proxies
 from chimes.jobs import JobSpec
 from chimes.security.refusals import SecretNotKept
 from chimes.security.secrets import (
@@ -32,6 +33,7 @@ from chimes.security.ssrf import EgressDenied, EgressPolicy, GuardedConnector
 from chimes.security.storable import storable_problem
 
 DEFAULT = EgressPolicy.build()
+NO_LOOPBACK = EgressPolicy.build(allow_loopback=False)
 ALLOW_LIST = EgressPolicy.build(allow=["10.0.0.0/8", "api.example.com", "*.partner.example"],
                                 deny=["10.9.0.0/16", "evil.partner.example"])
 
@@ -57,6 +59,19 @@ EGRESS_CASES = [
     (ALLOW_LIST, "other.com", "192.0.2.1", "other.com (192.0.2.1) is not on the allow list"),
     (ALLOW_LIST, "api.example.com", "169.254.169.254", "in the denied network 169.254.0.0/16"),
     (EgressPolicy.build(default_deny=False), "x", "169.254.169.254", None),
+    (DEFAULT, "x", "64:ff9b::a9fe:a9fe", "in the denied network 169.254.0.0/16"),  # NAT64
+    (DEFAULT, "x", "64:ff9b::c633:6407", None),
+    (ALLOW_LIST, "x", "64:ff9b::a09:1", "in the denied network 10.9.0.0/16"),
+    (NO_LOOPBACK, "localhost", "127.0.0.1", "address 127.0.0.1 is in the denied network 127.0.0.0/8"),
+    (NO_LOOPBACK, "x", "127.1.2.3", "in the denied network 127.0.0.0/8"),
+    (NO_LOOPBACK, "localhost", "::1", "in the denied network ::1/128"),
+    (NO_LOOPBACK, "x", "::ffff:127.0.0.1", "in the denied network 127.0.0.0/8"),
+    (NO_LOOPBACK, "x", "64:ff9b::7f00:1", "in the denied network 127.0.0.0/8"),
+    (NO_LOOPBACK, "x", "0.0.0.0", "in the denied network 0.0.0.0/8"),
+    (NO_LOOPBACK, "x", "::", "in the denied network ::/128"),
+    (NO_LOOPBACK, "x", "10.1.2.3", None),  # private ranges: the internal services teams call
+    (NO_LOOPBACK, "x", "192.168.1.10", None),
+    (NO_LOOPBACK, "x", "fd12::1", None),
 ]
 
 
@@ -68,6 +83,24 @@ def test_egress_rules(policy: EgressPolicy, host: str, address: str, reason: str
         assert refusal is None
     else:
         assert refusal is not None and reason in refusal
+
+
+@pytest.mark.parametrize(("role", "args", "loopback"), [
+    ("worker", [], False), ("scheduler", [], False), ("up", [], True),
+    ("worker", ["--egress-allow-loopback"], True), ("up", ["--egress-deny-loopback"], False),
+])
+def test_workers_deny_loopback_unless_allowed_and_up_allows_it(
+    monkeypatch: pytest.MonkeyPatch, role: str, args: list[str], loopback: bool
+) -> None:
+    monkeypatch.delenv("CHIMES_EGRESS_ALLOW_LOOPBACK", raising=False)
+    params = cli.commands[role].make_context(role, list(args)).params
+    policy = egress_policy(params)
+    assert (policy.refusal("localhost", "127.0.0.1") is None) == loopback
+    assert policy.refusal("internal", "10.1.2.3") is None, "private ranges stay allowed"
+    if not args:  # the variable does what the flag does (the e2e, chaos and bench fleets set it)
+        monkeypatch.setenv("CHIMES_EGRESS_ALLOW_LOOPBACK", "true")
+        params = cli.commands[role].make_context(role, []).params
+        assert egress_policy(params).refusal("localhost", "127.0.0.1") is None
 
 
 def test_bad_egress_entries_are_named() -> None:

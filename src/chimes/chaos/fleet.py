@@ -143,7 +143,8 @@ class Fleet:
         logs.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "CHIMES_DATABASE_URL": self.dsn, "CHIMES_DATA_DIR": str(self.work_dir / "data"),
                "CHIMES_SECRET_KEY": Fernet.generate_key().decode(), "CHIMES_LOG_FORMAT": "json",
-               "CHIMES_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
+               "CHIMES_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1",
+               "CHIMES_EGRESS_ALLOW_LOOPBACK": "true"}  # the target listens on 127.0.0.1
         port = _free_port()
         self.api_url = f"http://127.0.0.1:{port}"
         shape = self.shape

@@ -53,8 +53,10 @@ def recurring_jobs(seed: int | str, count: int, target_url: str) -> list[dict[st
         jobs.append({
             "name": f"chaos-{i:03d}",
             "schedule": {"cron": f"*/{every} * * * * *"},
+            # callback: the lease token goes only to callback tasks, and invariant 4 reads it at the
+            # target (one token per attempt); the target answers 200 or 500, never 202, so runs end at once.
             "task": {"type": "http", "method": "POST", "url": f"{target_url}/job/{i}?fail={fail}&work={work}",
-                     "body": {"job": i}},
+                     "body": {"job": i}, "callback": True},
             "retryPolicy": {"maxAttempts": rng.choice([3, 5]), "initialBackoffSec": 0.5, "maxBackoffSec": 2,
                             "multiplier": 2},
             "timeoutSec": 5 if skip else 2,
@@ -94,7 +96,8 @@ async def make_one_offs(api: httpx.AsyncClient, target_url: str, seed: int | str
         await asyncio.sleep(every_sec)
         at = (datetime.now(UTC) + timedelta(seconds=rng.uniform(2, 8))).replace(microsecond=0)
         body = {"name": f"chaos-once-{number:04d}", "schedule": {"at": at.isoformat()},
-                "task": {"type": "http", "method": "POST", "url": f"{target_url}/once/{number}?fail=0.1&work=0"},
+                "task": {"type": "http", "method": "POST", "url": f"{target_url}/once/{number}?fail=0.1&work=0",
+                         "callback": True},  # for the lease token, as above
                 "retryPolicy": {"maxAttempts": 5, "initialBackoffSec": 0.5, "maxBackoffSec": 2},
                 "timeoutSec": 2, "concurrency": "allow"}
         made.append(await create_job(api, body, f"chaos-once-{seed}-{number}", loop.time() + 60))

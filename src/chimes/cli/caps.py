@@ -1,4 +1,8 @@
-"""``chimes cap``: fleet-wide caps on how many runs of an owner or of a tag run at once."""
+"""``chimes cap``: fleet-wide caps on how many runs of an owner, or of an owner's tag, run at once.
+
+A tag is each team's own word, so a tag cap names the owner whose jobs it counts (``--owner``); a cap
+over every owner's jobs with a tag (``--fleet-wide``) lets one team's jobs hold the slots another's
+wait for, and is the operator's explicit decision (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -23,9 +27,37 @@ def parse_target(value: str) -> tuple[str, str]:
     return scope, name
 
 
+def cap_owner(scope: str, owner: str | None, fleet_wide: bool) -> str:
+    """The owner column of a cap: a tag cap needs exactly one of --owner and --fleet-wide."""
+    if scope == "owner":
+        if owner is not None or fleet_wide:
+            raise click.UsageError("--owner and --fleet-wide are for tag caps; owner:NAME already names the owner")
+        return ""
+    if (owner is None) == (not fleet_wide):
+        raise click.UsageError("a tag cap needs --owner TEAM (that team's jobs with the tag) or --fleet-wide "
+                               "(every team's jobs with the tag share the slots)")
+    if owner is not None and not owner:
+        raise click.BadParameter("must not be empty", param_hint="--owner")
+    return owner or ""
+
+
+def describe(scope: str, name: str, owner: str) -> str:
+    if scope == "owner":
+        return f"owner:{name}"
+    return f"tag:{name} of owner {owner}" if owner else f"tag:{name} of every owner (fleet-wide)"
+
+
+def _tag_cap_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    func = click.option("--fleet-wide", is_flag=True,
+                        help="A tag cap over every owner's jobs with the tag: teams share its slots.")(func)
+    return click.option("--owner", default=None, metavar="TEAM",
+                        help="The owner whose jobs with the tag a tag cap counts.")(func)
+
+
 @click.group()
 def cap() -> None:
-    """Cap how many runs of an owner (owner:TEAM) or of jobs with a tag (tag:NAME) run at once.
+    """Cap how many runs of an owner (owner:TEAM) or of jobs with a tag (tag:NAME --owner TEAM, or
+    --fleet-wide for every owner's) run at once.
 
     Runs over a cap wait in the queue, in order; none is dropped."""
 
@@ -34,30 +66,37 @@ def cap() -> None:
 @database_options
 @click.argument("target")
 @click.argument("max_running", type=click.IntRange(0, 1_000_000))
-def set_cap(database_url: str | None, data_dir: Path, target: str, max_running: int) -> None:
-    """Set a cap, e.g. `chimes cap set tag:db-heavy 20`."""
+@_tag_cap_options
+def set_cap(database_url: str | None, data_dir: Path, target: str, max_running: int, owner: str | None,
+            fleet_wide: bool) -> None:
+    """Set a cap, e.g. `chimes cap set tag:db-heavy 20 --owner data-team` or `chimes cap set owner:data-team 50`."""
     scope, name = parse_target(target)
-    _with_connection(database_url, data_dir, lambda conn: conn.execute(sql("set_cap"), scope, name, max_running))
-    click.echo(f"{target}: at most {max_running} running")
+    who = cap_owner(scope, owner, fleet_wide)
+    _with_connection(database_url, data_dir, lambda conn: conn.execute(sql("set_cap"), scope, name, who, max_running))
+    click.echo(f"{describe(scope, name, who)}: at most {max_running} running")
 
 
 @cap.command("remove")
 @database_options
 @click.argument("target")
-def remove_cap(database_url: str | None, data_dir: Path, target: str) -> None:
-    """Remove a cap."""
+@_tag_cap_options
+def remove_cap(database_url: str | None, data_dir: Path, target: str, owner: str | None, fleet_wide: bool) -> None:
+    """Remove a cap (a tag cap with the same --owner or --fleet-wide it was set with)."""
     scope, name = parse_target(target)
-    if _with_connection(database_url, data_dir, lambda conn: conn.fetchval(sql("remove_cap"), scope, name)) is None:
-        raise click.ClickException(f"no cap on {target}")
-    click.echo(f"{target}: no cap")
+    who = cap_owner(scope, owner, fleet_wide)
+    removed = _with_connection(database_url, data_dir, lambda conn: conn.fetchval(sql("remove_cap"), scope, name, who))
+    if removed is None:
+        raise click.ClickException(f"no cap on {describe(scope, name, who)}")
+    click.echo(f"{describe(scope, name, who)}: no cap")
 
 
 @cap.command("list")
 @database_options
 def list_caps(database_url: str | None, data_dir: Path) -> None:
-    """List the caps."""
+    """List the caps: target, whose jobs it counts, most running."""
     for row in _with_connection(database_url, data_dir, lambda conn: conn.fetch(sql("list_caps"))):
-        click.echo(f"{row['scope']}:{row['name']}\t{row['max_running']}")
+        whose = row["name"] if row["scope"] == "owner" else row["owner"] or "every owner (fleet-wide)"
+        click.echo(f"{row['scope']}:{row['name']}\t{whose}\t{row['max_running']}")
 
 
 def _with_connection(database_url: str | None, data_dir: Path,

@@ -18,6 +18,7 @@ from chimes.cli.security_options import (
     allow_commands_option,
     api_security,
     api_security_options,
+    egress_loopback_option,
     key_file_option,
     worker_security,
     worker_security_options,
@@ -45,6 +46,7 @@ def cli(log_level: str, log_format: str) -> None:
               show_default=True, type=click.IntRange(1, 10_000), help="Runs the built-in worker executes at once.")
 @api_security_options
 @worker_security_options
+@egress_loopback_option(default=True)  # the README's tour calls a target on 127.0.0.1
 @allow_commands_option(default=True)  # one person on their own machine: the README's tour runs commands
 @key_file_option
 def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_concurrency: int,
@@ -90,6 +92,7 @@ def api(database_url: str | None, data_dir: Path, host: str, port: int, **securi
               show_default=True, type=click.FloatRange(0.01, 24 * 365),
               help="A notification its webhook has not accepted this long after it was queued is dead-lettered.")
 @worker_security_options  # a node sends the failure webhooks: the same egress policy, signed with the key
+@egress_loopback_option(default=False)
 @key_file_option
 def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lease_ttl: float, retention_days: int,
               missed_after: float, notify_give_up_hours: float, **security: Any) -> None:
@@ -118,6 +121,7 @@ def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lea
 @click.option("--container-runtime", envvar="CHIMES_CONTAINER_RUNTIME", show_envvar=True, default="docker",
               show_default=True, help="Command that runs container tasks: docker, podman, nerdctl (with arguments).")
 @worker_security_options
+@egress_loopback_option(default=False)  # a team's task must not read the worker host's own services
 @allow_commands_option(default=False)
 @key_file_option
 def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id: str | None,

@@ -99,6 +99,13 @@ def worker_security_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
+def egress_loopback_option(default: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return _option("--egress-allow-loopback/--egress-deny-loopback", env="CHIMES_EGRESS_ALLOW_LOOPBACK",
+                   default=default, show_default=True,
+                   help="Let HTTP tasks and webhooks call this host's own addresses (127.0.0.0/8, ::1): its other "
+                        "services would answer a team's task. Private ranges stay allowed either way.")
+
+
 def allow_commands_option(default: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return _option("--allow-commands/--no-allow-commands", env="CHIMES_ALLOW_COMMANDS", default=default,
                    show_default=True,
@@ -118,15 +125,21 @@ def keyring_from(data_dir: Path, secret_key_file: Path | None) -> Keyring:
 
 
 def worker_security(data_dir: Path, options: dict[str, Any]) -> WorkerSecurity:
-    """From the options of :func:`worker_security_options`, :func:`allow_commands_option` and the key file."""
+    """From the options of :func:`worker_security_options`, :func:`egress_loopback_option`,
+    :func:`allow_commands_option` and the key file."""
+    return WorkerSecurity(bool(options.get("allow_commands")), egress_policy(options),
+                          keyring_from(data_dir, options.get("secret_key_file")))
+
+
+def egress_policy(options: dict[str, Any]) -> EgressPolicy:
+    """The egress policy the options of a role's command line describe; loopback denied unless allowed."""
     try:
-        egress = EgressPolicy.build(allow=_entries(options.get("egress_allow", ())),
-                                    deny=_entries(options.get("egress_deny", ())),
-                                    default_deny=options.get("egress_default_deny", True))
+        return EgressPolicy.build(allow=_entries(options.get("egress_allow", ())),
+                                  deny=_entries(options.get("egress_deny", ())),
+                                  default_deny=options.get("egress_default_deny", True),
+                                  allow_loopback=bool(options.get("egress_allow_loopback", False)))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--egress-allow/--egress-deny") from None
-    return WorkerSecurity(bool(options.get("allow_commands")), egress,
-                          keyring_from(data_dir, options.get("secret_key_file")))
 
 
 def api_security(data_dir: Path, options: dict[str, Any]) -> ApiSecurity:

@@ -4,6 +4,10 @@ The check runs on the address actually connected to, after DNS, inside the HTTP 
 connector: a name that resolves to a denied address is refused even if it resolved elsewhere a
 moment before (no DNS rebinding), and so is a redirect to one. Link-local and cloud metadata
 addresses are denied by default; the operator adds deny and allow entries (networks or host names).
+Loopback (the host's own services) is denied unless the operator allows it (``chimes worker`` denies
+it, ``chimes up`` allows it for the one-person tour). Private ranges are allowed: internal services
+are what teams call. IPv4 written inside IPv6 (mapped, 6to4, compatible, and NAT64 64:ff9b::/96) is
+checked as the IPv4 address it reaches.
 
 Rules, in order: a denied address or host is refused; then, if there is an allow list, only an
 address or host on it is allowed; everything else is allowed.
@@ -30,6 +34,10 @@ DEFAULT_DENY = (
     "100.100.100.200/32",  # Alibaba Cloud metadata
     "168.63.129.16/32",    # Azure WireServer
 )
+#: The host itself: denied unless ``allow_loopback`` (0.0.0.0 and :: reach it too on Linux).
+LOOPBACK = ("127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128")
+#: NAT64's well-known prefix (RFC 6052): 64:ff9b::a.b.c.d reaches a.b.c.d through a NAT64 gateway.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 
 
 class EgressDenied(OSError):
@@ -71,9 +79,13 @@ class EgressPolicy:
     allow_hosts: tuple[HostPattern, ...] = ()
 
     @classmethod
-    def build(cls, *, allow: Iterable[str] = (), deny: Iterable[str] = (), default_deny: bool = True) -> EgressPolicy:
-        """From operator entries (CIDR networks, addresses or host names); raises ValueError naming a bad one."""
-        deny_networks, deny_hosts = _parse(list(deny) + (list(DEFAULT_DENY) if default_deny else []))
+    def build(cls, *, allow: Iterable[str] = (), deny: Iterable[str] = (), default_deny: bool = True,
+              allow_loopback: bool = True) -> EgressPolicy:
+        """From operator entries (CIDR networks, addresses or host names); raises ValueError naming a bad one.
+        ``allow_loopback=False`` denies the host's own addresses (:data:`LOOPBACK`); the command line
+        decides per role (``chimes worker`` denies them by default)."""
+        defaults = (list(DEFAULT_DENY) if default_deny else []) + ([] if allow_loopback else list(LOOPBACK))
+        deny_networks, deny_hosts = _parse(list(deny) + defaults)
         allow_networks, allow_hosts = _parse(allow)
         return cls(deny_networks, deny_hosts, allow_networks, allow_hosts)
 
@@ -145,12 +157,14 @@ def _parse_address(address: str) -> IPAddress | None:
 
 
 def _forms(ip: IPAddress | None) -> list[IPAddress]:
-    """The address and the IPv4 address it embeds (::ffff:169.254.169.254 is 169.254.169.254)."""
+    """The address and the IPv4 address it embeds (::ffff:169.254.169.254 and 64:ff9b::a9fe:a9fe are
+    169.254.169.254)."""
     if ip is None:
         return []
     forms: list[IPAddress] = [ip]
     if isinstance(ip, ipaddress.IPv6Address):
-        for embedded in (ip.ipv4_mapped, ip.sixtofour, _compat_v4(ip)):
+        nat64 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF) if ip in _NAT64 else None
+        for embedded in (ip.ipv4_mapped, ip.sixtofour, _compat_v4(ip), nat64):
             if embedded is not None:
                 forms.append(embedded)
     return forms

@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from chimes.store.queries import sql
-from chimes.worker.caps import Candidate, admit
+from chimes.worker.caps import Candidate, admit, cap_key
 
 QUEUE_CHANNEL = "chimes_run_queue"
 CANCEL_CHANNEL = "chimes_run_cancel"  # payload: the id of a running run that was just cancelled
@@ -86,11 +86,14 @@ class WorkerStore:
             return []
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("lock_capped_claims"))
-            rooms = {(r["scope"], r["name"]): max(0, r["max_running"] - r["running"])
+            rooms = {cap_key(r["scope"], r["name"], r["owner"]): max(0, r["max_running"] - r["running"])
                      for r in await conn.fetch(sql("cap_usage"))}
-            full_owners = [name for (scope, name), room in rooms.items() if scope == "owner" and room == 0]
-            full_tags = [name for (scope, name), room in rooms.items() if scope == "tag" and room == 0]
-            rows = await conn.fetch(sql("capped_candidates"), limit * 4, tiers[0], tiers[1], full_owners, full_tags)
+            full = [key for key, room in rooms.items() if room == 0]
+            full_owners = [key[1] for key in full if key[0] == "owner"]
+            full_tags = [key[1] for key in full if key[0] == "tag" and len(key) == 2]
+            owner_tags = [key for key in full if len(key) == 3]
+            rows = await conn.fetch(sql("capped_candidates"), limit * 4, tiers[0], tiers[1], full_owners, full_tags,
+                                    [key[2] for key in owner_tags], [key[1] for key in owner_tags])
             chosen = admit((Candidate(r["queue_id"], r["owner"], r["tags"]) for r in rows), rooms, limit)
             if not chosen:
                 return []

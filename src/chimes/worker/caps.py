@@ -1,4 +1,5 @@
-"""Admitting capped runs: at most N running at once per owner or per tag, fleet-wide.
+"""Admitting capped runs: at most N running at once per owner, per tag of one owner, or per tag of
+every owner (a fleet-wide tag cap, the operator's explicit choice), across the whole fleet.
 
 Pure admission logic; the worker runs it under an advisory lock so two workers never admit past a
 cap together, with usage counted live from the running runs.
@@ -9,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-CapKey = tuple[str, str]  # ("owner", "team-a") or ("tag", "db-heavy")
+#: ("owner", "team-a"); ("tag", "db-heavy", "team-a"): team-a's jobs with the tag; ("tag", "db-heavy"):
+#: every owner's jobs with the tag (fleet-wide).
+CapKey = tuple[str, ...]
+
+
+def cap_key(scope: str, name: str, owner: str = "") -> CapKey:
+    """The key of a cap row: an owner cap or a fleet-wide tag cap has no owner ('')."""
+    return (scope, name, owner) if owner else (scope, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +28,9 @@ class Candidate:
 
 
 def caps_of(candidate: Candidate, rooms: Mapping[CapKey, int]) -> list[CapKey]:
-    keys = [("owner", candidate.owner)] + [("tag", tag) for tag in candidate.tags]
+    keys: list[CapKey] = [("owner", candidate.owner)]
+    for tag in candidate.tags:
+        keys += [("tag", tag), ("tag", tag, candidate.owner)]
     return [key for key in keys if key in rooms]
 
 

@@ -5,6 +5,10 @@ Each command gets its own session/process group so that the whole tree it spawns
 cancellation nothing may outlive the run, otherwise retries would pile up orphans.
 The process-group helpers are public because container tasks run their runtime CLI
 the same way (:mod:`chimes.worker.container_task`).
+
+A command gets no more of the worker's environment than a login would give it (:data:`BASE_ENV`):
+the worker's holds the secret key, the database URL and whatever else its operator set, none of it
+meant for a team's program. The task's own variables and the run identity come on top.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from chimes.worker.executors import (
 )
 
 __all__ = [
+    "BASE_ENV",
     "CommandExecutor",
     "build_env",
     "drain_output",
@@ -42,6 +47,9 @@ _READ_CHUNK = 64 * 1024
 _GROUP_POLL_SEC = 0.02
 #: How long to wait for buffered output once the process group is gone.
 _DRAIN_SEC = 1.0
+#: The worker's variables a command inherits, when set (and every ``LC_*``): where programs are, who
+#: and where the user is, language and time zone, where temporary files go. Nothing else.
+BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR")
 
 
 def run_identity_env(ctx: TaskContext) -> dict[str, str]:
@@ -54,9 +62,16 @@ def run_identity_env(ctx: TaskContext) -> dict[str, str]:
     }
 
 
+def base_env() -> dict[str, str]:
+    """The part of the worker's environment a command inherits (:data:`BASE_ENV`); PATH always."""
+    env = {name: value for name, value in os.environ.items() if name in BASE_ENV or name.startswith("LC_")}
+    env.setdefault("PATH", os.defpath)
+    return env
+
+
 def build_env(task_env: dict[str, Any] | None, ctx: TaskContext) -> dict[str, str]:
-    """Worker environment + task env + run identity; ours win so scripts can trust them."""
-    env = dict(os.environ)
+    """A minimal base (:func:`base_env`) + task env + run identity; ours win so scripts can trust them."""
+    env = base_env()
     env.update({str(k): str(v) for k, v in (task_env or {}).items()})
     env.update(run_identity_env(ctx))
     return env

@@ -8,7 +8,8 @@ CLI stays attached, the CLI's group is killed and then the container with ``kill
 
 The task's environment (secret values included) reaches the runtime in an env file readable by the
 worker's user only, removed when the run ends: on the command line, every user of the host could
-read it in the process list. Only the run identity (``CHIMES_*``) is passed as ``--env``. A worker
+read it in the process list. Only the run identity (``CHIMES_*``) is passed as ``--env``. The runtime
+CLI itself runs without the worker's own settings (:func:`runtime_env`). A worker
 killed mid-run cannot remove its files; the folder names carry the worker's pid, and a worker starting
 on the same host removes those of workers no longer alive (:func:`remove_orphaned_env_files`).
 """
@@ -61,6 +62,15 @@ _CLI_EXIT_AFTER_STOP_SEC = 2.0
 _CLI_KILL_GRACE_SEC = 1.0
 _USAGE_HINT = re.compile(r"^(Run|See) '.*--help'")
 _ENV_FOLDER = re.compile(r"^chimes-env-(\d+)-")
+
+
+def runtime_env() -> dict[str, str]:
+    """The worker's environment less Chimes' settings (``CHIMES_*``: the secret key, the database URL)
+    and PostgreSQL's (``PG*``, ``DATABASE_URL``), for the runtime CLI: it needs ``DOCKER_HOST``,
+    ``XDG_RUNTIME_DIR`` and the like, and nothing of the worker's. The container itself gets only its
+    env file and the run identity."""
+    return {name: value for name, value in os.environ.items()
+            if not name.startswith(("CHIMES_", "PG")) and name != "DATABASE_URL"}
 
 
 def container_name(ctx: TaskContext) -> str:
@@ -190,7 +200,7 @@ class ContainerExecutor:
 
     async def _start_and_supervise(self, task: dict[str, Any], ctx: TaskContext, env_file: str | None) -> TaskOutcome:
         try:
-            proc = await spawn_in_group(run_argv(self._runtime_argv, task, ctx, env_file))
+            proc = await spawn_in_group(run_argv(self._runtime_argv, task, ctx, env_file), runtime_env())
         except FileNotFoundError:
             return TaskOutcome(False, f"container runtime {self.runtime!r} not found; set --container-runtime")
         except PermissionError:
@@ -231,7 +241,7 @@ class ContainerExecutor:
         """Run ``<runtime> ARGS`` with a time limit; whether it exited 0 (failures are logged, not raised)."""
         output = OutputTail(OUTPUT_TAIL_BYTES)
         try:
-            proc = await spawn_in_group([*self._runtime_argv, *args])
+            proc = await spawn_in_group([*self._runtime_argv, *args], runtime_env())
         except OSError as exc:
             log.warning("cannot run the container runtime for %s: %s", args[0], exc, extra={"run_id": ctx.run_id})
             return False

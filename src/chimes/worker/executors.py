@@ -56,6 +56,7 @@ class TaskContext:
     timeout_sec: float
     signing_secret: str | None = None  # the owner's: HTTP requests are signed with it (security/signing.py)
     lease_token: str | None = None  # lets an asynchronous target report for itself (callbacks)
+    owner: str = ""  # whose run: HTTP connections are never shared between owners (worker/http_task.py)
 
 
 @dataclass(frozen=True, slots=True)

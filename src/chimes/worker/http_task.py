@@ -1,11 +1,17 @@
 """HTTP tasks: call a webhook/URL and judge the run by the response status.
 
-One pooled ``aiohttp.ClientSession`` is shared by all runs of a worker so that
-thousands of concurrent webhook calls reuse connections instead of paying a TCP
-(and TLS) handshake each, and so the open-socket count stays bounded.
+Runs reuse pooled connections instead of paying a TCP (and TLS) handshake each, but never
+another owner's: each owner has its own ``aiohttp.ClientSession``. A connection kept alive after
+one team's request must not carry the next team's, since whatever the first request left on it
+(a framing trick the target reads differently from the client) would swallow the second, secret
+headers included. Owners' pools are bounded in number, and one idle for a minute is closed.
 
 Its connector applies the egress (SSRF) policy to every address it connects to, and every request
 is signed with the owner's signing secret (``X-Chimes-Signature``, chimes.security.signing).
+
+A task cannot set the framing and connection headers (chimes.security.headers): the API refuses
+them and they are dropped here again for rows written around it. The lease token goes only to a
+task that uses callbacks, and only to its own origin.
 
 Redirects are followed here, not by aiohttp, which would carry every header, secret ones included,
 to whatever origin the target names. A hop to another origin (scheme, host and port) keeps only
@@ -16,7 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -25,6 +34,7 @@ import orjson
 from multidict import CIMultiDict
 from yarl import URL
 
+from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
 from chimes.worker.executors import (
@@ -37,7 +47,10 @@ from chimes.worker.executors import (
     short_error,
 )
 
-__all__ = ["HTTP_READ_LIMIT_BYTES", "MAX_REDIRECTS", "USER_AGENT", "HttpExecutor", "build_headers"]
+__all__ = ["HTTP_READ_LIMIT_BYTES", "MAX_OWNER_POOLS", "MAX_REDIRECTS", "OWNER_POOL_IDLE_SEC", "USER_AGENT",
+           "HttpExecutor", "build_headers"]
+
+log = logging.getLogger(__name__)
 
 #: Most response bytes read per run: a streaming or huge response must not hold the run open.
 HTTP_READ_LIMIT_BYTES = 64 * 1024
@@ -45,6 +58,10 @@ MAX_REDIRECTS = 10  # as aiohttp's and most clients' default
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _READ_CHUNK = 16 * 1024
 _RESERVED_PREFIX = "x-chimes-"
+#: Owners whose connection pools a worker keeps; beyond it the least recently used idle pool closes.
+MAX_OWNER_POOLS = 256
+#: An owner's pool unused this long is closed, with the connections it kept alive.
+OWNER_POOL_IDLE_SEC = 60.0
 
 
 def _package_version() -> str:
@@ -57,16 +74,23 @@ def _package_version() -> str:
 USER_AGENT = f"chimes/{_package_version()}"
 
 
-def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext) -> CIMultiDict[str]:
+def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *,
+                  lease_token: bool = False) -> CIMultiDict[str]:
     """Merge task headers with ours; ours win so receivers can trust them for dedupe.
 
     ``User-Agent`` is only a default the task may override; ``Idempotency-Key`` and
-    the whole ``X-Chimes-*`` namespace are reserved (case-insensitively).
+    the whole ``X-Chimes-*`` namespace are reserved (case-insensitively), and framing and
+    connection headers are the client's (dropped). ``X-Chimes-Lease-Token`` is added only with
+    ``lease_token``: for a task that reports through the callbacks, on its own origin.
     """
     headers: CIMultiDict[str] = CIMultiDict({"User-Agent": USER_AGENT})
     for name, value in (user_headers or {}).items():
         name = str(name)
         if name.lower().startswith(_RESERVED_PREFIX) or name.lower() == "idempotency-key":
+            continue
+        if forbidden_header(name):  # refused by the API; a row written around it must not smuggle
+            log.warning("dropped header %r of job %s: tasks may not set it", name, ctx.job_id,
+                        extra={"run_id": ctx.run_id, "job_id": ctx.job_id})
             continue
         headers[name] = str(value)
     headers["Idempotency-Key"] = ctx.run_id
@@ -74,9 +98,17 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext) -> CIMu
     headers["X-Chimes-Job-Id"] = ctx.job_id
     headers["X-Chimes-Attempt"] = str(int(ctx.attempt))
     headers["X-Chimes-Scheduled-At"] = rfc3339_utc(ctx.scheduled_at)
-    if ctx.lease_token is not None:
+    if lease_token and ctx.lease_token is not None:
         headers["X-Chimes-Lease-Token"] = ctx.lease_token
     return headers
+
+
+def _header_problem(headers: CIMultiDict[str]) -> str | None:
+    for name, value in headers.items():
+        problem = header_value_problem(value)
+        if problem is not None:
+            return f"header {name!r} {problem}"
+    return None
 
 
 def _encode_body(body: Any, headers: CIMultiDict[str]) -> bytes | None:
@@ -121,22 +153,60 @@ async def _outcome(resp: aiohttp.ClientResponse, task: dict[str, Any], ctx: Task
     return TaskOutcome(False, f"HTTP {resp.status}", output)
 
 
-class HttpExecutor:
-    """Runs ``{"type": "http"}`` tasks over one lazily created, pooled client session."""
+@dataclass(slots=True)
+class _OwnerPool:
+    session: aiohttp.ClientSession
+    in_flight: int = 0
+    last_used: float = 0.0
 
-    def __init__(self, *, max_connections: int = 1000, egress: EgressPolicy | None = None) -> None:
+
+class HttpExecutor:
+    """Runs ``{"type": "http"}`` tasks over pooled client sessions, one per owner, made on first use."""
+
+    def __init__(self, *, max_connections: int = 1000, egress: EgressPolicy | None = None,
+                 max_owner_pools: int = MAX_OWNER_POOLS, owner_pool_idle_sec: float = OWNER_POOL_IDLE_SEC) -> None:
         self._max_connections = max_connections
         self._egress = egress or EgressPolicy.build()
-        self._session: aiohttp.ClientSession | None = None
+        self._max_owner_pools = max_owner_pools
+        self._owner_pool_idle_sec = owner_pool_idle_sec
+        self._pools: OrderedDict[str, _OwnerPool] = OrderedDict()  # least recently used first
 
-    def _get_session(self) -> aiohttp.ClientSession:
-        # Created on first use, inside the running loop: aiohttp binds sessions to a loop.
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
+    def session_of(self, owner: str) -> aiohttp.ClientSession | None:
+        """The open session that carries ``owner``'s runs, if there is one."""
+        pool = self._pools.get(owner)
+        return pool.session if pool is not None and not pool.session.closed else None
+
+    def _acquire(self, owner: str) -> _OwnerPool:
+        # Made inside the running loop, as aiohttp binds sessions to a loop.
+        pool = self._pools.get(owner)
+        if pool is None or pool.session.closed:
+            pool = _OwnerPool(aiohttp.ClientSession(
                 connector=GuardedConnector(self._egress, limit=self._max_connections),
                 cookie_jar=aiohttp.DummyCookieJar(),  # runs must not leak state into each other
-            )
-        return self._session
+            ))
+            self._pools[owner] = pool
+        self._pools.move_to_end(owner)
+        pool.in_flight += 1
+        return pool
+
+    def _release(self, pool: _OwnerPool) -> None:
+        pool.in_flight -= 1
+        pool.last_used = time.monotonic()
+
+    async def _close_idle_pools(self) -> None:
+        """Close pools unused for ``owner_pool_idle_sec``, and the least recently used idle ones
+        beyond ``max_owner_pools``; a pool with a request in flight stays."""
+        now = time.monotonic()
+        excess = len(self._pools) - self._max_owner_pools
+        closing = []
+        for owner, pool in list(self._pools.items()):
+            if pool.in_flight:
+                continue
+            if excess > 0 or now - pool.last_used > self._owner_pool_idle_sec:
+                closing.append(self._pools.pop(owner).session)
+                excess -= 1
+        for session in closing:
+            await session.close()
 
     async def run(self, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
         """Perform the request; 2xx is success, everything else a failed outcome (never raises)."""
@@ -153,7 +223,19 @@ class HttpExecutor:
             return TaskOutcome(False, short_error(f"{type(exc).__name__}: {exc}"))
 
     async def _request(self, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
-        headers = build_headers(task.get("headers"), ctx)
+        headers = build_headers(task.get("headers"), ctx, lease_token=bool(task.get("callback")))
+        problem = _header_problem(headers)
+        if problem is not None:  # refused by the API; a row written around it fails clearly
+            return TaskOutcome(False, short_error(problem))
+        await self._close_idle_pools()
+        pool = self._acquire(ctx.owner)
+        try:
+            return await self._send(pool.session, task, ctx, headers)
+        finally:
+            self._release(pool)
+
+    async def _send(self, session: aiohttp.ClientSession, task: dict[str, Any], ctx: TaskContext,
+                    headers: CIMultiDict[str]) -> TaskOutcome:
         data = _encode_body(task.get("body"), headers)
         if ctx.signing_secret is not None:  # fresh on every attempt: targets refuse old timestamps
             headers[SIGNATURE_HEADER] = signature_header(ctx.signing_secret, int(time.time()), data or b"")
@@ -162,7 +244,7 @@ class HttpExecutor:
         timeout = aiohttp.ClientTimeout(total=ctx.timeout_sec)
         async with asyncio.timeout(ctx.timeout_sec):  # every hop, connect, send and body read together
             for _ in range(MAX_REDIRECTS + 1):
-                async with self._get_session().request(
+                async with session.request(
                     method, url, headers=headers, data=data, timeout=timeout, allow_redirects=False
                 ) as resp:
                     location = resp.headers.get("Location") if resp.status in _REDIRECT_STATUSES else None
@@ -182,7 +264,8 @@ class HttpExecutor:
         return TaskOutcome(False, f"more than {MAX_REDIRECTS} redirects")
 
     async def close(self) -> None:
-        """Close pooled connections; a later ``run`` would open a fresh session."""
-        session, self._session = self._session, None
-        if session is not None and not session.closed:
-            await session.close()
+        """Close every owner's pooled connections; a later ``run`` opens fresh sessions."""
+        pools, self._pools = list(self._pools.values()), OrderedDict()
+        for pool in pools:
+            if not pool.session.closed:
+                await pool.session.close()

@@ -221,7 +221,7 @@ class Worker:
             return _Result("failed", prepared.refusal, None)
         ctx = TaskContext(str(run.run_id), str(run.job_id), run.attempt, run.scheduled_at,
                           float(run.timeout_sec or 3600), signing_secret=prepared.signing_secret,
-                          lease_token=str(run.lease_token))
+                          lease_token=str(run.lease_token), owner=run.owner)
         result: TaskOutcome = await self.executors.run(prepared.task, ctx)
         if result.pending:
             return _Result("pending", None, result.output)

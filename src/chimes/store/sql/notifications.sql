@@ -51,11 +51,12 @@ DELETE FROM settings WHERE key = $1;
 SELECT key, value FROM settings ORDER BY key;
 
 -- name: set_cap
-INSERT INTO concurrency_caps (scope, name, max_running) VALUES ($1, $2, $3)
-ON CONFLICT (scope, name) DO UPDATE SET max_running = excluded.max_running;
+-- $3: the owner whose jobs a tag cap counts, '' for an owner cap or a fleet-wide tag cap.
+INSERT INTO concurrency_caps (scope, name, owner, max_running) VALUES ($1, $2, $3, $4)
+ON CONFLICT (scope, name, owner) DO UPDATE SET max_running = excluded.max_running;
 
 -- name: remove_cap
-DELETE FROM concurrency_caps WHERE scope = $1 AND name = $2 RETURNING name;
+DELETE FROM concurrency_caps WHERE scope = $1 AND name = $2 AND owner = $3 RETURNING name;
 
 -- name: list_caps
-SELECT scope, name, max_running FROM concurrency_caps ORDER BY scope, name;
+SELECT scope, name, owner, max_running FROM concurrency_caps ORDER BY scope, name, owner;

@@ -21,8 +21,8 @@ SET LOCAL enable_mergejoin = off;
 -- name: claim_runs
 -- Takes up to $1 ready runs of the tiers $5..$6, highest tier first, oldest first (one range scan
 -- of the primary key); SKIP LOCKED lets many workers claim at once without waiting on each other.
--- Runs under a concurrency cap are left to claim_capped_runs. From here on the run's lease says who
--- has it.
+-- Runs under a concurrency cap are left to claim_capped_runs (a tag cap counts the jobs of its owner,
+-- or of every owner when its owner is ''). From here on the run's lease says who has it.
 WITH picked AS (
     DELETE FROM run_queue q
     WHERE (q.tier, q.queue_id) IN (
@@ -30,7 +30,8 @@ WITH picked AS (
         WHERE c.tier BETWEEN $5 AND $6
           AND NOT EXISTS (
               SELECT 1 FROM concurrency_caps cap JOIN jobs j ON j.job_id = c.job_id
-              WHERE (cap.scope = 'owner' AND cap.name = j.owner) OR (cap.scope = 'tag' AND cap.name = ANY(j.tags))
+              WHERE (cap.scope = 'owner' AND cap.name = j.owner)
+                 OR (cap.scope = 'tag' AND cap.name = ANY(j.tags) AND cap.owner IN ('', j.owner))
           )
         ORDER BY c.tier, c.queue_id LIMIT $1 FOR UPDATE SKIP LOCKED
     )
@@ -111,21 +112,26 @@ SELECT EXISTS (SELECT 1 FROM concurrency_caps);
 SELECT pg_advisory_xact_lock(hashtext('chimes_capped_claims'));
 
 -- name: cap_usage
-SELECT cap.scope, cap.name, cap.max_running,
+SELECT cap.scope, cap.name, cap.owner, cap.max_running,
        (SELECT count(*) FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id
         WHERE r.status = 'running'
-          AND ((cap.scope = 'owner' AND r.owner = cap.name) OR (cap.scope = 'tag' AND cap.name = ANY(j.tags))))
+          AND ((cap.scope = 'owner' AND r.owner = cap.name)
+               OR (cap.scope = 'tag' AND cap.name = ANY(j.tags) AND cap.owner IN ('', r.owner))))
        AS running
 FROM concurrency_caps cap;
 
 -- name: capped_candidates
--- Queued runs under some cap, in queue order, skipping those behind a cap that is already full.
+-- Queued runs under some cap, in queue order, skipping those behind a cap that is already full:
+-- owners $4, fleet-wide tags $5, and the owner tag caps ($6[i]'s jobs tagged $7[i]).
 SELECT q.queue_id, q.tier, j.owner, j.tags
 FROM run_queue q JOIN jobs j ON j.job_id = q.job_id
 WHERE q.tier BETWEEN $2 AND $3
   AND EXISTS (SELECT 1 FROM concurrency_caps cap
-              WHERE (cap.scope = 'owner' AND cap.name = j.owner) OR (cap.scope = 'tag' AND cap.name = ANY(j.tags)))
+              WHERE (cap.scope = 'owner' AND cap.name = j.owner)
+                 OR (cap.scope = 'tag' AND cap.name = ANY(j.tags) AND cap.owner IN ('', j.owner)))
   AND NOT (j.owner = ANY($4::text[]) OR j.tags && $5::text[])
+  AND NOT EXISTS (SELECT 1 FROM unnest($6::text[], $7::text[]) AS full_cap(owner, tag)
+                  WHERE full_cap.owner = j.owner AND full_cap.tag = ANY(j.tags))
 ORDER BY q.tier, q.queue_id
 LIMIT $1
 FOR UPDATE OF q SKIP LOCKED;

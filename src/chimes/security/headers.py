@@ -1,0 +1,40 @@
+"""Which headers a task may set on its request, and which characters a header value may hold.
+
+A task that sets the message framing (``Content-Length``, ``Transfer-Encoding``) or the connection's
+own headers (``Connection``, ``Keep-Alive``, ``Upgrade``, ...) decides where its request ends on a
+kept-alive connection: a ``Transfer-Encoding: chunked`` beside the client's ``Content-Length`` let a
+crafted body swallow the next request sent on that connection, another team's, secret headers and
+all (request smuggling). The HTTP client sets these itself; a task never does.
+
+The API refuses them (chimes.jobs.HttpTaskSpec) and the worker drops them again when it sends
+(chimes.worker.http_task), for rows written before the rule or around the API.
+"""
+
+from __future__ import annotations
+
+#: Framing, hop-by-hop and routing headers; ``Proxy-*`` names are refused by prefix as well.
+FORBIDDEN_HEADERS = frozenset({
+    "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade", "expect",
+    "host",
+})
+FORBIDDEN_PREFIXES = ("proxy-",)
+
+
+def forbidden_header(name: str) -> bool:
+    """Whether a task may not set header ``name`` (case-insensitive)."""
+    lowered = name.strip().lower()
+    return lowered in FORBIDDEN_HEADERS or lowered.startswith(FORBIDDEN_PREFIXES)
+
+
+def header_value_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a header value, or None. Tab is allowed (RFC 9110 field content);
+    every other C0 control character and DEL is refused: line breaks and NUL inject headers, and the
+    others (``\\x0b``, ``\\x1f``) are refused by HTTP clients at send time, which would fail every run."""
+    for ch in value:
+        if ch in "\r\n":
+            return "contains a line break"
+        if ch == "\x00":
+            return "contains a NUL character"
+        if (ch < " " and ch != "\t") or ch == "\x7f":
+            return f"contains the control character {ch!r}"
+    return None
