@@ -27,6 +27,7 @@ from yarl import URL
 
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
+from chimes.tracing import traceparent
 from chimes.worker.executors import (
     OUTPUT_TAIL_BYTES,
     OutputTail,
@@ -60,13 +61,13 @@ USER_AGENT = f"chimes/{_package_version()}"
 def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext) -> CIMultiDict[str]:
     """Merge task headers with ours; ours win so receivers can trust them for dedupe.
 
-    ``User-Agent`` is only a default the task may override; ``Idempotency-Key`` and
-    the whole ``X-Chimes-*`` namespace are reserved (case-insensitively).
+    ``User-Agent`` is only a default the task may override; ``Idempotency-Key``,
+    ``traceparent`` and the whole ``X-Chimes-*`` namespace are reserved (case-insensitively).
     """
     headers: CIMultiDict[str] = CIMultiDict({"User-Agent": USER_AGENT})
     for name, value in (user_headers or {}).items():
         name = str(name)
-        if name.lower().startswith(_RESERVED_PREFIX) or name.lower() == "idempotency-key":
+        if name.lower().startswith(_RESERVED_PREFIX) or name.lower() in ("idempotency-key", "traceparent"):
             continue
         headers[name] = str(value)
     headers["Idempotency-Key"] = ctx.run_id
@@ -74,6 +75,7 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext) -> CIMu
     headers["X-Chimes-Job-Id"] = ctx.job_id
     headers["X-Chimes-Attempt"] = str(int(ctx.attempt))
     headers["X-Chimes-Scheduled-At"] = rfc3339_utc(ctx.scheduled_at)
+    headers["traceparent"] = traceparent(ctx.run_id, ctx.attempt)  # the run's trace (chimes.tracing)
     if ctx.lease_token is not None:
         headers["X-Chimes-Lease-Token"] = ctx.lease_token
     return headers

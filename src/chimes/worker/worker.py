@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from chimes import metrics
+from chimes import metrics, tracing
 from chimes.backoff import next_attempt_at
 from chimes.logs import run_fields
 from chimes.store.db import DB_ERRORS
@@ -148,6 +148,7 @@ class Worker:
                 log.warning("claiming runs failed: %s", exc)
                 claimed = []
             metrics.record_claims(claimed)
+            tracing.claimed(claimed, self.worker_id)
             for run in claimed:
                 self._running[run.run_id] = (run, asyncio.create_task(self._execute(run)))
             if len(claimed) < limit:
@@ -202,7 +203,9 @@ class Worker:
         ctx = TaskContext(str(run.run_id), str(run.job_id), run.attempt, run.scheduled_at,
                           float(run.timeout_sec or 3600), signing_secret=prepared.signing_secret,
                           lease_token=str(run.lease_token))
-        result: TaskOutcome = await self.executors.run(prepared.task, ctx)
+        with tracing.attempt(run, prepared.task.get("type")) as traced:
+            result: TaskOutcome = await self.executors.run(prepared.task, ctx)
+            traced.outcome("pending" if result.pending else "succeeded" if result.succeeded else "failed", result.error)
         if result.pending:
             return _Result("pending", None, result.output)
         return _Result("succeeded" if result.succeeded else "failed", result.error, result.output)
@@ -224,6 +227,7 @@ class Worker:
             return
         self.completed += len(accepted)
         report_outcomes(batch, accepted)
+        tracing.completed(batch, accepted)
         for outcome in batch:
             if outcome.run.run_id not in accepted:
                 log.warning("outcome of run %s refused: the lease was lost (reaped or cancelled)",
