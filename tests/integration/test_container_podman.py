@@ -95,24 +95,31 @@ async def test_containers_run_with_env_secrets_and_exit_codes(podman_fleet: Podm
     missing = await create(client, container_job("missing", "unused", task={"command": ["/bin/no-such-program"]}))
     no_image = await create(client, container_job("no-image", "true", task={"image": "localhost/chimes-absent:0"}))
 
+    runs = []
     run = await the_run(client, ok)
+    runs.append(run)
     assert run["status"] == "succeeded", run
     assert run["attempts"][0]["output"] == f"p 1 k-123 {run['runId']} 1\n"
 
     run = await the_run(client, three)
+    runs.append(run)
     assert (run["status"], run["error"], run["attempts"][0]["output"]) == ("failed", "exit code 3", "failing\n")
 
     run = await the_run(client, missing)
+    runs.append(run)
     assert run["status"] == "failed"
     assert run["error"].startswith("container runtime error (exit 127)"), run["error"]
     assert "no-such-program" in run["error"]
 
     run = await the_run(client, no_image)
+    runs.append(run)
     assert run["status"] == "failed"
     assert run["error"].startswith("container runtime error (exit 125)"), run["error"]
     assert "chimes-absent" in run["error"]
     # --rm: nothing is left behind, whatever the outcome.
-    await wait_for(lambda: no_containers(podman_fleet, "chimes-"), timeout=10, what="no containers left")
+    for run in runs:  # only this test's: other test sessions may share the host's podman
+        await wait_for(lambda: no_containers(podman_fleet, f"chimes-{run['runId']}"), timeout=10,  # noqa: B023
+                       what="no containers left")
 
 
 async def test_timeout_stops_the_container(podman_fleet: Podman, client: httpx.AsyncClient) -> None:
