@@ -29,7 +29,7 @@ from chimes.store.migrate import migrate
 from chimes.store.tokens import create_token
 from tests.helpers import auth_as, wait_for
 
-pytest_plugins = ["tests.target", "tests.integration.fleet", "tests.e2e.processes"]
+pytest_plugins = ["tests.target", "tests.integration.fleet", "tests.e2e.processes", "tests.podman_runtime"]
 
 TEMPLATE = f"chimes_template_{os.getpid()}"
 _numbers = itertools.count()

@@ -1,7 +1,8 @@
 """Container jobs run end to end: API, scheduler node, worker, run history (real PostgreSQL).
 
-No container engine runs on this machine: the worker's container runtime is the stand-in CLI of
-:mod:`tests.fake_container_runtime`, which runs each "container" as a local process.
+The worker's container runtime here is the stand-in CLI of :mod:`tests.fake_container_runtime`, which
+runs each "container" as a local process, so these run on any machine; the same paths on a real
+runtime (podman) are in ``test_container_podman.py``.
 """
 
 from __future__ import annotations

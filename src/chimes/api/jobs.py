@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
+from chimes import tracing
 from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError, not_found
 from chimes.api.responses import JSONResponse
@@ -32,7 +33,9 @@ async def create_job(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JSONResponse:
     try:
-        created = await _store(request).create(caller.owner, spec, datetime.now(UTC), idempotency_key)
+        with tracing.span("chimes.job.create", request.headers) as traced:
+            created = await _store(request).create(caller.owner, spec, datetime.now(UTC), idempotency_key)
+            traced |= {"chimes.job_id": str(created.job_id), "chimes.owner": caller.owner}
     except IdempotencyConflict:
         raise ApiError(409, "idempotency_conflict",
                        "this Idempotency-Key was already used for a different job definition",

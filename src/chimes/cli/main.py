@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from chimes import __version__, logs
+from chimes import __version__, logs, tracing
 from chimes.cli import caps, chaos, client, config, owners, tokens
 from chimes.cli.importer import import_jobs
 from chimes.cli.options import database_options, listen_options, metrics_options, settings_from
@@ -37,6 +37,7 @@ log = logging.getLogger("chimes")
 def cli(log_level: str, log_format: str) -> None:
     """Chimes: run work later, once or on a cron schedule, on time, with retries and history."""
     logs.configure(log_level, log_format)
+    tracing.configure_from_env()  # off unless OTEL_* asks for traces
 
 
 @cli.command()

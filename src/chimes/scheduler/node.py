@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from chimes import failures, metrics
+from chimes import failures, metrics, tracing
 from chimes.notifier import Notifier, NotifierConfig
 from chimes.scheduler.firing import MISSED_AFTER, follow_up, plan_fire
 from chimes.scheduler.health import HealthCheck
@@ -275,6 +275,7 @@ class SchedulerNode:
         self.stats.fired += result.fired
         self.stats.enqueued += result.enqueued
         metrics.record_fires(due, fired_at, result)
+        tracing.fired(fires, refused=result.leases_held < len({t.partition_id for t in due}))
         lag = (fired_at - min(t.fire_at for t in due)).total_seconds()
         self.stats.max_fire_lag_sec = max(self.stats.max_fire_lag_sec, lag)
         if result.leases_held < len({t.partition_id for t in due}):

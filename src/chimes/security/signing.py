@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 
 SIGNATURE_HEADER = "X-Chimes-Signature"
 SECRET_PREFIX = "whsec_"
@@ -32,11 +33,26 @@ def signature_header(secret: str, timestamp: int, body: bytes) -> str:
 
 def verify(secret: str, header: str, body: bytes, now: float, tolerance_sec: int = DEFAULT_TOLERANCE_SEC) -> bool:
     """Whether ``header`` signs ``body`` with ``secret`` at a time within ``tolerance_sec`` of ``now``."""
+    return signature_problem(secret, header, body, now, tolerance_sec) is None
+
+
+def signature_problem(secret: str | Iterable[str], header: str, body: bytes, now: float,
+                      tolerance_sec: float = DEFAULT_TOLERANCE_SEC) -> str | None:
+    """Why ``header`` does not sign ``body`` at ``now``, or None when it does.
+
+    ``secret`` may be several (a team rotating its secret accepts the old and the new one for a
+    while); the reasons are for the receiver's logs, not for the caller, who learns only a 401.
+    """
     fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
     try:
         timestamp = int(fields.get("t", ""))
     except ValueError:
-        return False
+        return "no timestamp in the signature header" if header else "no signature header"
     if abs(now - timestamp) > tolerance_sec:
-        return False
-    return hmac.compare_digest(fields.get("v1", ""), signature(secret, timestamp, body))
+        when = f"{now - timestamp:.0f} s ago" if now >= timestamp else f"{timestamp - now:.0f} s ahead"
+        return f"signed {when}, beyond the tolerance of {tolerance_sec:g} s (a replay, or a wrong clock)"
+    secrets_ = [secret] if isinstance(secret, str) else list(secret)
+    given = fields.get("v1", "")
+    if not any(hmac.compare_digest(given, signature(each, timestamp, body)) for each in secrets_):
+        return "the signature does not match the body (another secret, or a changed body)"
+    return None

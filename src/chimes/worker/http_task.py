@@ -37,6 +37,7 @@ from yarl import URL
 from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
+from chimes.tracing import traceparent
 from chimes.worker.executors import (
     OUTPUT_TAIL_BYTES,
     OutputTail,
@@ -78,15 +79,15 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *,
                   lease_token: bool = False) -> CIMultiDict[str]:
     """Merge task headers with ours; ours win so receivers can trust them for dedupe.
 
-    ``User-Agent`` is only a default the task may override; ``Idempotency-Key`` and
-    the whole ``X-Chimes-*`` namespace are reserved (case-insensitively), and framing and
-    connection headers are the client's (dropped). ``X-Chimes-Lease-Token`` is added only with
-    ``lease_token``: for a task that reports through the callbacks, on its own origin.
+    ``User-Agent`` is only a default the task may override; ``Idempotency-Key``,
+    ``traceparent`` and the whole ``X-Chimes-*`` namespace are reserved (case-insensitively), and
+    framing and connection headers are the client's (dropped). ``X-Chimes-Lease-Token`` is added
+    only with ``lease_token``: for a task that reports through the callbacks, on its own origin.
     """
     headers: CIMultiDict[str] = CIMultiDict({"User-Agent": USER_AGENT})
     for name, value in (user_headers or {}).items():
         name = str(name)
-        if name.lower().startswith(_RESERVED_PREFIX) or name.lower() == "idempotency-key":
+        if name.lower().startswith(_RESERVED_PREFIX) or name.lower() in ("idempotency-key", "traceparent"):
             continue
         if forbidden_header(name):  # refused by the API; a row written around it must not smuggle
             log.warning("dropped header %r of job %s: tasks may not set it", name, ctx.job_id,
@@ -98,6 +99,7 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *,
     headers["X-Chimes-Job-Id"] = ctx.job_id
     headers["X-Chimes-Attempt"] = str(int(ctx.attempt))
     headers["X-Chimes-Scheduled-At"] = rfc3339_utc(ctx.scheduled_at)
+    headers["traceparent"] = traceparent(ctx.run_id, ctx.attempt)  # the run's trace (chimes.tracing)
     if lease_token and ctx.lease_token is not None:
         headers["X-Chimes-Lease-Token"] = ctx.lease_token
     return headers

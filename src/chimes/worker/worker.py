@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from chimes import failures, metrics
+from chimes import failures, metrics, tracing
 from chimes.backoff import next_attempt_at
 from chimes.logs import run_fields
 from chimes.security.storable import storable_text
@@ -163,6 +163,7 @@ class Worker:
                 failures.loop_failed("worker", "claim", exc)
                 claimed = []
             metrics.record_claims(claimed)
+            tracing.claimed(claimed, self.worker_id)
             for run in claimed:
                 self._running[run.run_id] = (run, asyncio.create_task(self._execute(run)))
             if len(claimed) < limit:
@@ -222,7 +223,9 @@ class Worker:
         ctx = TaskContext(str(run.run_id), str(run.job_id), run.attempt, run.scheduled_at,
                           float(run.timeout_sec or 3600), signing_secret=prepared.signing_secret,
                           lease_token=str(run.lease_token), owner=run.owner)
-        result: TaskOutcome = await self.executors.run(prepared.task, ctx)
+        with tracing.attempt(run, prepared.task.get("type")) as traced:
+            result: TaskOutcome = await self.executors.run(prepared.task, ctx)
+            traced.outcome("pending" if result.pending else "succeeded" if result.succeeded else "failed", result.error)
         if result.pending:
             return _Result("pending", None, result.output)
         return _Result("succeeded" if result.succeeded else "failed", result.error, result.output)
@@ -250,6 +253,7 @@ class Worker:
         self._unrecordable -= accepted
         self.completed += len(accepted)
         report_outcomes(batch, accepted)
+        tracing.completed(batch, accepted)
         for outcome in batch:
             if outcome.run.run_id not in accepted:
                 log.warning("outcome of run %s refused: the lease was lost (reaped or cancelled)",
