@@ -10,7 +10,7 @@ import asyncpg
 
 from chimes import cron
 from chimes.backoff import next_attempt_at
-from chimes.ids import partition_of, run_id_for, scheduled_at_of, truncate_to_millis
+from chimes.ids import new_run_id, partition_of, run_id_for, scheduled_at_of, truncate_to_millis
 from chimes.store.queries import sql
 from chimes.store.working import QUEUE_CHANNEL, runs_ended
 
@@ -51,9 +51,10 @@ class RunStore:
         return run, attempts
 
     async def start_now(self, job_id: uuid.UUID, owner: str | None, trigger: str, now: datetime) -> uuid.UUID | None:
-        """Create and enqueue a run of the job at ``now``; None when the job does not exist (for this owner)."""
+        """Create and enqueue a run of the job at ``now``, with an id of its own (each call is one more
+        run, even two in the same millisecond); None when the job does not exist (for this owner)."""
         scheduled_at = truncate_to_millis(now)
-        run_id = run_id_for(job_id, scheduled_at)
+        run_id = new_run_id(scheduled_at)
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
                 sql("start_run_now"), job_id, owner, run_id, scheduled_at, partition_of(job_id), trigger
