@@ -56,3 +56,41 @@ async def test_manual_runs_in_the_same_millisecond_stay_two(client: httpx.AsyncC
     second = await store.start_now(uuid.UUID(job["jobId"]), "team-a", "manual", now)
     assert first != second
     assert len(await runs_of(client, job["jobId"])) == 2
+
+
+# ------------------------------------------------------------------------------- deleted job history
+
+
+async def test_deleted_job_history_stays_listable_by_its_owner(
+    client: httpx.AsyncClient, tokens: dict[str, str]
+) -> None:
+    job_id = (await client.post("/jobs", json=http_job("http://127.0.0.1:9"))).json()["jobId"]
+    run_ids = {(await client.post(f"/jobs/{job_id}/runs")).json()["runId"] for _ in range(3)}
+    assert (await client.delete(f"/jobs/{job_id}")).status_code == 204
+
+    listed = await client.get(f"/jobs/{job_id}/runs")
+    assert listed.status_code == 200, listed.text
+    assert listed.json()["jobDeleted"] is True
+    assert {r["runId"] for r in listed.json()["runs"]} == run_ids
+    assert len(await runs_of(client, job_id, status="scheduled")) == 3
+    paged = await client.get(f"/jobs/{job_id}/runs", params={"limit": 2})
+    assert len(paged.json()["runs"]) == 2 and paged.json()["nextCursor"]
+
+    gone = await client.get(f"/jobs/{job_id}")
+    assert gone.status_code == 404 and gone.json()["error"] == "job_deleted"
+    assert f"/jobs/{job_id}/runs" in gone.json()["message"]
+
+    # Another team sees nothing at all, exactly as for a job that never existed.
+    other = auth_as(tokens["team-b"])
+    assert (await client.get(f"/jobs/{job_id}/runs", headers=other)).status_code == 404
+    foreign = await client.get(f"/jobs/{job_id}", headers=other)
+    assert foreign.status_code == 404 and foreign.json()["error"] == "not_found"
+    # An admin sees the history too.
+    admin = await client.get(f"/jobs/{job_id}/runs", headers=auth_as(tokens["admin"]))
+    assert admin.status_code == 200 and len(admin.json()["runs"]) == 3
+
+
+async def test_a_live_job_history_says_it_is_not_deleted(client: httpx.AsyncClient) -> None:
+    job_id = (await client.post("/jobs", json=http_job("http://127.0.0.1:9"))).json()["jobId"]
+    listed = (await client.get(f"/jobs/{job_id}/runs")).json()
+    assert listed == {"runs": [], "nextCursor": None, "jobDeleted": False}

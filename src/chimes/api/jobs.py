@@ -55,8 +55,12 @@ async def list_jobs(
 
 @router.get("/jobs/{job_id}", response_class=JSONResponse)
 async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse:
-    job = await _store(request).get(parse_id(job_id, "job"), caller.owner_filter)
+    parsed = parse_id(job_id, "job")
+    job = await _store(request).get(parsed, caller.owner_filter)
     if job is None:
+        if await request.app.state.runs.history_visible(parsed, caller.owner_filter):
+            raise ApiError(404, "job_deleted", f"job {parsed} was deleted; its runs stay listable at "
+                           f"GET /jobs/{parsed}/runs until retention removes them")
         raise not_found("job")
     return JSONResponse(job_view(job))
 

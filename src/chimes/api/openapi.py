@@ -96,6 +96,7 @@ class Run(_Answer):
 class RunList(_Answer):
     runs: list[Run]
     nextCursor: str | None
+    jobDeleted: bool = Field(False, description="the job was deleted; its runs stay until retention removes them")
 
 
 class RunStarted(_Answer):

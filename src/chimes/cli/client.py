@@ -366,7 +366,7 @@ def _changed_schedule(opts: dict[str, Any], job: Callable[[], dict[str, Any]]) -
 @api_options
 @click.argument("job_id")
 def delete(api: Api, job_id: str) -> None:
-    """Delete a job (its run history stays readable by run id)."""
+    """Delete a job (its run history stays listable with `chimes runs list JOB_ID`)."""
     api.call("DELETE", _path("jobs", job_id))
     click.echo(f"deleted job {job_id}")
 

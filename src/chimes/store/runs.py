@@ -34,6 +34,10 @@ class RunStore:
     async def job_visible(self, job_id: uuid.UUID, owner: str | None) -> bool:
         return await self._pool.fetchval(sql("job_owner"), job_id, owner) is not None
 
+    async def history_visible(self, job_id: uuid.UUID, owner: str | None) -> bool:
+        """Whether runs of the job (existing or deleted) are kept and visible to ``owner``."""
+        return await self._pool.fetchval(sql("history_owner"), job_id, owner) is not None
+
     async def list(
         self, job_id: uuid.UUID, owner: str | None, status: str | None,
         before: tuple[datetime, uuid.UUID] | None, limit: int,
