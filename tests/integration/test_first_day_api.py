@@ -94,3 +94,55 @@ async def test_a_live_job_history_says_it_is_not_deleted(client: httpx.AsyncClie
     job_id = (await client.post("/jobs", json=http_job("http://127.0.0.1:9"))).json()["jobId"]
     listed = (await client.get(f"/jobs/{job_id}/runs")).json()
     assert listed == {"runs": [], "nextCursor": None, "jobDeleted": False}
+
+
+# --------------------------------------------------------------------------------- ETag and If-Match
+
+
+async def test_job_answers_carry_an_etag_that_if_match_checks(
+    client: httpx.AsyncClient, tokens: dict[str, str]
+) -> None:
+    created = await client.post("/jobs", json=http_job("http://127.0.0.1:9"))
+    assert created.headers["ETag"] == '"1"'
+    job_id = created.json()["jobId"]
+    read = await client.get(f"/jobs/{job_id}")
+    assert read.headers["ETag"] == '"1"'
+
+    # Two clients read version 1; the first change wins, the second is refused and changes nothing.
+    first = await client.patch(f"/jobs/{job_id}", json={"name": "first"}, headers={"If-Match": '"1"'})
+    assert first.status_code == 200, first.text
+    assert first.headers["ETag"] == '"2"' and first.json()["version"] == 2
+    stale = await client.patch(f"/jobs/{job_id}", json={"name": "second"}, headers={"If-Match": '"1"'})
+    assert stale.status_code == 412
+    assert stale.json()["error"] == "precondition_failed" and stale.json()["field"] == "If-Match"
+    assert "version 2" in stale.json()["message"] and stale.headers["ETag"] == '"2"'
+    now = await client.get(f"/jobs/{job_id}")
+    assert now.json()["name"] == "first" and now.json()["version"] == 2
+
+    # A weak tag never matches (strong comparison); a list matches when one of its tags does.
+    weak = await client.patch(f"/jobs/{job_id}", json={"paused": True}, headers={"If-Match": 'W/"2"'})
+    assert weak.status_code == 412
+    listed = await client.patch(f"/jobs/{job_id}", json={"paused": True}, headers={"If-Match": '"7", "2"'})
+    assert listed.status_code == 200 and listed.headers["ETag"] == '"3"'
+    anything = await client.patch(f"/jobs/{job_id}", json={"paused": False}, headers={"If-Match": "*"})
+    assert anything.status_code == 200 and anything.headers["ETag"] == '"4"'
+
+    # Another team gets 404 whatever its If-Match says, as for a job that does not exist.
+    other = auth_as(tokens["team-b"]) | {"If-Match": '"4"'}
+    assert (await client.patch(f"/jobs/{job_id}", json={"name": "x"}, headers=other)).status_code == 404
+    assert (await client.delete(f"/jobs/{job_id}", headers=other)).status_code == 404
+
+    # DELETE: refused while stale, done when current.
+    assert (await client.delete(f"/jobs/{job_id}", headers={"If-Match": '"3"'})).status_code == 412
+    assert (await client.get(f"/jobs/{job_id}")).status_code == 200
+    assert (await client.delete(f"/jobs/{job_id}", headers={"If-Match": '"4"'})).status_code == 204
+    assert (await client.delete(f"/jobs/{job_id}", headers={"If-Match": "*"})).status_code == 404
+
+
+async def test_idempotent_create_answers_the_etag_of_the_job_it_returns(client: httpx.AsyncClient) -> None:
+    key = {"Idempotency-Key": "etag-1"}
+    job_id = (await client.post("/jobs", json=http_job("http://127.0.0.1:9"), headers=key)).json()["jobId"]
+    await client.patch(f"/jobs/{job_id}", json={"paused": True})
+    again = await client.post("/jobs", json=http_job("http://127.0.0.1:9"), headers=key)
+    assert again.status_code == 200 and again.headers["ETag"] == '"2"'
+

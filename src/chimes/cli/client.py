@@ -294,8 +294,11 @@ def get_job(api: Api, job_id: str, as_json: bool) -> None:
         _show(render.job_detail(job))
 
 
-def _patch(api: Api, job_id: str, patch: dict[str, Any]) -> dict[str, Any]:
-    return api.call("PATCH", _path("jobs", job_id), body=patch)
+def _patch(api: Api, job_id: str, patch: dict[str, Any], read_version: int | None = None) -> dict[str, Any]:
+    """PATCH the job; ``read_version``: the version the patch was computed from, sent as If-Match so
+    that a change made in between is refused (412) rather than overwritten."""
+    headers = {"If-Match": f'"{read_version}"'} if read_version is not None else None
+    return api.call("PATCH", _path("jobs", job_id), body=patch, headers=headers)
 
 
 @jobs.command("pause")
@@ -342,7 +345,7 @@ def update(api: Api, job_id: str, file: IO[str] | None, **opts: Any) -> None:
     patch |= tuning
     if not patch:
         raise click.UsageError("nothing to change: give at least one option or --file")
-    updated = _patch(api, job_id, patch) or {}
+    updated = _patch(api, job_id, patch, current.get("version")) or {}
     click.echo(f"updated job {job_id} (version {updated.get('version', '?')}); "
                f"next run: {render.when(updated.get('nextRunAt')) or 'none'}")
 
