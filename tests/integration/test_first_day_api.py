@@ -186,3 +186,23 @@ async def test_oversized_body_answers_413_that_ordinary_clients_read(
         assert status == 413 and body["error"] == "payload_too_large", body
     # The server is fine afterwards, and nothing was created.
     assert (await client.get("/jobs")).json()["jobs"] == []
+
+
+# ----------------------------------------------------------------------------------- write limits
+
+
+async def test_a_script_creating_1000_jobs_with_8_clients_is_not_throttled(
+    api_url: str, tokens: dict[str, str], client: httpx.AsyncClient
+) -> None:
+    statuses: list[int] = []
+
+    async def create(worker: int) -> None:
+        async with httpx.AsyncClient(base_url=api_url, headers=auth_as(tokens["team-a"]), timeout=60) as http:
+            for n in range(125):
+                answer = await http.post("/jobs", json=http_job("http://127.0.0.1:9", f"/w{worker}-{n}"))
+                statuses.append(answer.status_code)
+
+    await asyncio.gather(*(create(w) for w in range(8)))
+    assert statuses == [201] * 1000
+    listed = await client.get("/jobs", params={"limit": 500})
+    assert len(listed.json()["jobs"]) == 500 and listed.json()["nextCursor"]

@@ -41,6 +41,7 @@ class FakeApi:
     url: str = ""
     requests: list[Seen] = field(default_factory=list)
     routes: dict[tuple[str, str], Answer | Callable[[Seen], Answer]] = field(default_factory=dict)
+    headers: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # extra answer headers
 
     def answer(self, seen: Seen) -> Answer:
         self.requests.append(seen)
@@ -64,6 +65,8 @@ def _handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in fake.headers.get((self.command, parts.path), {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 
@@ -330,3 +333,33 @@ def test_watch_refreshes_until_ctrl_c(api: FakeApi, monkeypatch: pytest.MonkeyPa
 ])
 def test_times_are_shown_in_utc(value: str | None, shown: str) -> None:
     assert when(value) == shown
+
+
+def test_a_rate_limited_request_is_sent_again_after_retry_after(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr(client, "_sleep", waits.append)
+    refused = {"error": "rate_limited", "message": "too many writes with this token; retry after 2 s", "field": None}
+    answers = iter([(429, refused), (429, refused), (201, {"jobId": JOB_ID, "nextRunAt": None})])
+    api.routes[("POST", "/jobs")] = lambda seen: next(answers)
+    api.headers[("POST", "/jobs")] = {"Retry-After": "2"}
+    result = invoke(client.jobs, ["create", "--name", "n", "--cron", "@daily", "--url", "https://x.test/"], api)
+    assert result.exit_code == 0, result.output
+    assert waits == [2.0, 2.0] and len(api.requests) == 3
+    assert "retry" not in result.output  # waiting is not news: only the answer is printed
+
+
+def test_rate_limit_retries_are_bounded_and_a_quota_is_not_retried(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr(client, "_sleep", waits.append)
+    api.routes[("POST", "/jobs")] = (429, {"error": "rate_limited", "message": "slow down", "field": None})
+    api.headers[("POST", "/jobs")] = {"Retry-After": "3600"}
+    args = ["create", "--name", "n", "--cron", "@daily", "--url", "https://x.test/"]
+    result = invoke(client.jobs, args, api)
+    assert result.exit_code == 1 and "slow down" in result.output
+    assert waits == [client.RETRY_AFTER_CAP_SEC] * client.RATE_LIMIT_RETRIES
+    api.requests.clear()
+    api.headers.clear()  # a full job quota: 429 without Retry-After
+    api.routes[("POST", "/jobs")] = (429, {"error": "job_quota_exceeded", "message": "quota", "field": None})
+    assert invoke(client.jobs, args, api).exit_code == 1 and len(api.requests) == 1

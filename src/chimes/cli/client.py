@@ -7,8 +7,10 @@ commands take ``--json`` to print the API's answer as it came instead of a table
 
 from __future__ import annotations
 
+import email.utils
 import functools
 import json
+import logging
 import shlex
 import time
 from collections.abc import Callable
@@ -24,6 +26,9 @@ from chimes.cli import client_render as render
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 TIMEOUT_SEC = 30.0
+RATE_LIMIT_RETRIES = 10      # 429s with Retry-After waited out per request before giving up
+RETRY_AFTER_CAP_SEC = 60.0   # the longest single wait, whatever Retry-After says
+log = logging.getLogger("chimes.cli")
 RUN_STATUSES = ("scheduled", "running", "succeeded", "failed", "skipped", "cancelled")
 _sleep = time.sleep  # replaced in tests
 NO_TOKEN = ("no API token: pass --token or set CHIMES_TOKEN (`chimes up` prints an admin token on its "
@@ -54,8 +59,30 @@ class Api:
     def call(self, method: str, path: str, *, body: Any = None, params: dict[str, Any] | None = None,
              headers: dict[str, str] | None = None) -> Any:
         query = {k: v for k, v in (params or {}).items() if v is not None}
+        response = self._send(method, path, body, query, headers)
+        for _ in range(RATE_LIMIT_RETRIES):
+            # A 429 with Retry-After was refused before anything was done (a rate limit), so the same
+            # request is safe to send again once the wait is over, even a POST.
+            wait = retry_after(response)
+            if wait is None:
+                break
+            log.info("the API limits this token's requests; retrying in %.1f s", wait)
+            _sleep(wait)
+            response = self._send(method, path, body, query, headers)
+        if response.status_code >= 400:
+            raise ClientError(_error_message(response))
+        if response.status_code == 204 or not response.content:
+            return None
         try:
-            response = self._http.request(method, path, json=body, params=query, headers=headers)
+            return response.json()
+        except ValueError:
+            status = response.status_code
+            raise ClientError(f"the API answered {status} with a body that is not JSON") from None
+
+    def _send(self, method: str, path: str, body: Any, query: dict[str, Any],
+              headers: dict[str, str] | None) -> httpx.Response:
+        try:
+            return self._http.request(method, path, json=body, params=query, headers=headers)
         except httpx.ConnectError:
             raise ClientError(
                 f"cannot reach the Chimes API at {self.base_url}: is `chimes up` (or `chimes api`) running?"
@@ -66,15 +93,23 @@ class Api:
             ) from None
         except httpx.HTTPError as exc:
             raise ClientError(f"request to {self.base_url} failed: {exc}") from None
-        if response.status_code >= 400:
-            raise ClientError(_error_message(response))
-        if response.status_code == 204 or not response.content:
-            return None
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """Seconds to wait before sending a refused request again: from a 429's ``Retry-After``
+    (seconds or an HTTP date), at most RETRY_AFTER_CAP_SEC; None when the answer is not one to
+    retry (any other status, or a 429 without Retry-After, such as a full job quota)."""
+    value = response.headers.get("Retry-After")
+    if response.status_code != 429 or value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
         try:
-            return response.json()
-        except ValueError:
-            status = response.status_code
-            raise ClientError(f"the API answered {status} with a body that is not JSON") from None
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    return min(max(seconds, 0.0), RETRY_AFTER_CAP_SEC)
 
 
 def _error_message(response: httpx.Response) -> str:
