@@ -206,3 +206,42 @@ async def test_a_script_creating_1000_jobs_with_8_clients_is_not_throttled(
     assert statuses == [201] * 1000
     listed = await client.get("/jobs", params={"limit": 500})
     assert len(listed.json()["jobs"]) == 500 and listed.json()["nextCursor"]
+
+
+# ------------------------------------------------------------------------- an overall retry deadline
+
+
+async def test_retries_stop_at_max_duration_and_the_run_fails_saying_why(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target
+) -> None:
+    target.responders["/down"] = lambda n: 503
+    policy = {"maxAttempts": 50, "initialBackoffSec": 0.5, "multiplier": 1, "maxBackoffSec": 0.5, "jitter": 0,
+              "maxDurationSec": 2}
+    created = await client.post("/jobs", json=http_job(target.url, "/down", retryPolicy=policy))
+    assert created.status_code == 201, created.text
+    job_id = created.json()["jobId"]
+    assert (await client.get(f"/jobs/{job_id}")).json()["retryPolicy"]["maxDurationSec"] == 2
+    run_id = (await client.post(f"/jobs/{job_id}/runs")).json()["runId"]
+
+    async def ended() -> dict | None:
+        run = (await client.get(f"/runs/{run_id}")).json()
+        return run if run["status"] in ("succeeded", "failed") else None
+
+    run = await wait_for(ended, timeout=20, what="the run to fail")
+    assert run["status"] == "failed"
+    assert "retryPolicy.maxDurationSec" in run["error"] and "HTTP 503" in run["error"]
+    assert 2 <= len(run["attempts"]) < 10
+    deadline = datetime.fromisoformat(run["scheduledAt"]).timestamp() + 2
+    # Each attempt was scheduled within the 2 s; a worker picks one up within its poll interval.
+    assert all(datetime.fromisoformat(a["startedAt"]).timestamp() < deadline + 1.0 for a in run["attempts"])
+    assert len(target.calls_to("/down")) == len(run["attempts"])
+
+
+async def test_max_duration_is_optional_and_positive(client: httpx.AsyncClient) -> None:
+    answer = await client.post("/jobs", json=http_job("http://127.0.0.1:9", retryPolicy={"maxDurationSec": 0}))
+    assert answer.status_code == 422 and answer.json()["field"] == "retryPolicy.maxDurationSec"
+    assert "greater than 0" in answer.json()["message"]
+    job_id = (await client.post("/jobs", json=http_job("http://127.0.0.1:9"))).json()["jobId"]
+    assert "maxDurationSec" not in (await client.get(f"/jobs/{job_id}")).json()["retryPolicy"]
+    patched = await client.patch(f"/jobs/{job_id}", json={"retryPolicy": {"maxDurationSec": 3600}})
+    assert patched.status_code == 200 and patched.json()["retryPolicy"]["maxDurationSec"] == 3600

@@ -9,7 +9,7 @@ from datetime import datetime
 import asyncpg
 
 from chimes import cron
-from chimes.backoff import next_attempt_at
+from chimes.backoff import plan_retry
 from chimes.ids import new_run_id, partition_of, run_id_for, scheduled_at_of, truncate_to_millis
 from chimes.store.queries import sql
 from chimes.store.working import QUEUE_CHANNEL, runs_ended
@@ -103,7 +103,12 @@ class RunStore:
             run = await conn.fetchrow(sql("running_with_token"), run_id, scheduled_at, owner, lease_token)
             if run is None:
                 return False
-            retry_at = next_attempt_at(run["retry_policy"], run["attempt"], now) if status == "failed" else None
+            retry_at = None
+            if status == "failed":
+                retry = plan_retry(run["retry_policy"], run["attempt"], now, since=scheduled_at)
+                retry_at = retry.at
+                if retry.past_deadline:
+                    error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
             ended = await conn.fetch(sql("complete_runs"), [run_id], [scheduled_at], [lease_token], [status],
                                      [error], [output], [now], [retry_at], "callback")
             await runs_ended(conn, [r for r in ended if r["final"]])
