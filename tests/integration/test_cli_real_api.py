@@ -4,7 +4,10 @@ tables that fit the terminal."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
+import sys
 from collections.abc import AsyncIterator
 
 import httpx
@@ -55,3 +58,49 @@ async def test_the_cli_waits_out_a_write_limit(limited_api_url: str, tokens: dic
     async with httpx.AsyncClient(base_url=limited_api_url, headers={"Authorization": f"Bearer {token}"}) as http:
         jobs = (await http.get("/jobs")).json()["jobs"]
     assert sorted(j["name"] for j in jobs) == [f"job-{n}" for n in range(6)]
+
+
+async def chimes(api_url: str, token: str, *args: str, columns: int = 80) -> tuple[int, str, str]:
+    """The real ``chimes`` command in a process of its own (stderr not a terminal, as in a script)."""
+    env = {**os.environ, "CHIMES_TOKEN": token, "CHIMES_API_URL": api_url, "COLUMNS": str(columns)}
+    env.pop("CHIMES_LOG_LEVEL", None)
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "chimes", *args, env=env,
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_client_commands_print_only_the_answer_and_lists_fit_80_columns(
+    api_url: str, tokens: dict[str, str]
+) -> None:
+    token = tokens["team-a"]
+    code, out, err = await chimes(api_url, token, "jobs", "create", "--name", "nightly-report-for-the-data-team",
+                                  "--cron", "0 2 * * *", "--timezone", "Europe/Berlin",
+                                  "--url", "http://127.0.0.1:9/reports/nightly")
+    assert code == 0 and err == "", err
+    job_id = out.split()[2]
+    await chimes(api_url, token, "jobs", "run", job_id)
+
+    code, out, err = await chimes(api_url, token, "jobs", "list")
+    assert code == 0 and err == "", err
+    lines = out.splitlines()
+    assert all(len(line) <= 80 for line in lines), out
+    [row] = [line for line in lines if job_id[-8:] in line] or [out]
+    assert "nightly-report" in row and "0 2 * * *" in row and "in " in row
+    assert job_id not in out  # a short id, which every job command takes back:
+    code, out, err = await chimes(api_url, token, "jobs", "get", job_id[-8:], "--output", "json")
+    assert code == 0 and json.loads(out)["jobId"] == job_id and err == ""
+
+    code, out, err = await chimes(api_url, token, "runs", "list", job_id[-8:])
+    assert code == 0 and err == "" and all(len(line) <= 80 for line in out.splitlines())
+    assert "manual" in out and "scheduled" in out
+    short_run = next(line.split()[0] for line in out.splitlines() if "manual" in line)
+    code, out, err = await chimes(api_url, token, "runs", "get", short_run, "--job", job_id[-8:], "-o", "json")
+    assert code == 0 and json.loads(out)["runId"].endswith(short_run), err
+
+    # Wide terminals and --wide get whole ids; --verbose shows the HTTP requests.
+    code, out, err = await chimes(api_url, token, "jobs", "list", "--wide", "--verbose", columns=200)
+    assert code == 0 and job_id in out
+    assert "HTTP Request: GET" in err
+    code, out, _ = await chimes(api_url, token, "jobs", "list", "--json")
+    assert [j["jobId"] for j in json.loads(out)["jobs"]] == [job_id]
