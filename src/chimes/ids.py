@@ -1,9 +1,11 @@
 """Identifiers: job ids, deterministic run ids and the partition hash.
 
-Run ids are derived from ``(job_id, scheduled_at)`` so that firing the same slot twice can only ever
-produce one run: the second insert collides on the primary key. The first 48 bits carry the
-scheduled time in milliseconds (the UUIDv7 layout), which keeps run ids time-ordered and lets a
-lookup by id prune the time partitions of the runs table.
+Run ids of a schedule's slots are derived from ``(job_id, scheduled_at)`` so that firing the same
+slot twice can only ever produce one run: the second insert collides on the primary key. Runs asked
+for by a person (a manual run, a re-run) are not slots: each gets random bits instead, so two asked
+for in the same millisecond, or at a slot's millisecond, stay two runs. In both, the first 48 bits
+carry the scheduled time in milliseconds (the UUIDv7 layout), which keeps run ids time-ordered and
+lets a lookup by id prune the time partitions of the runs table.
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ def run_id_for(job_id: uuid.UUID, scheduled_at: datetime) -> uuid.UUID:
     millis = _millis(scheduled_at)
     digest = hashlib.blake2b(job_id.bytes + millis.to_bytes(8, "big"), digest_size=10).digest()
     return _v7(millis, digest)
+
+
+def new_run_id(scheduled_at: datetime) -> uuid.UUID:
+    """A run id of its own for a run that is not a slot (manual, re-run), scheduled at
+    ``scheduled_at`` (already truncated to milliseconds): random bits after the time, so it never
+    takes the id of a slot or of another such run."""
+    return _v7(_millis(scheduled_at), os.urandom(10))
 
 
 def scheduled_at_of(run_id: uuid.UUID) -> datetime:

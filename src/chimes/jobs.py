@@ -199,6 +199,8 @@ class RetryPolicy(_Model):
     max_backoff_sec: Annotated[float, Field(alias="maxBackoffSec", gt=0, le=7 * 86400)] = 300.0
     multiplier: Annotated[float, Field(ge=1, le=100)] = 2.0
     jitter: Annotated[float, Field(ge=0, le=1)] = 0.2
+    # The overall deadline of a run's attempts, counted from its scheduledAt: no attempt starts later.
+    max_duration_sec: Annotated[float | None, Field(alias="maxDurationSec", gt=0, le=366 * 86400)] = None
 
     @model_validator(mode="after")
     def _ordered(self) -> RetryPolicy:

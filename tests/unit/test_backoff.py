@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from chimes.backoff import DEFAULT_POLICY, backoff_sec, next_attempt_at
+from chimes.backoff import DEFAULT_POLICY, Retry, backoff_sec, next_attempt_at, plan_retry
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 FLAT = {"jitter": 0}
@@ -83,3 +83,19 @@ def test_missing_policy_uses_defaults(policy: dict | None) -> None:
     assert NOW + timedelta(seconds=0.8) <= first <= NOW + timedelta(seconds=1.2)
     assert next_attempt_at(policy, 2, NOW) is not None
     assert next_attempt_at(policy, 3, NOW) is None
+
+
+def test_max_duration_stops_retries_that_would_start_past_it() -> None:
+    policy = {"maxAttempts": 10, "initialBackoffSec": 10, "multiplier": 2, "jitter": 0, "maxDurationSec": 60}
+    since = NOW - timedelta(seconds=30)
+    # 30 s in, a 10 s backoff starts at 40 s: within the 60 s.
+    assert plan_retry(policy, 1, NOW, since) == Retry(NOW + timedelta(seconds=10))
+    # 30 s in, a 40 s backoff would start at 70 s: none, and the reason says why.
+    stopped = plan_retry(policy, 3, NOW, since)
+    assert stopped.at is None and "retryPolicy.maxDurationSec (60 s" in (stopped.past_deadline or "")
+    assert next_attempt_at(policy, 3, NOW, since) is None
+    # Without the start time, or without the limit, only maxAttempts counts.
+    assert plan_retry(policy, 3, NOW).at == NOW + timedelta(seconds=40)
+    assert plan_retry({**policy, "maxDurationSec": None}, 3, NOW, since).at == NOW + timedelta(seconds=40)
+    # Attempts exhausted is not a deadline.
+    assert plan_retry(policy, 10, NOW, since) == Retry(None)

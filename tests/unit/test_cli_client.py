@@ -7,6 +7,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -15,7 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from chimes.cli import client
-from chimes.cli.client_render import when
+from chimes.cli.client_render import relative, when
 
 TOKEN = "tok-secret"
 JOB_ID = "0b6f5a7e-3c1d-4d8e-9f00-1234567890ab"
@@ -41,6 +42,7 @@ class FakeApi:
     url: str = ""
     requests: list[Seen] = field(default_factory=list)
     routes: dict[tuple[str, str], Answer | Callable[[Seen], Answer]] = field(default_factory=dict)
+    headers: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # extra answer headers
 
     def answer(self, seen: Seen) -> Answer:
         self.requests.append(seen)
@@ -64,6 +66,8 @@ def _handler(fake: FakeApi) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in fake.headers.get((self.command, parts.path), {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
 
@@ -330,3 +334,50 @@ def test_watch_refreshes_until_ctrl_c(api: FakeApi, monkeypatch: pytest.MonkeyPa
 ])
 def test_times_are_shown_in_utc(value: str | None, shown: str) -> None:
     assert when(value) == shown
+
+
+def test_a_rate_limited_request_is_sent_again_after_retry_after(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr(client, "_sleep", waits.append)
+    refused = {"error": "rate_limited", "message": "too many writes with this token; retry after 2 s", "field": None}
+    answers = iter([(429, refused), (429, refused), (201, {"jobId": JOB_ID, "nextRunAt": None})])
+    api.routes[("POST", "/jobs")] = lambda seen: next(answers)
+    api.headers[("POST", "/jobs")] = {"Retry-After": "2"}
+    result = invoke(client.jobs, ["create", "--name", "n", "--cron", "@daily", "--url", "https://x.test/"], api)
+    assert result.exit_code == 0, result.output
+    assert waits == [2.0, 2.0] and len(api.requests) == 3
+    assert "retry" not in result.output  # waiting is not news: only the answer is printed
+
+
+def test_rate_limit_retries_are_bounded_and_a_quota_is_not_retried(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+    monkeypatch.setattr(client, "_sleep", waits.append)
+    api.routes[("POST", "/jobs")] = (429, {"error": "rate_limited", "message": "slow down", "field": None})
+    api.headers[("POST", "/jobs")] = {"Retry-After": "3600"}
+    args = ["create", "--name", "n", "--cron", "@daily", "--url", "https://x.test/"]
+    result = invoke(client.jobs, args, api)
+    assert result.exit_code == 1 and "slow down" in result.output
+    assert waits == [client.RETRY_AFTER_CAP_SEC] * client.RATE_LIMIT_RETRIES
+    api.requests.clear()
+    api.headers.clear()  # a full job quota: 429 without Retry-After
+    api.routes[("POST", "/jobs")] = (429, {"error": "job_quota_exceeded", "message": "quota", "field": None})
+    assert invoke(client.jobs, args, api).exit_code == 1 and len(api.requests) == 1
+
+
+@pytest.mark.parametrize(("offset", "shown"), [(0, "now"), (90, "in 1m"), (-7200, "2h ago"), (-3 * 86400, "3d ago")])
+def test_relative_times(offset: int, shown: str) -> None:
+    now = datetime(2026, 12, 1, 9, tzinfo=UTC)
+    assert relative((now + timedelta(seconds=offset)).isoformat(), now) == shown
+
+
+def test_a_short_job_id_names_the_one_job_whose_id_ends_with_it(api: FakeApi) -> None:
+    ids = ["0190aaaa-0000-7000-8000-00000000beef", "0190aaaa-0000-7000-8000-00001234beef"]
+    api.routes[("GET", "/jobs")] = (200, {"jobs": [job(1, jobId=i) for i in ids], "nextCursor": None})
+    api.routes[("GET", f"/jobs/{ids[1]}")] = (200, job(2, jobId=ids[1]))
+    shown = invoke(client.jobs, ["get", "1234beef", "-o", "json"], api)
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["jobId"] == ids[1]
+    ambiguous = invoke(client.jobs, ["get", "beef"], api)
+    assert ambiguous.exit_code == 1 and "2 jobs have an id ending in beef" in ambiguous.output

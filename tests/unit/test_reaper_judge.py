@@ -82,3 +82,12 @@ def test_lease_expired_without_max_attempts_key_defaults_to_three() -> None:
     policy = {"jitter": 0}
     assert judge(row(2, True, policy), NOW).retry_at == NOW
     assert judge(row(3, True, policy), NOW).retry_at is None
+
+
+@pytest.mark.parametrize("lease_expired", [True, False])
+def test_a_retry_past_max_duration_is_not_made_and_the_reason_recorded(lease_expired: bool) -> None:
+    policy = FLAT | {"maxDurationSec": 600}  # NOW is 30 minutes after SCHEDULED
+    lost = judge(row(1, lease_expired, policy), NOW)
+    assert lost.retry_at is None
+    assert "retryPolicy.maxDurationSec (600 s" in lost.error and "no attempts left" not in lost.error
+    assert judge(row(1, lease_expired, FLAT | {"maxDurationSec": 3600}), NOW).retry_at is not None

@@ -16,11 +16,13 @@ from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view
 from chimes.ids import scheduled_at_of_or_none
 from chimes.jobs import JobPatch, JobSpec
-from chimes.store.jobs import IdempotencyConflict, JobStore
+from chimes.store.jobs import IdempotencyConflict, JobStore, VersionMismatch
 from chimes.store.tokens import Principal
 
 router = APIRouter(tags=["jobs"])
 Caller = Annotated[Principal, Depends(current_principal)]
+IfMatch = Annotated[str | None, Header(alias="If-Match", max_length=1000,
+                                       description='ETag(s) of the job this change was made against, or "*"')]
 
 
 def _store(request: Request) -> JobStore:
@@ -41,7 +43,8 @@ async def create_job(
                        "this Idempotency-Key was already used for a different job definition",
                        "Idempotency-Key") from None
     status = 201 if created.created else 200
-    return JSONResponse({"jobId": created.job_id, "nextRunAt": created.next_run_at}, status_code=status)
+    return JSONResponse({"jobId": created.job_id, "nextRunAt": created.next_run_at}, status_code=status,
+                        headers={"ETag": etag(created.version)})
 
 
 @router.get("/jobs", response_class=JSONResponse)
@@ -58,25 +61,64 @@ async def list_jobs(
 
 @router.get("/jobs/{job_id}", response_class=JSONResponse)
 async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse:
-    job = await _store(request).get(parse_id(job_id, "job"), caller.owner_filter)
+    parsed = parse_id(job_id, "job")
+    job = await _store(request).get(parsed, caller.owner_filter)
     if job is None:
+        if await request.app.state.runs.history_visible(parsed, caller.owner_filter):
+            raise ApiError(404, "job_deleted", f"job {parsed} was deleted; its runs stay listable at "
+                           f"GET /jobs/{parsed}/runs until retention removes them")
         raise not_found("job")
-    return JSONResponse(job_view(job))
+    return JSONResponse(job_view(job), headers={"ETag": etag(job.version)})
 
 
 @router.patch("/jobs/{job_id}", response_class=JSONResponse)
-async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Caller) -> JSONResponse:
-    job = await _store(request).update(parse_id(job_id, "job"), caller.owner_filter, patch, datetime.now(UTC))
+async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Caller,
+                     if_match: IfMatch = None) -> JSONResponse:
+    try:
+        job = await _store(request).update(parse_id(job_id, "job"), caller.owner_filter, patch, datetime.now(UTC),
+                                           matching_versions(if_match))
+    except VersionMismatch as exc:
+        raise precondition_failed(exc.current) from None
     if job is None:
         raise not_found("job")
-    return JSONResponse(job_view(job))
+    return JSONResponse(job_view(job), headers={"ETag": etag(job.version)})
 
 
 @router.delete("/jobs/{job_id}", status_code=204)
-async def delete_job(job_id: str, request: Request, caller: Caller) -> Response:
-    if not await _store(request).delete(parse_id(job_id, "job"), caller.owner_filter):
+async def delete_job(job_id: str, request: Request, caller: Caller, if_match: IfMatch = None) -> Response:
+    try:
+        deleted = await _store(request).delete(parse_id(job_id, "job"), caller.owner_filter,
+                                               matching_versions(if_match))
+    except VersionMismatch as exc:
+        raise precondition_failed(exc.current) from None
+    if not deleted:
         raise not_found("job")
     return Response(status_code=204)
+
+
+def etag(version: int) -> str:
+    """A job's entity tag: its version, which every change bumps (a strong tag: the version names
+    exactly one definition of that job)."""
+    return f'"{version}"'
+
+
+def matching_versions(if_match: str | None) -> frozenset[int] | None:
+    """The job versions an If-Match header accepts: None for any (no header, or ``*``). Tags are
+    compared strongly (RFC 9110 13.1.1): a weak tag, or one this API never gave, matches nothing."""
+    if if_match is None or if_match.strip() == "*":
+        return None
+    versions = set()
+    for tag in if_match.split(","):
+        text = tag.strip().removeprefix('"').removesuffix('"')
+        if text.isdigit() and len(text) < 10:
+            versions.add(int(text))
+    return frozenset(versions)
+
+
+def precondition_failed(current: int) -> ApiError:
+    return ApiError(412, "precondition_failed",
+                    f"If-Match: the job was changed since; it is now at version {current} (ETag {etag(current)}): "
+                    "read it again and retry", "If-Match", headers={"ETag": etag(current)})
 
 
 def parse_id(value: str, what: str) -> uuid.UUID:

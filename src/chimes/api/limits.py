@@ -23,6 +23,8 @@ from chimes.api.responses import JSONResponse
 log = logging.getLogger("chimes.api.auth")
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+# How much of an oversized body is read and thrown away before the 413 is sent (see BodySizeLimit).
+DRAIN_MAX_BYTES = 64 * 1024 * 1024
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SESSION_COOKIE = b"chimes_session"
 
@@ -32,8 +34,12 @@ class LimitSettings:
     """Operator settings of the API process (``chimes api --help`` lists their flags)."""
 
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    writes_per_sec: float = 20.0        # per token, sustained
-    write_burst: int = 100              # per token, at once
+    # Writes per token, sustained and at once; 0: no limit. High enough that no plain script meets it
+    # (eight threads creating jobs as fast as one API process takes them stay far below): it is there
+    # to stop a runaway client, not to pace ordinary ones. Managed schedulers allow as much by default
+    # (EventBridge Scheduler: 5,000 creates a second).
+    writes_per_sec: float = 5000.0
+    write_burst: int = 10_000
     auth_failures_per_min: float = 10.0  # per client address, sustained
     auth_failure_burst: int = 20         # per client address, at once
     default_job_quota: int | None = 10_000  # jobs per owner without a quota of its own; None: no limit
@@ -85,7 +91,7 @@ class RequestLimits:
     def __init__(self, app: ASGIApp, settings: LimitSettings) -> None:
         self.app = app
         self.failures = RateLimiter(settings.auth_failures_per_min / 60, settings.auth_failure_burst)
-        self.writes = RateLimiter(settings.writes_per_sec, settings.write_burst)
+        self.writes = RateLimiter(settings.writes_per_sec, settings.write_burst) if settings.writes_per_sec else None
         self.settings = settings
         self._failed: OrderedDict[tuple[str, str], None] = OrderedDict()  # (address, credential) counted
 
@@ -113,7 +119,7 @@ class RequestLimits:
                            f"too many failed authentication attempts from {address}", wait)(scope, receive, send)
             return
         credential = _credential(scope)
-        if credential is not None and scope["method"] in WRITE_METHODS:
+        if self.writes is not None and credential is not None and scope["method"] in WRITE_METHODS:
             wait = self.writes.take(credential)
             if wait:
                 s = self.settings
@@ -146,7 +152,14 @@ def _credential(scope: Scope) -> str | None:
 
 
 class BodySizeLimit:
-    """A hard cap on request body size, enforced before any handler reads the body."""
+    """A hard cap on request body size, enforced before any handler reads the body.
+
+    The rest of an oversized body is read and discarded (up to DRAIN_MAX_BYTES) before the 413 is
+    sent. Answering at once and closing was a broken pipe for most clients: urllib, requests and
+    httpx send the whole body before they read an answer (no ``Expect: 100-continue``), so the
+    server's close reset the connection under their write and they never saw the 413. A client
+    that does send ``Expect: 100-continue`` is answered at once, before it sends the body.
+    """
 
     def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -172,7 +185,7 @@ class BodySizeLimit:
             received += len(message.get("body", b""))
             if received > self.max_bytes:
                 rejected = True
-                await self._reject(scope, receive, send)
+                await self._reject(scope, receive, send, drain=message.get("more_body", False))
                 return {"type": "http.disconnect"}
             return message
 
@@ -182,6 +195,19 @@ class BodySizeLimit:
 
         await self.app(scope, limited_receive, guarded_send)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, *, drain: bool = True) -> None:
+        if drain and dict(scope["headers"]).get(b"expect", b"").lower() != b"100-continue":
+            await _drain(receive)
         message = f"request body is larger than the limit of {self.max_bytes} bytes"
         await JSONResponse(error_body("payload_too_large", message, "body"), 413)(scope, receive, send)
+
+
+async def _drain(receive: Receive) -> None:
+    """Read the rest of the request body and drop it, up to DRAIN_MAX_BYTES (past that the
+    connection is closed after the answer, as before)."""
+    drained = 0
+    while drained <= DRAIN_MAX_BYTES:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        drained += len(message.get("body", b""))

@@ -96,6 +96,7 @@ class Run(_Answer):
 class RunList(_Answer):
     runs: list[Run]
     nextCursor: str | None
+    jobDeleted: bool = Field(False, description="the job was deleted; its runs stay until retention removes them")
 
 
 class Notification(_Answer):
@@ -174,10 +175,15 @@ ERRORS = {
     "403": "the token's scope does not allow this, or the operator does not allow it for this owner",
     "404": "not found, or owned by another team",
     "409": "conflicts with the current state",
+    "412": "If-Match names a version the job no longer has (the answer's ETag is the current one)",
     "413": "request body larger than the limit",
     "422": "invalid input; the message names the field",
     "429": "too many requests (Retry-After says when to retry) or the owner's job quota is reached",
 }
+#: Answers that carry the job's ETag (its version, for If-Match on PATCH and DELETE).
+WITH_ETAG = frozenset({("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{job_id}", "patch")})
+ETAG_HEADER = {"ETag": {"description": "the job's version, quoted: send it as If-Match on PATCH or DELETE",
+                        "schema": {"type": "string"}}}
 MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue,
           NotificationList)
 
@@ -232,6 +238,8 @@ def _complete(path: str, method: str, operation: dict[str, Any]) -> None:
                 answer["content"] = {model: {"schema": {"type": "string"}}}
             elif model is not None:
                 answer["content"] = _ref(model)
+            if (path, method) in WITH_ETAG:
+                answer["headers"] = ETAG_HEADER
             responses[status] = answer
     if path in PUBLIC_PATHS:
         operation["security"] = []

@@ -38,14 +38,17 @@ async def list_runs(
     cursor: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JSONResponse:
+    """A job's runs; after the job is deleted, its history stays listable (``jobDeleted: true``) until
+    retention removes it."""
     job = parse_id(job_id, "job")
     store = _store(request)
-    if not await store.job_visible(job, caller.owner_filter):
+    deleted = not await store.job_visible(job, caller.owner_filter)
+    if deleted and not await store.history_visible(job, caller.owner_filter):
         raise not_found("job")
     rows = await store.list(job, caller.owner_filter, status, _decode_cursor(cursor), limit + 1)
     page = rows[:limit]
     next_cursor = base64.urlsafe_b64encode(page[-1]["run_id"].bytes).decode().rstrip("=") if len(rows) > limit else None
-    return JSONResponse({"runs": [run_view(r) for r in page], "nextCursor": next_cursor})
+    return JSONResponse({"runs": [run_view(r) for r in page], "nextCursor": next_cursor, "jobDeleted": deleted})
 
 
 @router.post("/jobs/{job_id}/runs", status_code=202, response_class=JSONResponse)

@@ -69,8 +69,11 @@ async def create_job(api: httpx.AsyncClient, body: dict[str, Any], key: str, giv
     """Create a job, retrying with the same Idempotency-Key while the fleet is being broken."""
     loop = asyncio.get_running_loop()
     while True:
+        wait = 0.5
         try:
             response = await api.post("/jobs", json=body, headers={"Idempotency-Key": key})
+            if response.status_code == 429 and response.headers.get("Retry-After", "").isdigit():
+                wait = min(float(response.headers["Retry-After"]), 5.0)  # the API says when
             if response.status_code in (200, 201):
                 created = response.json()
                 schedule = body["schedule"]
@@ -83,7 +86,7 @@ async def create_job(api: httpx.AsyncClient, body: dict[str, Any], key: str, giv
             log.info("creating %s: %s; retrying with the same Idempotency-Key", body["name"], exc)
         if loop.time() > give_up_at:
             raise RuntimeError(f"creating {body['name']} kept failing")
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(wait)
 
 
 async def make_one_offs(api: httpx.AsyncClient, target_url: str, seed: int | str, every_sec: float,

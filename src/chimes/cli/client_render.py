@@ -14,6 +14,36 @@ from rich.text import Text
 JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun")
 ERROR_WIDTH = 60
 OUTPUT_LINES = 40
+WIDE_COLUMNS = 120  # from this terminal width on, lists show whole ids and times
+SHORT_ID = 8        # characters of an id a narrow list shows: the end, the random part of a UUIDv7
+
+
+def short_id(value: Any) -> str:
+    """The last SHORT_ID characters of an id: the start of a UUIDv7 is its time, shared by ids made
+    in the same minute; the end is random. The CLI takes them back wherever it takes a job id."""
+    text = "" if value is None else str(value)
+    return text[-SHORT_ID:]
+
+
+def relative(value: str | None, now: datetime | None = None) -> str:
+    """An RFC 3339 time as ``in 5m`` / ``3h ago`` (``now`` within a second); empty for none."""
+    if not value:
+        return ""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    seconds = (parsed - (now or datetime.now(UTC))).total_seconds()
+    if abs(seconds) < 1:
+        return "now"
+    amount = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if amount >= size:
+            text = f"{int(amount // size)}{unit}"
+            break
+    return f"in {text}" if seconds > 0 else f"{text} ago"
 
 
 def when(value: str | None) -> str:
@@ -61,7 +91,9 @@ def _id_column(table: Table, title: str) -> None:
     table.add_column(title, no_wrap=True, overflow="fold")
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+def jobs_table(jobs: list[dict[str, Any]], wide: bool = True) -> Table:
+    if not wide:
+        return _narrow_jobs_table(jobs)
     table = Table()
     _id_column(table, "id")
     for title in ("name", "schedule", "next run", "paused", "last run"):
@@ -71,6 +103,30 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
         _row(table, str(job.get("jobId", "")), job.get("name", ""), schedule_text(job.get("schedule")),
                       when(job.get("nextRunAt")), "yes" if job.get("paused") else "",
                       last.get("status", ""))
+    return table
+
+
+def _narrow_table(title: str | None = None) -> Table:
+    """No vertical rules and one space between columns: every column a terminal can spare goes to text."""
+    return Table(title=title, box=None, pad_edge=False, padding=(0, 1), header_style="bold underline")
+
+
+def _narrow_jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    """Short ids, the cron expression, relative times: fits 80 columns, the name gets what is left."""
+    table = _narrow_table()
+    table.add_column("id", no_wrap=True, min_width=SHORT_ID)
+    table.add_column("name", overflow="ellipsis", no_wrap=True, ratio=3, min_width=8)
+    table.add_column("schedule", overflow="ellipsis", no_wrap=True, ratio=2, min_width=9)
+    table.add_column("next", no_wrap=True)
+    table.add_column("last run", no_wrap=True)
+    now = datetime.now(UTC)
+    for job in jobs:
+        last = job.get("lastRun") or {}
+        schedule = job.get("schedule") or {}
+        next_run = "paused" if job.get("paused") else relative(job.get("nextRunAt"), now)
+        last_run = f"{last.get('status', '')} {relative(last.get('scheduledAt'), now)}".strip()
+        _row(table, short_id(job.get("jobId")), job.get("name", ""),
+             schedule.get("cron") or ("once" if "at" in schedule else ""), next_run or "-", last_run)
     return table
 
 
@@ -89,7 +145,9 @@ def job_detail(job: dict[str, Any]) -> Group:
     return Group(_key_values(rows), Text("definition:"), Text(json.dumps(definition, indent=2)))
 
 
-def runs_table(runs: list[dict[str, Any]], title: str | None = None) -> Table:
+def runs_table(runs: list[dict[str, Any]], title: str | None = None, wide: bool = True) -> Table:
+    if not wide:
+        return _narrow_runs_table(runs, title)
     table = Table(title=title)
     _id_column(table, "run id")
     for title_ in ("scheduled", "status", "attempt", "trigger", "started", "finished", "error"):
@@ -98,6 +156,19 @@ def runs_table(runs: list[dict[str, Any]], title: str | None = None) -> Table:
         _row(table, str(run.get("runId", "")), when(run.get("scheduledAt")), run.get("status", ""),
                       str(run.get("attempt", "")), run.get("trigger", ""), when(run.get("startedAt")),
                       when(run.get("finishedAt")), truncate(run.get("error")))
+    return table
+
+
+def _narrow_runs_table(runs: list[dict[str, Any]], title: str | None) -> Table:
+    table = _narrow_table(title)
+    table.add_column("run", no_wrap=True, min_width=SHORT_ID)
+    for name in ("scheduled", "status", "try", "trigger"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("error", overflow="ellipsis", no_wrap=True, ratio=1, min_width=5)
+    now = datetime.now(UTC)
+    for run in runs:
+        _row(table, short_id(run.get("runId")), relative(run.get("scheduledAt"), now), run.get("status", ""),
+             str(run.get("attempt", "")), run.get("trigger", ""), " ".join(str(run.get("error") or "").split()))
     return table
 
 

@@ -59,8 +59,9 @@ def api_security_options(func: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         _option("--max-body-bytes", env="CHIMES_MAX_BODY_BYTES", type=click.IntRange(1024), show_default=True,
                 default=_DEFAULTS.max_body_bytes, help="Largest request body; larger ones get 413."),
-        _option("--write-rate", env="CHIMES_WRITE_RATE", type=click.FloatRange(0.01), show_default=True,
-                default=_DEFAULTS.writes_per_sec, help="Writes a second per token, per API process (then 429)."),
+        _option("--write-rate", env="CHIMES_WRITE_RATE", type=click.FloatRange(0), show_default=True,
+                default=_DEFAULTS.writes_per_sec,
+                help="Writes a second per token, per API process (then 429 with Retry-After); 0: no limit."),
         _option("--write-burst", env="CHIMES_WRITE_BURST", type=click.IntRange(1), show_default=True,
                 default=_DEFAULTS.write_burst, help="Writes a token may make at once before --write-rate applies."),
         _option("--auth-failure-rate", env="CHIMES_AUTH_FAILURE_RATE", type=click.FloatRange(0.01),

@@ -14,7 +14,7 @@ from datetime import datetime
 import asyncpg
 
 from chimes import failures, metrics
-from chimes.backoff import DEFAULT_POLICY, next_attempt_at
+from chimes.backoff import DEFAULT_POLICY, plan_retry
 from chimes.store.scheduling import LostRun, SchedulerStore
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ def judge(row: asyncpg.Record | Mapping, now: datetime, poison_after: int = POIS
     lease_lost = bool(row["lease_expired"])
     if lease_lost:
         error = f"worker {row['worker_id']} stopped heartbeating during attempt {attempt} (lease expired)"
-        retry_at = now if attempt < int(policy.get("maxAttempts", 3)) else None
+        retry = plan_retry(policy, attempt, now, row["scheduled_at"], delay_sec=0.0)  # at once: no fair try
         losses = (row.get("lease_losses") or 0) + 1
         if losses >= poison_after:
             # The run itself probably kills its workers (memory, a crash in a library): stop feeding it.
@@ -36,8 +36,11 @@ def judge(row: asyncpg.Record | Mapping, now: datetime, poison_after: int = POIS
                            row["started_at"], f"{error}; poison run: its workers died {losses} times", None)
     else:
         error = f"attempt {attempt} ran past its deadline and was abandoned"
-        retry_at = next_attempt_at(policy, attempt, now)
-    if retry_at is None:
+        retry = plan_retry(policy, attempt, now, row["scheduled_at"])
+    retry_at = retry.at
+    if retry.past_deadline:
+        error += f"; {retry.past_deadline}"
+    elif retry_at is None:
         error += "; no attempts left"
     return LostRun(row["run_id"], row["scheduled_at"], row["lease_token"], row["worker_id"], row["started_at"],
                    error, retry_at, lease_lost)

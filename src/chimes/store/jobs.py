@@ -22,6 +22,19 @@ class IdempotencyConflict(Exception):
     """The Idempotency-Key was already used by this owner for a different job definition."""
 
 
+class VersionMismatch(Exception):
+    """A change was conditional on versions of the job (If-Match) that it no longer has."""
+
+    def __init__(self, current: int) -> None:
+        super().__init__(f"the job is at version {current}")
+        self.current = current
+
+
+def _check_version(row: asyncpg.Record, matching: frozenset[int] | None) -> None:
+    if matching is not None and row["version"] not in matching:
+        raise VersionMismatch(row["version"])
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job_id: uuid.UUID
@@ -40,6 +53,7 @@ class CreatedJob:
     job_id: uuid.UUID
     next_run_at: datetime | None
     created: bool
+    version: int = 1
 
 
 def first_fire(spec: JobSpec, job_id: uuid.UUID, now: datetime, since: datetime | None = None) -> datetime | None:
@@ -147,7 +161,7 @@ class JobStore:
                 if existing["request_hash"] != fingerprint:
                     raise IdempotencyConflict(idempotency_key)
                 job = await conn.fetchrow(sql("get_job"), existing["job_id"], owner)
-                return CreatedJob(job["job_id"], job["next_run_at"], created=False)
+                return CreatedJob(job["job_id"], job["next_run_at"], created=False, version=job["version"])
             await check_job_quota(conn, owner, quota)
             fire_at = first_fire(spec, job_id, now)
             if fire_at is not None:
@@ -172,15 +186,19 @@ class JobStore:
             last = await self._last_runs(conn, [r["job_id"] for r in rows])
         return [_record(r, last.get(r["job_id"])) for r in rows]
 
-    async def update(self, job_id: uuid.UUID, owner: str | None, patch: JobPatch, now: datetime) -> JobRecord | None:
+    async def update(self, job_id: uuid.UUID, owner: str | None, patch: JobPatch, now: datetime,
+                     matching: frozenset[int] | None = None) -> JobRecord | None:
         """Apply a patch: bump the version and rewrite the trigger in the same transaction.
 
-        Raises pydantic.ValidationError when the patched definition is invalid; nothing is written then.
+        ``matching``: the versions the caller's change was made against (If-Match), None for any.
+        Raises VersionMismatch when the job is at another version, and pydantic.ValidationError when
+        the patched definition is invalid; nothing is written then.
         """
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(sql("lock_job"), job_id, owner)
             if row is None:
                 return None
+            _check_version(row, matching)
             current, sealed = split_sealed(definition_of(row))
             spec = patch.apply_to(JobSpec.model_validate(current))
             if patch.task is None:
@@ -197,8 +215,14 @@ class JobStore:
                 await conn.execute(sql("insert_schedule_trigger"), partition_of(job_id), fire_at, job_id, version)
         return await self.get(job_id, owner)
 
-    async def delete(self, job_id: uuid.UUID, owner: str | None) -> bool:
+    async def delete(self, job_id: uuid.UUID, owner: str | None, matching: frozenset[int] | None = None) -> bool:
+        """Delete the job and its triggers; False when not found. ``matching`` as for :meth:`update`."""
         async with self._pool.acquire() as conn, conn.transaction():
+            if matching is not None:
+                row = await conn.fetchrow(sql("lock_job"), job_id, owner)
+                if row is None:
+                    return False
+                _check_version(row, matching)
             deleted = await conn.fetchval(sql("delete_job"), job_id, owner)
             if deleted is not None:
                 await conn.execute(sql("delete_schedule_triggers"), job_id)

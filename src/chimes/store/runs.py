@@ -9,8 +9,8 @@ from datetime import datetime
 import asyncpg
 
 from chimes import cron
-from chimes.backoff import next_attempt_at
-from chimes.ids import partition_of, run_id_for, scheduled_at_of, truncate_to_millis
+from chimes.backoff import plan_retry
+from chimes.ids import new_run_id, partition_of, run_id_for, scheduled_at_of, truncate_to_millis
 from chimes.store.queries import sql
 from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, runs_ended
 
@@ -34,6 +34,10 @@ class RunStore:
     async def job_visible(self, job_id: uuid.UUID, owner: str | None) -> bool:
         return await self._pool.fetchval(sql("job_owner"), job_id, owner) is not None
 
+    async def history_visible(self, job_id: uuid.UUID, owner: str | None) -> bool:
+        """Whether runs of the job (existing or deleted) are kept and visible to ``owner``."""
+        return await self._pool.fetchval(sql("history_owner"), job_id, owner) is not None
+
     async def list(
         self, job_id: uuid.UUID, owner: str | None, status: str | None,
         before: tuple[datetime, uuid.UUID] | None, limit: int,
@@ -51,9 +55,10 @@ class RunStore:
         return run, attempts
 
     async def start_now(self, job_id: uuid.UUID, owner: str | None, trigger: str, now: datetime) -> uuid.UUID | None:
-        """Create and enqueue a run of the job at ``now``; None when the job does not exist (for this owner)."""
+        """Create and enqueue a run of the job at ``now``, with an id of its own (each call is one more
+        run, even two in the same millisecond); None when the job does not exist (for this owner)."""
         scheduled_at = truncate_to_millis(now)
-        run_id = run_id_for(job_id, scheduled_at)
+        run_id = new_run_id(scheduled_at)
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
                 sql("start_run_now"), job_id, owner, run_id, scheduled_at, partition_of(job_id), trigger
@@ -98,7 +103,12 @@ class RunStore:
             run = await conn.fetchrow(sql("running_with_token"), run_id, scheduled_at, owner, lease_token)
             if run is None:
                 return False
-            retry_at = next_attempt_at(run["retry_policy"], run["attempt"], now) if status == "failed" else None
+            retry_at = None
+            if status == "failed":
+                retry = plan_retry(run["retry_policy"], run["attempt"], now, since=scheduled_at)
+                retry_at = retry.at
+                if retry.past_deadline:
+                    error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
             ended = await conn.fetch(sql("complete_runs"), [run_id], [scheduled_at], [lease_token], [status],
                                      [error], [output], [now], [retry_at], "callback")
             await runs_ended(conn, [r for r in ended if r["final"]])

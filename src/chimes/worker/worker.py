@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from chimes import failures, metrics, tracing
-from chimes.backoff import next_attempt_at
+from chimes.backoff import plan_retry
 from chimes.logs import run_fields
 from chimes.security.storable import storable_text
 from chimes.store.db import DB_ERRORS
@@ -205,11 +205,14 @@ class Worker:
                          extra={"run_id": str(run.run_id), "job_id": str(run.job_id)})
                 return
             now = datetime.now(UTC)
-            retry_at = None
+            retry_at, error = None, outcome.error
             if outcome.status == "failed":
-                retry_at = next_attempt_at(run.retry_policy, run.attempt, now)
-            self._outcomes.append(Outcome(run, outcome.status, storable_text(outcome.error),
-                                          storable_text(outcome.output), now, retry_at))
+                retry = plan_retry(run.retry_policy, run.attempt, now, since=run.scheduled_at)
+                retry_at = retry.at
+                if retry.past_deadline:
+                    error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
+            self._outcomes.append(Outcome(run, outcome.status, storable_text(error), storable_text(outcome.output), now,
+                                          retry_at))
         finally:
             self._running.pop(run.run_id, None)
             self._slot_free.set()

@@ -17,8 +17,14 @@ FROM run_attempts WHERE run_id = $1 AND scheduled_at = $2 ORDER BY attempt;
 -- name: job_owner
 SELECT owner FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2);
 
+-- name: history_owner
+-- The owner of a job's run history, which outlives the job (a deleted job's runs stay until retention
+-- drops their partitions): ownership is checked on the runs themselves.
+SELECT owner FROM runs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) LIMIT 1;
+
 -- name: start_run_now
--- A manual run or a re-run: created and enqueued at once, outside the schedule.
+-- A manual run or a re-run: created and enqueued at once, outside the schedule, with an id of its own
+-- (ids.new_run_id), so each call is a run of its own.
 WITH job AS (
     SELECT job_id, owner, version, priority FROM jobs
     WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2)
