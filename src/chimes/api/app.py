@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request, Response
 
 from chimes import __version__, dashboard, metrics
-from chimes.api import errors, jobs, notifications, openapi, runs
+from chimes.api import errors, jobs, notifications, openapi, runs, whoami
 from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
 from chimes.security.refusals import Refused
@@ -49,6 +49,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     app.include_router(jobs.router)
     app.include_router(runs.router)
     app.include_router(notifications.router)
+    app.include_router(whoami.router)
 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:

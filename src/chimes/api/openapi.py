@@ -124,6 +124,14 @@ class RunStarted(_Answer):
     runId: str
 
 
+class Identity(_Answer):
+    """The calling token: the owner it acts for and its scope (``admin`` sees every owner)."""
+
+    owner: str
+    scope: Literal["read", "write", "admin"]
+    admin: bool
+
+
 class Health(_Answer):
     status: Literal["ok", "unavailable"]
 
@@ -166,6 +174,7 @@ SUCCESS: dict[tuple[str, str], dict[str, type[BaseModel] | str | None]] = {
     ("/runs/{run_id}/complete", "post"): {"200": Run},
     ("/queue", "get"): {"200": Queue},
     ("/notifications", "get"): {"200": NotificationList},
+    ("/whoami", "get"): {"200": Identity},
     ("/healthz", "get"): {"200": Health, "503": Health},
     ("/metrics", "get"): {"200": PROMETHEUS_TEXT},
 }
@@ -185,7 +194,7 @@ WITH_ETAG = frozenset({("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{jo
 ETAG_HEADER = {"ETag": {"description": "the job's version, quoted: send it as If-Match on PATCH or DELETE",
                         "schema": {"type": "string"}}}
 MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue,
-          NotificationList)
+          NotificationList, Identity)
 
 
 def install(app: FastAPI) -> None:
