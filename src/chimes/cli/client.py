@@ -11,7 +11,6 @@ Tables live in :mod:`chimes.cli.client_render`.
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import functools
 import json
 import logging
@@ -20,19 +19,16 @@ import shlex
 import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any
-from urllib.parse import quote
 
 import click
-import httpx
 from rich.console import Console
 from rich.live import Live
 
 from chimes.cli import client_render as render
+from chimes.client import ApiError, ChimesError, Client
+from chimes.client.asynchronous import DEFAULT_API_URL, RATE_LIMIT_RETRIES, RETRY_AFTER_CAP_SEC
 
-DEFAULT_API_URL = "http://127.0.0.1:8080"
-TIMEOUT_SEC = 30.0
-RATE_LIMIT_RETRIES = 10      # 429s with Retry-After waited out per request before giving up
-RETRY_AFTER_CAP_SEC = 60.0   # the longest single wait, whatever Retry-After says
+__all__ = ["DEFAULT_API_URL", "RATE_LIMIT_RETRIES", "RETRY_AFTER_CAP_SEC", "jobs", "runs"]
 log = logging.getLogger("chimes.cli")
 RUN_STATUSES = ("scheduled", "running", "succeeded", "failed", "skipped", "cancelled")
 _sleep = time.sleep  # replaced in tests
@@ -47,93 +43,22 @@ class ClientError(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=file is None, file=file)
 
 
-class Api:
-    """A small synchronous client: JSON in, JSON out, every failure a :class:`ClientError`."""
-
-    def __init__(self, base_url: str, token: str) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=TIMEOUT_SEC,
-                                  headers={"Authorization": f"Bearer {token}", "User-Agent": "chimes-cli"})
-
-    def __enter__(self) -> Api:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._http.close()
-
-    def call(self, method: str, path: str, *, body: Any = None, params: dict[str, Any] | None = None,
-             headers: dict[str, str] | None = None) -> Any:
-        query = {k: v for k, v in (params or {}).items() if v is not None}
-        response = self._send(method, path, body, query, headers)
-        for _ in range(RATE_LIMIT_RETRIES):
-            # A 429 with Retry-After was refused before anything was done (a rate limit), so the same
-            # request is safe to send again once the wait is over, even a POST.
-            wait = retry_after(response)
-            if wait is None:
-                break
-            log.info("the API limits this token's requests; retrying in %.1f s", wait)
-            _sleep(wait)
-            response = self._send(method, path, body, query, headers)
-        if response.status_code >= 400:
-            raise ClientError(_error_message(response))
-        if response.status_code == 204 or not response.content:
-            return None
-        try:
-            return response.json()
-        except ValueError:
-            status = response.status_code
-            raise ClientError(f"the API answered {status} with a body that is not JSON") from None
-
-    def _send(self, method: str, path: str, body: Any, query: dict[str, Any],
-              headers: dict[str, str] | None) -> httpx.Response:
-        try:
-            return self._http.request(method, path, json=body, params=query, headers=headers)
-        except httpx.ConnectError:
-            raise ClientError(
-                f"cannot reach the Chimes API at {self.base_url}: is `chimes up` (or `chimes api`) running?"
-            ) from None
-        except httpx.TimeoutException:
-            raise ClientError(
-                f"the Chimes API at {self.base_url} did not answer in {TIMEOUT_SEC:.0f}s"
-            ) from None
-        except httpx.HTTPError as exc:
-            raise ClientError(f"request to {self.base_url} failed: {exc}") from None
-
-
-def retry_after(response: httpx.Response) -> float | None:
-    """Seconds to wait before sending a refused request again: from a 429's ``Retry-After``
-    (seconds or an HTTP date), at most RETRY_AFTER_CAP_SEC; None when the answer is not one to
-    retry (any other status, or a 429 without Retry-After, such as a full job quota)."""
-    value = response.headers.get("Retry-After")
-    if response.status_code != 429 or value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    return min(max(seconds, 0.0), RETRY_AFTER_CAP_SEC)
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and (body.get("message") or body.get("error")):
-        message = str(body.get("message") or body.get("error"))
-    else:
-        message = f"HTTP {response.status_code}: {response.text.strip()[:200] or response.reason_phrase}"
-    if response.status_code == 401:
+def error_message(exc: ChimesError) -> str:
+    """What the CLI says about a failed call: the API's message, with a hint for a bad token."""
+    message = str(exc)
+    if isinstance(exc, ApiError) and exc.status == 401:
         message += " (check --token / CHIMES_TOKEN)"
     return message
 
 
+def open_client(api_url: str, token: str) -> Client:
+    """The client every API command uses; it waits out rate limits with :data:`_sleep`."""
+    return Client(api_url, token, sleep=lambda seconds: _sleep(seconds), user_agent="chimes-cli")
+
+
 # Loggers that speak while a client command runs: the HTTP library's request lines and the CLI's own
 # notes (waiting out a rate limit). Heard with --verbose only.
-CLIENT_LOGGERS = ("httpx", "httpcore", "chimes.cli")
+CLIENT_LOGGERS = ("httpx", "httpcore", "chimes.cli", "chimes.client")
 
 
 @contextlib.contextmanager
@@ -142,7 +67,7 @@ def _client_logging(verbose: bool) -> Iterator[None]:
     loggers = [logging.getLogger(name) for name in CLIENT_LOGGERS]
     before = [logger.level for logger in loggers]
     for logger in loggers:
-        logger.setLevel(logging.DEBUG if verbose and logger.name == "chimes.cli" else
+        logger.setLevel(logging.DEBUG if verbose and logger.name.startswith("chimes.") else
                         logging.INFO if verbose else logging.WARNING)
     try:
         yield
@@ -152,14 +77,18 @@ def _client_logging(verbose: bool) -> Iterator[None]:
 
 
 def api_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Add --api-url, --token and --verbose; the command gets an open :class:`Api` as its first argument."""
+    """Add --api-url, --token and --verbose; the command gets an open :class:`~chimes.client.Client`
+    as its first argument, and any :class:`~chimes.client.ChimesError` is shown as ``error: ...``."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, api_url: str, token: str | None, verbose: bool, **kwargs: Any) -> Any:
         if not token:
             raise click.UsageError(NO_TOKEN)
-        with _client_logging(verbose), Api(api_url, token) as api:
-            return func(api, *args, **kwargs)
+        with _client_logging(verbose), open_client(api_url, token) as api:
+            try:
+                return func(api, *args, **kwargs)
+            except ChimesError as exc:
+                raise ClientError(error_message(exc)) from None
 
     wrapper = click.option("--verbose", "-v", is_flag=True,
                            help="Log each HTTP request (and any wait for a rate limit) on stderr.")(wrapper)
@@ -192,13 +121,12 @@ def _wide(flag: bool) -> bool:
 SHORT_ID_PATTERN = re.compile(r"[0-9a-fA-F]{4,12}")
 
 
-def _job_id(api: Api, given: str) -> str:
+def _job_id(api: Client, given: str) -> str:
     """A whole job id as given, or the one job of the caller's whose id ends with ``given`` (4 to 12
     hex characters, as narrow lists show them)."""
     if not SHORT_ID_PATTERN.fullmatch(given):
         return given
-    jobs, _ = _pages(api, "/jobs", "jobs", {"limit": 500}, follow=True)
-    found = [str(j["jobId"]) for j in jobs if str(j.get("jobId", "")).lower().endswith(given.lower())]
+    found = [j.job_id for j in api.jobs.list(page_size=500) if j.job_id.lower().endswith(given.lower())]
     if len(found) == 1:
         return found[0]
     if not found:
@@ -206,25 +134,21 @@ def _job_id(api: Api, given: str) -> str:
     raise ClientError(f"{len(found)} jobs have an id ending in {given}: {', '.join(found[:5])}; give more of it")
 
 
-def _run_id(api: Api, given: str, job: str | None) -> str:
+def _run_id(api: Client, given: str, job: str | None) -> str:
     """A whole run id as given, or the one run of ``job`` (its 500 newest) whose id ends with ``given``."""
     if not SHORT_ID_PATTERN.fullmatch(given):
         return given
     if job is None:
         raise click.UsageError(f"{given} is a short run id: give --job JOB_ID too (the job whose runs list "
                                "showed it), or the whole id (`chimes runs list JOB_ID --wide`)")
-    page = api.call("GET", _path("jobs", _job_id(api, job), "runs"), params={"limit": 500})
-    found = [str(r["runId"]) for r in page.get("runs") or [] if str(r.get("runId", "")).lower().endswith(given.lower())]
+    page = api.runs.page(_job_id(api, job), limit=500)
+    found = [r.run_id for r in page.items if r.run_id.lower().endswith(given.lower())]
     if len(found) != 1:
         raise ClientError(f"{len(found) or 'no'} runs of job {job} have an id ending in {given}")
     return found[0]
 
 
 job_of_run_option = click.option("--job", "job", metavar="JOB_ID", help="The run's job, to take a short run id.")
-
-
-def _path(*parts: str) -> str:
-    return "/" + "/".join(quote(p, safe="") for p in parts)
 
 
 def _show(renderable: Any) -> None:
@@ -243,19 +167,6 @@ def _read_json(file: IO[str], option: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise click.BadParameter("must hold a JSON object", param_hint=option)
     return data
-
-
-def _pages(api: Api, path: str, key: str, params: dict[str, Any],
-           follow: bool) -> tuple[list[Any], str | None]:
-    items: list[Any] = []
-    cursor, seen = None, set()
-    while True:
-        page = api.call("GET", path, params={**params, "cursor": cursor})
-        items += page.get(key) or []
-        cursor = page.get("nextCursor")
-        if not follow or not cursor or cursor in seen:
-            return items, cursor
-        seen.add(cursor)
 
 
 # ----------------------------------------------------------------------------------------------- jobs
@@ -297,7 +208,7 @@ def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--command", help="Command task: a shell-quoted command line (run without a shell).")
 @click.option("--file", type=click.File("r"), help="A whole POST /jobs body as JSON ('-' for stdin).")
 @click.option("--idempotency-key", help="Makes the create safe to retry: the same key returns the same job.")
-def create(api: Api, file: IO[str] | None, idempotency_key: str | None, **opts: Any) -> None:
+def create(api: Client, file: IO[str] | None, idempotency_key: str | None, **opts: Any) -> None:
     """Create a job: --name, --cron or --at, and --url or --command; or --file job.json."""
     if file is not None:
         given = [f"--{k.replace('_', '-')}" for k, v in opts.items() if v not in (None, ())]
@@ -306,10 +217,9 @@ def create(api: Api, file: IO[str] | None, idempotency_key: str | None, **opts: 
         definition = _read_json(file, "--file")
     else:
         definition = _definition(opts)
-    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-    created = api.call("POST", "/jobs", body=definition, headers=headers)
-    click.echo(f"created job {created.get('jobId')}")
-    click.echo(f"next run: {render.when(created.get('nextRunAt')) or 'none'}")
+    created = api.jobs.create(definition, idempotency_key=idempotency_key)
+    click.echo(f"created job {created.job_id}")
+    click.echo(f"next run: {render.when(created.next_run_at) or 'none'}")
 
 
 def _definition(opts: dict[str, Any]) -> dict[str, Any]:
@@ -384,9 +294,14 @@ def _tuning(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--all", "follow", is_flag=True, help="Follow nextCursor and list every job.")
 @json_option
 @wide_option
-def list_jobs(api: Api, limit: int | None, follow: bool, as_json: bool, wide: bool) -> None:
+def list_jobs(api: Client, limit: int | None, follow: bool, as_json: bool, wide: bool) -> None:
     """List your jobs (short ids and relative times in a terminal under 120 columns)."""
-    items, cursor = _pages(api, "/jobs", "jobs", {"limit": limit}, follow)
+    if follow:
+        listed, cursor = list(api.jobs.list(page_size=limit)), None
+    else:
+        page = api.jobs.page(limit=limit)
+        listed, cursor = page.items, page.next_cursor
+    items = [job.raw for job in listed]
     if as_json:
         _echo_json({"jobs": items, "nextCursor": cursor})
         return
@@ -399,40 +314,33 @@ def list_jobs(api: Api, limit: int | None, follow: bool, as_json: bool, wide: bo
 @api_options
 @click.argument("job_id")
 @json_option
-def get_job(api: Api, job_id: str, as_json: bool) -> None:
+def get_job(api: Client, job_id: str, as_json: bool) -> None:
     """Show one job and its definition."""
-    job = api.call("GET", _path("jobs", _job_id(api, job_id)))
+    job = api.jobs.get(_job_id(api, job_id)).raw
     if as_json:
         _echo_json(job)
     else:
         _show(render.job_detail(job))
 
 
-def _patch(api: Api, job_id: str, patch: dict[str, Any], read_version: int | None = None) -> dict[str, Any]:
-    """PATCH the job; ``read_version``: the version the patch was computed from, sent as If-Match so
-    that a change made in between is refused (412) rather than overwritten."""
-    headers = {"If-Match": f'"{read_version}"'} if read_version is not None else None
-    return api.call("PATCH", _path("jobs", job_id), body=patch, headers=headers)
-
-
 @jobs.command("pause")
 @api_options
 @click.argument("job_id")
-def pause(api: Api, job_id: str) -> None:
+def pause(api: Client, job_id: str) -> None:
     """Pause a job: no runs fire until it is resumed."""
     job_id = _job_id(api, job_id)
-    _patch(api, job_id, {"paused": True})
+    api.jobs.pause(job_id)
     click.echo(f"paused job {job_id}")
 
 
 @jobs.command("resume")
 @api_options
 @click.argument("job_id")
-def resume(api: Api, job_id: str) -> None:
+def resume(api: Client, job_id: str) -> None:
     """Resume a paused job."""
     job_id = _job_id(api, job_id)
-    job = _patch(api, job_id, {"paused": False})
-    click.echo(f"resumed job {job_id}; next run: {render.when((job or {}).get('nextRunAt')) or 'none'}")
+    job = api.jobs.resume(job_id)
+    click.echo(f"resumed job {job_id}; next run: {render.when(job.next_run_at) or 'none'}")
 
 
 @jobs.command("update")
@@ -441,7 +349,7 @@ def resume(api: Api, job_id: str) -> None:
 @click.option("--file", type=click.File("r"),
               help="A PATCH body as JSON ('-' for stdin); options override it.")
 @click.argument("job_id")
-def update(api: Api, job_id: str, file: IO[str] | None, **opts: Any) -> None:
+def update(api: Client, job_id: str, file: IO[str] | None, **opts: Any) -> None:
     """Change a job; fields not given stay as they are."""
     job_id = _job_id(api, job_id)
     patch = _read_json(file, "--file") if file is not None else {}
@@ -449,7 +357,7 @@ def update(api: Api, job_id: str, file: IO[str] | None, **opts: Any) -> None:
 
     def job() -> dict[str, Any]:
         if not current:
-            current.update(api.call("GET", _path("jobs", job_id)))
+            current.update(api.jobs.get(job_id).raw)
         return current
 
     if opts["name"]:
@@ -462,9 +370,11 @@ def update(api: Api, job_id: str, file: IO[str] | None, **opts: Any) -> None:
     patch |= tuning
     if not patch:
         raise click.UsageError("nothing to change: give at least one option or --file")
-    updated = _patch(api, job_id, patch, current.get("version")) or {}
-    click.echo(f"updated job {job_id} (version {updated.get('version', '?')}); "
-               f"next run: {render.when(updated.get('nextRunAt')) or 'none'}")
+    # The version the patch was computed from goes as If-Match: a change made in between is refused
+    # (412) rather than overwritten. A patch that read nothing needs none.
+    updated = api.jobs.update(job_id, patch, if_version=current.get("version"))
+    click.echo(f"updated job {job_id} (version {updated.version}); "
+               f"next run: {render.when(updated.next_run_at) or 'none'}")
 
 
 def _changed_schedule(opts: dict[str, Any], job: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -485,20 +395,19 @@ def _changed_schedule(opts: dict[str, Any], job: Callable[[], dict[str, Any]]) -
 @jobs.command("delete")
 @api_options
 @click.argument("job_id")
-def delete(api: Api, job_id: str) -> None:
+def delete(api: Client, job_id: str) -> None:
     """Delete a job (its run history stays listable with `chimes runs list JOB_ID`)."""
     job_id = _job_id(api, job_id)
-    api.call("DELETE", _path("jobs", job_id))
+    api.jobs.delete(job_id)
     click.echo(f"deleted job {job_id}")
 
 
 @jobs.command("run")
 @api_options
 @click.argument("job_id")
-def run_now(api: Api, job_id: str) -> None:
+def run_now(api: Client, job_id: str) -> None:
     """Trigger a manual run now; prints the run id."""
-    started = api.call("POST", _path("jobs", _job_id(api, job_id), "runs"))
-    click.echo(f"started run {started.get('runId')}")
+    click.echo(f"started run {api.jobs.run_now(_job_id(api, job_id))}")
 
 
 @jobs.command("backfill")
@@ -506,11 +415,11 @@ def run_now(api: Api, job_id: str) -> None:
 @click.argument("job_id")
 @click.option("--start", required=True, help="Start of the past range (exclusive), RFC 3339 with an offset.")
 @click.option("--end", required=True, help="End of the past range (inclusive), RFC 3339 with an offset.")
-def backfill(api: Api, job_id: str, start: str, end: str) -> None:
+def backfill(api: Client, job_id: str, start: str, end: str) -> None:
     """Create the runs the schedule would have made in a past range (at most 1,000; slots that
     already have a run keep it)."""
-    made = api.call("POST", _path("jobs", _job_id(api, job_id), "backfill"), body={"start": start, "end": end})
-    click.echo(f"created {made.get('created')} runs; {made.get('existing')} slots already had one")
+    made = api.jobs.backfill(_job_id(api, job_id), start, end)
+    click.echo(f"created {made.created} runs; {made.existing} slots already had one")
 
 
 # ----------------------------------------------------------------------------------------------- runs
@@ -533,16 +442,16 @@ limit_option = click.option("--limit", type=click.IntRange(1, 500),
 @limit_option
 @json_option
 @wide_option
-def list_runs(api: Api, job_id: str, status: str | None, limit: int | None, as_json: bool, wide: bool) -> None:
+def list_runs(api: Client, job_id: str, status: str | None, limit: int | None, as_json: bool, wide: bool) -> None:
     """List a job's runs, newest scheduled time first (also a deleted job's, until retention)."""
-    page = api.call("GET", _path("jobs", _job_id(api, job_id), "runs"), params={"status": status, "limit": limit})
+    page = api.runs.page(_job_id(api, job_id), status=status, limit=limit)
     if as_json:
-        _echo_json(page)
+        _echo_json(page.raw)
         return
-    _show(render.runs_table(page.get("runs") or [], wide=_wide(wide)))
-    if page.get("jobDeleted"):
+    _show(render.runs_table([run.raw for run in page.items], wide=_wide(wide)))
+    if page.job_deleted:
         click.echo("this job was deleted; its runs stay until retention removes them", err=True)
-    if page.get("nextCursor"):
+    if page.next_cursor:
         click.echo("more runs: pass a larger --limit to see them", err=True)
 
 
@@ -551,9 +460,9 @@ def list_runs(api: Api, job_id: str, status: str | None, limit: int | None, as_j
 @click.argument("run_id")
 @job_of_run_option
 @json_option
-def get_run(api: Api, run_id: str, job: str | None, as_json: bool) -> None:
+def get_run(api: Client, run_id: str, job: str | None, as_json: bool) -> None:
     """Show a run, its attempts and the last attempt's output."""
-    run = api.call("GET", _path("runs", _run_id(api, run_id, job)))
+    run = api.runs.get(_run_id(api, run_id, job)).raw
     if as_json:
         _echo_json(run)
     else:
@@ -564,20 +473,19 @@ def get_run(api: Api, run_id: str, job: str | None, as_json: bool) -> None:
 @api_options
 @click.argument("run_id")
 @job_of_run_option
-def rerun(api: Api, run_id: str, job: str | None) -> None:
+def rerun(api: Client, run_id: str, job: str | None) -> None:
     """Run that run's job again now, as a new run."""
-    started = api.call("POST", _path("runs", _run_id(api, run_id, job), "rerun"))
-    click.echo(f"started run {started.get('runId')}")
+    click.echo(f"started run {api.runs.rerun(_run_id(api, run_id, job))}")
 
 
 @runs.command("cancel")
 @api_options
 @click.argument("run_id")
 @job_of_run_option
-def cancel(api: Api, run_id: str, job: str | None) -> None:
+def cancel(api: Client, run_id: str, job: str | None) -> None:
     """Cancel a run that has not finished."""
-    run = api.call("POST", _path("runs", _run_id(api, run_id, job), "cancel")) or {}
-    click.echo(f"run {run_id}: {run.get('status', 'cancel requested')}")
+    run = api.runs.cancel(_run_id(api, run_id, job))
+    click.echo(f"run {run_id}: {run.status}")
 
 
 @runs.command("watch")
@@ -588,14 +496,14 @@ def cancel(api: Api, run_id: str, job: str | None) -> None:
 @status_option
 @limit_option
 @wide_option
-def watch(api: Api, job_id: str, interval: float, status: str | None, limit: int | None, wide: bool) -> None:
+def watch(api: Client, job_id: str, interval: float, status: str | None, limit: int | None, wide: bool) -> None:
     """Show a job's runs, refreshed every --interval seconds, until Ctrl-C."""
     job_id = _job_id(api, job_id)
 
     def table() -> Any:
-        page = api.call("GET", _path("jobs", job_id, "runs"), params={"status": status, "limit": limit})
+        page = api.runs.page(job_id, status=status, limit=limit)
         title = f"runs of job {job_id} at {time.strftime('%H:%M:%SZ', time.gmtime())} (Ctrl-C to stop)"
-        return render.runs_table(page.get("runs") or [], title=title, wide=_wide(wide))
+        return render.runs_table([run.raw for run in page.items], title=title, wide=_wide(wide))
 
     try:
         with Live(table(), console=Console(), auto_refresh=False) as live:

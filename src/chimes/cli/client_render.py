@@ -1,4 +1,4 @@
-"""Tables for ``chimes jobs`` and ``chimes runs`` (client.py does the HTTP)."""
+"""Tables for ``chimes jobs`` and ``chimes runs`` (client.py calls the API through chimes.client)."""
 
 from __future__ import annotations
 
@@ -46,12 +46,13 @@ def relative(value: str | None, now: datetime | None = None) -> str:
     return f"in {text}" if seconds > 0 else f"{text} ago"
 
 
-def when(value: str | None) -> str:
-    """An RFC 3339 time as ``YYYY-MM-DD HH:MM:SSZ`` in UTC; empty for none, as given if unparsable."""
+def when(value: str | datetime | None) -> str:
+    """An RFC 3339 time (or a datetime) as ``YYYY-MM-DD HH:MM:SSZ`` in UTC; empty for none, as given
+    if unparsable."""
     if not value:
         return ""
     try:
-        parsed = datetime.fromisoformat(value)
+        parsed = value if isinstance(value, datetime) else datetime.fromisoformat(value)
     except ValueError:
         return value
     if parsed.tzinfo is None:

@@ -50,9 +50,11 @@ class Answer(_FromApi):
 
 
 class LastRun(Answer):
-    run_id: str
+    """The summary of a job's last run in ``GET /jobs``."""
+
+    run_id: str | None = None
     status: str
-    scheduled_at: datetime
+    scheduled_at: datetime | None = None
 
 
 class Job(JobSpec, _FromApi):
