@@ -78,6 +78,7 @@ ROUTES: dict[tuple[str, str], Kind] = {
     ("POST", "/runs/{run_id}/complete"): CALLBACK_OWN,
     ("GET", "/queue"): ADMIN_ONLY,
     ("GET", "/notifications"): API_LIST,
+    ("GET", "/whoami"): API_LIST,  # the caller's own owner and scope
     ("GET", "/"): REDIRECT,
     ("GET", "/ui"): REDIRECT,
     ("GET", "/ui/static/htmx.min.js"): PUBLIC,  # the mount /ui/static: files shipped with Chimes

@@ -5,7 +5,8 @@ Every subcommand takes ``--api-url`` (``CHIMES_API_URL``), ``--token`` (``CHIMES
 read commands take ``--output json`` (or ``--json``) to print the API's answer as it came instead of a
 table. Lists fit the terminal: in one narrower than 120 columns they show short ids (the last 8
 characters, which every command taking a job id accepts) and relative times; ``--wide`` shows all.
-Tables live in :mod:`chimes.cli.client_render`.
+Tables live in :mod:`chimes.cli.client_render`; every request goes through :class:`chimes.client.Client`
+(rate limits, errors), and answers are printed from the API's JSON as it came (``.raw``).
 """
 
 from __future__ import annotations
