@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
@@ -130,7 +131,7 @@ class Client:
 
     def __init__(self, base_url: str | None = None, token: str | None = None, **options: Any) -> None:
         sleep = options.get("sleep")
-        if sleep is not None and not asyncio.iscoroutinefunction(sleep):
+        if sleep is not None and not inspect.iscoroutinefunction(sleep):
             async def waiting(seconds: float) -> None:
                 sleep(seconds)
 
