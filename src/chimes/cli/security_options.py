@@ -69,6 +69,10 @@ def api_security_options(func: Callable[..., Any]) -> Callable[..., Any]:
         _option("--default-job-quota", env="CHIMES_DEFAULT_JOB_QUOTA", type=click.IntRange(0), show_default=True,
                 default=_DEFAULTS.default_job_quota,
                 help="Jobs per owner without a quota of its own (chimes owner set); 0: no limit."),
+        _option("--request-timeout", env="CHIMES_API_REQUEST_TIMEOUT_SEC", type=click.FloatRange(0.5),
+                show_default=True, default=_DEFAULTS.request_timeout_sec,
+                help="Seconds a request may take; a request still waiting on the database then gets 503 "
+                     "with Retry-After."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -129,6 +133,7 @@ def api_security(data_dir: Path, options: dict[str, Any]) -> ApiSecurity:
         max_body_bytes=options["max_body_bytes"], writes_per_sec=options["write_rate"],
         write_burst=options["write_burst"], auth_failures_per_min=options["auth_failure_rate"],
         auth_failure_burst=options["auth_failure_burst"], default_job_quota=options["default_job_quota"] or None,
+        request_timeout_sec=options["request_timeout"],
     )
     return ApiSecurity(limits, keyring_from(data_dir, options.get("secret_key_file")))
 

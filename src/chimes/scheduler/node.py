@@ -22,7 +22,7 @@ from chimes.scheduler.leases import LeaseConfig, LeaseManager
 from chimes.scheduler.reaper import Reaper
 from chimes.scheduler.timer_wheel import TimerWheel
 from chimes.security.ssrf import EgressPolicy
-from chimes.store.db import DB_ERRORS
+from chimes.store.db import DB_ERRORS, describe
 from chimes.store.migrate import drop_old_run_partitions, ensure_run_partitions
 from chimes.store.owners import SigningSecrets
 from chimes.store.scheduling import DueTrigger, SchedulerStore
@@ -118,7 +118,8 @@ class SchedulerNode:
             try:
                 await self.leases.release_all()
             except DB_ERRORS as exc:
-                log.warning("could not release partitions on shutdown (they expire on their own): %s", exc)
+                log.warning("could not release partitions on shutdown (they expire on their own): %s",
+                            describe(exc))
             log.info("scheduler node %s stopped", self.node_id)
 
     def stop(self) -> None:
@@ -131,7 +132,7 @@ class SchedulerNode:
             try:
                 await step()
             except DB_ERRORS as exc:
-                log.warning("%s failed: %s", step.__name__, exc)
+                log.warning("%s failed: %s", step.__name__, describe(exc))
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _sync_leases(self) -> None:
@@ -223,7 +224,7 @@ class SchedulerNode:
         except DB_ERRORS as exc:
             # Nothing was committed; the triggers are still in the database and the next scan
             # brings them back.
-            log.warning("firing %d triggers failed: %s", len(due), exc)
+            log.warning("firing %d triggers failed: %s", len(due), describe(exc))
             return
         finally:
             self.wheel.done(due)

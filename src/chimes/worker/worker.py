@@ -23,7 +23,7 @@ import asyncpg
 from chimes import metrics
 from chimes.backoff import next_attempt_at
 from chimes.logs import run_fields
-from chimes.store.db import DB_ERRORS
+from chimes.store.db import DB_ERRORS, describe, open_connection
 from chimes.store.working import QUEUE_CHANNEL, ClaimedRun, Outcome, WorkerStore
 from chimes.timeouts import wait_event
 from chimes.worker.executors import Executors, TaskContext, TaskOutcome
@@ -42,6 +42,8 @@ class WorkerConfig:
     lease_sec: float = 30.0
     heartbeat_every_sec: float = 10.0
     poll_every_sec: float = 1.0  # fallback when no NOTIFY arrives
+    listen_check_every_sec: float = 5.0  # a query on the LISTEN connection: a host that vanished is noticed
+    listen_check_timeout_sec: float = 5.0
     flush_every_sec: float = 0.02
     shutdown_grace_sec: float = 30.0
     deadline_grace_sec: float = 30.0  # the reaper abandons a run this long after its timeout
@@ -115,23 +117,27 @@ class Worker:
                 await self._listen_until_lost()
                 log.warning("the LISTEN connection was lost; polling until it is back")
             except DB_ERRORS as exc:
-                log.warning("LISTEN failed, polling until it works: %s", exc)
+                log.warning("LISTEN failed, polling until it works: %s", describe(exc))
                 await asyncio.sleep(self.config.poll_every_sec)
 
     async def _listen_until_lost(self) -> None:
+        """LISTEN until the connection ends. A host that vanishes without a reset ends nothing by
+        itself: a query every few seconds, with a timeout, finds out (TCP keepalives would too, later),
+        and the connection is dropped so that the next one goes through the host list again."""
         lost = asyncio.Event()
-        conn = await asyncpg.connect(self._dsn)
+        conn = await open_connection(self._dsn)
         try:
             conn.add_termination_listener(lambda _: lost.set())
-            await conn.add_listener(QUEUE_CHANNEL, lambda *_: self._wake.set())
+            await conn.add_listener(QUEUE_CHANNEL, lambda *_: self._wake.set(),
+                                    timeout=self.config.listen_check_timeout_sec)
             self.listening = True
             self._wake.set()  # whatever was enqueued while nobody listened
-            await lost.wait()
+            while not await wait_event(lost, self.config.listen_check_every_sec):
+                await conn.execute("SELECT 1", timeout=self.config.listen_check_timeout_sec)
         finally:
             self.listening = False
             if not conn.is_closed():
-                with contextlib.suppress(*DB_ERRORS):
-                    await conn.close(timeout=5)
+                conn.terminate()  # never a wait: the server may be the one that stopped answering
 
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():
@@ -145,7 +151,7 @@ class Worker:
             try:
                 claimed = await self._claim_by_tier(limit)
             except DB_ERRORS as exc:
-                log.warning("claiming runs failed: %s", exc)
+                log.warning("claiming runs failed: %s", describe(exc))
                 claimed = []
             metrics.record_claims(claimed)
             for run in claimed:
@@ -219,7 +225,7 @@ class Worker:
         try:
             accepted = await self.store.complete(batch)
         except DB_ERRORS as exc:
-            log.warning("recording %d outcomes failed, retrying: %s", len(batch), exc)
+            log.warning("recording %d outcomes failed, retrying: %s", len(batch), describe(exc))
             self._outcomes[:0] = batch  # keep them; the leases are still extended meanwhile
             return
         self.completed += len(accepted)
@@ -235,7 +241,7 @@ class Worker:
             try:
                 await self._heartbeat()
             except DB_ERRORS as exc:
-                log.warning("heartbeat failed: %s", exc)
+                log.warning("heartbeat failed: %s", describe(exc))
 
     async def _heartbeat(self) -> None:
         await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, len(self._running))
