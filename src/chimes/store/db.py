@@ -193,11 +193,11 @@ def split_hosts(dsn: str) -> list[str]:
     return [urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host}")) for host in hosts.split(",") if host]
 
 
-# Hosts that did not answer (connect timed out or the network said no route), with when: tried last
-# for a while, so that a pool replacing its connections does not wait out a vanished host each time.
+# Hosts that did not answer (connect timed out, or the network said no route), with when: tried last
+# for a while, so that a pool replacing its connections does not wait on a vanished host first.
 _UNANSWERED: dict[str, float] = {}
 UNANSWERED_FOR_SEC = 30.0
-_UNANSWERED_ERRORS = (TimeoutError, OSError)
+NEXT_HOST_AFTER_SEC = 1.0  # a host that has not answered by then: the next one is tried meanwhile
 
 
 def _by_answering(urls: list[str]) -> list[str]:
@@ -205,38 +205,66 @@ def _by_answering(urls: list[str]) -> list[str]:
     return sorted(urls, key=lambda url: now - _UNANSWERED.get(url, -1e9) < UNANSWERED_FOR_SEC)
 
 
+async def _connect_host(url: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
+    try:
+        conn = await asyncpg.connect(url, **kwargs)
+    except (TimeoutError, OSError) as exc:
+        if not isinstance(exc, ConnectionRefusedError):  # refused: the host is there, its server is not
+            _UNANSWERED[url] = time.monotonic()
+        raise
+    _UNANSWERED.pop(url, None)
+    try:
+        set_keepalive(conn)
+    except BaseException:
+        conn.terminate()
+        raise
+    return conn
+
+
 async def open_connection(dsn: str, **kwargs: Any) -> asyncpg.Connection:
-    """A connection with bounded connect time and TCP keepalives. The hosts of a multi-host URL are
-    tried one at a time, each for up to the connect timeout (asyncpg's own ``timeout`` covers the
-    whole list, so one vanished host used it all up and the others were never tried); hosts that
-    did not answer lately are tried last. ``target_session_attrs`` is checked on each host."""
+    """A connection with a bounded connect and TCP keepalives.
+
+    The hosts of a multi-host URL are tried each for up to the connect timeout, in order, but the next
+    one is started when a host has not answered within a second, and hosts that did not answer lately
+    go last: asyncpg's own ``timeout`` covers the whole list, so one vanished host used it all up and
+    the others were never tried. ``target_session_attrs`` is checked on each host; the first host that
+    matches wins and the attempts still under way are dropped."""
     kwargs.setdefault("timeout", TIMEOUTS.connect_sec)
     urls = split_hosts(dsn)
-    last: BaseException | None = None
-    for url in _by_answering(urls) if len(urls) > 1 else urls:
-        try:
-            conn = await asyncpg.connect(url, **kwargs)
-        except _UNANSWERED_ERRORS as exc:
-            if isinstance(exc, TimeoutError) or (isinstance(exc, OSError) and not isinstance(
-                    exc, ConnectionRefusedError)):
-                _UNANSWERED[url] = time.monotonic()
-            last = exc
-            continue
-        except (asyncpg.TargetServerAttributeNotMatched, asyncpg.CannotConnectNowError,
-                asyncpg.ReadOnlySQLTransactionError) as exc:
-            if len(urls) == 1:
-                raise
-            last = exc  # a standby, or a server starting: the next host may be the primary
-            continue
-        _UNANSWERED.pop(url, None)
-        try:
-            set_keepalive(conn)
-        except BaseException:
-            conn.terminate()
-            raise
-        return conn
-    assert last is not None
-    raise last
+    if len(urls) == 1:
+        return await _connect_host(urls[0], kwargs)
+    waiting = _by_answering(urls)
+    pending: set[asyncio.Task[asyncpg.Connection]] = set()
+    errors: list[BaseException] = []
+    try:
+        while waiting or pending:
+            if waiting:
+                pending.add(asyncio.ensure_future(_connect_host(waiting.pop(0), kwargs)))
+            done, pending = await asyncio.wait(pending, timeout=NEXT_HOST_AFTER_SEC if waiting else None,
+                                               return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.exception() is None:
+                    return task.result()
+                errors.append(task.exception())  # type: ignore[arg-type]
+        raise _most_telling(errors)
+    finally:
+        for task in pending:
+            task.cancel()
+            task.add_done_callback(_drop_connection)
+
+
+def _drop_connection(task: asyncio.Task[asyncpg.Connection]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result().terminate()  # connected just as another host won
+
+
+def _most_telling(errors: list[BaseException]) -> BaseException:
+    """The error to raise when no host would do: a server's own answer (a standby, starting up, a
+    wrong password) says more than a host that did not answer."""
+    for error in errors:
+        if not isinstance(error, (TimeoutError, OSError)):
+            return error
+    return errors[-1]
 
 
 async def _pool_connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:

@@ -125,15 +125,16 @@ class Worker:
         itself: a query every few seconds, with a timeout, finds out (TCP keepalives would too, later),
         and the connection is dropped so that the next one goes through the host list again."""
         lost = asyncio.Event()
-        conn = await open_connection(self._dsn)
+        conn = await open_connection(self._dsn, command_timeout=self.config.listen_check_timeout_sec)
         try:
             conn.add_termination_listener(lambda _: lost.set())
-            await conn.add_listener(QUEUE_CHANNEL, lambda *_: self._wake.set(),
-                                    timeout=self.config.listen_check_timeout_sec)
+            await conn.add_listener(QUEUE_CHANNEL, lambda *_: self._wake.set())
             self.listening = True
             self._wake.set()  # whatever was enqueued while nobody listened
             while not await wait_event(lost, self.config.listen_check_every_sec):
-                await conn.execute("SELECT 1", timeout=self.config.listen_check_timeout_sec)
+                # LISTEN again (a no-op on a channel already listened to) as the check: a round trip,
+                # and the session still shows what it is for in pg_stat_activity.
+                await conn.execute(f'LISTEN "{QUEUE_CHANNEL}"')
         finally:
             self.listening = False
             if not conn.is_closed():
