@@ -167,10 +167,12 @@ async def test_losing_the_primary_zone_stalls_nothing_for_long(zones: Zones, tmp
         roles: list[ChimesProcess] = [
             api,
             procs.start("node-host", "scheduler", "--node-id", "node-host", "--lease-ttl", str(LEASE_TTL)),
-            procs.start("worker-host", "worker", "--worker-id", "worker-host", "--lease-sec", "5"),
+            procs.start("worker-host", "worker", "--worker-id", "worker-host", "--lease-sec", "5",
+                        "--shutdown-grace", "2"),
             procs.start("node-z1", "scheduler", "--node-id", "node-z1", "--lease-ttl", str(LEASE_TTL),
                         prefix=in_zone_1),
-            procs.start("worker-z1", "worker", "--worker-id", "worker-z1", "--lease-sec", "5", prefix=in_zone_1),
+            procs.start("worker-z1", "worker", "--worker-id", "worker-z1", "--lease-sec", "5",
+                        "--shutdown-grace", "2", prefix=in_zone_1),
         ]
 
         base = f"http://127.0.0.1:{api_port}"
@@ -280,7 +282,7 @@ async def test_losing_the_primary_zone_stalls_nothing_for_long(zones: Zones, tmp
                 "promotion to first fire": first_fire.timestamp() - promoted_at,
                 "promotion to first delivery": first_delivery - promoted_at,
             }
-            print("zone outage timings (s):", {k: round(v, 1) for k, v in timings.items()})
+            print("zone outage timings (s):", {k: round(v, 1) for k, v in timings.items()}, flush=True)
 
             # Zone 1 comes back: its node and worker rejoin without a restart.
             stage('healing')
@@ -316,14 +318,19 @@ async def test_losing_the_primary_zone_stalls_nothing_for_long(zones: Zones, tmp
             for process in roles:  # every role lived through it: none exited
                 assert process.proc.poll() is None, f"{process.name} exited:\n{process.output()[-3000:]}"
     finally:
+        stage("stopping")
         if procs is not None:
             procs.stop_all()
+        stage("stopped roles")
         await target.stop()
         with contextlib.suppress(Exception):
             primary.stop()
         with contextlib.suppress(Exception):
             standby.stop()
 
+    answered = sorted({p.status for p in probes}, key=str)
+    print(f"writes: {len(probes)}, answers {answered}, 503s {sum(p.status == 503 for p in probes)}, "
+          f"longest {max(p.ended - p.started for p in probes):.1f} s", flush=True)
     try:
         assert not twice, f"slots with more than one run: {twice}"
         assert tick_runs > 0

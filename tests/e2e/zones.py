@@ -168,7 +168,7 @@ class ZonePostgres:
     def init_standby_of(self, primary: ZonePostgres) -> None:
         self._make_socket_folder()
         self._run("pg_basebackup", "-h", primary.address, "-p", str(PG_PORT), "-U", "postgres",
-                  "-D", str(self.pgdata), "-R", "-X", "stream")
+                  "-D", str(self.pgdata), "-R", "-X", "stream", "-c", "fast")
         with (self.pgdata / "postgresql.conf").open("a") as conf:
             conf.write(self._settings())
 
