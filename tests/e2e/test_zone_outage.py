@@ -131,6 +131,7 @@ async def test_losing_the_primary_zone_stalls_nothing_for_long(zones: Zones, tmp
     primary, standby = ZonePostgres(zones, 1, root), ZonePostgres(zones, 2, root)
     target = Target()
     procs: Processes | None = None
+    prober: asyncio.Task[None] | None = None
     try:
         # The primary in zone 1, a synchronous standby in zone 2.
         primary.init_primary()
@@ -319,6 +320,10 @@ async def test_losing_the_primary_zone_stalls_nothing_for_long(zones: Zones, tmp
                 assert process.proc.poll() is None, f"{process.name} exited:\n{process.output()[-3000:]}"
     finally:
         stage("stopping")
+        if prober is not None and not prober.done():  # the test failed midway
+            prober.cancel()
+            with contextlib.suppress(BaseException):
+                await prober
         if procs is not None:
             procs.stop_all()
         stage("stopped roles")
