@@ -11,7 +11,6 @@ import httpx
 from fastapi import FastAPI
 
 from chimes.api import errors, unavailable
-from chimes.store.db import describe, split_hosts
 
 
 def app_with(deadline: float) -> FastAPI:
@@ -68,15 +67,3 @@ async def test_database_errors_get_503_and_other_errors_stay_500() -> None:
         assert "Retry-After" in response.headers
     assert (await call(app, "/bug")).status_code == 500
     assert (await call(app, "/fine")).json() == {"ok": True}
-
-
-def test_logged_errors_name_their_type_even_without_a_message() -> None:
-    assert describe(TimeoutError()) == "TimeoutError"
-    assert describe(OSError(113, "No route to host")) == "OSError: [Errno 113] No route to host"
-
-
-def test_a_multi_host_url_is_split_into_one_url_per_host() -> None:
-    url = "postgresql://u:p@h1:5432,h2:6432/chimes?target_session_attrs=read-write"
-    assert split_hosts(url) == ["postgresql://u:p@h1:5432/chimes?target_session_attrs=read-write",
-                                "postgresql://u:p@h2:6432/chimes?target_session_attrs=read-write"]
-    assert split_hosts("postgresql://postgres@/chimes?host=/tmp") == ["postgresql://postgres@/chimes?host=/tmp"]

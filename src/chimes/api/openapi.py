@@ -155,6 +155,8 @@ ERRORS = {
     "413": "request body larger than the limit",
     "422": "invalid input; the message names the field",
     "429": "too many requests (Retry-After says when to retry) or the owner's job quota is reached",
+    "503": "the database cannot be reached now or did not answer in time (Retry-After says when to retry; "
+           "a write may have been applied: retry it with the same Idempotency-Key)",
 }
 MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue)
 

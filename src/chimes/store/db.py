@@ -138,6 +138,9 @@ class Timeouts:
     keepalive_interval_sec: int = 2  # ...then every this long...
     keepalive_count: int = 3  # ...and dropped when this many probes in a row go unanswered
     user_timeout_sec: float = 10.0  # data sent and not acknowledged this long: the connection is dropped
+    # The same for connections without a statement timeout (migrations, imports, admin commands): some
+    # kernels count a server that reads slowly (a zero window) against it, which must not end a COPY.
+    unbounded_user_timeout_sec: float = 60.0
 
 
 TIMEOUTS = Timeouts()
@@ -163,7 +166,7 @@ def command_timeout(role_default: float | None) -> float | None:
     return _command_timeout_set or None
 
 
-def set_keepalive(conn: asyncpg.Connection, timeouts: Timeouts | None = None) -> None:
+def set_keepalive(conn: asyncpg.Connection, timeouts: Timeouts | None = None, *, bounded: bool = True) -> None:
     """TCP keepalives and a user timeout on the connection's socket, so a host that stops answering is
     noticed by the kernel within seconds whether the connection is idle (keepalive probes) or waiting
     for an answer (unacknowledged data). ``tcp_keepalives_*`` server settings only act on the server's
@@ -176,7 +179,8 @@ def set_keepalive(conn: asyncpg.Connection, timeouts: Timeouts | None = None) ->
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for name, value in (("TCP_KEEPIDLE", t.keepalive_idle_sec), ("TCP_KEEPINTVL", t.keepalive_interval_sec),
                         ("TCP_KEEPCNT", t.keepalive_count),
-                        ("TCP_USER_TIMEOUT", round(t.user_timeout_sec * 1000))):
+                        ("TCP_USER_TIMEOUT",
+                         round((t.user_timeout_sec if bounded else t.unbounded_user_timeout_sec) * 1000))):
         option = getattr(socket, name, None)
         if option is not None:  # Linux has them all; other systems some
             with contextlib.suppress(OSError):
@@ -214,7 +218,7 @@ async def _connect_host(url: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
         raise
     _UNANSWERED.pop(url, None)
     try:
-        set_keepalive(conn)
+        set_keepalive(conn, bounded=kwargs.get("command_timeout") is not None)
     except BaseException:
         conn.terminate()
         raise
