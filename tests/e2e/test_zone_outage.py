@@ -332,6 +332,7 @@ async def test_losing_the_primary_zone_stalls_nothing_for_long(zones: Zones, tmp
             primary.stop()
         with contextlib.suppress(Exception):
             standby.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
     answered = sorted({p.status for p in probes}, key=str)
     print(f"writes: {len(probes)}, answers {answered}, 503s {sum(p.status == 503 for p in probes)}, "
@@ -352,6 +353,5 @@ async def test_losing_the_primary_zone_stalls_nothing_for_long(zones: Zones, tmp
                                                     f"{failures_without_cause(log)[:5]}"
         assert any("Error" in line and '"WARNING"' in line for log in logs.values() for line in log.splitlines())
     finally:
-        shutil.rmtree(root, ignore_errors=True)
         if os.environ.get("CHIMES_KEEP_ZONE_LOGS"):
             print(f"logs in {tmp_path}")
