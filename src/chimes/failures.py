@@ -18,6 +18,7 @@ from typing import TypeVar
 import asyncpg
 
 from chimes import metrics
+from chimes.store.db import describe
 
 log = logging.getLogger("chimes.failures")
 T = TypeVar("T")
@@ -45,12 +46,6 @@ _TRANSIENT = (
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` says nothing about the data: the same work may succeed when tried again."""
     return isinstance(exc, _TRANSIENT) and not isinstance(exc, ValueError)
-
-
-def describe(exc: BaseException) -> str:
-    """The cause in one line, never empty: a TimeoutError's text is ``""``."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def loop_failed(role: str, loop: str, exc: BaseException) -> None:

@@ -15,13 +15,15 @@ from tests.helpers import wait_for
 
 
 class ChimesProcess:
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path,
+                 prefix: list[str] | None = None) -> None:
+        """``prefix``: a command that runs the process, e.g. ``ip netns exec NS`` (it must exec it)."""
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chimes", *args], env=env, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            [*(prefix or []), sys.executable, "-m", "chimes", *args], env=env, stdout=self._log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
 
     @property
@@ -71,8 +73,9 @@ class Processes:
         self.log_dir = log_dir
         self.started: list[ChimesProcess] = []
 
-    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> ChimesProcess:
-        process = ChimesProcess(name, list(args), {**self.env, **(env or {})}, self.log_dir)
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None,
+              prefix: list[str] | None = None) -> ChimesProcess:
+        process = ChimesProcess(name, list(args), {**self.env, **(env or {})}, self.log_dir, prefix)
         self.started.append(process)
         return process
 

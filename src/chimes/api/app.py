@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request, Response
 
 from chimes import __version__, dashboard, metrics
-from chimes.api import errors, jobs, notifications, openapi, runs, whoami
+from chimes.api import errors, jobs, notifications, openapi, runs, unavailable, whoami
 from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
 from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
-from chimes.store.db import create_pool, when_ready
+from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, describe, when_ready
 from chimes.store.jobs import JobStore
 from chimes.store.owners import check_secret_key
 from chimes.store.runs import RunStore
@@ -26,7 +26,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ring = keyring or default_keyring()
-        pool = await create_pool(dsn, max_size=pool_size)
+        pool = await create_pool(dsn, max_size=pool_size, command_timeout=command_timeout(ROLE_COMMAND_TIMEOUT_SEC))
         try:
             # Another key than the workers' fails here, not in every run.
             await when_ready(lambda: check_secret_key(pool, ring))
@@ -44,6 +44,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     app = FastAPI(title="Chimes", version=__version__, lifespan=lifespan,
                   default_response_class=JSONResponse, docs_url=None, redoc_url=None)
     errors.install(app)
+    unavailable.install(app)
     app.add_exception_handler(Refused, _refused)  # type: ignore[arg-type]
     openapi.install(app)
     app.include_router(jobs.router)
@@ -56,7 +57,8 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
         try:
             await request.app.state.pool.fetchval("SELECT 1")
         except Exception as exc:  # any failure to reach the database is "unhealthy"
-            return JSONResponse({"status": "unavailable", "error": str(exc)}, status_code=503)
+            return JSONResponse({"status": "unavailable", "error": describe(exc)}, status_code=503,
+                                headers={"Retry-After": str(unavailable.RETRY_AFTER_SEC)})
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics", tags=["health"])
@@ -68,6 +70,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     dashboard.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes if max_body_bytes is None else max_body_bytes)
     app.add_middleware(RequestLimits, settings=limits)
+    app.add_middleware(unavailable.RequestDeadline, seconds=limits.request_timeout_sec)
     app.add_middleware(metrics.LatencyMiddleware)
     return app
 

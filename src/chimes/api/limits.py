@@ -43,6 +43,7 @@ class LimitSettings:
     auth_failures_per_min: float = 10.0  # per client address, sustained
     auth_failure_burst: int = 20         # per client address, at once
     default_job_quota: int | None = 10_000  # jobs per owner without a quota of its own; None: no limit
+    request_timeout_sec: float = 15.0  # then 503 with Retry-After (chimes.api.unavailable)
 
 
 class RateLimiter:

@@ -188,6 +188,8 @@ ERRORS = {
     "413": "request body larger than the limit",
     "422": "invalid input; the message names the field",
     "429": "too many requests (Retry-After says when to retry) or the owner's job quota is reached",
+    "503": "the database cannot be reached now or did not answer in time (Retry-After says when to retry; "
+           "a write may have been applied: retry it with the same Idempotency-Key)",
 }
 #: Answers that carry the job's ETag (its version, for If-Match on PATCH and DELETE).
 WITH_ETAG = frozenset({("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{job_id}", "patch")})

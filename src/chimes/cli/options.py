@@ -14,17 +14,31 @@ from chimes.settings import DEFAULT_HOST, DEFAULT_PORT, Settings, default_data_d
 
 def database_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
-    def with_connect_wait(*args: Any, database_wait: float, **kwargs: Any) -> Any:
+    def with_connect_wait(*args: Any, database_wait: float, database_connect_timeout: float,
+                          database_timeout: float | None, **kwargs: Any) -> Any:
         from chimes.store import db
 
         db.set_connect_wait(database_wait)
+        db.set_timeouts(database_connect_timeout, database_timeout)
         return func(*args, **kwargs)
+
+    command = click.option(
+        "--database-timeout", envvar="CHIMES_DATABASE_TIMEOUT_SEC", show_envvar=True, type=click.FloatRange(min=0),
+        default=None,
+        help="Seconds one statement may take before the connection is treated as gone (0: no limit). Default: "
+             "10 for the API, scheduler and worker; no limit for migrations, imports and admin commands.",
+    )(with_connect_wait)
+    command = click.option(
+        "--database-connect-timeout", envvar="CHIMES_DATABASE_CONNECT_TIMEOUT_SEC", show_envvar=True,
+        type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+        help="Seconds to wait for each host of the database URL to accept a connection before trying the next.",
+    )(command)
 
     command = click.option(
         "--database-wait", envvar="CHIMES_DATABASE_WAIT_SEC", show_envvar=True, type=click.FloatRange(min=0),
         default=60.0, show_default=True,
         help="Seconds to keep trying a database that is starting, recovering or full before giving up.",
-    )(with_connect_wait)
+    )(command)
     command = click.option(
         "--data-dir", envvar="CHIMES_DATA_DIR", show_envvar=True, type=click.Path(path_type=Path),
         default=default_data_dir(), show_default=True,

@@ -32,7 +32,7 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
                          api: ApiSecurity | None = None, work: WorkerSecurity | None = None) -> None:
     await migrate_database(dsn)
     await _announce_admin_token(dsn, allow_commands=bool(work and work.allow_commands))
-    pool = await db.create_pool(dsn, max_size=12)
+    pool = await db.create_pool(dsn, max_size=12, command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
     if work is not None:  # before anything starts: a wrong key must not leave half the roles running
         await _require_database_key(pool, work.keyring)
     _remove_orphaned_env_files()
@@ -87,7 +87,8 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
                         notify_give_up_sec: float = 86400.0) -> None:
     await migrate_database(dsn)
     # A node stalled inside a fire holds its lease rows: no takeover until the session ends.
-    pool = await db.create_pool(dsn, max_size=6, server_settings=db.lock_holding_limit(lease_ttl))
+    pool = await db.create_pool(dsn, max_size=6, server_settings=db.lock_holding_limit(lease_ttl),
+                                command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
     if outgoing is not None:  # it signs webhooks: a wrong key is a start-up error, as for a worker
         await _require_database_key(pool, outgoing.keyring)
     lease = LeaseConfig(ttl_sec=lease_ttl, renew_every_sec=min(1.0, lease_ttl / 4))
@@ -108,7 +109,8 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
                      work: WorkerSecurity | None = None) -> None:
     await migrate_database(dsn)
     # A worker stalled inside a claim holds the claimed runs: nobody else starts them meanwhile.
-    pool = await db.create_pool(dsn, max_size=4, server_settings=db.lock_holding_limit(lease_sec))
+    pool = await db.create_pool(dsn, max_size=4, server_settings=db.lock_holding_limit(lease_sec),
+                                command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
     allow_commands = bool(work and work.allow_commands)
     config = WorkerConfig(concurrency=concurrency, lease_sec=lease_sec, heartbeat_every_sec=lease_sec / 3,
                           shutdown_grace_sec=shutdown_grace, allow_commands=allow_commands)

@@ -76,6 +76,10 @@ def api_security_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 help="Proxies (10.0.0.5, 10.0.0.0/24) whose X-Forwarded-For names the client, for the failed-login "
                      "limit and logs (repeatable; in the variable, comma-separated). Default: none, the client "
                      "is the connection's address."),
+        _option("--request-timeout", env="CHIMES_API_REQUEST_TIMEOUT_SEC", type=click.FloatRange(0.5),
+                show_default=True, default=_DEFAULTS.request_timeout_sec,
+                help="Seconds a request may take; a request still waiting on the database then gets 503 "
+                     "with Retry-After."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -149,6 +153,7 @@ def api_security(data_dir: Path, options: dict[str, Any]) -> ApiSecurity:
         max_body_bytes=options["max_body_bytes"], writes_per_sec=options["write_rate"],
         write_burst=options["write_burst"], auth_failures_per_min=options["auth_failure_rate"],
         auth_failure_burst=options["auth_failure_burst"], default_job_quota=options["default_job_quota"] or None,
+        request_timeout_sec=options["request_timeout"],
     )
     return ApiSecurity(limits, keyring_from(data_dir, options.get("secret_key_file")),
                        trusted_proxies(_entries(options.get("trusted_proxy", ()))))

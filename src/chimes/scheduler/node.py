@@ -23,7 +23,7 @@ from chimes.scheduler.reaper import Reaper
 from chimes.scheduler.retention import Retention
 from chimes.scheduler.timer_wheel import TimerWheel
 from chimes.security.ssrf import EgressPolicy
-from chimes.store.db import DB_ERRORS
+from chimes.store.db import DB_ERRORS, describe
 from chimes.store.migrate import ensure_run_partitions
 from chimes.store.owners import SigningSecrets
 from chimes.store.scheduling import DueTrigger, Fire, FireResult, SchedulerStore
@@ -122,7 +122,8 @@ class SchedulerNode:
             try:
                 await self.leases.release_all()
             except DB_ERRORS as exc:
-                log.warning("could not release partitions on shutdown (they expire on their own): %s", exc)
+                log.warning("could not release partitions on shutdown (they expire on their own): %s",
+                            describe(exc))
             log.info("scheduler node %s stopped", self.node_id)
 
     def stop(self) -> None:

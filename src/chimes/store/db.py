@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import orjson
@@ -67,6 +70,18 @@ NOT_READY_ERRORS = (
     asyncpg.CrashShutdownError,
     OSError,
     TimeoutError,
+    asyncpg.TargetServerAttributeNotMatched,  # no host of the list is the primary: a failover under way
+)
+
+# Errors that say the database cannot be reached or cannot take writes now, as opposed to a refused
+# statement: the API answers them with 503 and Retry-After.
+UNAVAILABLE_ERRORS = (
+    *NOT_READY_ERRORS,
+    asyncpg.InterfaceError,  # ConnectionDoesNotExistError among them
+    asyncpg.InternalClientError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.ReadOnlySQLTransactionError,  # connected to a server that was demoted to a standby
+    asyncpg.QueryCanceledError,
 )
 CONNECT_WAIT_SEC = 60.0
 
@@ -94,21 +109,188 @@ async def when_ready(step: Callable[[], Awaitable[T]], wait_sec: float | None = 
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DatabaseUnavailable(
-                    f"the database is not accepting connections ({type(exc).__name__}: {exc}); gave up after "
+                    f"the database is not accepting connections ({describe(exc)}); gave up after "
                     f"{wait:g} s (--database-wait)") from exc
-            log.warning("database not ready (%s: %s); trying again for up to %.0f s", type(exc).__name__, exc, left)
+            log.warning("database not ready (%s); trying again for up to %.0f s", describe(exc), left)
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, 2.0)
 
 
+def describe(exc: BaseException) -> str:
+    """An error as a log line names it: its type, then its message when it has one (a TimeoutError's
+    is empty, which left lines such as ``_sync_leases failed: `` saying nothing)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """How long a process waits on the database before it treats a connection, or a host, as gone.
+
+    Without bounds, a connection to a host that vanished without a reset (a zone cut off, a machine
+    powered off) is held until TCP gives up: minutes, up to about 15 on Linux defaults, and every
+    role waiting on it stalls that long (issue 20).
+    """
+
+    connect_sec: float = 5.0  # per host of a multi-host URL, TLS and authentication included
+    command_sec: float | None = None  # per statement; None: no limit (migrations, imports, admin commands)
+    keepalive_idle_sec: int = 5  # TCP keepalive: an idle connection is probed after this long...
+    keepalive_interval_sec: int = 2  # ...then every this long...
+    keepalive_count: int = 3  # ...and dropped when this many probes in a row go unanswered
+    user_timeout_sec: float = 10.0  # data sent and not acknowledged this long: the connection is dropped
+    # The same for connections without a statement timeout (migrations, imports, admin commands): some
+    # kernels count a server that reads slowly (a zero window) against it, which must not end a COPY.
+    unbounded_user_timeout_sec: float = 60.0
+
+
+TIMEOUTS = Timeouts()
+# The statement timeout of the long-running roles (API, scheduler, worker) unless --database-timeout
+# says otherwise: well above their slowest statement (a fire or claim batch takes tens of ms, a
+# dashboard page well under a second), well below what a stalled fleet costs.
+ROLE_COMMAND_TIMEOUT_SEC = 10.0
+_command_timeout_set: float | None = None  # --database-timeout, when given: overrides a role's default
+
+
+def set_timeouts(connect_sec: float | None = None, command_sec: float | None = None) -> None:
+    """``--database-connect-timeout`` and ``--database-timeout`` for this process."""
+    global TIMEOUTS, _command_timeout_set
+    if connect_sec is not None:
+        TIMEOUTS = Timeouts(connect_sec=connect_sec)
+    _command_timeout_set = command_sec
+
+
+def command_timeout(role_default: float | None) -> float | None:
+    """The statement timeout a role uses: ``--database-timeout`` when given (0: none), else its default."""
+    if _command_timeout_set is None:
+        return role_default
+    return _command_timeout_set or None
+
+
+def set_keepalive(conn: asyncpg.Connection, timeouts: Timeouts | None = None, *, bounded: bool = True) -> None:
+    """TCP keepalives and a user timeout on the connection's socket, so a host that stops answering is
+    noticed by the kernel within seconds whether the connection is idle (keepalive probes) or waiting
+    for an answer (unacknowledged data). ``tcp_keepalives_*`` server settings only act on the server's
+    side of the connection; these are the client's."""
+    t = timeouts or TIMEOUTS
+    transport = getattr(conn, "_transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return  # a Unix socket: no network in between
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", t.keepalive_idle_sec), ("TCP_KEEPINTVL", t.keepalive_interval_sec),
+                        ("TCP_KEEPCNT", t.keepalive_count),
+                        ("TCP_USER_TIMEOUT",
+                         round((t.user_timeout_sec if bounded else t.unbounded_user_timeout_sec) * 1000))):
+        option = getattr(socket, name, None)
+        if option is not None:  # Linux has them all; other systems some
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def split_hosts(dsn: str) -> list[str]:
+    """A multi-host URL (``postgresql://u@h1:5432,h2:5432/db?...``) as one URL per host, in order; any
+    other URL as itself."""
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("postgres", "postgresql") or "," not in parts.netloc:
+        return [dsn]
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    return [urlunsplit(parts._replace(netloc=f"{userinfo}{at}{host}")) for host in hosts.split(",") if host]
+
+
+# Hosts that did not answer (connect timed out, or the network said no route), with when: tried last
+# for a while, so that a pool replacing its connections does not wait on a vanished host first.
+_UNANSWERED: dict[str, float] = {}
+UNANSWERED_FOR_SEC = 30.0
+NEXT_HOST_AFTER_SEC = 1.0  # a host that has not answered by then: the next one is tried meanwhile
+
+
+def _by_answering(urls: list[str]) -> list[str]:
+    now = time.monotonic()
+    return sorted(urls, key=lambda url: now - _UNANSWERED.get(url, -1e9) < UNANSWERED_FOR_SEC)
+
+
+async def _connect_host(url: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
+    try:
+        conn = await asyncpg.connect(url, **kwargs)
+    except (TimeoutError, OSError) as exc:
+        if not isinstance(exc, ConnectionRefusedError):  # refused: the host is there, its server is not
+            _UNANSWERED[url] = time.monotonic()
+        raise
+    _UNANSWERED.pop(url, None)
+    try:
+        set_keepalive(conn, bounded=kwargs.get("command_timeout") is not None)
+    except BaseException:
+        conn.terminate()
+        raise
+    return conn
+
+
+async def open_connection(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    """A connection with a bounded connect and TCP keepalives.
+
+    The hosts of a multi-host URL are tried each for up to the connect timeout, in order, but the next
+    one is started when a host has not answered within a second, and hosts that did not answer lately
+    go last: asyncpg's own ``timeout`` covers the whole list, so one vanished host used it all up and
+    the others were never tried. ``target_session_attrs`` is checked on each host; the first host that
+    matches wins and the attempts still under way are dropped."""
+    kwargs.setdefault("timeout", TIMEOUTS.connect_sec)
+    urls = split_hosts(dsn)
+    if len(urls) == 1:
+        return await _connect_host(urls[0], kwargs)
+    waiting = _by_answering(urls)
+    pending: set[asyncio.Task[asyncpg.Connection]] = set()
+    errors: list[BaseException] = []
+    try:
+        while waiting or pending:
+            if waiting:
+                pending.add(asyncio.ensure_future(_connect_host(waiting.pop(0), kwargs)))
+            done, pending = await asyncio.wait(pending, timeout=NEXT_HOST_AFTER_SEC if waiting else None,
+                                               return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.exception() is None:
+                    return task.result()
+                errors.append(task.exception())  # type: ignore[arg-type]
+        raise _most_telling(errors)
+    finally:
+        for task in pending:
+            task.cancel()
+            task.add_done_callback(_drop_connection)
+
+
+def _drop_connection(task: asyncio.Task[asyncpg.Connection]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result().terminate()  # connected just as another host won
+
+
+def _most_telling(errors: list[BaseException]) -> BaseException:
+    """The error to raise when no host would do: a server's own answer (a standby, starting up, a
+    wrong password) says more than a host that did not answer."""
+    for error in errors:
+        if not isinstance(error, (TimeoutError, OSError)):
+            return error
+    return errors[-1]
+
+
+async def _pool_connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+    kwargs.pop("loop", None)
+    return await open_connection(dsn, **kwargs)
+
+
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, wait_sec: float | None = None,
-                      **kwargs: Any) -> asyncpg.Pool:
-    """A pool of connections set up for Chimes; waits for a database that is not ready yet."""
+                      command_timeout: float | None = None, **kwargs: Any) -> asyncpg.Pool:
+    """A pool of connections set up for Chimes; waits for a database that is not ready yet.
+
+    Every connection has TCP keepalives and a bounded connect (see :func:`open_connection`); every
+    statement is bounded by ``command_timeout`` (a role's default, or ``--database-timeout``). A
+    statement that times out is cancelled, and when the cancel cannot reach the server either, asyncpg
+    closes the connection; a connection given back to the pool is reset with a round trip bounded the
+    same way, and closed if that fails: the next acquire opens a new one, through the host list."""
     settings = {**SESSION_SETTINGS, **(kwargs.pop("server_settings", None) or {})}
 
     async def open_pool() -> asyncpg.Pool:
         pool = await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, init=_init_connection, server_settings=settings, **kwargs
+            dsn, min_size=min_size, max_size=max_size, init=_init_connection, server_settings=settings,
+            connect=_pool_connect, command_timeout=command_timeout, **kwargs
         )
         assert pool is not None
         return pool
@@ -116,9 +298,13 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, wait_s
     return await when_ready(open_pool, wait_sec)
 
 
-async def _open_connection(dsn: str) -> asyncpg.Connection:
-    conn = await asyncpg.connect(dsn, server_settings=SESSION_SETTINGS)
-    await _init_connection(conn)
+async def _open_connection(dsn: str, command_timeout: float | None = None) -> asyncpg.Connection:
+    conn = await open_connection(dsn, server_settings=SESSION_SETTINGS, command_timeout=command_timeout)
+    try:
+        await _init_connection(conn)
+    except BaseException:
+        conn.terminate()
+        raise
     return conn
 
 
@@ -138,7 +324,7 @@ async def with_connection(dsn: str, step: Callable[[asyncpg.Connection], Awaitab
             return await step(conn)
         finally:
             if not conn.is_closed():
-                await conn.close()
+                await conn.close(timeout=TIMEOUTS.connect_sec)
 
     return await when_ready(once, wait_sec)
 

@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 
 from chimes.security.secrets import Keyring, SecretKeyError, SecretUnreadable, default_keyring, reveal
-from chimes.store.db import DB_ERRORS
+from chimes.store.db import DB_ERRORS, describe
 from chimes.store.owners import COMMAND_TASK_TYPES, OwnerCache, OwnerStore, check_secret_key
 from chimes.store.working import ClaimedRun
 
@@ -52,7 +52,7 @@ class TaskGuard:
             await check_secret_key(self._pool, keyring)
             self._key_checked = True
         except DB_ERRORS as exc:
-            log.warning("could not check the secret key against the database yet: %s", exc)
+            log.warning("could not check the secret key against the database yet: %s", describe(exc))
 
     async def prepare(self, run: ClaimedRun) -> PreparedTask:
         if not self._key_checked:
@@ -76,7 +76,7 @@ class TaskGuard:
         except SecretUnreadable as exc:
             return PreparedTask(refusal=str(exc))
         except DB_ERRORS as exc:
-            return PreparedTask(refusal=f"cannot read the settings of owner {owner!r}: {exc}")
+            return PreparedTask(refusal=f"cannot read the settings of owner {owner!r}: {describe(exc)}")
         return PreparedTask(opened, secret)
 
     async def _command_refusal(self, owner: str, task_type: str) -> str | None:

@@ -24,7 +24,7 @@ from chimes import failures, metrics, tracing
 from chimes.backoff import plan_retry
 from chimes.logs import run_fields
 from chimes.security.storable import storable_text
-from chimes.store.db import DB_ERRORS
+from chimes.store.db import DB_ERRORS, open_connection
 from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, ClaimedRun, Outcome, WorkerStore
 from chimes.timeouts import wait_event
 from chimes.worker.executors import Executors, TaskContext, TaskOutcome
@@ -43,6 +43,8 @@ class WorkerConfig:
     lease_sec: float = 30.0
     heartbeat_every_sec: float = 10.0
     poll_every_sec: float = 1.0  # fallback when no NOTIFY arrives
+    listen_check_every_sec: float = 5.0  # a query on the LISTEN connection: a host that vanished is noticed
+    listen_check_timeout_sec: float = 5.0
     flush_every_sec: float = 0.02
     shutdown_grace_sec: float = 30.0
     deadline_grace_sec: float = 30.0  # the reaper abandons a run this long after its timeout
@@ -121,20 +123,25 @@ class Worker:
                 await asyncio.sleep(self.config.poll_every_sec)
 
     async def _listen_until_lost(self) -> None:
+        """LISTEN until the connection ends. A host that vanishes without a reset ends nothing by
+        itself: a query every few seconds, with a timeout, finds out (TCP keepalives would too, later),
+        and the connection is dropped so that the next one goes through the host list again."""
         lost = asyncio.Event()
-        conn = await asyncpg.connect(self._dsn)
+        conn = await open_connection(self._dsn, command_timeout=self.config.listen_check_timeout_sec)
         try:
             conn.add_termination_listener(lambda _: lost.set())
             await conn.add_listener(QUEUE_CHANNEL, lambda *_: self._wake.set())
             await conn.add_listener(CANCEL_CHANNEL, self._on_cancel)
             self.listening = True
             self._wake.set()  # whatever was enqueued while nobody listened
-            await lost.wait()
+            while not await wait_event(lost, self.config.listen_check_every_sec):
+                # LISTEN again (a no-op on a channel already listened to) as the check: a round trip,
+                # and the session still shows what it is for in pg_stat_activity.
+                await conn.execute(f'LISTEN "{QUEUE_CHANNEL}"')
         finally:
             self.listening = False
             if not conn.is_closed():
-                with contextlib.suppress(*DB_ERRORS):
-                    await conn.close(timeout=5)
+                conn.terminate()  # never a wait: the server may be the one that stopped answering
 
     def _on_cancel(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         """A run was cancelled through the API: stop it now rather than at the next heartbeat. The
