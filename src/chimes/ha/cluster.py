@@ -1,0 +1,388 @@
+"""A Patroni-managed PostgreSQL cluster with its etcd, as processes on this machine.
+
+Three etcd members keep the leader lock; two or three PostgreSQL servers (the embedded binaries)
+each run under their own Patroni, in synchronous mode: a commit is acknowledged only once a standby
+has it, so a failover loses nothing that was acknowledged. Every member listens on its own port of
+``host`` (127.0.0.1, or an address inside a network namespace made by a test). The layout, ports and
+generated passwords are kept in ``<base>/ha.json``, so the same folder starts the same cluster again.
+
+Members can be killed (SIGKILL: the host is gone), frozen (SIGSTOP: the host stalls) and started
+again; a former primary started again rejoins as a standby through ``pg_rewind``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from chimes.ha import runtime
+from chimes.store.embedded import DATABASE, SERVER_SETTINGS
+
+# Patroni's timing: the leader lock lasts TTL seconds unrenewed; loop_wait + 2 * retry_timeout must
+# stay under it. A dead primary is replaced about TTL + loop_wait after its last renewal.
+PATRONI_TTL = 20
+PATRONI_LOOP_WAIT = 1
+PATRONI_RETRY_TIMEOUT = 5
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class MemberLayout:
+    name: str
+    host: str
+    client_port: int  # etcd: client port; PostgreSQL: its port
+    peer_port: int  # etcd: peer port; Patroni: its REST API port
+
+
+@dataclass
+class Layout:
+    """What ``ha.json`` keeps: where each member listens, and the generated passwords."""
+
+    etcd: list[MemberLayout]
+    postgres: list[MemberLayout]
+    superuser_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    replication_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    rewind_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+
+    @classmethod
+    def new(cls, hosts: Sequence[str], postgres: int) -> Layout:
+        """Three etcd members and ``postgres`` servers, spread over ``hosts`` in turn (a zone each)."""
+        etcd = [MemberLayout(f"etcd{i + 1}", h, free_port(h), free_port(h))
+                for i, h in enumerate(hosts[i % len(hosts)] for i in range(3))]
+        pg = [MemberLayout(f"pg{i + 1}", h, free_port(h), free_port(h))
+              for i, h in enumerate(hosts[i % len(hosts)] for i in range(postgres))]
+        return cls(etcd, pg)
+
+    @classmethod
+    def load(cls, path: Path) -> Layout:
+        data = json.loads(path.read_text())
+        return cls(**{**data, "etcd": [MemberLayout(**m) for m in data["etcd"]],
+                      "postgres": [MemberLayout(**m) for m in data["postgres"]]})
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+        path.chmod(0o600)
+
+
+class Process:
+    """One member's process: started in a session of its own, killed or frozen on purpose."""
+
+    def __init__(self, name: str, log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def launch(self, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, cwd=cwd, start_new_session=True)
+
+    def signal(self, sig: int) -> None:
+        if self.alive and self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+class EtcdMember(Process):
+    def __init__(self, layout: MemberLayout, base: Path, cluster: str) -> None:
+        super().__init__(layout.name, base / f"{layout.name}.log")
+        self.layout = layout
+        self.data_dir = base / layout.name
+        self.cluster = cluster
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.layout.host}:{self.layout.client_port}"
+
+    def start(self) -> None:
+        peer = f"http://{self.layout.host}:{self.layout.peer_port}"
+        state = "existing" if (self.data_dir / "member").exists() else "new"
+        self.launch([runtime.etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
+                     "--listen-client-urls", self.client_url, "--advertise-client-urls", self.client_url,
+                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                     "--initial-cluster", self.cluster, "--initial-cluster-state", state,
+                     "--initial-cluster-token", "chimes-ha", "--log-level", "warn"])
+
+
+class PatroniMember(Process):
+    """A PostgreSQL server under its Patroni. The REST API (``peer_port``) tells its role."""
+
+    def __init__(self, layout: MemberLayout, base: Path, cluster: HaCluster) -> None:
+        super().__init__(layout.name, base / f"{layout.name}.log")
+        self.layout = layout
+        self.dir = base / layout.name
+        self.cluster = cluster
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.layout.host}:{self.layout.peer_port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.dir / "data"
+
+    def start(self) -> None:
+        self.dir.mkdir(exist_ok=True)
+        (self.dir / "run").mkdir(exist_ok=True)
+        config = self.dir / "patroni.yml"
+        config.write_text(json.dumps(self.cluster.patroni_config(self), indent=2))  # JSON is YAML
+        config.chmod(0o600)
+        _give_to_run_as_user(self.dir)
+        env = {**os.environ, "PYTHONPATH": str(self.cluster.patroni_site), "HOME": str(self.dir)}
+        self.launch(runtime.as_user([self.cluster.python, "-m", "patroni", str(config)]), env=env, cwd=self.dir)
+
+    def postmaster_pid(self) -> int | None:
+        try:
+            return int((self.data_dir / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL Patroni and its PostgreSQL: the host is gone, nothing is flushed or handed over."""
+        postmaster = self.postmaster_pid()
+        self.signal(signal.SIGKILL)
+        if postmaster is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(postmaster, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(10)
+
+    def freeze(self, frozen: bool = True) -> None:
+        """SIGSTOP (or SIGCONT) Patroni and the postmaster: a host that stalls without going away."""
+        sig = signal.SIGSTOP if frozen else signal.SIGCONT
+        self.signal(sig)
+        postmaster = self.postmaster_pid()
+        if postmaster is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(postmaster, sig)
+
+    def state(self, timeout: float = 2.0) -> dict[str, Any] | None:
+        """Patroni's view of this member (``role``: primary, replica; ``timeline``), or None."""
+        try:
+            return httpx.get(f"{self.api_url}/patroni", timeout=timeout).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+
+
+class HaCluster:
+    """etcd and Patroni members under ``base``; :meth:`start` brings them up and waits for a primary."""
+
+    def __init__(self, base: Path, *, postgres: int = 3, hosts: Sequence[str] = ("127.0.0.1",),
+                 allowed_networks: Sequence[str] = ("127.0.0.1/32",)) -> None:
+        self.base = base.resolve()
+        self.base.mkdir(parents=True, exist_ok=True)
+        state = self.base / "ha.json"
+        if state.exists():
+            self.layout = Layout.load(state)
+        else:
+            self.layout = Layout.new(hosts, postgres)
+            self.layout.save(state)
+        self.allowed_networks = list(allowed_networks)
+        initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in self.layout.etcd)
+        self.etcd = [EtcdMember(m, self.base, initial) for m in self.layout.etcd]
+        self.postgres = [PatroniMember(m, self.base, self) for m in self.layout.postgres]
+        self.patroni_site = self.base / "patroni-site"
+        self.python = ""
+
+    # --- the URL every Chimes role is given ---------------------------------------------------------
+    def database_url(self, database: str = DATABASE) -> str:
+        """Every PostgreSQL member, the primary found by ``target_session_attrs=read-write``."""
+        hosts = ",".join(f"{m.host}:{m.client_port}" for m in self.layout.postgres)
+        password = quote(self.layout.superuser_password, safe="")
+        return f"postgresql://postgres:{password}@{hosts}/{database}?target_session_attrs=read-write"
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def start(self, timeout: float = 180.0) -> None:
+        runtime.etcd_binary()
+        self.python = runtime.patroni_python()
+        runtime.ensure_patroni(self.patroni_site)
+        for member in self.etcd:
+            member.start()
+        for member in self.postgres:
+            member.start()
+        primary = self.wait_for_primary(timeout)
+        self.wait_for_standbys(timeout)
+        self._create_database(primary)
+
+    def stop(self) -> None:
+        for member in self.postgres:
+            member.stop()
+        for member in self.etcd:
+            member.stop()
+
+    def restart_dead(self) -> list[str]:
+        """Start every member that is not running (a killed former primary rejoins as a standby)."""
+        started = []
+        for member in [*self.etcd, *self.postgres]:
+            if not member.alive:
+                member.start()
+                started.append(member.name)
+        return started
+
+    # --- what the cluster looks like ---------------------------------------------------------------
+    def primary(self) -> PatroniMember | None:
+        for member in self.postgres:
+            if member.alive:
+                state = member.state()
+                if state is not None and state.get("role") in ("primary", "master") and state.get("state") == "running":
+                    return member
+        return None
+
+    def wait_for_primary(self, timeout: float, *, other_than: PatroniMember | None = None) -> PatroniMember:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            primary = self.primary()
+            if primary is not None and primary is not other_than:
+                return primary
+            time.sleep(0.1)
+        raise TimeoutError(f"no PostgreSQL primary within {timeout:g} s; logs in {self.base}")
+
+    def wait_for_standbys(self, timeout: float) -> None:
+        """Every running member other than the primary streams from it, and one is the synchronous
+        standby (the one a commit waits for, and the one a switchover may go to)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            members = self.members()
+            running = [m for m in members if m.get("state") in ("running", "streaming")]
+            standbys = [m for m in running if m.get("role") in ("replica", "sync_standby")]
+            alive = sum(1 for m in self.postgres if m.alive)
+            if (len(running) == alive and len(standbys) == alive - 1
+                    and all(m.get("state") == "streaming" for m in standbys)
+                    and (alive < 2 or any(m.get("role") == "sync_standby" for m in standbys))):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"standbys not streaming within {timeout:g} s; logs in {self.base}")
+
+    def members(self) -> list[dict[str, Any]]:
+        """Patroni's list of members (``GET /cluster``) from any member that answers."""
+        for member in self.postgres:
+            if member.alive:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    return httpx.get(f"{member.api_url}/cluster", timeout=2).json().get("members", [])
+        return []
+
+    def switchover(self, candidate: PatroniMember | None = None) -> PatroniMember:
+        """A planned switchover through Patroni's REST API, as ``patronictl switchover`` does."""
+        primary = self.wait_for_primary(30)
+        body: dict[str, str] = {"leader": primary.name}
+        if candidate is not None:
+            body["candidate"] = candidate.name
+        answer = httpx.post(f"{primary.api_url}/switchover", json=body, timeout=60)
+        if answer.status_code != 200:
+            raise RuntimeError(f"switchover refused: {answer.status_code} {answer.text}")
+        return self.wait_for_primary(60, other_than=primary)
+
+    # --- configuration ---------------------------------------------------------------------------
+    def patroni_config(self, member: PatroniMember) -> dict[str, Any]:
+        layout = member.layout
+        hba = ["local all all scram-sha-256"]
+        for network in self.allowed_networks:
+            hba += [f"host replication replicator {network} scram-sha-256",
+                    f"host all all {network} scram-sha-256"]
+        parameters = {key: value.strip("'") for key, value in SERVER_SETTINGS.items()
+                      if key not in ("listen_addresses",)}
+        return {
+            "scope": "chimes",
+            "name": member.name,
+            "log": {"level": "INFO"},
+            "restapi": {"listen": f"{layout.host}:{layout.peer_port}",
+                        "connect_address": f"{layout.host}:{layout.peer_port}"},
+            "etcd3": {"hosts": [f"{m.host}:{m.client_port}" for m in self.layout.etcd]},
+            "bootstrap": {
+                "dcs": {
+                    "ttl": PATRONI_TTL, "loop_wait": PATRONI_LOOP_WAIT, "retry_timeout": PATRONI_RETRY_TIMEOUT,
+                    # A commit is acknowledged once a standby has it: a failover loses no acknowledged write.
+                    "synchronous_mode": True,
+                    "postgresql": {"use_pg_rewind": True,
+                                   "parameters": {"wal_log_hints": "on", "max_connections": 300,
+                                                  "max_wal_senders": 10, "max_replication_slots": 10}},
+                },
+                "initdb": [{"encoding": "UTF8"}, {"locale": "C"}, {"auth": "scram-sha-256"}],
+            },
+            "postgresql": {
+                "listen": f"{layout.host}:{layout.client_port}",
+                "connect_address": f"{layout.host}:{layout.client_port}",
+                "data_dir": str(member.data_dir),
+                "bin_dir": str(_postgres_bin()),
+                "pgpass": str(member.dir / "pgpass"),
+                "authentication": {
+                    "superuser": {"username": "postgres", "password": self.layout.superuser_password},
+                    "replication": {"username": "replicator", "password": self.layout.replication_password},
+                    "rewind": {"username": "rewinder", "password": self.layout.rewind_password},
+                },
+                "parameters": {**parameters, "unix_socket_directories": str(member.dir / "run")},
+                "pg_hba": hba,
+            },
+        }
+
+    def _create_database(self, primary: PatroniMember) -> None:
+        """Patroni makes only ``postgres``; Chimes keeps its tables in their own database."""
+        import asyncio
+
+        import asyncpg
+
+        async def create() -> None:
+            conn = await asyncpg.connect(host=primary.layout.host, port=primary.layout.client_port, user="postgres",
+                                         password=self.layout.superuser_password, database="postgres")
+            try:
+                if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", DATABASE):
+                    await conn.execute(f'CREATE DATABASE "{DATABASE}"')
+            finally:
+                await conn.close()
+
+        asyncio.run(create())
+
+
+def _postgres_bin() -> Path:
+    from chimes.store.embedded import pg
+
+    runtime.allow_traversal(pg.POSTGRES_BIN_PATH)
+    return pg.POSTGRES_BIN_PATH
+
+
+def _give_to_run_as_user(folder: Path) -> None:
+    """The member's folder belongs to the PostgreSQL user, private to it (PostgreSQL insists on 0700)."""
+    user = runtime.run_as()
+    folder.chmod(0o700)
+    if user is None:
+        return
+    import pwd
+
+    entry = pwd.getpwnam(user)
+    runtime.allow_traversal(folder)
+    for path in [folder, *folder.rglob("*")]:
+        if path.stat().st_uid != entry.pw_uid:
+            os.chown(path, entry.pw_uid, entry.pw_gid)
