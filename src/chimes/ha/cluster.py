@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import psutil
 
 from chimes.ha import runtime
 from chimes.store.embedded import DATABASE, SERVER_SETTINGS
@@ -170,24 +171,27 @@ class PatroniMember(Process):
         except (OSError, ValueError, IndexError):
             return None
 
+    def pids(self) -> list[int]:
+        """Patroni's pid and the postmaster's, also when another process started them (``chimes ha up``)."""
+        config = str(self.dir / "patroni.yml")
+        found = [p.pid for p in psutil.process_iter(["cmdline"]) if config in (p.info["cmdline"] or [])]
+        postmaster = self.postmaster_pid()
+        return found + ([postmaster] if postmaster is not None and psutil.pid_exists(postmaster) else [])
+
     def kill(self) -> None:
         """SIGKILL Patroni and its PostgreSQL: the host is gone, nothing is flushed or handed over."""
-        postmaster = self.postmaster_pid()
-        self.signal(signal.SIGKILL)
-        if postmaster is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(postmaster, signal.SIGKILL)
+        self._signal_all(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(10)
 
     def freeze(self, frozen: bool = True) -> None:
         """SIGSTOP (or SIGCONT) Patroni and the postmaster: a host that stalls without going away."""
-        sig = signal.SIGSTOP if frozen else signal.SIGCONT
-        self.signal(sig)
-        postmaster = self.postmaster_pid()
-        if postmaster is not None:
+        self._signal_all(signal.SIGSTOP if frozen else signal.SIGCONT)
+
+    def _signal_all(self, sig: int) -> None:
+        for pid in self.pids():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(postmaster, sig)
+                os.kill(pid, sig)
 
     def state(self, timeout: float = 2.0) -> dict[str, Any] | None:
         """Patroni's view of this member (``role``: primary, replica; ``timeline``), or None."""
@@ -254,18 +258,22 @@ class HaCluster:
 
     # --- what the cluster looks like ---------------------------------------------------------------
     def primary(self) -> PatroniMember | None:
-        for member in self.postgres:
-            if member.alive:
-                state = member.state()
-                if state is not None and state.get("role") in ("primary", "master") and state.get("state") == "running":
-                    return member
+        for member in self.postgres:  # asked over the REST API: also from a process that did not start them
+            state = member.state(timeout=1.0)
+            if state is not None and state.get("role") in ("primary", "master") and state.get("state") == "running":
+                return member
         return None
 
-    def wait_for_primary(self, timeout: float, *, other_than: PatroniMember | None = None) -> PatroniMember:
+    def wait_for_primary(self, timeout: float, *, other_than: PatroniMember | None = None,
+                         after_timeline: int | None = None) -> PatroniMember:
+        """A running primary: another member than ``other_than``, or one promoted since ``after_timeline``
+        (each promotion starts a new timeline)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             primary = self.primary()
-            if primary is not None and primary is not other_than:
+            newer = after_timeline is None or (
+                primary is not None and (primary.state() or {}).get("timeline", 0) > after_timeline)
+            if primary is not None and primary is not other_than and newer:
                 return primary
             time.sleep(0.1)
         raise TimeoutError(f"no PostgreSQL primary within {timeout:g} s; logs in {self.base}")
@@ -289,9 +297,8 @@ class HaCluster:
     def members(self) -> list[dict[str, Any]]:
         """Patroni's list of members (``GET /cluster``) from any member that answers."""
         for member in self.postgres:
-            if member.alive:
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    return httpx.get(f"{member.api_url}/cluster", timeout=2).json().get("members", [])
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                return httpx.get(f"{member.api_url}/cluster", timeout=1).json().get("members", [])
         return []
 
     def switchover(self, candidate: PatroniMember | None = None) -> PatroniMember:
