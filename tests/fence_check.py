@@ -64,6 +64,10 @@ FENCES: tuple[Fence, ...] = (
     Fence("fire: partition lease owner and expiry", "sql/scheduling.sql", "fire_triggers",
           ("l.owner = $3", "l.expires_at > now()"), t("test_fire_fence_released_partition"),
           "a batch prepared before a clean release, which keeps the token"),
+    Fence("fire: partition lease owner", "sql/scheduling.sql", "fire_triggers", ("l.owner = $3",),
+          t("test_fire_fence_a_token_issued_again_to_another_node"),
+          "a token issued again, to another node, by a promoted standby that had not received the first issue "
+          "(asynchronous replication; docs/high-availability.md)"),
     Fence("reap: partition lease token", "sql/scheduling.sql", "reap_runs", ("l.token = held.token",),
           t("test_reap_fence_partition_token", f"{FENCING_TESTS}::test_reaper_refuses_without_lease"),
           "a reap prepared before the node lost its partitions and took them back"),

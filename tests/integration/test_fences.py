@@ -158,6 +158,25 @@ async def test_fire_fence_released_partition(pool: asyncpg.Pool) -> None:
     assert await pool.fetchval("SELECT count(*) FROM triggers") == 1
 
 
+async def test_fire_fence_a_token_issued_again_to_another_node(pool: asyncpg.Pool) -> None:
+    """fire_triggers: ``l.owner = $3`` on its own. Node A takes its partitions; the primary that
+    granted them is lost before its standby received the grant (asynchronous replication), the standby
+    is promoted with the tokens one lower, and node B takes the partitions there: the same token
+    numbers A holds, now B's and unexpired. Only the owner refuses A's batch."""
+    await make_due_job(pool)
+    a = SchedulerStore(pool, "node-a")
+    held = await take_all(a)
+    triggers = await due(a, held)
+    # What the promoted standby holds once node B has acquired: A's grant lost, B's bump to the same number.
+    await pool.execute("UPDATE partition_leases SET owner = 'node-b', expires_at = now() + interval '30 seconds'")
+    assert await pool.fetchval("SELECT count(*) FROM partition_leases l JOIN unnest($1::smallint[], $2::bigint[]) "
+                               "AS h(p, token) ON l.partition_id = h.p AND l.token = h.token",
+                               list(held), list(held.values())) == len(held)
+    stale = await a.fire(held, plan_fires(triggers), now())
+    assert (stale.leases_held, stale.fired, stale.enqueued) == (0, 0, 0)
+    assert await pool.fetchval("SELECT count(*) FROM runs") == 0
+
+
 async def test_retry_fence_partition_token(pool: asyncpg.Pool) -> None:
     """fire_triggers, for a retry trigger: a node whose lease moved does not re-enqueue the run."""
     _, _, claimed = await running_run(pool)
