@@ -70,3 +70,18 @@ def test_crashes_of_postgresql_itself_are_read_from_its_log(tmp_path: Path) -> N
                             datetime(2026, 11, 30, 1, 38, 42, 950000, UTC).timestamp())
     assert "signal 11" in line
     assert Fleet(tmp_path, FleetShape(), database_url="postgresql://elsewhere/db").database_crashes() == []
+
+
+def test_with_ha_the_primary_is_killed_frozen_and_moved_instead_of_restarted() -> None:
+    faults = plan_faults(7, 1800, schedulers=SCHEDULERS, workers=WORKERS, lease_ttl=3, worker_lease=5, mean_gap=4,
+                         database=False, ha=True)
+    database = [f for f in faults if "postgres" in f.kind]
+    assert {f.kind for f in database} == {"kill_postgres_primary", "switchover_postgres", "freeze_postgres_primary",
+                                          "kill_postgres_etcd"}
+    failovers = [f for f in database if f.kind != "kill_postgres_etcd"]
+    assert len(failovers) >= 20  # a 30-minute run moves the primary at least 20 times
+    # A killed primary stays down past Patroni's TTL (20 s), so its standby is promoted, and comes back after.
+    assert all(f.duration > 20 for f in database if f.kind in ("kill_postgres_primary", "freeze_postgres_primary"))
+    # One database fault at a time, each over (and settled) before the next.
+    for earlier, later in itertools.pairwise(database):
+        assert later.at >= earlier.at + earlier.duration + DATABASE_COOLDOWN_SEC

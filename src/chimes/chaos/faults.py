@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +33,14 @@ WEIGHTS = {
     "target_hang": 1.5,
     "target_close": 1.5,
 }
+# With --ha (a Patroni cluster of the harness's own), instead of restarts of the one server:
+HA_WEIGHTS = {
+    "kill_postgres_primary": 2.5,  # SIGKILL the primary's PostgreSQL and Patroni; back (as a standby) later
+    "switchover_postgres": 1.2,  # a planned switchover
+    "freeze_postgres_primary": 1.0,  # SIGSTOP the primary past Patroni's TTL: a standby is promoted meanwhile
+    "kill_postgres_etcd": 0.6,  # SIGKILL one etcd member (two of three keep the leader lock)
+}
+PRIMARY_DOWN_SEC = (25.0, 35.0)  # a killed primary comes back after this long: past Patroni's TTL (20 s)
 DATABASE_COOLDOWN_SEC = 20.0  # between database restarts, so outages never add up to a missed fire
 RECOVERED_SEC = 2.0  # a victim stays healthy at least this long before it is hit again
 
@@ -59,12 +68,15 @@ class FaultWindow:
 
 
 def plan_faults(seed: int | str, duration: float, *, schedulers: Sequence[str], workers: Sequence[str],
-                lease_ttl: float, worker_lease: float, mean_gap: float, database: bool) -> list[PlannedFault]:
+                lease_ttl: float, worker_lease: float, mean_gap: float, database: bool,
+                ha: bool = False) -> list[PlannedFault]:
     """Faults for ``duration`` seconds, about one every ``mean_gap`` seconds. At least one scheduler
-    and one worker are always left untouched; database restarts only with ``database``."""
+    and one worker are always left untouched; database restarts only with ``database``, failovers
+    only with ``ha``."""
     rng = random.Random(f"{seed}-faults")
-    kinds = [k for k in WEIGHTS if database or "postgres" not in k]
-    weights = [WEIGHTS[k] for k in kinds]
+    table = {k: w for k, w in WEIGHTS.items() if database or "postgres" not in k} | (HA_WEIGHTS if ha else {})
+    kinds = list(table)
+    weights = [table[k] for k in kinds]
     free_at: dict[str, float] = {}  # victim (or "postgres", "target") -> when it may be hit again
     planned: list[PlannedFault] = []
     at = rng.expovariate(1 / mean_gap)
@@ -86,7 +98,7 @@ def _draw(rng: random.Random, kind: str, at: float, free_at: dict[str, float], s
         key = "postgres" if "postgres" in kind else "target"
         if free_at.get(key, 0.0) > at:
             return None
-        return PlannedFault(at, kind, None, 0.0 if key == "postgres" else round(rng.uniform(2, 8), 2))
+        return PlannedFault(at, kind, None, round(_database_fault_length(rng, kind), 2))
     members = schedulers if kind.endswith("scheduler") else workers
     healthy = [m for m in members if free_at.get(m, 0.0) <= at]
     if len(healthy) < 2:  # never the last healthy one: losing *any* node must be survivable
@@ -99,6 +111,18 @@ def _draw(rng: random.Random, kind: str, at: float, free_at: dict[str, float], s
     else:
         duration = rng.uniform(worker_lease + 1, worker_lease + 4)
     return PlannedFault(at, kind, victim, round(duration, 2))
+
+
+def _database_fault_length(rng: random.Random, kind: str) -> float:
+    if kind == "kill_postgres_primary":
+        return rng.uniform(*PRIMARY_DOWN_SEC)
+    if kind == "freeze_postgres_primary":
+        return rng.uniform(22.0, 28.0)
+    if kind == "kill_postgres_etcd":
+        return rng.uniform(3.0, 10.0)
+    if kind.startswith("target"):
+        return rng.uniform(2, 8)
+    return 0.0  # a restart or a switchover: over when it is done
 
 
 class FaultRunner:
@@ -138,6 +162,12 @@ class FaultRunner:
             member.freeze()
             await asyncio.sleep(fault.duration)
             member.thaw()
+        elif fault.kind in HA_WEIGHTS:
+            try:
+                await self._failover(fault, window)
+            except Exception as exc:  # recorded, and the run goes on: the checker will show the damage
+                window.note = f"{fault.kind} failed: {exc}"
+                log.error("%s failed: %s", fault.kind, exc)
         elif fault.kind.startswith("restart_postgres"):
             mode = fault.kind.rsplit("_", 1)[1]
             try:
@@ -149,3 +179,29 @@ class FaultRunner:
             self.target.mode = fault.kind.split("_", 1)[1]
             await asyncio.sleep(fault.duration)
             self.target.mode = "normal"
+
+    async def _failover(self, fault: PlannedFault, window: FaultWindow) -> None:
+        """The faults of a Patroni cluster (chimes.ha): the primary killed, frozen or moved, etcd hit."""
+        cluster = self.fleet.cluster
+        assert cluster is not None
+        if fault.kind == "switchover_postgres":
+            new = await asyncio.to_thread(cluster.switchover)
+            window.victim = new.name
+            return
+        if fault.kind == "kill_postgres_etcd":
+            member = cluster.etcd[int(fault.at * 1000) % len(cluster.etcd)]
+            window.victim = member.name
+            member.signal(signal.SIGKILL)
+            await asyncio.sleep(fault.duration)
+            member.start()
+            return
+        primary = await asyncio.to_thread(cluster.wait_for_primary, 60)
+        window.victim = primary.name
+        if fault.kind == "kill_postgres_primary":
+            primary.kill()
+            await asyncio.sleep(fault.duration)
+            primary.start()
+        else:
+            primary.freeze()
+            await asyncio.sleep(fault.duration)
+            primary.freeze(False)

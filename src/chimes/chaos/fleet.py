@@ -20,6 +20,7 @@ from pathlib import Path
 
 from cryptography.fernet import Fernet
 
+from chimes.ha.cluster import HaCluster
 from chimes.store.embedded import EmbeddedPostgres
 
 
@@ -110,10 +111,14 @@ class Member:
 
 
 class Fleet:
-    def __init__(self, work_dir: Path, shape: FleetShape, database_url: str | None = None) -> None:
+    def __init__(self, work_dir: Path, shape: FleetShape, database_url: str | None = None, *,
+                 ha: bool = False) -> None:
         self.work_dir = work_dir
         self.shape = shape
-        self.postgres = None if database_url else EmbeddedPostgres(work_dir / "postgres-data")
+        # --ha: a Patroni cluster of the harness's own, whose primary the faults kill, freeze and move.
+        self.cluster = HaCluster(work_dir / "ha", postgres=2) if ha and not database_url else None
+        own = database_url is None and self.cluster is None
+        self.postgres = EmbeddedPostgres(work_dir / "postgres-data") if own else None
         self.dsn = database_url or ""
         self.api_url = ""
         self.members: dict[str, Member] = {}
@@ -131,7 +136,16 @@ class Fleet:
         """Blocking (initdb takes seconds): call it in a thread from async code."""
         if self.postgres is not None:
             self.dsn = self.postgres.acquire()
+        elif self.cluster is not None:
+            self.cluster.start()
+            self.dsn = self.cluster.database_url()
         return self.dsn
+
+    @property
+    def database(self) -> str:
+        if self.cluster is not None:
+            return f"own Patroni cluster ({len(self.cluster.postgres)} PostgreSQL, synchronous mode, 3 etcd)"
+        return "own embedded PostgreSQL" if self.postgres is not None else "database given by URL"
 
     def restart_database(self, mode: str) -> None:
         if self.postgres is None:
@@ -177,6 +191,10 @@ class Fleet:
                 member.start()
             elif member.frozen:
                 member.thaw()
+        if self.cluster is not None:
+            for pg in self.cluster.postgres:
+                pg.freeze(False)
+            self.cluster.restart_dead()
 
     def database_crashes(self) -> list[tuple[float, float, str]]:
         """Crashes of the harness's own PostgreSQL that no fault caused (a server process killed by a
@@ -214,6 +232,8 @@ class Fleet:
             member.terminate()
         if self.postgres is not None:
             self.postgres.release()
+        if self.cluster is not None:
+            self.cluster.stop()
 
 
 def _log_time(line: str) -> float:

@@ -44,6 +44,7 @@ class ChaosOptions:
     duration: float = 120.0  # seconds of fault injection
     seed: int = 7
     database_url: str | None = None  # default: the harness's own embedded PostgreSQL (restartable)
+    ha: bool = False  # a Patroni cluster of its own instead, whose primary the faults kill, freeze and move
     jobs: int = 40
     fault_every: float = 4.0  # mean seconds between faults
     one_off_every: float = 5.0
@@ -61,6 +62,8 @@ class ChaosOptions:
                 "--jobs", str(self.jobs), "--fault-every", f"{self.fault_every:g}"]
         if self.database_url:
             args += ["--database-url", "URL"]
+        if self.ha:
+            args += ["--ha"]
         return shlex.join(args)
 
 
@@ -68,7 +71,7 @@ async def run_chaos(options: ChaosOptions) -> Report:
     began = time.monotonic()
     work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="chimes-chaos-"))
     work_dir.mkdir(parents=True, exist_ok=True)
-    fleet = Fleet(work_dir, options.shape, options.database_url)
+    fleet = Fleet(work_dir, options.shape, options.database_url, ha=options.ha)
     target = ChaosTarget(work_dir / "deliveries.jsonl", options.seed)
     report: Report | None = None
     try:
@@ -96,7 +99,8 @@ async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: ht
             for body in recurring_jobs(options.seed, options.jobs, target.url)]
     plan = plan_faults(options.seed, options.duration, schedulers=fleet.schedulers, workers=fleet.workers,
                        lease_ttl=options.shape.lease_ttl, worker_lease=options.shape.worker_lease,
-                       mean_gap=options.fault_every, database=fleet.postgres is not None)
+                       mean_gap=options.fault_every, database=fleet.postgres is not None,
+                       ha=fleet.cluster is not None)
     log.info("chaos: %d jobs created, %d faults planned over %g s", len(jobs), len(plan), options.duration)
     observer, stop = LeaseObserver(fleet.dsn), asyncio.Event()
     watchers = [asyncio.create_task(observer.run(stop)), asyncio.create_task(_supervise(fleet, stop))]
@@ -119,7 +123,7 @@ async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: ht
     violations = check_all(evidence)
     return Report(
         seed=options.seed, duration_sec=options.duration, wall_sec=0.0, command=options.command(),
-        work_dir=str(work_dir), database="own embedded PostgreSQL" if fleet.postgres else "database given by URL",
+        work_dir=str(work_dir), database=fleet.database,
         faults=dict(Counter(w.kind for w in runner.windows if not w.note)),
         faults_skipped=sum(1 for w in runner.windows if w.note), jobs=len(jobs),
         runs=dict(Counter(r["status"] for r in runs)), attempts=sum(len(a) for a in attempts.values()),

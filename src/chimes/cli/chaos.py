@@ -15,6 +15,10 @@ import click
 @click.option("--database-url", envvar="CHIMES_DATABASE_URL", show_envvar=True, default=None,
               help="An empty PostgreSQL database to use instead of the harness's own embedded server "
                    "(then PostgreSQL is not restarted).")
+@click.option("--ha", is_flag=True, default=False,
+              help="Run on a Patroni-managed PostgreSQL of the harness's own (etcd, two servers in synchronous "
+                   "mode; chimes ha) and add failovers to the faults: the primary killed, frozen past Patroni's "
+                   "TTL, switched over, an etcd member killed.")
 @click.option("--jobs", type=click.IntRange(1, 1000), default=40, show_default=True,
               help="Recurring jobs, every 1 to 5 seconds (one-off jobs are added during the run).")
 @click.option("--fault-every", type=click.FloatRange(0.5), default=4.0, show_default=True,
@@ -24,7 +28,7 @@ import click
                    "kept only when a violation is found).")
 @click.option("--report", "report_path", type=click.Path(path_type=Path), default=None,
               help="Also write the report as JSON to this file.")
-def chaos(duration: float, seed: int, database_url: str | None, jobs: int, fault_every: float,
+def chaos(duration: float, seed: int, database_url: str | None, ha: bool, jobs: int, fault_every: float,
           work_dir: Path | None, report_path: Path | None) -> None:
     """Start a fleet (PostgreSQL, 3 scheduler nodes, 3 workers, an API, an HTTP target), inject faults
     at random from the seed, then check the invariants. Exits 1 when any is violated."""
@@ -35,7 +39,7 @@ def chaos(duration: float, seed: int, database_url: str | None, jobs: int, fault
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call drowns the fault log
 
-    options = ChaosOptions(duration=duration, seed=seed, database_url=database_url, jobs=jobs,
+    options = ChaosOptions(duration=duration, seed=seed, database_url=database_url, ha=ha, jobs=jobs,
                            fault_every=fault_every, work_dir=work_dir)
     report = asyncio.run(run_chaos(options))
     click.echo(report.text())

@@ -172,11 +172,15 @@ class PatroniMember(Process):
             return None
 
     def pids(self) -> list[int]:
-        """Patroni's pid and the postmaster's, also when another process started them (``chimes ha up``)."""
+        """Patroni's pid, the postmaster's and its backends', also when another process started them
+        (``chimes ha up``): everything that runs on the member's host."""
         config = str(self.dir / "patroni.yml")
         found = [p.pid for p in psutil.process_iter(["cmdline"]) if config in (p.info["cmdline"] or [])]
         postmaster = self.postmaster_pid()
-        return found + ([postmaster] if postmaster is not None and psutil.pid_exists(postmaster) else [])
+        with contextlib.suppress(psutil.Error, TypeError):
+            server = psutil.Process(postmaster)  # type: ignore[arg-type]
+            found += [server.pid] + [child.pid for child in server.children(recursive=True)]
+        return found
 
     def kill(self) -> None:
         """SIGKILL Patroni and its PostgreSQL: the host is gone, nothing is flushed or handed over."""
