@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+
+from aiohttp import web
 
 
 def free_port() -> int:
@@ -35,3 +38,32 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
+@contextlib.asynccontextmanager
+async def http_server(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """A real HTTP server on 127.0.0.1 that answers every method and path with ``handle``; yields its URL."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
+class FailsOnce:
+    """Wraps a store method: the first call raises ``error``, later calls go through to the real
+    database. A failure that cannot be produced on demand (a driver race, a bug) stands in this way."""
+
+    def __init__(self, method: Callable[..., Awaitable[Any]], error: Exception) -> None:
+        self.method = method
+        self.error = error
+        self.calls = 0
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            raise self.error
+        return await self.method(*args, **kwargs)

@@ -33,7 +33,7 @@ from chimes.ha.cluster import HaCluster
 from chimes.ha.runtime import HaUnavailable, etcd_binary
 from chimes.store.tokens import create_token
 from tests.e2e.processes import ChimesProcess, Processes
-from tests.helpers import auth_as, free_port, wait_for
+from tests.helpers import auth_as, free_port, http_server, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -73,14 +73,12 @@ async def test_a_fleet_goes_on_through_a_switchover_and_the_loss_of_its_primary(
         calls.append((time.time(), request.path))
         return web.Response(text="ok")
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    target = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    async with http_server(handle) as target:
+        await _through_a_switchover_and_a_failover(cluster, tmp_path, target, calls)
 
+
+async def _through_a_switchover_and_a_failover(cluster: HaCluster, tmp_path: Path, target: str,
+                                              calls: list[tuple[float, str]]) -> None:
     dsn = cluster.database_url()
     procs = Processes(dsn, tmp_path)
     procs.env.update({"CHIMES_SECRET_KEY": Fernet.generate_key().decode(), "CHIMES_DATA_DIR": str(tmp_path / "d")})
@@ -187,7 +185,6 @@ async def test_a_fleet_goes_on_through_a_switchover_and_the_loss_of_its_primary(
             with contextlib.suppress(BaseException):
                 await writer
         procs.stop_all()
-        await runner.cleanup()
 
     answers = {w.status for w in writes}
     print(f"writes: {len(writes)}, answers {sorted(answers, key=str)}", flush=True)

@@ -15,7 +15,6 @@ backend is ended with ``pg_terminate_backend``, as a restart ends it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,23 +25,13 @@ import pytest
 
 from chimes.chaos import observer
 from chimes.worker.worker import Worker
-from tests.helpers import wait_for
+from tests.helpers import FailsOnce, wait_for
 from tests.integration.fleet import FAST_WORKER, Fleet
 from tests.target import Target
 
 
-class FailsOnce:
-    """Wraps a store method: the first call raises asyncpg's InternalClientError, later calls go through."""
-
-    def __init__(self, method: Callable[..., Awaitable[Any]]) -> None:
-        self.method = method
-        self.calls = 0
-
-    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        if self.calls == 1:
-            raise asyncpg.InternalClientError("cannot switch to state 15; another operation (2) is in progress")
-        return await self.method(*args, **kwargs)
+def broken_connection() -> Exception:
+    return asyncpg.InternalClientError("cannot switch to state 15; another operation (2) is in progress")
 
 
 async def one_off(client: httpx.AsyncClient, target: Target, path: str) -> str:
@@ -61,7 +50,7 @@ async def succeeded(client: httpx.AsyncClient, job_id: str) -> bool:
 async def test_worker_keeps_claiming_after_asyncpg_fails_a_broken_connection(
     fleet: Fleet, client: httpx.AsyncClient, target: Target
 ) -> None:
-    broken = FailsOnce(fleet.worker.store.claim)
+    broken = FailsOnce(fleet.worker.store.claim, broken_connection())
     fleet.worker.store.claim = broken  # type: ignore[method-assign]
     await wait_for(lambda: broken.calls >= 1, timeout=10, what="the worker to hit the broken connection")
     job_id = await one_off(client, target, "/after-claim-error")
@@ -72,7 +61,7 @@ async def test_worker_keeps_claiming_after_asyncpg_fails_a_broken_connection(
 async def test_scheduler_keeps_scanning_after_asyncpg_fails_a_broken_connection(
     fleet: Fleet, client: httpx.AsyncClient, target: Target
 ) -> None:
-    broken = FailsOnce(fleet.node.store.scan_due)
+    broken = FailsOnce(fleet.node.store.scan_due, broken_connection())
     fleet.node.store.scan_due = broken  # type: ignore[method-assign]
     await wait_for(lambda: broken.calls >= 1, timeout=10, what="the node to hit the broken connection")
     job_id = await one_off(client, target, "/after-scan-error")
@@ -125,7 +114,7 @@ async def test_chaos_lease_observer_keeps_watching_after_asyncpg_fails_a_broken_
         """A real connection whose first fetch fails as asyncpg's does (its attributes are read-only)."""
 
         def __init__(self, conn: asyncpg.Connection) -> None:
-            self.conn, self.fetch = conn, FailsOnce(conn.fetch)
+            self.conn, self.fetch = conn, FailsOnce(conn.fetch, broken_connection())
 
         def __getattr__(self, name: str) -> Any:
             return getattr(self.conn, name)

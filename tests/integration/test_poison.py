@@ -7,8 +7,7 @@ them (or as any future bug might write them): the loops must set them aside and 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import asyncpg
 import httpx
@@ -16,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from chimes import metrics
-from tests.helpers import wait_for
+from tests.helpers import FailsOnce, http_server, wait_for
 from tests.integration.fleet import Fleet
 from tests.integration.test_core_loop import _finished, http_job, run_of, soon
 from tests.target import Target
@@ -57,14 +56,8 @@ async def nul_target() -> AsyncIterator[str]:
     async def handle(request: web.Request) -> web.Response:
         return web.Response(body=b"before\x00after")
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    await runner.cleanup()
+    async with http_server(handle) as url:
+        yield url
 
 
 async def test_an_answer_postgresql_cannot_store_is_recorded_without_holding_up_other_outcomes(
@@ -78,21 +71,6 @@ async def test_an_answer_postgresql_cannot_store_is_recorded_without_holding_up_
     assert run["status"] == "succeeded"
     [attempt] = (await run_of(client, run["runId"]))["attempts"]
     assert attempt["output"] == "before\ufffdafter"
-
-
-class RaisesOnce:
-    """Wraps a store method: the first call raises an error no loop expects (standing for a bug,
-    which cannot be produced on demand); later calls go through to the real database."""
-
-    def __init__(self, method: Callable[..., Awaitable[Any]]) -> None:
-        self.method = method
-        self.calls = 0
-
-    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        if self.calls == 1:
-            raise RuntimeError("an error no loop expects")
-        return await self.method(*args, **kwargs)
 
 
 LOOPS = [  # (which store, its method, the role and loop named in chimes_loop_failures_total)
@@ -109,7 +87,7 @@ async def test_every_loop_goes_on_after_an_unexpected_error(
     failed = metrics.LOOP_FAILURES.labels(role, loop)
     before = failed._value.get()
     store = fleet.node.store if owner == "node" else fleet.worker.store
-    broken = RaisesOnce(getattr(store, method))
+    broken = FailsOnce(getattr(store, method), RuntimeError("an error no loop expects"))  # stands for a bug
     setattr(store, method, broken)
     await wait_for(lambda: broken.calls >= 2, timeout=10, what=f"{method} to be called again after the error")
     assert failed._value.get() - before == 1
