@@ -152,7 +152,13 @@ class FaultRunner:
             window.ended = time.time()
 
     async def _apply(self, fault: PlannedFault, window: FaultWindow) -> None:
-        if fault.kind.startswith("kill"):
+        if fault.kind in HA_WEIGHTS:  # first: "kill_postgres_primary" is no kill of a fleet member
+            try:
+                await self._failover(fault, window)
+            except Exception as exc:  # recorded, and the run goes on: the checker will show the damage
+                window.note = f"{fault.kind} failed: {exc}"
+                log.error("%s failed: %s", fault.kind, exc)
+        elif fault.kind.startswith("kill"):
             member = self.fleet.members[fault.victim or ""]
             member.kill()
             await asyncio.sleep(fault.duration)
@@ -162,12 +168,6 @@ class FaultRunner:
             member.freeze()
             await asyncio.sleep(fault.duration)
             member.thaw()
-        elif fault.kind in HA_WEIGHTS:
-            try:
-                await self._failover(fault, window)
-            except Exception as exc:  # recorded, and the run goes on: the checker will show the damage
-                window.note = f"{fault.kind} failed: {exc}"
-                log.error("%s failed: %s", fault.kind, exc)
         elif fault.kind.startswith("restart_postgres"):
             mode = fault.kind.rsplit("_", 1)[1]
             try:
