@@ -65,6 +65,7 @@ def cluster() -> Iterator[HaCluster]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.timeout(420)  # the cluster's start (Patroni installed on the first), a TTL, two recoveries
 async def test_a_fleet_goes_on_through_a_switchover_and_the_loss_of_its_primary(
         cluster: HaCluster, tmp_path: Path) -> None:
     calls: list[tuple[float, str]] = []
