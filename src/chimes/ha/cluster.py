@@ -65,10 +65,13 @@ class Layout:
 
     @classmethod
     def new(cls, hosts: Sequence[str], postgres: int) -> Layout:
-        """Three etcd members and ``postgres`` servers, spread over ``hosts`` in turn (a zone each)."""
-        etcd = [MemberLayout(f"etcd{i + 1}", h, free_port(h), free_port(h))
+        """Three etcd members and ``postgres`` servers, spread over ``hosts`` in turn (a zone each).
+        On one address every member needs ports of its own; on an address per zone (one member of
+        each kind on it, in a network namespace) the usual ports do."""
+        spread = len(hosts) >= max(3, postgres)
+        etcd = [MemberLayout(f"etcd{i + 1}", h, *((2379, 2380) if spread else (free_port(h), free_port(h))))
                 for i, h in enumerate(hosts[i % len(hosts)] for i in range(3))]
-        pg = [MemberLayout(f"pg{i + 1}", h, free_port(h), free_port(h))
+        pg = [MemberLayout(f"pg{i + 1}", h, *((5432, 8008) if spread else (free_port(h), free_port(h))))
               for i, h in enumerate(hosts[i % len(hosts)] for i in range(postgres))]
         return cls(etcd, pg)
 
@@ -86,9 +89,10 @@ class Layout:
 class Process:
     """One member's process: started in a session of its own, killed or frozen on purpose."""
 
-    def __init__(self, name: str, log_path: Path) -> None:
+    def __init__(self, name: str, log_path: Path, prefix: Sequence[str] = ()) -> None:
         self.name = name
         self.log_path = log_path
+        self.prefix = list(prefix)  # e.g. `ip netns exec ZONE`: where the member runs (it must exec the command)
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -97,8 +101,8 @@ class Process:
 
     def launch(self, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env, cwd=cwd, start_new_session=True)
+            self.proc = subprocess.Popen([*self.prefix, *command], stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
 
     def signal(self, sig: int) -> None:
         if self.alive and self.proc is not None:
@@ -118,8 +122,8 @@ class Process:
 
 
 class EtcdMember(Process):
-    def __init__(self, layout: MemberLayout, base: Path, cluster: str) -> None:
-        super().__init__(layout.name, base / f"{layout.name}.log")
+    def __init__(self, layout: MemberLayout, base: Path, cluster: str, prefix: Sequence[str] = ()) -> None:
+        super().__init__(layout.name, base / f"{layout.name}.log", prefix)
         self.layout = layout
         self.data_dir = base / layout.name
         self.cluster = cluster
@@ -141,8 +145,8 @@ class EtcdMember(Process):
 class PatroniMember(Process):
     """A PostgreSQL server under its Patroni. The REST API (``peer_port``) tells its role."""
 
-    def __init__(self, layout: MemberLayout, base: Path, cluster: HaCluster) -> None:
-        super().__init__(layout.name, base / f"{layout.name}.log")
+    def __init__(self, layout: MemberLayout, base: Path, cluster: HaCluster, prefix: Sequence[str] = ()) -> None:
+        super().__init__(layout.name, base / f"{layout.name}.log", prefix)
         self.layout = layout
         self.dir = base / layout.name
         self.cluster = cluster
@@ -209,7 +213,10 @@ class HaCluster:
     """etcd and Patroni members under ``base``; :meth:`start` brings them up and waits for a primary."""
 
     def __init__(self, base: Path, *, postgres: int = 3, hosts: Sequence[str] = ("127.0.0.1",),
-                 allowed_networks: Sequence[str] = ("127.0.0.1/32",)) -> None:
+                 allowed_networks: Sequence[str] = ("127.0.0.1/32",),
+                 prefixes: dict[str, Sequence[str]] | None = None) -> None:
+        """``hosts``: the addresses members listen on, in turn; ``prefixes``: per address, the command
+        that runs a member there (``ip netns exec ZONE`` for a zone made by a test)."""
         self.base = base.resolve()
         self.base.mkdir(parents=True, exist_ok=True)
         state = self.base / "ha.json"
@@ -220,8 +227,9 @@ class HaCluster:
             self.layout.save(state)
         self.allowed_networks = list(allowed_networks)
         initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in self.layout.etcd)
-        self.etcd = [EtcdMember(m, self.base, initial) for m in self.layout.etcd]
-        self.postgres = [PatroniMember(m, self.base, self) for m in self.layout.postgres]
+        where = prefixes or {}
+        self.etcd = [EtcdMember(m, self.base, initial, where.get(m.host, ())) for m in self.layout.etcd]
+        self.postgres = [PatroniMember(m, self.base, self, where.get(m.host, ())) for m in self.layout.postgres]
         self.patroni_site = self.base / "patroni-site"
         self.python = ""
 
