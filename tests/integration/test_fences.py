@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -254,10 +255,22 @@ async def test_fire_fence_trigger_version(pool: asyncpg.Pool) -> None:
     await JobStore(pool).update(created.job_id, None, JobPatch(name="renamed"), now())
     [rewritten] = await pool.fetch("SELECT * FROM triggers WHERE job_id = $1", created.job_id)
     assert (rewritten["fire_at"], rewritten["job_version"]) == (trigger.fire_at, 2)
+    # Both moved to a time that has come (the node fires nothing before the database's clock says so).
+    trigger = replace(trigger, fire_at=await made_due(pool, created.job_id, trigger.fire_at))
     stale = await store.fire(leases, plan_fires([trigger], now()), now())
     assert stale.fired == 0
     assert [r["job_version"] for r in await pool.fetch("SELECT * FROM triggers WHERE job_id = $1",
                                                        created.job_id)] == [2]
+
+
+async def made_due(pool: asyncpg.Pool, job_id: uuid.UUID, fire_at: datetime) -> datetime:
+    """Move the job's trigger at ``fire_at`` (a time to come) to two minutes ago, where the database's
+    clock lets it fire (fire_triggers fires nothing before its time); returns its new time."""
+    earlier = await pool.fetchval("SELECT date_trunc('second', clock_timestamp()) - interval '2 minutes'")
+    moved = await pool.execute("UPDATE triggers SET fire_at = $3 WHERE job_id = $1 AND fire_at = $2",
+                               job_id, fire_at, earlier)
+    assert moved == "UPDATE 1"
+    return earlier
 
 
 async def fire_caught_mid_transaction(
@@ -292,6 +305,7 @@ async def test_fire_fence_job_version(pool: asyncpg.Pool) -> None:
     versions = {r["fire_at"]: r["job_version"] for r in await pool.fetch(
         "SELECT fire_at, job_version FROM triggers WHERE job_id = $1", job_id)}
     assert versions.get(stale_at) == 1 and sorted(versions.values()) == [1, 2]
+    stale_at = await made_due(pool, job_id, stale_at)
     stale = [t for t in await store.scan_due(list(leases), stale_at + timedelta(seconds=1), 1000)
              if t.fire_at == stale_at]
     assert stale and stale[0].job_version == 1
@@ -308,6 +322,7 @@ async def test_edit_racing_a_fire_keeps_the_job_scheduled(pool: asyncpg.Pool) ->
     store, leases, job_id, next_at = await fire_caught_mid_transaction(pool, JobPatch(name="renamed"))
     [trigger] = await pool.fetch("SELECT * FROM triggers WHERE job_id = $1", job_id)
     assert (trigger["fire_at"], trigger["job_version"]) == (next_at, 2)
+    next_at = await made_due(pool, job_id, next_at)
     [due_next] = await store.scan_due(list(leases), next_at + timedelta(seconds=1), 1000)
     result = await store.fire(leases, plan_fires([due_next], now()), now())
     assert result.fired == 1  # (skipped: the first run is still waiting, and the job's concurrency is skip)

@@ -90,7 +90,9 @@ due AS (
                 $10::smallint[], $11::uuid[], $12::timestamptz[], $13::timestamptz[])
          AS d(idx, partition_id, fire_at, trigger_id, job_id, job_version, kind, run_id, scheduled_at,
               next_fire_at)
-    WHERE d.partition_id IN (SELECT partition_id FROM lease)
+    -- The database's clock says whether a trigger's time has come: a node whose clock runs ahead
+    -- fires nothing early; what it sent too soon stays for its next scan.
+    WHERE d.partition_id IN (SELECT partition_id FROM lease) AND d.fire_at <= clock_timestamp()
 ),
 fired AS (
     DELETE FROM triggers t USING due d
