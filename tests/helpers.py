@@ -39,16 +39,17 @@ async def wait_for(
 
 
 @contextlib.asynccontextmanager
-async def http_server(handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
-    """A real HTTP server on 127.0.0.1 that answers every method and path with ``handle``; yields its URL."""
+async def http_server(handle: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                      host: str = "127.0.0.1") -> AsyncIterator[str]:
+    """A real HTTP server on ``host`` that answers every method and path with ``handle``; yields its URL."""
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, host, 0)
     await site.start()
     try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        yield f"http://{host}:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
 
