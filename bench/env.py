@@ -3,6 +3,7 @@ a fresh database per system under test, and a description of the machine for the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import platform
@@ -143,3 +144,56 @@ def _cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor()
+
+
+# What the server did during a measurement, read before and after it. pg_stat_wal and the table
+# counters are flushed by each backend within a second of its last transaction; the WAL position is
+# exact. Checkpoints: pg_stat_checkpointer (PostgreSQL 17 and later).
+COUNTERS = """
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0') AS lsn, w.wal_records, w.wal_fpi, d.blks_read, d.blks_hit,
+       (SELECT coalesce(sum(coalesce(heap_blks_read, 0) + coalesce(idx_blks_read, 0)), 0)
+        FROM pg_statio_user_tables WHERE relname = 'triggers') AS trigger_blks_read,
+       (SELECT coalesce(sum(coalesce(heap_blks_hit, 0) + coalesce(idx_blks_hit, 0)), 0)
+        FROM pg_statio_user_tables WHERE relname = 'triggers') AS trigger_blks_hit
+FROM pg_stat_wal w, pg_stat_database d WHERE d.datname = current_database()
+"""
+CHECKPOINTS = "SELECT num_timed + num_requested AS checkpoints, num_done FROM pg_stat_checkpointer"
+STATS_FLUSH_SEC = 1.5
+
+
+async def server_counters(pool: asyncpg.Pool) -> dict[str, object]:
+    await asyncio.sleep(STATS_FLUSH_SEC)  # the other backends' counters reach the shared stats
+    async with pool.acquire() as conn:
+        values: dict[str, object] = dict(await conn.fetchrow(COUNTERS))
+        try:
+            values.update(await conn.fetchrow(CHECKPOINTS))
+        except asyncpg.UndefinedTableError:  # before PostgreSQL 17
+            pass
+    return values
+
+
+def counters_since(before: dict[str, object], after: dict[str, object], fires: int) -> dict[str, object]:
+    """Per fire: WAL bytes and records, full-page images, buffers read from outside the server's
+    cache and found in it (all tables, and the trigger table alone); checkpoints begun meanwhile."""
+    def per_fire(key: str, digits: int = 2) -> float:
+        return round((float(after[key]) - float(before[key])) / fires, digits)  # type: ignore[arg-type]
+
+    spent: dict[str, object] = {
+        "wal_bytes_per_fire": round(per_fire("lsn", 1)), "wal_records_per_fire": per_fire("wal_records"),
+        "full_page_images_per_fire": per_fire("wal_fpi", 3), "blocks_read_per_fire": per_fire("blks_read", 3),
+        "blocks_hit_per_fire": per_fire("blks_hit", 1),
+        "trigger_blocks_read_per_fire": per_fire("trigger_blks_read", 3),
+        "trigger_blocks_hit_per_fire": per_fire("trigger_blks_hit", 1)}
+    if "checkpoints" in after and "checkpoints" in before:
+        spent["checkpoints_begun"] = int(after["checkpoints"]) - int(before["checkpoints"])  # type: ignore[call-overload]
+    return spent
+
+
+def describe_counters(spent: dict[str, object]) -> str:
+    text = (f"per fire: WAL {spent['wal_bytes_per_fire']} bytes ({spent['wal_records_per_fire']} records, "
+            f"{spent['full_page_images_per_fire']} full-page images), blocks read {spent['blocks_read_per_fire']} "
+            f"(triggers {spent['trigger_blocks_read_per_fire']}), hit {spent['blocks_hit_per_fire']} "
+            f"(triggers {spent['trigger_blocks_hit_per_fire']})")
+    if "checkpoints_begun" in spent:
+        text += f"; checkpoints begun: {spent['checkpoints_begun']}"
+    return text

@@ -14,7 +14,16 @@ import asyncpg
 
 from bench import seed
 from bench.chimes_runs import Fleet, FleetShape, _wait_for
-from bench.env import Env, drop_database, fresh_database, statement_costs
+from bench.env import (
+    STATS_FLUSH_SEC,
+    Env,
+    counters_since,
+    describe_counters,
+    drop_database,
+    fresh_database,
+    server_counters,
+    statement_costs,
+)
 from bench.procs import CpuMeter
 from bench.report import Result, percentiles
 from chimes.store import db
@@ -55,13 +64,14 @@ async def top_of_hour(env: Env, *, runs: int, idle: int, shape: FleetShape, say:
 async def _round(env: Env, dsn: str, pool: asyncpg.Pool, fleet: Fleet, runs: int, idle: int,
                  say: Callable[[str], None]) -> Result:
     # Creating the jobs and analyzing the tables takes longer the bigger the index.
-    due = seed.due_instant(3.0 + runs / 10_000 + idle / 500_000)
+    due = seed.due_instant(3.0 + STATS_FLUSH_SEC + runs / 10_000 + idle / 500_000)
     # Every job: a 6-field cron whose next fire is the due second, daily; all share it.
     spec = seed.http_job("hourly", seed.daily_at(due), "http://127.0.0.1:9/hook")
     took = await seed.add_jobs(pool, spec, runs)
     async with pool.acquire() as conn:
         await conn.execute("ANALYZE jobs")
         await conn.execute("ANALYZE triggers")
+    before = await server_counters(pool)
     if env.statements:
         await pool.execute("SELECT pg_stat_statements_reset()")
     say(f"top-of-hour: {runs:,} recurring jobs in {took:.1f}s on {idle:,} idle schedules, due at {due:%H:%M:%S}")
@@ -69,14 +79,14 @@ async def _round(env: Env, dsn: str, pool: asyncpg.Pool, fleet: Fleet, runs: int
         raise RuntimeError("creating the jobs took longer than the lead time")
     meter = CpuMeter(fleet.procs, env.postmaster_pid())
     meter.start()
-    wal_start = await pool.fetchval("SELECT pg_current_wal_lsn()")
 
     async def all_fired() -> bool:
         return await pool.fetchval("SELECT count(*) FROM runs WHERE scheduled_at = $1", due) >= runs
 
     await _wait_for(all_fired, 120 + runs / 500, "every trigger to fire", fleet)
     cpu = meter.stop()
-    wal = await pool.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)", wal_start)
+    after = await server_counters(pool)
+    spent = counters_since(before, after, runs)
     rows = await pool.fetch(FIRED, due)
     index = await pool.fetchval("SELECT count(*) FROM triggers")
     costs = await statement_costs(env, dsn)
@@ -87,9 +97,12 @@ async def _round(env: Env, dsn: str, pool: asyncpg.Pool, fleet: Fleet, runs: int
     spread = max(fired) - min(fired)
     result.extra = {"idle_schedules": idle, "triggers_in_index": index,
                     "fires_per_sec_while_firing": round(len(rows) / spread, 1) if spread > 0 else None,
-                    "wal_bytes_per_fire": round(float(wal) / runs)}
+                    "cpu_ms_per_fire": {name: round(sec / runs * 1000, 3) for name, sec in cpu.items()},
+                    **spent}
     if costs:
         result.extra["statements"] = costs
+    per_fire = ", ".join(f"{name} {ms:.3f}" for name, ms in result.extra["cpu_ms_per_fire"].items())
     result.notes = (f"{idle:,} idle schedules; runs/s = fires/s from the due second; lags are fire lags; "
-                    f"{result.extra['fires_per_sec_while_firing']} fires/s from first to last fire")
+                    f"{result.extra['fires_per_sec_while_firing']} fires/s from first to last fire; "
+                    f"CPU ms per fire: {per_fire}; {describe_counters(spent)}")
     return result

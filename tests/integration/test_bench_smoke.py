@@ -42,3 +42,6 @@ async def test_top_of_hour_scenario_fires_every_recurring_job_over_idle_schedule
     assert (first.completed, second.completed) == (40, 40)
     # each fired job moved on to its next slot, none lost
     assert (first.extra["triggers_in_index"], second.extra["triggers_in_index"]) == (540, 580)
+    # what each fire cost is reported: CPU by process, and the WAL it wrote
+    assert first.extra["wal_bytes_per_fire"] > 0 and first.extra["wal_records_per_fire"] > 0
+    assert first.extra["cpu_ms_per_fire"]["scheduler"] > 0 and "full_page_images_per_fire" in first.extra

@@ -71,6 +71,20 @@ async def _stall_notifications(pool: asyncpg.Pool, job_id: str) -> list[asyncpg.
                             uuid.UUID(job_id))
 
 
+async def test_the_sweep_for_missing_triggers_counts_schedule_triggers_only(
+    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+) -> None:
+    # Answered from the indexes (jobs_pkey, triggers_job_kind): a pending retry is not a schedule.
+    lost = (await client.post("/jobs", json=every_second(target, "retry-only"))).json()["jobId"]
+    kept = (await client.post("/jobs", json=every_second(target, "far-off", schedule={"cron": "0 0 1 1 *"}))).json()
+    assert await pool.execute("UPDATE triggers SET kind = 1 WHERE job_id = $1", uuid.UUID(lost)) == "UPDATE 1"
+    health = HealthCheck(pool, grace=timedelta(seconds=1))
+    assert await wait_for(lambda: health.sweep(datetime.now(UTC)), timeout=15, what="the stall to be seen") == 1
+    stalls = await pool.fetch("SELECT job_id, cause FROM schedule_stalls")
+    assert [(str(r["job_id"]), r["cause"]) for r in stalls] == [(lost, "no_trigger")]
+    assert kept["nextRunAt"] is not None
+
+
 async def test_a_schedule_whose_trigger_row_is_gone_trips_the_dead_mans_switch_once(
     client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool, api_url: str, tokens: dict[str, str]
 ) -> None:

@@ -10,7 +10,7 @@ grace, whatever the cause; each sweep looks for the three there are:
   ``OVERDUE_PER_PARTITION`` each;
 - ``no_trigger``: its trigger row is gone; found by a bounded sweep over the jobs in id order,
   ``JOBS_PER_SWEEP`` a sweep, so a full pass over 10 million jobs takes 10,000,000 / 20,000 sweeps of
-  10 s, about 80 minutes, each sweep an index-only range of ``jobs`` and one ``triggers_job``
+  10 s, about 80 minutes, each sweep an index-only range of ``jobs`` and one ``triggers_job_kind``
   lookup per job;
 - ``held``: a run has been holding a skip or queue schedule (from ``active_runs``, the unfinished
   runs).

@@ -42,10 +42,17 @@ SELECT partition_id, owner, token, expires_at FROM partition_leases ORDER BY par
 
 -- name: scan_due_triggers
 -- $4: only triggers due from then on (NULL: all); the node reads the rest of its look-ahead by key.
+-- Each trigger's job is looked up by its key (LATERAL ... LIMIT 1 cannot become a hash join): with a
+-- plain join, a burst of 50,000 due triggers made the planner hash the whole jobs table, a read of
+-- every schedule (a second at a million, ten at ten million) that grew with the index, not the burst.
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at
 FROM triggers t
-LEFT JOIN jobs j ON j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
+LEFT JOIN LATERAL (
+    SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at
+    FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
+    LIMIT 1
+) j ON true
 WHERE t.partition_id = ANY($1::smallint[]) AND t.fire_at < $2 AND t.fire_at >= coalesce($4::timestamptz, '-infinity')
 LIMIT $3;
 
@@ -62,7 +69,11 @@ SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at
 FROM unnest($1::smallint[], $2::timestamptz[], $3::uuid[]) AS k(partition_id, fire_at, trigger_id)
 JOIN triggers t ON t.partition_id = k.partition_id AND t.fire_at = k.fire_at AND t.trigger_id = k.trigger_id
-LEFT JOIN jobs j ON j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0;
+LEFT JOIN LATERAL (  -- by key, as in scan_due_triggers
+    SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at
+    FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
+    LIMIT 1
+) j ON true;
 
 -- name: fire_triggers
 -- One batch of due triggers, in one statement. Only partitions whose lease this node still holds
@@ -296,12 +307,20 @@ ORDER BY job_id DESC LIMIT 1;
 
 -- name: schedules_without_trigger
 -- Recurring, active jobs in ($1, $2] whose schedule trigger row is gone, with their last fire.
+-- First the ids without a schedule trigger, from the two indexes alone (jobs_pkey, triggers_job_kind),
+-- in id order: only those jobs' rows are read. Reading every swept job's row (and its trigger's)
+-- first cost 20,000 random pages a sweep once the ids are not in insertion order, and evicted the
+-- pages the fires were using from the server's cache.
+WITH missing AS MATERIALIZED (
+    SELECT j.job_id FROM jobs j
+    WHERE j.job_id > $1 AND j.job_id <= $2
+      AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0)
+)
 SELECT j.job_id, j.owner, j.cron, j.timezone, j.dst_gap, j.dst_fold,
        greatest(j.created_at, j.resumed_at, (SELECT max(r.scheduled_at) FROM runs r WHERE r.job_id = j.job_id))
            AS last_fire
-FROM jobs j
-WHERE j.job_id > $1 AND j.job_id <= $2 AND j.cron IS NOT NULL AND NOT j.paused
-  AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0);
+FROM missing m JOIN jobs j ON j.job_id = m.job_id
+WHERE j.cron IS NOT NULL AND NOT j.paused;
 
 -- name: record_stalls
 -- A stalled schedule is recorded once per incident: a job already recorded keeps its row (and its
