@@ -273,15 +273,24 @@ LIMIT $1;
 -- name: notify_late_fires
 -- Runs a fire created later than their job's start deadline after their scheduled time (plus the
 -- job's jitter): their start is missed however soon a worker takes them. In the fire's transaction.
+-- Each run and its job by key (LATERAL ... LIMIT 1): as a plain join, a batch of 1,000 late slots
+-- was hashed against every run of the day, a read that grew with the history while a fleet was
+-- already behind.
 SELECT chimes_notify_runs('start_missed', array_agg(r.run_id), array_agg(r.scheduled_at),
        array_agg(format('fired %ss after its scheduled time, past its start deadline of %ss: '
                         'are scheduler nodes running and keeping up?',
                         round(extract(epoch FROM r.fired_at - r.scheduled_at)), j.start_deadline_sec)))
 FROM unnest($1::uuid[], $2::timestamptz[]) AS s(run_id, scheduled_at)
-JOIN runs r ON r.run_id = s.run_id AND r.scheduled_at = s.scheduled_at
-JOIN jobs j ON j.job_id = r.job_id
-WHERE r.status <> 'skipped'
-  AND r.fired_at > r.scheduled_at + make_interval(secs => j.start_deadline_sec + j.jitter_sec);
+CROSS JOIN LATERAL (
+    SELECT r.run_id, r.scheduled_at, r.fired_at, r.job_id FROM runs r
+    WHERE r.run_id = s.run_id AND r.scheduled_at = s.scheduled_at AND r.status <> 'skipped'
+    LIMIT 1
+) r
+CROSS JOIN LATERAL (
+    SELECT j.start_deadline_sec FROM jobs j
+    WHERE j.job_id = r.job_id AND r.fired_at > r.scheduled_at + make_interval(secs => j.start_deadline_sec + j.jitter_sec)
+    LIMIT 1
+) j;
 
 -- name: overdue_triggers
 -- Schedule triggers still not fired $1 seconds after they were due (a partition with no live owner,
