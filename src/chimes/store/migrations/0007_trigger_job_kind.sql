@@ -1,8 +1,9 @@
--- The trigger index by job, with the trigger's kind in the key: "has this job a schedule trigger?"
--- (the health check's sweep for schedules without one, 20,000 jobs every 10 s; deleting a job's
--- schedule trigger; a job's next run) is answered from the index alone, without reading the table.
--- Reading the table there cost one random page of `triggers` per job swept: past a million
--- schedules that read pushed the pages the fires need out of the server's cache.
+-- The trigger index by job, with the trigger's kind in the key, so "has this job a schedule
+-- trigger?" is answered from the index alone: the health check's sweep for schedules without one
+-- (20,000 jobs every 10 s) no longer reads the table. At a million schedules that sweep read all of
+-- `triggers` and 20,000 scattered pages of `jobs` every 10 s (0.75 s, 22,000 blocks from outside the
+-- server's cache), and pushed out of the cache the pages the fires were using. Deleting a job's
+-- schedule trigger and a job's next run find their row through it as before.
 --
 -- Locks: CREATE INDEX holds a SHARE lock on `triggers` while it builds, so fires, job edits and
 -- retries wait (nothing is lost: they run once it commits, late). It reads the whole table: a few
@@ -13,3 +14,13 @@
 -- ACCESS EXCLUSIVE lock for an instant.
 CREATE INDEX IF NOT EXISTS triggers_job_kind ON triggers (job_id, kind);
 DROP INDEX IF EXISTS triggers_job;
+
+-- Vacuum the trigger table after every 10,000 fires, not after a fifth of it (200,000 rows at a
+-- million schedules, 2 million at ten): a vacuum marks the pages of the next fires all-visible, and
+-- the due scan's second-by-second re-read of the keys it already holds (scan_due_keys) and the sweep
+-- above are index-only only on such pages; on the others each key costs a visit to the table (at
+-- 50,000 held keys: about 87,000 buffers a scan instead of 3,300). A vacuum reads only the pages
+-- changed since the last one, and skips the indexes while few entries are dead. These settings take
+-- a SHARE UPDATE EXCLUSIVE lock, which fires do not wait for.
+ALTER TABLE triggers SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000,
+                          autovacuum_vacuum_insert_scale_factor = 0, autovacuum_vacuum_insert_threshold = 10000);
