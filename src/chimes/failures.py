@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from chimes import metrics
+from chimes import metrics, outage
 from chimes.store.db import describe
 
 log = logging.getLogger("chimes.failures")
@@ -52,7 +52,7 @@ def loop_failed(role: str, loop: str, exc: BaseException) -> None:
     """Log and count a failed step of a long-lived loop, which then runs again."""
     metrics.LOOP_FAILURES.labels(role, loop).inc()
     if is_transient(exc):
-        log.warning("%s failed: %s", loop, describe(exc))
+        outage.failed(loop, describe(exc))  # logged once per outage, not once per step
     else:
         log.error("%s failed: %s", loop, describe(exc), exc_info=exc)
 

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from chimes.api import standby
 from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError, not_found
 from chimes.api.jobs import parse_id, parse_run_id
@@ -28,7 +29,7 @@ RunStatus = Literal["scheduled", "running", "succeeded", "failed", "skipped", "c
 
 
 def _store(request: Request) -> RunStore:
-    return request.app.state.runs
+    return standby.runs(request)
 
 
 @router.get("/jobs/{job_id}/runs", response_class=JSONResponse)
