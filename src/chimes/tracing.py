@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from chimes.store.scheduling import Fire
-    from chimes.store.working import ClaimedRun, Outcome
+    from chimes.store.working import ClaimedRun, Completion
 
 __all__ = [
     "attempt",
@@ -224,17 +224,18 @@ def attempt(run: ClaimedRun, task_type: str | None) -> _Attempt:
                     "chimes.attempt": run.attempt, "chimes.task_type": task_type or ""}))
 
 
-def completed(outcomes: Iterable[Outcome], accepted: Iterable[object]) -> None:
+def completed(completions: Iterable[Completion], accepted: Iterable[object]) -> None:
     """``chimes.complete`` per outcome the database accepted."""
     if _tracer is None:
         return
     recorded = set(accepted)
-    for outcome in outcomes:
-        run = outcome.run
+    for done in completions:
+        run = done.run
         if run.run_id in recorded:
             _point("chimes.complete", run.run_id, {"chimes.run_id": str(run.run_id), "chimes.job_id": str(run.job_id),
-                                                   "chimes.attempt": run.attempt, "chimes.status": outcome.status,
-                                                   "chimes.retry": outcome.retry_at is not None})
+                                                   "chimes.attempt": run.attempt,
+                                                   "chimes.status": str(done.outcome.status),
+                                                   "chimes.retry": done.retry_at is not None})
 
 
 class _NoSpan:

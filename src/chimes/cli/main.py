@@ -129,7 +129,7 @@ def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id
            lease_sec: float, shutdown_grace: float, container_runtime: str, **security: Any) -> None:
     """A worker: claims runs from the queue and executes them."""
     from chimes.cli.roles import run_worker
-    from chimes.worker.executors import Executors
+    from chimes.worker.tasks.dispatch import Executors
 
     worker_settings = worker_security(data_dir, security)
     try:

@@ -20,9 +20,9 @@ from chimes.settings import Settings
 from chimes.store import db, tokens
 from chimes.store.owners import OwnerStore, SigningSecrets, check_secret_key
 from chimes.store.queries import sql
-from chimes.worker.container_task import remove_orphaned_env_files
-from chimes.worker.executors import Executors
 from chimes.worker.guard import TaskGuard
+from chimes.worker.tasks.container import remove_orphaned_env_files
+from chimes.worker.tasks.dispatch import Executors
 from chimes.worker.worker import Worker, WorkerConfig
 
 log = logging.getLogger("chimes")
