@@ -27,8 +27,6 @@ from chimes.ids import schedulable, truncate_to_millis
 from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.storable import storable_problem
 
-PRIORITIES = {"high": 0, "normal": 1, "batch": 2}
-PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}
 MAX_TIMEOUT_SEC = 7 * 24 * 3600
 
 

@@ -109,7 +109,7 @@ def record_reaped(ended: Iterable[Any]) -> None:
     """Rows the reaper ended: ``retry_at`` set means another attempt, else the run failed for good."""
     for row in ended:
         if row["retry_at"] is None:
-            RUNS_FINISHED.labels("failed").inc()
+            RUNS_FINISHED.labels(str(RunStatus.FAILED)).inc()
         else:
             REAPER_REQUEUED.inc()
             RETRIES.labels("reaper").inc()

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chimes import cron
+from chimes.enums import RunTrigger
 from chimes.ids import run_id_for
 
 MAX_RECORDED = 1000  # slots recorded per catch-up; older missed slots are counted in a note
@@ -27,7 +28,7 @@ MAX_WALK = 100_000  # slots walked before jumping to the catch-up window
 class Slot:
     run_id: uuid.UUID
     scheduled_at: datetime
-    trigger: str  # "schedule" | "catchup"
+    trigger: RunTrigger  # SCHEDULE or CATCHUP
     outcome: str  # "run" | "skip"
     reason: str | None = None
 
@@ -41,7 +42,7 @@ def jitter_offset(job_id: uuid.UUID, jitter_sec: int) -> timedelta:
 
 
 def on_time(job_id: uuid.UUID, nominal: datetime) -> Slot:
-    return Slot(run_id_for(job_id, nominal), nominal, "schedule", "run")
+    return Slot(run_id_for(job_id, nominal), nominal, RunTrigger.SCHEDULE, "run")
 
 
 def catch_up(
@@ -61,7 +62,7 @@ def catch_up(
     window_start = now - timedelta(seconds=int(policy.get("windowSec", 86400)))
     recent = [s for s in missed if s >= window_start]
     old = [s for s in missed if s < window_start]
-    slots = [Slot(run_id_for(job_id, s), s, "schedule", "skip", f"{cause}; older than the catch-up window")
+    slots = [Slot(run_id_for(job_id, s), s, RunTrigger.SCHEDULE, "skip", f"{cause}; older than the catch-up window")
              for s in old]
     slots += _apply_policy(job_id, recent, policy, cause)
     if unrecorded and slots:
@@ -97,7 +98,8 @@ def _apply_policy(job_id: uuid.UUID, recent: list[datetime], policy: Mapping[str
         return []
     name = policy.get("policy", "one")
     if name == "none":
-        return [Slot(run_id_for(job_id, s), s, "schedule", "skip", f"{cause} (catch-up policy: none)") for s in recent]
+        return [Slot(run_id_for(job_id, s), s, RunTrigger.SCHEDULE, "skip", f"{cause} (catch-up policy: none)")
+                for s in recent]
     keep = 1 if name == "one" else int(policy.get("maxRuns", 10))
     ran, skipped = recent[-keep:], recent[:-keep]
     newest = ran[-1].isoformat().replace("+00:00", "Z")
@@ -106,5 +108,5 @@ def _apply_policy(job_id: uuid.UUID, recent: list[datetime], policy: Mapping[str
         late = f"{cause}; one catch-up run for {len(recent)} missed fires"
     skip_reason = (f"{cause}; caught up by the run of {newest}" if name == "one"
                    else f"{cause}; beyond catchUp.maxRuns ({keep})")
-    return ([Slot(run_id_for(job_id, s), s, "schedule", "skip", skip_reason) for s in skipped]
-            + [Slot(run_id_for(job_id, s), s, "catchup", "run", late) for s in ran])
+    return ([Slot(run_id_for(job_id, s), s, RunTrigger.SCHEDULE, "skip", skip_reason) for s in skipped]
+            + [Slot(run_id_for(job_id, s), s, RunTrigger.CATCHUP, "run", late) for s in ran])

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from chimes.enums import RunStatus, TriggerKind
+
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
@@ -160,12 +162,12 @@ def fired(fires: Sequence[Fire], refused: bool) -> None:
     trigger's due time to now (its fire lag)."""
     if _tracer is None or refused:
         return
-    from chimes.store.scheduling import RETRY
 
     for fire in fires:
         for run_id in [slot.run_id for slot in fire.slots if slot.outcome == "run"] or [fire.run_id]:
             _point("chimes.fire", run_id, {"chimes.run_id": str(run_id), "chimes.job_id": str(fire.trigger.job_id),
-                                           "chimes.retry": fire.trigger.kind == RETRY}, start=fire.trigger.fire_at)
+                                           "chimes.retry": fire.trigger.kind == TriggerKind.RETRY},
+                   start=fire.trigger.fire_at)
 
 
 def claimed(runs: Iterable[ClaimedRun], worker_id: str) -> None:
@@ -205,7 +207,7 @@ class _Attempt:
         from opentelemetry.trace import Status, StatusCode
 
         self._span.set_attribute("chimes.outcome", status)
-        if status == "failed":
+        if status == RunStatus.FAILED:
             self._span.set_status(Status(StatusCode.ERROR, error))
 
 

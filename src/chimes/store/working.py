@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from chimes.enums import Priority
 from chimes.store.queries import sql
 from chimes.worker.caps import Candidate, admit, cap_key
 
@@ -34,7 +35,7 @@ class ClaimedRun:
     timeout_sec: int | None
     job_exists: bool
     owner: str = ""  # whose run: decides command permission and the signing secret
-    priority: int = 1  # queue tier: 0 high, 1 normal, 2 batch
+    priority: Priority = Priority.NORMAL  # queue tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +69,8 @@ class WorkerStore:
         await self._pool.execute(sql("forget_worker"), self.worker_id)
 
     async def claim(self, limit: int, lease_sec: float, deadline_grace_sec: float,
-                    tiers: tuple[int, int] = (0, 2)) -> list[ClaimedRun]:
-        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]`` (0 high, 2 batch)."""
+                    tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
+        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]``, both included."""
         if limit <= 0:
             return []
         async with self._pool.acquire() as conn, conn.transaction():
@@ -82,7 +83,7 @@ class WorkerStore:
         return await self._pool.fetchval(sql("caps_exist"))
 
     async def claim_capped(self, limit: int, lease_sec: float, deadline_grace_sec: float,
-                           tiers: tuple[int, int] = (0, 2)) -> list[ClaimedRun]:
+                           tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
         """Claim runs that fall under concurrency caps, never past a cap: one claimer at a time."""
         if limit <= 0:
             return []
