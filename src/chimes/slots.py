@@ -19,6 +19,7 @@ from typing import Any
 from chimes import cron
 from chimes.enums import RunTrigger
 from chimes.ids import run_id_for
+from chimes.settings import CATCH_UP_WINDOW_SEC
 
 MAX_RECORDED = 1000  # slots recorded per catch-up; older missed slots are counted in a note
 MAX_WALK = 100_000  # slots walked before jumping to the catch-up window
@@ -59,7 +60,7 @@ def catch_up(
     ``cause`` names why they were missed ("missed" or "paused"), for the records.
     """
     missed, unrecorded, following = _missed_slots(schedule, first, now, policy)
-    window_start = now - timedelta(seconds=int(policy.get("windowSec", 86400)))
+    window_start = now - timedelta(seconds=int(policy.get("windowSec", CATCH_UP_WINDOW_SEC)))
     recent = [s for s in missed if s >= window_start]
     old = [s for s in missed if s < window_start]
     slots = [Slot(run_id_for(job_id, s), s, RunTrigger.SCHEDULE, "skip", f"{cause}; older than the catch-up window")
@@ -85,7 +86,7 @@ def _missed_slots(
         kept.append(slot)
         walked += 1
         if walked == MAX_WALK:  # a very long outage of a very frequent job: jump to the window
-            window_start = now - timedelta(seconds=int(policy.get("windowSec", 86400)))
+            window_start = now - timedelta(seconds=int(policy.get("windowSec", CATCH_UP_WINDOW_SEC)))
             jump = cron.next_fire(schedule, max(slot, window_start - timedelta(seconds=1)))
             slot = jump if jump is not None and jump > slot else cron.next_fire(schedule, slot)
             continue

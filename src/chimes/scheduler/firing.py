@@ -8,12 +8,13 @@ from datetime import datetime, timedelta
 from chimes import cron
 from chimes.enums import TriggerKind
 from chimes.ids import scheduled_at_of
+from chimes.settings import MISSED_AFTER_SEC
 from chimes.slots import catch_up, jitter_offset, on_time
 from chimes.store.scheduling import DueTrigger, Fire
 
 # A trigger this late was missed (the scheduler was down, or the job paused), not merely delayed
 # by a takeover: its slots follow the job's catch-up policy instead of firing one by one.
-MISSED_AFTER = timedelta(seconds=60)
+MISSED_AFTER = timedelta(seconds=MISSED_AFTER_SEC)
 
 
 def schedule_of(trigger: DueTrigger) -> cron.CronSchedule | None:

@@ -25,6 +25,7 @@ from chimes.backoff import plan_retry
 from chimes.enums import Priority, RunStatus
 from chimes.logs import run_fields
 from chimes.security.storable import storable_text
+from chimes.settings import RUN_LEASE_SEC, RUN_TIMEOUT_SEC, SHUTDOWN_GRACE_SEC, WORKER_CONCURRENCY
 from chimes.store.db import DB_ERRORS, open_connection
 from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, ClaimedRun, Completion, WorkerStore
 from chimes.timeouts import wait_event
@@ -40,15 +41,15 @@ CAPS_RECHECK_SEC = 2.0
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    concurrency: int = 100  # runs executed at once
+    concurrency: int = WORKER_CONCURRENCY  # runs executed at once
     claim_batch: int = 100
-    lease_sec: float = 30.0
+    lease_sec: float = RUN_LEASE_SEC
     heartbeat_every_sec: float = 10.0
     poll_every_sec: float = 1.0  # fallback when no NOTIFY arrives
     listen_check_every_sec: float = 5.0  # a query on the LISTEN connection: a host that vanished is noticed
     listen_check_timeout_sec: float = 5.0
     flush_every_sec: float = 0.02
-    shutdown_grace_sec: float = 30.0
+    shutdown_grace_sec: float = SHUTDOWN_GRACE_SEC
     deadline_grace_sec: float = 30.0  # the reaper abandons a run this long after its timeout
     tiers: TierPolicy = field(default_factory=TierPolicy)
     allow_commands: bool = False  # run command and container tasks (--allow-commands)
@@ -233,7 +234,7 @@ class Worker:
         if prepared.refusal is not None:
             return Outcome.failure(prepared.refusal)
         ctx = TaskContext(str(run.run_id), str(run.job_id), run.attempt, run.scheduled_at,
-                          float(run.timeout_sec or 3600), signing_secret=prepared.signing_secret,
+                          float(run.timeout_sec or RUN_TIMEOUT_SEC), signing_secret=prepared.signing_secret,
                           lease_token=str(run.lease_token), owner=run.owner)
         with tracing.attempt(run, prepared.task.get("type")) as traced:
             outcome = await self.executors.run(prepared.task, ctx)

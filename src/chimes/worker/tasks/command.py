@@ -14,6 +14,7 @@ import asyncio
 import os
 from typing import Any
 
+from chimes.settings import KILL_GRACE_SEC
 from chimes.worker.tasks.common import OUTPUT_TAIL_BYTES, Outcome, OutputTail, TaskContext, format_seconds, short_error
 from chimes.worker.tasks.processes import (
     drain_output,
@@ -49,7 +50,7 @@ def build_env(task_env: dict[str, Any] | None, ctx: TaskContext) -> dict[str, st
 class CommandExecutor:
     """Runs ``{"type": "command"}`` tasks as subprocesses in their own process group."""
 
-    def __init__(self, *, kill_grace_sec: float = 5.0) -> None:
+    def __init__(self, *, kill_grace_sec: float = KILL_GRACE_SEC) -> None:
         self._kill_grace_sec = kill_grace_sec
 
     async def run(self, task: dict[str, Any], ctx: TaskContext) -> Outcome:

@@ -29,6 +29,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from chimes.settings import CONTAINER_RUNTIME, KILL_GRACE_SEC
 from chimes.worker.tasks.common import OUTPUT_TAIL_BYTES, Outcome, OutputTail, TaskContext, format_seconds, short_error
 from chimes.worker.tasks.processes import (
     drain_output,
@@ -169,7 +170,7 @@ async def _finish_despite_cancellation(cleanup: Coroutine[Any, Any, None]) -> No
 class ContainerExecutor:
     """Runs ``{"type": "container"}`` tasks through ``runtime``, a command line such as ``sudo podman``."""
 
-    def __init__(self, runtime: str = "docker", *, kill_grace_sec: float = 5.0) -> None:
+    def __init__(self, runtime: str = CONTAINER_RUNTIME, *, kill_grace_sec: float = KILL_GRACE_SEC) -> None:
         self.runtime = runtime
         try:
             self._runtime_argv = shlex.split(runtime)

@@ -9,6 +9,7 @@ import asyncio
 from typing import Any
 
 from chimes.security.ssrf import EgressPolicy
+from chimes.settings import CONTAINER_RUNTIME, KILL_GRACE_SEC
 from chimes.worker.tasks.command import CommandExecutor
 from chimes.worker.tasks.common import Outcome, TaskContext, short_error
 from chimes.worker.tasks.container import ContainerExecutor
@@ -24,8 +25,8 @@ class Executors:
     shutdown.
     """
 
-    def __init__(self, *, max_connections: int = 1000, kill_grace_sec: float = 5.0,
-                 container_runtime: str = "docker", egress: EgressPolicy | None = None) -> None:
+    def __init__(self, *, max_connections: int = 1000, kill_grace_sec: float = KILL_GRACE_SEC,
+                 container_runtime: str = CONTAINER_RUNTIME, egress: EgressPolicy | None = None) -> None:
         self.http = HttpExecutor(max_connections=max_connections, egress=egress)
         self.command = CommandExecutor(kill_grace_sec=kill_grace_sec)
         self.container = ContainerExecutor(container_runtime, kill_grace_sec=kill_grace_sec)
