@@ -10,11 +10,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import asyncpg
 
 from chimes import failures, metrics, tracing
+from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.notifier import Notifier, NotifierConfig
 from chimes.scheduler.firing import follow_up, plan_fire
 from chimes.scheduler.health import HealthCheck
@@ -65,7 +66,7 @@ def new_node_id() -> str:
 
 class SchedulerNode:
     def __init__(self, pool: asyncpg.Pool, config: SchedulerConfig | None = None,
-                 node_id: str | None = None, clock: Callable[[], float] = time.time, *,
+                 node_id: str | None = None, clock: Clock = SYSTEM_CLOCK, *,
                  signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.store = SchedulerStore(pool, node_id or new_node_id())
@@ -91,7 +92,7 @@ class SchedulerNode:
         return self.store.node_id
 
     def _now(self) -> datetime:
-        return datetime.fromtimestamp(self._clock(), UTC)
+        return self._clock.now()
 
     def _on_partitions_lost(self, partitions: set[int]) -> None:
         dropped = self.wheel.drop_partitions(partitions)
@@ -218,7 +219,7 @@ class SchedulerNode:
         # a batch of one costs the database nearly as much as a batch of a hundred.
         coalesce = self.config.fire_coalesce_sec
         while True:
-            now = self._clock()
+            now = self._clock.time()
             first = self.wheel.next_due()
             due = self.wheel.pop_due(now, limit=self.config.fire_batch_size) if (
                 first is not None and first <= now - coalesce) else []

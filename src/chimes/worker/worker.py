@@ -16,12 +16,12 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 import asyncpg
 
 from chimes import failures, metrics, tracing
 from chimes.backoff import plan_retry
+from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.enums import Priority, RunStatus
 from chimes.logs import run_fields
 from chimes.security.storable import storable_text
@@ -62,7 +62,7 @@ def new_worker_id() -> str:
 class Worker:
     def __init__(self, pool: asyncpg.Pool, dsn: str, config: WorkerConfig | None = None,
                  worker_id: str | None = None, executors: Executors | None = None,
-                 guard: TaskGuard | None = None) -> None:
+                 guard: TaskGuard | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config or WorkerConfig()
         self.store = WorkerStore(pool, worker_id or new_worker_id())
         self.executors = executors or Executors()
@@ -70,6 +70,7 @@ class Worker:
         self.completed = 0
         self.listening = False  # whether NOTIFY wakes this worker now (else it polls)
         self._dsn = dsn
+        self._clock = clock
         self._running: dict[uuid.UUID, tuple[ClaimedRun, asyncio.Task[None]]] = {}
         self._outcomes: list[Completion] = []
         self._unrecordable: set[uuid.UUID] = set()  # runs whose outcome text the database refused
@@ -214,7 +215,7 @@ class Worker:
                 log.info("run %s accepted by its target, which reports its outcome itself", run.run_id,
                          extra={"run_id": str(run.run_id), "job_id": str(run.job_id)})
                 return
-            now = datetime.now(UTC)
+            now = self._clock.now()
             retry_at, error = None, outcome.error
             if outcome.status is RunStatus.FAILED:
                 retry = plan_retry(run.retry_policy, run.attempt, now, since=run.scheduled_at)
