@@ -10,8 +10,9 @@ from typing import Any
 import asyncpg
 
 from chimes import cron
+from chimes.enums import Priority
 from chimes.ids import new_job_id, partition_of
-from chimes.jobs import PRIORITIES, PRIORITY_NAMES, AtScheduleSpec, CronScheduleSpec, JobPatch, JobSpec
+from chimes.jobs import AtScheduleSpec, CronScheduleSpec, JobPatch, JobSpec
 from chimes.security.secrets import Keyring, default_keyring, has_secrets, keep_sealed, seal_spec, split_sealed
 from chimes.slots import jitter_offset
 from chimes.store.owners import admit_job, check_job_quota, check_task_allowed
@@ -80,7 +81,7 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
         wire["retryPolicy"],
         spec.timeout_sec,
         spec.concurrency,
-        PRIORITIES[spec.priority],
+        Priority.from_label(spec.priority),
         cron_spec.dst_gap if cron_spec else None,
         cron_spec.dst_fold if cron_spec else None,
         wire["catchUp"],
@@ -106,7 +107,7 @@ def definition_of(row: asyncpg.Record) -> dict[str, Any]:
         "timeoutSec": row["timeout_sec"],
         "concurrency": row["concurrency"],
         "queueLimit": row["queue_limit"],
-        "priority": PRIORITY_NAMES[row["priority"]],
+        "priority": Priority(row["priority"]).label,
         "catchUp": row["catch_up"],
         "tags": row["tags"],
         "startDeadlineSec": row["start_deadline_sec"],

@@ -6,12 +6,16 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from chimes.enums import Priority
 from chimes.store.queries import sql
 from chimes.worker.caps import Candidate, admit, cap_key
+
+if TYPE_CHECKING:
+    from chimes.worker.tasks.common import Outcome
 
 QUEUE_CHANNEL = "chimes_run_queue"
 CANCEL_CHANNEL = "chimes_run_cancel"  # payload: the id of a running run that was just cancelled
@@ -31,17 +35,16 @@ class ClaimedRun:
     timeout_sec: int | None
     job_exists: bool
     owner: str = ""  # whose run: decides command permission and the signing secret
-    priority: int = 1  # queue tier: 0 high, 1 normal, 2 batch
+    priority: Priority = Priority.NORMAL  # queue tier
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    """How an attempt ended. ``retry_at`` set: the run waits for another attempt then."""
+class Completion:
+    """An attempt that ended, to record: its run, its outcome (succeeded, failed or cancelled) and when.
+    ``retry_at`` set: the run waits for another attempt then."""
 
     run: ClaimedRun
-    status: str  # succeeded | failed | cancelled
-    error: str | None
-    output: str | None
+    outcome: Outcome
     finished_at: datetime
     retry_at: datetime | None
 
@@ -66,8 +69,8 @@ class WorkerStore:
         await self._pool.execute(sql("forget_worker"), self.worker_id)
 
     async def claim(self, limit: int, lease_sec: float, deadline_grace_sec: float,
-                    tiers: tuple[int, int] = (0, 2)) -> list[ClaimedRun]:
-        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]`` (0 high, 2 batch)."""
+                    tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
+        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]``, both included."""
         if limit <= 0:
             return []
         async with self._pool.acquire() as conn, conn.transaction():
@@ -80,7 +83,7 @@ class WorkerStore:
         return await self._pool.fetchval(sql("caps_exist"))
 
     async def claim_capped(self, limit: int, lease_sec: float, deadline_grace_sec: float,
-                           tiers: tuple[int, int] = (0, 2)) -> list[ClaimedRun]:
+                           tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
         """Claim runs that fall under concurrency caps, never past a cap: one claimer at a time."""
         if limit <= 0:
             return []
@@ -111,18 +114,18 @@ class WorkerStore:
         )
         return {row["run_id"] for row in rows}
 
-    async def complete(self, outcomes: Sequence[Outcome]) -> set[uuid.UUID]:
+    async def complete(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         """Record a batch of outcomes in one statement; returns the runs whose outcome was accepted."""
-        if not outcomes:
+        if not completions:
             return set()
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("plan_by_key"))
             rows = await conn.fetch(
                 sql("complete_runs"),
-                [o.run.run_id for o in outcomes], [o.run.scheduled_at for o in outcomes],
-                [o.run.lease_token for o in outcomes], [o.status for o in outcomes],
-                [o.error for o in outcomes], [o.output for o in outcomes],
-                [o.finished_at for o in outcomes], [o.retry_at for o in outcomes], self.worker_id,
+                [c.run.run_id for c in completions], [c.run.scheduled_at for c in completions],
+                [c.run.lease_token for c in completions], [c.outcome.status for c in completions],
+                [c.outcome.error for c in completions], [c.outcome.output for c in completions],
+                [c.finished_at for c in completions], [c.retry_at for c in completions], self.worker_id,
             )
             await runs_ended(conn, [r for r in rows if r["final"]])
         return {row["run_id"] for row in rows}
