@@ -26,7 +26,8 @@ IfMatch = Annotated[str | None, Header(alias="If-Match", max_length=1000,
 
 
 def _store(request: Request) -> JobStore:
-    return request.app.state.jobs
+    store: JobStore = request.app.state.jobs
+    return store
 
 
 @router.post("/jobs", status_code=201, response_class=JSONResponse)

@@ -28,7 +28,8 @@ RunStatus = Literal["scheduled", "running", "succeeded", "failed", "skipped", "c
 
 
 def _store(request: Request) -> RunStore:
-    return request.app.state.runs
+    store: RunStore = request.app.state.runs
+    return store
 
 
 @router.get("/jobs/{job_id}/runs", response_class=JSONResponse)

@@ -49,8 +49,8 @@ async def jobs_page(
     found = await DashboardStore(request.app.state.pool).jobs(who.owner_filter, q.strip(), show,
                                                               _job_cursor(after), PAGE_SIZE)
     next_after = _encode_job_cursor(found.next) if found.next else None
-    context = {"viewer": who, "nav": "jobs", "jobs": found.jobs, "q": q.strip(), "show": show, "after": after,
-               "next_after": next_after, "filters": JOB_FILTERS}
+    context: dict[str, Any] = {"viewer": who, "nav": "jobs", "jobs": found.jobs, "q": q.strip(), "show": show,
+                               "after": after, "next_after": next_after, "filters": JOB_FILTERS}
     return page(request, "_jobs_table.html" if fragment == "table" else "jobs.html", **context)
 
 
