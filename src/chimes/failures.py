@@ -18,7 +18,7 @@ from typing import TypeVar
 import asyncpg
 
 from chimes import metrics, outage
-from chimes.store.db import describe
+from chimes.store.db import describe as describe  # failures.describe, for the roles
 
 log = logging.getLogger("chimes.failures")
 T = TypeVar("T")

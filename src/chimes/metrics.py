@@ -21,6 +21,7 @@ from prometheus_client import start_http_server as _start_http_server
 
 from chimes.enums import RunStatus
 from chimes.store.dashboard import queue_tiers
+from chimes.store.db import one_row
 from chimes.store.queries import sql
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ async def collect_fleet(pool: asyncpg.Pool) -> None:
         for tier in await queue_tiers(conn):
             QUEUE_DEPTH.labels(tier.tier).set(tier.depth)
             QUEUE_OLDEST.labels(tier.tier).set(tier.oldest_sec or 0.0)
-        row = await conn.fetchrow(sql("metrics_fleet"))
+        row = one_row(await conn.fetchrow(sql("metrics_fleet")))
     LIVE_NODES.set(row["nodes"])
     LIVE_WORKERS.set(row["workers"])
     PARTITIONS_UNLEASED.set(row["unleased"])

@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from pathlib import Path
 
+import asyncpg
 import click
 from rich.console import Console
 from rich.table import Table
@@ -57,7 +58,7 @@ def create(database_url: str | None, data_dir: Path, owner: str, scope: str | No
 def list_tokens(database_url: str | None, data_dir: Path) -> None:
     """List tokens (never their secrets)."""
 
-    async def main(dsn: str) -> list:
+    async def main(dsn: str) -> list[asyncpg.Record]:
         await migrate_database(dsn)
         conn = await db.connect(dsn)
         try:

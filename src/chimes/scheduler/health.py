@@ -35,6 +35,7 @@ import asyncpg
 from chimes import cron
 from chimes.ids import run_id_for, scheduled_at_of
 from chimes.slots import jitter_offset
+from chimes.store.db import Conn
 from chimes.store.queries import sql
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class HealthCheck:
             log.warning("schedule health: %d notifications queued", queued)
         return queued
 
-    async def _missed_starts(self, conn: asyncpg.Connection, now: datetime, overdue: list[asyncpg.Record]) -> int:
+    async def _missed_starts(self, conn: Conn, now: datetime, overdue: list[asyncpg.Record]) -> int:
         late = await conn.fetch(sql("late_unstarted_runs"), UNSTARTED_LOOKED_AT)
         queued = 0
         if late:
@@ -122,7 +123,7 @@ class HealthCheck:
                 [slot for _, slot, _ in never], [run_id for _, _, run_id in never])
         return queued
 
-    async def _stalled_schedules(self, conn: asyncpg.Connection, now: datetime,
+    async def _stalled_schedules(self, conn: Conn, now: datetime,
                                  overdue: list[asyncpg.Record]) -> int:
         stalls: dict[uuid.UUID, Stall] = {}
         for t in overdue:
@@ -162,7 +163,7 @@ class HealthCheck:
                 [s.detail for s in others], [s.fire_at for s in others], [None for _ in others])
         return queued
 
-    async def _without_trigger(self, conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    async def _without_trigger(self, conn: Conn) -> list[asyncpg.Record]:
         """One bounded step of the sweep over all jobs; starts over after the last."""
         start = self._swept_to
         end = await conn.fetchval(sql("job_sweep_end"), start, self.jobs_per_sweep)

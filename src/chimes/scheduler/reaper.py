@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 POISON_AFTER = 3  # lease losses (worker deaths) after which a run is failed as poison
 
 
-def judge(row: asyncpg.Record | Mapping, now: datetime, poison_after: int = POISON_AFTER) -> LostRun:
+def judge(row: asyncpg.Record | Mapping[str, Any], now: datetime, poison_after: int = POISON_AFTER) -> LostRun:
     """Decide how one expired run ends. Pure: ``now`` is passed in."""
     policy = row["retry_policy"] or DEFAULT_POLICY
     attempt = row["attempt"]
@@ -47,7 +48,7 @@ def judge(row: asyncpg.Record | Mapping, now: datetime, poison_after: int = POIS
                    error, retry_at, lease_lost)
 
 
-def _judge_or_fail(row: asyncpg.Record | Mapping, now: datetime) -> LostRun:
+def _judge_or_fail(row: asyncpg.Record | Mapping[str, Any], now: datetime) -> LostRun:
     """A run whose stored retry policy cannot be read fails for good, saying why, instead of
     stopping the reaper for every run behind it."""
     try:

@@ -9,10 +9,11 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import asyncpg.pool
 import orjson
 
 from chimes import outage
@@ -21,6 +22,18 @@ from chimes.store.embedded import EmbeddedPostgres
 
 log = logging.getLogger("chimes.db")
 T = TypeVar("T")
+
+# What pool.acquire() lends is a proxy that forwards every call to a connection, not a Connection
+# itself: a function that only runs statements takes a Conn, so that either kind will do.
+Conn: TypeAlias = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+def one_row(row: asyncpg.Record | None) -> asyncpg.Record:
+    """The row of a statement that always returns one (an aggregate, an upsert with RETURNING): none
+    means the statement is not what the caller takes it for, which is a bug to report, not to skip."""
+    if row is None:
+        raise LookupError("a statement that always returns a row returned none")
+    return row
 
 _JSONB_VERSION = b"\x01"  # the binary jsonb format is a version byte, then the JSON text
 
@@ -212,7 +225,7 @@ def _by_answering(urls: list[str]) -> list[str]:
 
 async def _connect_host(url: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
     try:
-        conn = await asyncpg.connect(url, **kwargs)
+        conn: asyncpg.Connection = await asyncpg.connect(url, **kwargs)
     except (TimeoutError, OSError) as exc:
         if not isinstance(exc, ConnectionRefusedError):  # refused: the host is there, its server is not
             _UNANSWERED[url] = time.monotonic()
@@ -305,7 +318,9 @@ def _most_telling(errors: list[BaseException]) -> BaseException:
     return errors[-1]
 
 
-async def _pool_connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+async def _pool_connect(dsn: str | None = None, **kwargs: Any) -> asyncpg.Connection:
+    if dsn is None:  # asyncpg's connect callback may be called without one; create_pool below passes it
+        raise TypeError("the pool's connect callback needs a DSN")
     kwargs.pop("loop", None)
     return await open_connection(dsn, **kwargs)
 
@@ -378,6 +393,6 @@ def database_url(settings: Settings) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def transaction(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+async def transaction(pool: asyncpg.Pool) -> AsyncIterator[Conn]:
     async with pool.acquire() as conn, conn.transaction():
         yield conn

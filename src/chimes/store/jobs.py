@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +16,7 @@ from chimes.ids import new_job_id, partition_of
 from chimes.jobs import AtScheduleSpec, CronScheduleSpec, JobPatch, JobSpec
 from chimes.security.secrets import Keyring, default_keyring, has_secrets, keep_sealed, seal_spec, split_sealed
 from chimes.slots import jitter_offset
+from chimes.store.db import Conn, one_row
 from chimes.store.owners import admit_job, check_job_quota, check_task_allowed
 from chimes.store.queries import sql
 
@@ -74,7 +76,7 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
     return (
         spec.name,
         cron_spec.cron if cron_spec else None,
-        None if cron_spec else schedule.at,
+        schedule.at if isinstance(schedule, AtScheduleSpec) else None,
         cron_spec.timezone if cron_spec else "UTC",
         cron_spec.jitter_sec if cron_spec else 0,
         wire["task"],
@@ -158,10 +160,10 @@ class JobStore:
                 sql("insert_job"), job_id, owner, *job_columns(stored), idempotency_key, fingerprint
             )
             if inserted is None:  # the key was used before: answer with the job it created
-                existing = await conn.fetchrow(sql("job_by_idempotency_key"), owner, idempotency_key)
+                existing = one_row(await conn.fetchrow(sql("job_by_idempotency_key"), owner, idempotency_key))
                 if existing["request_hash"] != fingerprint:
                     raise IdempotencyConflict(idempotency_key)
-                job = await conn.fetchrow(sql("get_job"), existing["job_id"], owner)
+                job = one_row(await conn.fetchrow(sql("get_job"), existing["job_id"], owner))
                 return CreatedJob(job["job_id"], job["next_run_at"], created=False, version=job["version"])
             await check_job_quota(conn, owner, quota)
             fire_at = first_fire(spec, job_id, now)
@@ -229,7 +231,7 @@ class JobStore:
                 await conn.execute(sql("delete_schedule_triggers"), job_id)
         return deleted is not None
 
-    async def _last_runs(self, conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
+    async def _last_runs(self, conn: Conn, job_ids: builtins.list[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
         if not job_ids:
             return {}
         rows = await conn.fetch(sql("last_runs"), job_ids)

@@ -8,6 +8,8 @@ from importlib import resources
 
 import asyncpg
 
+from chimes.store.db import Conn
+
 log = logging.getLogger(__name__)
 
 _LOCK_KEY = 0x43484D53  # "CHMS": one migrator at a time across every process
@@ -59,8 +61,9 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
             await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
 
 
-async def ensure_run_partitions(conn: asyncpg.Connection, days_ahead: int = RUN_PARTITION_DAYS_AHEAD) -> int:
+async def ensure_run_partitions(conn: Conn, days_ahead: int = RUN_PARTITION_DAYS_AHEAD) -> int:
     """Create the run-history partitions from yesterday to ``days_ahead`` days from now."""
-    return await conn.fetchval(
+    created: int = await conn.fetchval(
         "SELECT chimes_ensure_run_partitions((now() AT TIME ZONE 'UTC')::date - 1, $1)", days_ahead + 2
     )
+    return created

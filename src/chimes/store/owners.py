@@ -16,6 +16,7 @@ import asyncpg
 from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
 from chimes.security.secrets import Keyring, SecretKeyError, default_keyring
 from chimes.security.signing import new_signing_secret
+from chimes.store.db import Conn, one_row
 from chimes.store.queries import sql
 
 if TYPE_CHECKING:
@@ -115,21 +116,21 @@ class SigningSecrets:
 COMMAND_TASK_TYPES = frozenset({"command", "container"})
 
 
-async def admit_job(conn: asyncpg.Connection, owner: str, spec: JobSpec, default_quota: int | None) -> int | None:
+async def admit_job(conn: Conn, owner: str, spec: JobSpec, default_quota: int | None) -> int | None:
     """Inside a job's create transaction: lock the owner's row (so concurrent creates count one after
     the other), refuse a task type the owner may not use, and return the quota that applies."""
-    row = await conn.fetchrow(sql("lock_owner_for_job"), owner)
+    row = one_row(await conn.fetchrow(sql("lock_owner_for_job"), owner))
     if spec.task.type in COMMAND_TASK_TYPES and not row["allow_commands"]:
         raise TaskNotAllowed(owner, spec.task.type)
     return row["job_quota"] if row["job_quota"] is not None else default_quota
 
 
-async def check_job_quota(conn: asyncpg.Connection, owner: str, quota: int | None) -> None:
+async def check_job_quota(conn: Conn, owner: str, quota: int | None) -> None:
     """After the insert, in the same transaction: over the quota, the whole create is undone."""
     if quota is not None and await conn.fetchval(sql("count_owner_jobs_up_to"), owner, quota + 1) > quota:
         raise JobQuotaExceeded(owner, quota)
 
 
-async def check_task_allowed(conn: asyncpg.Connection, owner: str, spec: JobSpec) -> None:
+async def check_task_allowed(conn: Conn, owner: str, spec: JobSpec) -> None:
     if spec.task.type in COMMAND_TASK_TYPES and not await conn.fetchval(sql("owner_allows_commands"), owner):
         raise TaskNotAllowed(owner, spec.task.type)

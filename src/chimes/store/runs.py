@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,6 +13,7 @@ from chimes import cron
 from chimes.backoff import plan_retry
 from chimes.enums import RunStatus
 from chimes.ids import new_run_id, partition_of, run_id_for, scheduled_at_of, truncate_to_millis
+from chimes.store.db import one_row
 from chimes.store.queries import sql
 from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, runs_ended
 
@@ -46,7 +48,8 @@ class RunStore:
         at, run_id = before if before else (None, None)
         return await self._pool.fetch(sql("list_runs"), job_id, owner, status, at, run_id, limit)
 
-    async def get(self, run_id: uuid.UUID, owner: str | None) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
+    async def get(self, run_id: uuid.UUID,
+                  owner: str | None) -> tuple[asyncpg.Record, builtins.list[asyncpg.Record]] | None:
         scheduled_at = scheduled_at_of(run_id)
         async with self._pool.acquire() as conn:
             run = await conn.fetchrow(sql("get_run"), run_id, scheduled_at, owner)
@@ -61,9 +64,9 @@ class RunStore:
         scheduled_at = truncate_to_millis(now)
         run_id = new_run_id(scheduled_at)
         async with self._pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
+            row = one_row(await conn.fetchrow(
                 sql("start_run_now"), job_id, owner, run_id, scheduled_at, partition_of(job_id), trigger
-            )
+            ))
             if not row["job_found"]:
                 return None
             await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
@@ -92,8 +95,9 @@ class RunStore:
     async def callback_heartbeat(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID,
                                  lease_sec: float) -> datetime | None:
         """Extend the lease of a run whose target reports for itself; None when the token is stale."""
-        return await self._pool.fetchval(sql("callback_heartbeat"), run_id, scheduled_at_of(run_id), owner,
-                                         lease_token, lease_sec)
+        expires_at: datetime | None = await self._pool.fetchval(
+            sql("callback_heartbeat"), run_id, scheduled_at_of(run_id), owner, lease_token, lease_sec)
+        return expires_at
 
     async def callback_complete(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID, status: str,
                                 error: str | None, output: str | None, now: datetime) -> bool:
@@ -115,7 +119,7 @@ class RunStore:
             await runs_ended(conn, [r for r in ended if r["final"]])
         return bool(ended)
 
-    async def queue_depth(self) -> list[asyncpg.Record]:
+    async def queue_depth(self) -> builtins.list[asyncpg.Record]:
         return await self._pool.fetch(sql("queue_depth"))
 
     async def cancel(self, run_id: uuid.UUID, owner: str | None, reason: str) -> bool:

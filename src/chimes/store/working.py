@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from chimes.enums import Priority
+from chimes.store.db import Conn
 from chimes.store.queries import sql
 from chimes.worker.caps import Candidate, admit, cap_key
 
@@ -49,7 +50,7 @@ class Completion:
     retry_at: datetime | None
 
 
-async def runs_ended(conn: asyncpg.Connection, ended: Sequence[asyncpg.Record]) -> None:
+async def runs_ended(conn: Conn, ended: Sequence[asyncpg.Record]) -> None:
     """Runs that ended stop counting against their job's concurrency, held runs move up, and the
     ones that failed for good queue their notification, all in the caller's transaction."""
     if ended:
@@ -80,7 +81,8 @@ class WorkerStore:
         return [ClaimedRun(**dict(row)) for row in rows]
 
     async def caps_exist(self) -> bool:
-        return await self._pool.fetchval(sql("caps_exist"))
+        exist: bool = await self._pool.fetchval(sql("caps_exist"))
+        return exist
 
     async def claim_capped(self, limit: int, lease_sec: float, deadline_grace_sec: float,
                            tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
