@@ -305,10 +305,23 @@ class HaCluster:
             alive = sum(1 for m in self.postgres if m.alive)
             if (len(running) == alive and len(standbys) == alive - 1
                     and all(m.get("state") == "streaming" for m in standbys)
-                    and (alive < 2 or any(m.get("role") == "sync_standby" for m in standbys))):
+                    and (alive < 2 or any(m.get("role") == "sync_standby" for m in standbys))
+                    and self._standbys_say_streaming()):
                 return
             time.sleep(0.2)
         raise TimeoutError(f"standbys not streaming within {timeout:g} s; logs in {self.base}")
+
+    def _standbys_say_streaming(self) -> bool:
+        """Each running member agrees, from its own REST API, on the primary's timeline and, but the
+        primary, streams from it: the list above is read from one member, whose view may be stale (a
+        member just back from a cut zone still reports what it saw before)."""
+        states = [state for member in self.postgres if member.alive and (state := member.state(timeout=1.0))]
+        primaries = [state for state in states if state.get("role") in ("primary", "master")]
+        if len(primaries) != 1:
+            return False
+        timeline = primaries[0].get("timeline")
+        return all(state.get("timeline") == timeline and state.get("replication_state", "streaming") == "streaming"
+                   for state in states if state is not primaries[0])
 
     def members(self) -> list[dict[str, Any]]:
         """Patroni's list of members (``GET /cluster``) from any member that answers."""
