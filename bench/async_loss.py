@@ -132,7 +132,7 @@ def loss_table(rounds: Sequence[LossRound]) -> str:
 async def async_loss(env: Env, target: TargetProcess, *, rounds: int, lanes: int, say: Say) -> list[Result]:
     found: list[LossRound] = []
     for synchronous in (False, True):
-        with ha_cluster(env.workdir, synchronous=synchronous, say=say) as cluster:
+        async with ha_cluster(env.workdir, synchronous=synchronous, say=say) as cluster:
             found += await _rounds(env, cluster, target, rounds=rounds, lanes=lanes, synchronous=synchronous, say=say)
     return [Result(mode_name(mode == "sync"), "async-loss", s["acknowledged"], s["acknowledged"], None,
                    extra={"summary": s, "rounds": [asdict(r) for r in found if r.mode == mode]})

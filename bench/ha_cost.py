@@ -14,6 +14,7 @@ to have flushed its WAL: the create latency is what a user of the API sees of th
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -39,8 +40,8 @@ async def ha_cost(env: Env, target: TargetProcess, *, runs: int, creates: int, s
                   say: Say) -> list[Result]:
     results = [await _measure(env, target, runs=runs, creates=creates, shape=shape, setup="single", say=say)]
     for synchronous in (False, True):
-        with ha_cluster(env.workdir, synchronous=synchronous, say=say) as cluster:
-            primary = cluster.wait_for_primary(30)
+        async with ha_cluster(env.workdir, synchronous=synchronous, say=say) as cluster:
+            primary = await asyncio.to_thread(cluster.wait_for_primary, 30)
             cluster_env = Env(member_dsn(cluster, primary, "postgres"), env.workdir, None,
                               prefix=env.prefix, servers=roles(cluster))
             setup = "sync" if synchronous else "async"

@@ -4,8 +4,9 @@ standby) and three etcd members on this machine (chimes.ha.cluster), with the st
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from urllib.parse import quote
 
@@ -18,19 +19,19 @@ def mode_name(synchronous: bool) -> str:
     return "synchronous standby" if synchronous else "asynchronous standby"
 
 
-@contextlib.contextmanager
-def ha_cluster(workdir: Path, *, synchronous: bool, say: Say) -> Iterator[HaCluster]:
+@contextlib.asynccontextmanager
+async def ha_cluster(workdir: Path, *, synchronous: bool, say: Say) -> AsyncIterator[HaCluster]:
     """A fresh cluster under ``workdir``, stopped after. Patroni is installed once per work folder
-    and shared by the clusters made in it."""
+    and shared by the clusters made in it. Started and stopped in a thread: the event loop goes on."""
     tag = "sync" if synchronous else "async"
     cluster = HaCluster(workdir / f"ha-{tag}", postgres=2, synchronous_mode=synchronous)
     cluster.patroni_site = workdir / "patroni-site"
-    say(f"starting a Patroni cluster with an {mode_name(synchronous)} (etcd x3, PostgreSQL x2) ...")
+    say(f"starting a Patroni cluster, {mode_name(synchronous)} (etcd x3, PostgreSQL x2) ...")
     try:
-        cluster.start()
+        await asyncio.to_thread(cluster.start)
         yield cluster
     finally:
-        cluster.stop()
+        await asyncio.to_thread(cluster.stop)
 
 
 def member_dsn(cluster: HaCluster, member: PatroniMember, database: str) -> str:
