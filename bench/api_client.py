@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
 import time
 import uuid
 from collections.abc import Callable
@@ -22,7 +21,6 @@ from typing import Any
 
 import asyncpg
 import httpx
-from cryptography.fernet import Fernet
 
 from bench.procs import Proc, free_port, python
 from chimes.store.tokens import create_token
@@ -130,14 +128,14 @@ async def team_token(dsn: str, owner: str = "team") -> str:
 
 
 class ApiProcess:
-    """``chimes api`` on 127.0.0.1 as a :class:`Proc` (its CPU and memory can be measured)."""
+    """``chimes api`` on 127.0.0.1 as a :class:`Proc` (its CPU and memory can be measured). Start it
+    after the fleet is ready, or before the fleet starts: the first process makes the key file."""
 
     def __init__(self, dsn: str, workdir: Path, name: str = "api") -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
         port = self.url.rsplit(":", 1)[1]
-        env = {"CHIMES_DATABASE_URL": dsn, "CHIMES_DATA_DIR": str(workdir / "chimes"),
-               "CHIMES_SECRET_KEY": os.environ.get("CHIMES_SECRET_KEY") or Fernet.generate_key().decode(),
-               "CHIMES_LOG_FORMAT": "json"}
+        # The key file in the same data folder as the fleet's (bench/chimes_runs.py): one secret key
+        env = {"CHIMES_DATABASE_URL": dsn, "CHIMES_DATA_DIR": str(workdir / "chimes"), "CHIMES_LOG_FORMAT": "json"}
         self.proc = Proc(name, python("-m", "chimes", "api", "--host", "127.0.0.1", "--port", port),
                          workdir / f"{name}.log", env)
 

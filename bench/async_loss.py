@@ -33,10 +33,11 @@ import httpx
 from bench.api_client import ApiProcess, Write, Writer, team_token, wait_until
 from bench.chimes_runs import Fleet, FleetShape
 from bench.env import Env
-from bench.ha_setup import Say, ha_cluster, mode_name
-from bench.report import Result
+from bench.ha_setup import Say, ha_cluster, member_dsn, mode_name
+from bench.report import Result, percentiles
 from bench.target import TargetProcess
 from chimes.ha.cluster import HaCluster
+from chimes.store.embedded import DATABASE
 from chimes.store.migrate import migrate
 
 FLOW_WRITES = 300  # acknowledged writes before the kill: writes are flowing at full speed
@@ -57,6 +58,10 @@ class LossRound:
     lost_runs: int  # delivered, and missing on the new primary
     lost_runs_window_ms: float | None  # from the first lost run's delivery to the kill
     executed_twice: int  # jobs whose task was called more than once
+    # How far the standby was behind while writes flowed (sampled on the primary every 50 ms): what a
+    # failover at that instant could lose in asynchronous mode, what a commit waits for in synchronous
+    standby_behind_bytes: dict[str, float] | None = None
+    standby_flush_lag_ms: dict[str, float] | None = None
 
 
 def count_losses(*, mode: str, kill_at: float, promoted_at: float, writes: Sequence[Write], jobs_found: set[str],
@@ -103,6 +108,12 @@ def summarise(rounds: Sequence[LossRound]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _behind(r: LossRound) -> str:
+    size, lag = r.standby_behind_bytes, r.standby_flush_lag_ms
+    return (("-" if size is None else f"{size['p50'] / 1024:.1f}/{size['max'] / 1024:.1f} KB") + ", "
+            + ("-" if lag is None else f"{lag['p50']:.1f}/{lag['max']:.1f} ms"))
+
+
 def rounds_of(results: Sequence[Result]) -> list[LossRound]:
     """The rounds kept in :func:`async_loss`'s results (their JSON)."""
     return [LossRound(**r) for result in results for r in result.extra.get("rounds", [])]
@@ -110,12 +121,12 @@ def rounds_of(results: Sequence[Result]) -> list[LossRound]:
 
 def loss_table(rounds: Sequence[LossRound]) -> str:
     headers = ["mode", "outage s", "acked", "acked/s at the kill", "lost jobs (window ms)",
-               "delivered", "lost runs (window ms)", "executed twice"]
+               "delivered", "lost runs (window ms)", "executed twice", "standby behind p50/max: KB, flush lag ms"]
     lines = [[mode_name(r.mode == "sync"), f"{r.outage_sec:.1f}", f"{r.acknowledged:,}", f"{r.ack_per_sec:.0f}",
               f"{r.lost_jobs}" + (f" ({r.lost_jobs_window_ms:.0f})" if r.lost_jobs_window_ms is not None else ""),
               f"{r.delivered:,}",
               f"{r.lost_runs}" + (f" ({r.lost_runs_window_ms:.0f})" if r.lost_runs_window_ms is not None else ""),
-              f"{r.executed_twice}"] for r in rounds]
+              f"{r.executed_twice}", _behind(r)] for r in rounds]
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
     out = [" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)), "-+-".join("-" * w for w in widths)]
     out += [" | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines]
@@ -150,10 +161,11 @@ async def _rounds(env: Env, cluster: HaCluster, target: TargetProcess, *, rounds
     token = await team_token(dsn)
     mode = "sync" if synchronous else "async"
     fleet = Fleet(env, dsn, FleetShape(1, 1, 200), f"loss-{mode}")
-    api = ApiProcess(dsn, env.workdir, f"api-{mode}")
+    api: ApiProcess | None = None
     found = []
     try:
         await fleet.wait_ready()
+        api = ApiProcess(dsn, env.workdir, f"api-{mode}")
         async with httpx.AsyncClient(base_url=api.url, headers={"Authorization": f"Bearer {token}"},
                                      timeout=30) as client:
             await api.ready(client)
@@ -168,7 +180,8 @@ async def _rounds(env: Env, cluster: HaCluster, target: TargetProcess, *, rounds
         if dead:
             raise RuntimeError(f"{dead[0]} exited during the failovers")
     finally:
-        api.stop()
+        if api is not None:
+            api.stop()
         fleet.stop()
     return found
 
@@ -177,17 +190,21 @@ async def _one_failover(cluster: HaCluster, dsn: str, client: httpx.AsyncClient,
                         lanes: int, mode: str, prefix: str, say: Say) -> LossRound:
     await target.reset()
     writer = Writer(client, target.url, pace=0, lanes=lanes, prefix=prefix)
+    primary = await asyncio.to_thread(cluster.wait_for_primary, 30)
+    samples: list[tuple[float, float | None]] = []
+    sampler = asyncio.create_task(_sample_standby(member_dsn(cluster, primary, DATABASE), samples))
     try:
         await writer.start(first=FLOW_WRITES)
-        primary = await asyncio.to_thread(cluster.wait_for_primary, 30)
         timeline = (primary.state() or {}).get("timeline", 0)
         kill_at = time.time()
+        sampler.cancel()
         primary.kill()
         say(f"{mode}: killed the primary {primary.name} after {len(writer.acknowledged)} acknowledged writes")
         await asyncio.to_thread(cluster.wait_for_primary, 120, after_timeline=timeline)
         promoted_at = time.time()
         await writer.accepted_after(promoted_at, "promotion", limit_sec=60)
     finally:
+        sampler.cancel()
         await writer.stop()
     conn = await asyncpg.connect(dsn, timeout=10)
     try:
@@ -200,8 +217,27 @@ async def _one_failover(cluster: HaCluster, dsn: str, client: httpx.AsyncClient,
                                                    list({d[1] for d in deliveries}))}
     finally:
         await conn.close()
-    return count_losses(mode=mode, kill_at=kill_at, promoted_at=promoted_at, writes=writer.writes,
-                        jobs_found=jobs, deliveries=deliveries, runs_found=runs)
+    found = count_losses(mode=mode, kill_at=kill_at, promoted_at=promoted_at, writes=writer.writes,
+                         jobs_found=jobs, deliveries=deliveries, runs_found=runs)
+    found.standby_behind_bytes = percentiles([behind for behind, _ in samples])
+    found.standby_flush_lag_ms = percentiles([lag * 1000 for _, lag in samples if lag is not None])
+    return found
+
+
+async def _sample_standby(dsn: str, samples: list[tuple[float, float | None]]) -> None:
+    """Every 50 ms until cancelled: the WAL bytes the standby has not flushed yet, and its flush lag
+    (the time from a local flush to the standby's report of its own, as PostgreSQL measures it)."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        while True:
+            row = await conn.fetchrow(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn) AS behind, "
+                "extract(epoch FROM flush_lag) AS lag FROM pg_stat_replication LIMIT 1")
+            if row is not None and row["behind"] is not None:
+                samples.append((float(row["behind"]), None if row["lag"] is None else float(row["lag"])))
+            await asyncio.sleep(0.05)  # a sampling period, not a wait for a condition
+    finally:
+        conn.terminate()
 
 
 async def _settled(conn: asyncpg.Connection, acknowledged: list[str]) -> bool:
