@@ -33,6 +33,13 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -42,9 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="a PostgreSQL server to use (a database per system is created on it)")
     parser.add_argument("--runs", type=int, default=10_000,
                         help="runs in the burst (burst, top-of-hour, peers, ha-cost)")
-    parser.add_argument("--creates", type=int, default=300,
+    parser.add_argument("--creates", type=_positive, default=300,
                         help="jobs created through the API one at a time, for their latency (ha-cost)")
-    parser.add_argument("--lanes", type=int, default=8,
+    parser.add_argument("--lanes", type=_positive, default=8,
                         help="writers creating jobs through the API at once, as fast as it answers (async-loss)")
     parser.add_argument("--idle", type=int, default=0, help="idle schedules in the index (top-of-hour)")
     parser.add_argument("--rate", type=float, default=1000.0, help="runs per second (steady)")
