@@ -15,12 +15,11 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import start_http_server as _start_http_server
 
-from chimes.store.dashboard import queue_tiers
-from chimes.store.queries import sql
+from chimes.store.dashboard import fleet_gauges
+from chimes.store.db import Pool
 
 if TYPE_CHECKING:
     from chimes.store.scheduling import DueTrigger, FireResult
@@ -136,16 +135,15 @@ def record_outcomes(batch: Iterable[Outcome], accepted: set[Any]) -> None:
             RUNS_FINISHED.labels(status).inc()
 
 
-async def collect_fleet(pool: asyncpg.Pool) -> None:
+async def collect_fleet(pool: Pool) -> None:
     """Read the fleet-wide gauges from the database; the API calls this on every scrape."""
-    async with pool.acquire() as conn:
-        for tier in await queue_tiers(conn):
-            QUEUE_DEPTH.labels(tier.tier).set(tier.depth)
-            QUEUE_OLDEST.labels(tier.tier).set(tier.oldest_sec or 0.0)
-        row = await conn.fetchrow(sql("metrics_fleet"))
-    LIVE_NODES.set(row["nodes"])
-    LIVE_WORKERS.set(row["workers"])
-    PARTITIONS_UNLEASED.set(row["unleased"])
+    gauges = await fleet_gauges(pool)
+    for tier in gauges.queue:
+        QUEUE_DEPTH.labels(tier.tier).set(tier.depth)
+        QUEUE_OLDEST.labels(tier.tier).set(tier.oldest_sec or 0.0)
+    LIVE_NODES.set(gauges.nodes)
+    LIVE_WORKERS.set(gauges.workers)
+    PARTITIONS_UNLEASED.set(gauges.unleased)
 
 
 def exposition() -> tuple[bytes, str]:

@@ -13,7 +13,7 @@ from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
 from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
-from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, describe, when_ready
+from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, describe, ping, when_ready
 from chimes.store.jobs import JobStore
 from chimes.store.owners import check_secret_key
 from chimes.store.runs import RunStore
@@ -55,7 +55,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:
         try:
-            await request.app.state.pool.fetchval("SELECT 1")
+            await ping(request.app.state.pool)
         except Exception as exc:  # any failure to reach the database is "unhealthy"
             return JSONResponse({"status": "unavailable", "error": describe(exc)}, status_code=503,
                                 headers={"Retry-After": str(unavailable.RETRY_AFTER_SEC)})

@@ -12,8 +12,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
-
 from chimes import failures, metrics, tracing
 from chimes.notifier import Notifier, NotifierConfig
 from chimes.scheduler.firing import MISSED_AFTER, follow_up, plan_fire
@@ -23,7 +21,7 @@ from chimes.scheduler.reaper import Reaper
 from chimes.scheduler.retention import Retention
 from chimes.scheduler.timer_wheel import TimerWheel
 from chimes.security.ssrf import EgressPolicy
-from chimes.store.db import DB_ERRORS, describe
+from chimes.store.db import DB_ERRORS, Pool, describe
 from chimes.store.migrate import ensure_run_partitions
 from chimes.store.owners import SigningSecrets
 from chimes.store.scheduling import DueTrigger, Fire, FireResult, SchedulerStore
@@ -63,7 +61,7 @@ def new_node_id() -> str:
 
 
 class SchedulerNode:
-    def __init__(self, pool: asyncpg.Pool, config: SchedulerConfig | None = None,
+    def __init__(self, pool: Pool, config: SchedulerConfig | None = None,
                  node_id: str | None = None, clock: Callable[[], float] = time.time, *,
                  signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None) -> None:
         self.config = config or SchedulerConfig()
@@ -199,8 +197,7 @@ class SchedulerNode:
         await self.reaper.sweep(self.leases.held, self._now())
 
     async def _maintain(self) -> None:
-        async with self._pool.acquire() as conn:
-            await ensure_run_partitions(conn)
+        await ensure_run_partitions(self._pool)
         await self.retention.sweep(self._now())
         await self.store.forget_dead_nodes()
 

@@ -17,9 +17,18 @@ import orjson
 
 from chimes.settings import Settings
 from chimes.store.embedded import EmbeddedPostgres
+from chimes.store.queries import sql
 
 log = logging.getLogger("chimes.db")
 T = TypeVar("T")
+
+# The driver's types under the store's names: code above the store types a pool or a connection, and
+# catches a database error, with these, and never imports the driver itself.
+Pool = asyncpg.Pool
+Connection = asyncpg.Connection
+Record = asyncpg.Record
+DatabaseError = asyncpg.PostgresError  # an error the server answered with
+LockNotAvailable = asyncpg.LockNotAvailableError  # lock_timeout: the lock was held by someone else
 
 _JSONB_VERSION = b"\x01"  # the binary jsonb format is a version byte, then the JSON text
 
@@ -82,6 +91,25 @@ UNAVAILABLE_ERRORS = (
     asyncpg.PostgresConnectionError,
     asyncpg.ReadOnlySQLTransactionError,  # connected to a server that was demoted to a standby
     asyncpg.QueryCanceledError,
+)
+
+# Errors of the connection, the server's state or concurrency, never of the data sent: trying the
+# same statement again later can succeed. asyncpg's client-side "invalid input for query argument"
+# is an InterfaceError too, but also a ValueError: it is about one value, not transient
+# (chimes.failures.is_transient).
+TRANSIENT_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InternalClientError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown, cannot connect now
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,  # statement_timeout
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # a primary demoted under us
 )
 CONNECT_WAIT_SEC = 60.0
 
@@ -341,6 +369,11 @@ def database_url(settings: Settings) -> Any:
         yield dsn
     finally:
         server.release()
+
+
+async def ping(pool: asyncpg.Pool) -> None:
+    """One round trip to the database: raises whatever reaching it raises."""
+    await pool.fetchval(sql("ping"))
 
 
 @contextlib.asynccontextmanager

@@ -12,7 +12,7 @@ from chimes import cron
 from chimes.backoff import plan_retry
 from chimes.ids import new_run_id, partition_of, run_id_for, scheduled_at_of, truncate_to_millis
 from chimes.store.queries import sql
-from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, runs_ended
+from chimes.store.working import runs_ended
 
 
 class BackfillError(ValueError):
@@ -65,7 +65,7 @@ class RunStore:
             )
             if not row["job_found"]:
                 return None
-            await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
+            await conn.execute(sql("notify_queue"))
         return run_id
 
     async def backfill(self, job_id: uuid.UUID, owner: str | None, start: datetime, end: datetime,
@@ -85,7 +85,7 @@ class RunStore:
             run_ids = [run_id_for(job_id, s) for s in slots]
             created = await conn.fetch(sql("backfill_runs"), job_id, run_ids, slots, partition_of(job_id))
             if created:
-                await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
+                await conn.execute(sql("notify_queue"))
         return BackfillResult([r["run_id"] for r in created], len(slots) - len(created))
 
     async def callback_heartbeat(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID,
@@ -123,5 +123,5 @@ class RunStore:
             if row is not None:
                 await runs_ended(conn, [row])
                 if row["was_running"]:  # delivered at commit: its worker stops the attempt at once
-                    await conn.execute("SELECT pg_notify($1, $2)", CANCEL_CHANNEL, str(run_id))
+                    await conn.execute(sql("notify_cancel"), str(run_id))
         return row is not None

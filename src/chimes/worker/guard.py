@@ -15,10 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-
 from chimes.security.secrets import Keyring, SecretKeyError, SecretUnreadable, default_keyring, reveal
-from chimes.store.db import DB_ERRORS, describe
+from chimes.store.db import DB_ERRORS, Pool, describe
 from chimes.store.owners import COMMAND_TASK_TYPES, OwnerCache, OwnerStore, check_secret_key
 from chimes.store.working import ClaimedRun
 
@@ -33,7 +31,7 @@ class PreparedTask:
 
 
 class TaskGuard:
-    def __init__(self, pool: asyncpg.Pool, keyring: Keyring | None = None, *, allow_commands: bool = False,
+    def __init__(self, pool: Pool, keyring: Keyring | None = None, *, allow_commands: bool = False,
                  cache_ttl_sec: float = 30.0) -> None:
         self.allow_commands = allow_commands
         self._pool = pool
