@@ -13,8 +13,8 @@ from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
 from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
+from chimes.services.jobs import JobService
 from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, describe, ping, when_ready
-from chimes.store.jobs import JobStore
 from chimes.store.owners import check_secret_key
 from chimes.store.runs import RunStore
 
@@ -34,7 +34,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
             await pool.close()
             raise
         app.state.pool = pool
-        app.state.jobs = JobStore(pool, keyring=ring, default_job_quota=limits.default_job_quota)
+        app.state.jobs = JobService(pool, keyring=ring, default_job_quota=limits.default_job_quota)
         app.state.runs = RunStore(pool)
         try:
             yield

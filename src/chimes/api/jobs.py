@@ -16,7 +16,7 @@ from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view
 from chimes.ids import scheduled_at_of_or_none
 from chimes.jobs import JobPatch, JobSpec
-from chimes.store.jobs import IdempotencyConflict, JobStore, VersionMismatch
+from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
 from chimes.store.tokens import Principal
 
 router = APIRouter(tags=["jobs"])
@@ -25,7 +25,7 @@ IfMatch = Annotated[str | None, Header(alias="If-Match", max_length=1000,
                                        description='ETag(s) of the job this change was made against, or "*"')]
 
 
-def _store(request: Request) -> JobStore:
+def _store(request: Request) -> JobService:
     return request.app.state.jobs
 
 

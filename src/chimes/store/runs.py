@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -19,6 +21,18 @@ class BackfillError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """One run with its ended attempts. ``run`` and ``attempts`` are the rows as read, for rendering
+    (chimes.api.views.run_view, the dashboard's run page); decisions use the typed fields."""
+
+    run_id: uuid.UUID
+    job_id: uuid.UUID
+    status: str
+    run: Mapping[str, Any]
+    attempts: list[Mapping[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +59,14 @@ class RunStore:
         at, run_id = before if before else (None, None)
         return await self._pool.fetch(sql("list_runs"), job_id, owner, status, at, run_id, limit)
 
-    async def get(self, run_id: uuid.UUID, owner: str | None) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
+    async def get(self, run_id: uuid.UUID, owner: str | None) -> RunDetail | None:
         scheduled_at = scheduled_at_of(run_id)
         async with self._pool.acquire() as conn:
             run = await conn.fetchrow(sql("get_run"), run_id, scheduled_at, owner)
             if run is None:
                 return None
             attempts = await conn.fetch(sql("run_attempts"), run_id, scheduled_at)
-        return run, attempts
+        return RunDetail(run["run_id"], run["job_id"], run["status"], run, list(attempts))
 
     async def start_now(self, job_id: uuid.UUID, owner: str | None, trigger: str, now: datetime) -> uuid.UUID | None:
         """Create and enqueue a run of the job at ``now``, with an id of its own (each call is one more
