@@ -15,7 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from chimes import metrics
+from chimes import metrics, outage
 from chimes.store.db import TRANSIENT_ERRORS, describe
 
 log = logging.getLogger("chimes.failures")
@@ -31,7 +31,7 @@ def loop_failed(role: str, loop: str, exc: BaseException) -> None:
     """Log and count a failed step of a long-lived loop, which then runs again."""
     metrics.LOOP_FAILURES.labels(role, loop).inc()
     if is_transient(exc):
-        log.warning("%s failed: %s", loop, describe(exc))
+        outage.failed(loop, describe(exc))  # logged once per outage, not once per step
     else:
         log.error("%s failed: %s", loop, describe(exc), exc_info=exc)
 

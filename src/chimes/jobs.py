@@ -26,9 +26,8 @@ from chimes import cron
 from chimes.ids import schedulable, truncate_to_millis
 from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.storable import storable_problem
+from chimes.settings import CATCH_UP_WINDOW_SEC, RUN_TIMEOUT_SEC
 
-PRIORITIES = {"high": 0, "normal": 1, "batch": 2}
-PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}
 MAX_TIMEOUT_SEC = 7 * 24 * 3600
 
 
@@ -214,7 +213,7 @@ class CatchUpPolicy(_Model):
 
     policy: Literal["one", "all", "none"] = "one"
     max_runs: Annotated[int, Field(alias="maxRuns", ge=1, le=1000)] = 10
-    window_sec: Annotated[int, Field(alias="windowSec", ge=1, le=366 * 86400)] = 86400
+    window_sec: Annotated[int, Field(alias="windowSec", ge=1, le=366 * 86400)] = CATCH_UP_WINDOW_SEC
 
 
 Tag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")]
@@ -227,7 +226,7 @@ class JobSpec(_Model):
     schedule: ScheduleSpec
     task: TaskSpec
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy, alias="retryPolicy")
-    timeout_sec: Annotated[int, Field(alias="timeoutSec", ge=1, le=MAX_TIMEOUT_SEC)] = 3600
+    timeout_sec: Annotated[int, Field(alias="timeoutSec", ge=1, le=MAX_TIMEOUT_SEC)] = RUN_TIMEOUT_SEC
     concurrency: Literal["skip", "queue", "allow"] = "skip"
     queue_limit: Annotated[int, Field(alias="queueLimit", ge=1, le=1000)] = 10
     priority: Literal["high", "normal", "batch"] = "normal"

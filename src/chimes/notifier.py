@@ -33,6 +33,7 @@ from chimes import __version__, failures
 from chimes.security.secrets import SecretKeyError
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
+from chimes.settings import NOTIFY_GIVE_UP_HOURS
 from chimes.store.db import DB_ERRORS, Pool
 from chimes.store.notifications import ClaimedNotification, Outbox
 
@@ -48,7 +49,7 @@ class NotifierConfig:
     lease_sec: float = 60.0  # a claimed notification not marked within this is sent again
     timeout_sec: float = 10.0
     max_backoff_sec: float = 3600.0
-    give_up_after_sec: float = 86400.0  # undelivered this long after it was queued: dead-lettered
+    give_up_after_sec: float = NOTIFY_GIVE_UP_HOURS * 3600  # undelivered this long after it was queued: dead-lettered
     egress: EgressPolicy | None = None  # None: the default policy (metadata and link-local denied)
 
 

@@ -26,7 +26,8 @@ from chimes.services.jobs import JobService
 from chimes.store.dashboard import DashboardStore
 from chimes.store.runs import RunStore
 from chimes.store.scheduling import SchedulerStore
-from chimes.store.working import ClaimedRun, Outcome, WorkerStore
+from chimes.store.working import ClaimedRun, Completion, WorkerStore
+from chimes.worker.tasks.common import Outcome
 from tests.helpers import wait_for
 from tests.integration.test_fencing import due, make_due_job, spec, stall, take_all
 
@@ -181,7 +182,7 @@ async def test_fire_fence_a_token_issued_again_to_another_node(pool: asyncpg.Poo
 async def test_retry_fence_partition_token(pool: asyncpg.Pool) -> None:
     """fire_triggers, for a retry trigger: a node whose lease moved does not re-enqueue the run."""
     _, _, claimed = await running_run(pool)
-    failed = Outcome(claimed, "failed", "HTTP 500", None, now(), now() - timedelta(seconds=1))
+    failed = Completion(claimed, Outcome.failure("HTTP 500"), now(), now() - timedelta(seconds=1))
     assert await WorkerStore(pool, "worker-1").complete([failed]) == {claimed.run_id}
     await stall(pool, "node")
     a = SchedulerStore(pool, "node-a")
@@ -338,11 +339,11 @@ async def test_complete_fence_run_lease_token(pool: asyncpg.Pool) -> None:
     """complete_runs: ``r.lease_token = o.lease_token``. Worker-1 reports after worker-2 claimed the
     run again: refused, whatever it reports; worker-2's attempt is untouched and its outcome counts."""
     first, second = await lost_and_claimed_again(pool)
-    late = Outcome(first, "succeeded", None, "worker-1's answer", now(), None)
+    late = Completion(first, Outcome.success("worker-1's answer"), now(), None)
     assert await WorkerStore(pool, "worker-1").complete([late]) == set()
     await still_with_worker_2(pool, second)
     assert await pool.fetchval("SELECT count(*) FROM run_attempts") == 1  # the reaped attempt 1 only
-    done = Outcome(second, "succeeded", None, "worker-2's answer", now(), None)
+    done = Completion(second, Outcome.success("worker-2's answer"), now(), None)
     assert await WorkerStore(pool, "worker-2").complete([done]) == {second.run_id}
     attempts = await pool.fetch("SELECT attempt, worker_id, status, output FROM run_attempts ORDER BY attempt")
     assert [tuple(a.values()) for a in attempts] == [
@@ -353,7 +354,7 @@ async def test_complete_fence_run_lease_token_for_a_retry(pool: asyncpg.Pool) ->
     """complete_runs, a failure with attempts left: refused too, so no retry trigger is written and
     the attempt is not raised under worker-2's feet."""
     first, second = await lost_and_claimed_again(pool)
-    late = Outcome(first, "failed", "HTTP 500", None, now(), now())
+    late = Completion(first, Outcome.failure("HTTP 500"), now(), now())
     assert await WorkerStore(pool, "worker-1").complete([late]) == set()
     await still_with_worker_2(pool, second)
     assert await pool.fetchval("SELECT count(*) FROM triggers WHERE kind = 1") == 0
@@ -415,7 +416,7 @@ async def test_claim_fence_run_still_scheduled(pool: asyncpg.Pool) -> None:
     trigger, does not see that queue row. The run is cancelled with a queue row left behind, and a
     worker claiming that row must not start it."""
     store, leases, claimed = await running_run(pool)
-    failed = Outcome(claimed, "failed", "HTTP 500", None, now(), now() - timedelta(seconds=1))
+    failed = Completion(claimed, Outcome.failure("HTTP 500"), now(), now() - timedelta(seconds=1))
     assert await WorkerStore(pool, "worker-1").complete([failed]) == {claimed.run_id}
     [retry] = await due(store, leases)
     async with open_transaction(pool) as held:

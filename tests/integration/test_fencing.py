@@ -14,7 +14,8 @@ from chimes.scheduler.firing import plan_fires
 from chimes.scheduler.reaper import Reaper
 from chimes.services.jobs import JobService
 from chimes.store.scheduling import SchedulerStore
-from chimes.store.working import Outcome, WorkerStore
+from chimes.store.working import Completion, WorkerStore
+from chimes.worker.tasks.common import Outcome
 
 ALL = list(range(1024))
 
@@ -172,7 +173,7 @@ async def test_reaper_requeues_lost_run_and_refuses_the_lost_worker(pool: asyncp
     assert attempt["attempt"] == 1 and attempt["worker_id"] == "worker-that-dies"
     assert "stopped heartbeating" in attempt["error"]
     # The lost worker comes back and reports success: refused, the run is someone else's now.
-    late = Outcome(claimed, "succeeded", None, None, datetime.now(UTC), None)
+    late = Completion(claimed, Outcome.success(), datetime.now(UTC), None)
     assert await lost_worker.complete([late]) == set()
     assert await lost_worker.extend_leases([claimed], 30) == set()
     # Another worker takes the re-enqueued run as attempt 2.

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request, Response
 
 from chimes import __version__, dashboard, metrics
-from chimes.api import errors, jobs, notifications, openapi, runs, unavailable, whoami
+from chimes.api import errors, health, jobs, notifications, openapi, runs, standby, unavailable, whoami
 from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
 from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
 from chimes.services.jobs import JobService
-from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, describe, ping, when_ready
+from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, when_ready
 from chimes.store.owners import check_secret_key
 from chimes.store.runs import RunStore
 
@@ -34,11 +34,14 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
             await pool.close()
             raise
         app.state.pool = pool
-        app.state.jobs = JobService(pool, keyring=ring, default_job_quota=limits.default_job_quota)
+        job_options = {"keyring": ring, "default_job_quota": limits.default_job_quota}
+        app.state.jobs = JobService(pool, **job_options)
         app.state.runs = RunStore(pool)
+        app.state.standby = standby.Standby(dsn, job_options)  # reads while no primary is reachable
         try:
             yield
         finally:
+            await app.state.standby.close()
             await pool.close()
 
     app = FastAPI(title="Chimes", version=__version__, lifespan=lifespan,
@@ -54,12 +57,9 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:
-        try:
-            await ping(request.app.state.pool)
-        except Exception as exc:  # any failure to reach the database is "unhealthy"
-            return JSONResponse({"status": "unavailable", "error": describe(exc)}, status_code=503,
-                                headers={"Retry-After": str(unavailable.RETRY_AFTER_SEC)})
-        return JSONResponse({"status": "ok"})
+        status, body = await health.check(request.app.state.pool, dsn)
+        headers = {"Retry-After": str(unavailable.RETRY_AFTER_SEC)} if status != 200 else None
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.get("/metrics", tags=["health"])
     async def prometheus_metrics(request: Request) -> Response:
@@ -70,6 +70,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     dashboard.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes if max_body_bytes is None else max_body_bytes)
     app.add_middleware(RequestLimits, settings=limits)
+    app.add_middleware(standby.StandbyReads)  # inside the deadline: a read from the standby is bounded too
     app.add_middleware(unavailable.RequestDeadline, seconds=limits.request_timeout_sec)
     app.add_middleware(metrics.LatencyMiddleware)
     return app

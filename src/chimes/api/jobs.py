@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from chimes import tracing
+from chimes.api import standby
 from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError, not_found
 from chimes.api.responses import JSONResponse
@@ -26,7 +27,7 @@ IfMatch = Annotated[str | None, Header(alias="If-Match", max_length=1000,
 
 
 def _store(request: Request) -> JobService:
-    return request.app.state.jobs
+    return standby.jobs(request)
 
 
 @router.post("/jobs", status_code=201, response_class=JSONResponse)
@@ -64,7 +65,7 @@ async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse
     parsed = parse_id(job_id, "job")
     job = await _store(request).get(parsed, caller.owner_filter)
     if job is None:
-        if await request.app.state.runs.history_visible(parsed, caller.owner_filter):
+        if await standby.runs(request).history_visible(parsed, caller.owner_filter):
             raise ApiError(404, "job_deleted", f"job {parsed} was deleted; its runs stay listable at "
                            f"GET /jobs/{parsed}/runs until retention removes them")
         raise not_found("job")

@@ -10,13 +10,14 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from chimes.api import standby
 from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError, not_found
 from chimes.api.jobs import parse_id, parse_run_id
 from chimes.api.responses import JSONResponse
 from chimes.api.views import run_view
+from chimes.enums import Priority, RunTrigger
 from chimes.ids import schedulable, scheduled_at_of_or_none
-from chimes.jobs import PRIORITY_NAMES
 from chimes.store.runs import BackfillError, RunStore
 from chimes.store.tokens import Principal
 
@@ -28,7 +29,7 @@ RunStatus = Literal["scheduled", "running", "succeeded", "failed", "skipped", "c
 
 
 def _store(request: Request) -> RunStore:
-    return request.app.state.runs
+    return standby.runs(request)
 
 
 @router.get("/jobs/{job_id}/runs", response_class=JSONResponse)
@@ -53,7 +54,8 @@ async def list_runs(
 
 @router.post("/jobs/{job_id}/runs", status_code=202, response_class=JSONResponse)
 async def run_now(job_id: str, request: Request, caller: Caller) -> JSONResponse:
-    run_id = await _store(request).start_now(parse_id(job_id, "job"), caller.owner_filter, "manual", datetime.now(UTC))
+    run_id = await _store(request).start_now(parse_id(job_id, "job"), caller.owner_filter, RunTrigger.MANUAL,
+                                             datetime.now(UTC))
     if run_id is None:
         raise not_found("job")
     return JSONResponse({"runId": run_id}, status_code=202)
@@ -136,10 +138,10 @@ async def queue(request: Request, caller: Caller) -> JSONResponse:
     now = datetime.now(UTC)
     rows = {r["tier"]: r for r in await _store(request).queue_depth()}
     tiers = []
-    for number, name in PRIORITY_NAMES.items():
-        row = rows.get(number)
+    for tier in Priority:
+        row = rows.get(tier)
         oldest = row["oldest_enqueued_at"] if row else None
-        tiers.append({"tier": name, "depth": row["depth"] if row else 0, "oldestEnqueuedAt": oldest,
+        tiers.append({"tier": tier.label, "depth": row["depth"] if row else 0, "oldestEnqueuedAt": oldest,
                       "lagSec": round((now - oldest).total_seconds(), 3) if oldest else 0.0})
     return JSONResponse({"tiers": tiers})
 
@@ -158,7 +160,7 @@ async def rerun(run_id: str, request: Request, caller: Caller) -> JSONResponse:
     found = await store.get(parse_run_id(run_id), caller.owner_filter)
     if found is None:
         raise not_found("run")
-    new_run = await store.start_now(found.job_id, caller.owner_filter, "rerun", datetime.now(UTC))
+    new_run = await store.start_now(found.job_id, caller.owner_filter, RunTrigger.RERUN, datetime.now(UTC))
     if new_run is None:
         raise ApiError(409, "job_deleted", "the job of this run was deleted, so it cannot run again")
     return JSONResponse({"runId": new_run}, status_code=202)

@@ -15,12 +15,12 @@ from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
 from chimes.security.secrets import Keyring, SecretKeyError
-from chimes.settings import Settings
+from chimes.settings import CONTAINER_RUNTIME, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS, Settings
 from chimes.store import db, tokens
 from chimes.store.owners import SigningSecrets, check_secret_key
-from chimes.worker.container_task import remove_orphaned_env_files
-from chimes.worker.executors import Executors
 from chimes.worker.guard import TaskGuard
+from chimes.worker.tasks.container import remove_orphaned_env_files
+from chimes.worker.tasks.dispatch import Executors
 from chimes.worker.worker import Worker, WorkerConfig
 
 log = logging.getLogger("chimes")
@@ -37,7 +37,8 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
     node = SchedulerNode(pool, signing_secrets=SigningSecrets(pool, work.keyring if work else None),
                          egress=work.egress if work else None)
-    runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", "docker")  # as for `chimes worker --container-runtime`
+    # As for `chimes worker --container-runtime`.
+    runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", CONTAINER_RUNTIME)
     allow_commands = bool(work and work.allow_commands)
     worker = Worker(pool, dsn, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
                     executors=Executors(container_runtime=runtime, egress=work.egress if work else None),
@@ -80,9 +81,9 @@ async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) 
     await server.serve()
 
 
-async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = 30,
-                        missed_after: float = 60.0, outgoing: WorkerSecurity | None = None, *,
-                        notify_give_up_sec: float = 86400.0) -> None:
+async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = RETENTION_DAYS,
+                        missed_after: float = MISSED_AFTER_SEC, outgoing: WorkerSecurity | None = None, *,
+                        notify_give_up_sec: float = NOTIFY_GIVE_UP_HOURS * 3600) -> None:
     await migrate_database(dsn)
     # A node stalled inside a fire holds its lease rows: no takeover until the session ends.
     pool = await db.create_pool(dsn, max_size=6, server_settings=db.lock_holding_limit(lease_ttl),

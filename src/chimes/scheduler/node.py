@@ -10,17 +10,19 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from chimes import failures, metrics, tracing
+from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.notifier import Notifier, NotifierConfig
-from chimes.scheduler.firing import MISSED_AFTER, follow_up, plan_fire
+from chimes.scheduler.firing import follow_up, plan_fire
 from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.leases import LeaseConfig, LeaseManager
 from chimes.scheduler.reaper import Reaper
 from chimes.scheduler.retention import Retention
 from chimes.scheduler.timer_wheel import TimerWheel
 from chimes.security.ssrf import EgressPolicy
+from chimes.settings import MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS
 from chimes.store.db import DB_ERRORS, Pool, describe
 from chimes.store.migrate import ensure_run_partitions
 from chimes.store.owners import SigningSecrets
@@ -40,10 +42,10 @@ class SchedulerConfig:
     fire_concurrency: int = 3  # batches fired at once, each on its own connection
     fire_coalesce_sec: float = 0.02  # a trigger waits this long for others due just after it
     reap_every_sec: float = 2.0
-    missed_after_sec: float = MISSED_AFTER.total_seconds()  # later than this, catch-up policies apply
-    retention_days: int = 30  # run history older than this is dropped, a day's partition at a time
+    missed_after_sec: float = MISSED_AFTER_SEC  # later than this, catch-up policies apply
+    retention_days: int = RETENTION_DAYS  # run history older than this is dropped, a day's partition at a time
     notify_every_sec: float = 1.0
-    notify_give_up_sec: float = 86400.0  # a notification undelivered this long is dead-lettered
+    notify_give_up_sec: float = NOTIFY_GIVE_UP_HOURS * 3600  # a notification undelivered this long is dead-lettered
     health_every_sec: float = 10.0
     maintain_every_sec: float = 3600.0
 
@@ -62,7 +64,7 @@ def new_node_id() -> str:
 
 class SchedulerNode:
     def __init__(self, pool: Pool, config: SchedulerConfig | None = None,
-                 node_id: str | None = None, clock: Callable[[], float] = time.time, *,
+                 node_id: str | None = None, clock: Clock = SYSTEM_CLOCK, *,
                  signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.store = SchedulerStore(pool, node_id or new_node_id())
@@ -88,7 +90,7 @@ class SchedulerNode:
         return self.store.node_id
 
     def _now(self) -> datetime:
-        return datetime.fromtimestamp(self._clock(), UTC)
+        return self._clock.now()
 
     def _on_partitions_lost(self, partitions: set[int]) -> None:
         dropped = self.wheel.drop_partitions(partitions)
@@ -214,7 +216,7 @@ class SchedulerNode:
         # a batch of one costs the database nearly as much as a batch of a hundred.
         coalesce = self.config.fire_coalesce_sec
         while True:
-            now = self._clock()
+            now = self._clock.time()
             first = self.wheel.next_due()
             due = self.wheel.pop_due(now, limit=self.config.fire_batch_size) if (
                 first is not None and first <= now - coalesce) else []

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from chimes import failures, metrics
 from chimes.backoff import DEFAULT_POLICY, plan_retry
+from chimes.enums import RunStatus
 from chimes.store.scheduling import ExpiredRun, LostRun, SchedulerStore
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class Reaper:
         ended = await self.store.reap(leases, [_judge_or_fail(r, now) for r in rows])
         for row in ended:
             log.warning("reaped run %s (%s)", row["run_id"],
-                        "re-enqueued" if row["retry_at"] is not None else "failed",
+                        "re-enqueued" if row["retry_at"] is not None else RunStatus.FAILED,
                         extra={"run_id": str(row["run_id"]), "job_id": str(row["job_id"])})
         metrics.record_reaped(ended)
         self.reaped += len(ended)

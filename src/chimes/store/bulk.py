@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 
+from chimes.enums import TriggerKind
 from chimes.ids import new_job_ids, partition_of
 from chimes.jobs import JobSpec
 from chimes.store.jobs import job_columns
@@ -44,7 +45,7 @@ def job_rows(specs: Sequence[JobSpec], owner: str, now: datetime, first_fire: Fi
         jobs.append((text_id, owner, *job_columns(spec)))
         fire_at = first_fire(spec, job_id, now)
         if fire_at is not None:
-            triggers.append((partition_of(job_id), fire_at, text_id, text_id, 1, 0))
+            triggers.append((partition_of(job_id), fire_at, text_id, text_id, 1, TriggerKind.SCHEDULE.value))
     return Rows(jobs, triggers)
 
 

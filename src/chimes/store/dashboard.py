@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from chimes.enums import Priority
 from chimes.ids import PARTITION_COUNT
-from chimes.jobs import PRIORITY_NAMES
 from chimes.store.jobs import JobRecord, definition_of
 from chimes.store.queries import sql
 
@@ -162,9 +162,9 @@ async def fleet_gauges(pool: asyncpg.Pool) -> FleetGauges:
 async def queue_tiers(conn: asyncpg.Connection) -> list[QueueTier]:
     """Runs waiting per priority tier (counted up to a cap) and how long the oldest has waited."""
     tiers = []
-    for tier, name in PRIORITY_NAMES.items():
+    for tier in Priority:
         row = await conn.fetchrow(sql("metrics_queue_tier"), tier, QUEUE_COUNT_CAP)
-        tiers.append(QueueTier(name, row["depth"], row["oldest_sec"]))
+        tiers.append(QueueTier(tier.label, row["depth"], row["oldest_sec"]))
     return tiers
 
 

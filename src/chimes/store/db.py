@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import orjson
 
+from chimes import outage
 from chimes.settings import Settings
 from chimes.store.embedded import EmbeddedPostgres
 from chimes.store.queries import sql
@@ -250,7 +251,14 @@ async def _connect_host(url: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
     except BaseException:
         conn.terminate()
         raise
+    outage.connected(_server(url))
     return conn
+
+
+def _server(url: str) -> str:
+    """host:port of a one-host URL, for the log (no user, no password)."""
+    parts = urlsplit(url)
+    return parts.netloc.rpartition("@")[2] or "the local socket"
 
 
 async def open_connection(dsn: str, **kwargs: Any) -> asyncpg.Connection:
@@ -283,6 +291,32 @@ async def open_connection(dsn: str, **kwargs: Any) -> asyncpg.Connection:
         for task in pending:
             task.cancel()
             task.add_done_callback(_drop_connection)
+
+
+def any_server(dsn: str) -> str:
+    """``dsn`` without its ``target_session_attrs``: a connection to whichever host answers first,
+    primary or standby (for reads while no primary is reachable)."""
+    parts = urlsplit(dsn)
+    query = "&".join(item for item in parts.query.split("&") if item and not item.startswith("target_session_attrs="))
+    return urlunsplit(parts._replace(query=query))
+
+
+async def server_role(url: str, within: float) -> str:
+    """What the server of a one-host URL is now: ``primary``, ``standby``, ``refusing connections``
+    or ``not answering`` (for /healthz; any ``target_session_attrs`` of the URL is ignored)."""
+    try:
+        conn = await asyncpg.connect(any_server(url), timeout=within)
+    except (TimeoutError, OSError) as exc:
+        return "refusing connections" if isinstance(exc, ConnectionRefusedError) else "not answering"
+    except Exception:  # the server answered, and said no: starting up, shutting down, too many clients
+        return "refusing connections"
+    try:
+        standby = await asyncio.wait_for(conn.fetchval(sql("in_recovery")), within)
+        return "standby" if standby else "primary"
+    except Exception:
+        return "not answering"
+    finally:
+        conn.terminate()
 
 
 def _drop_connection(task: asyncio.Task[asyncpg.Connection]) -> None:

@@ -10,8 +10,9 @@ from typing import Any
 
 import asyncpg
 
+from chimes.enums import Priority
 from chimes.ids import partition_of
-from chimes.jobs import PRIORITIES, PRIORITY_NAMES, CronScheduleSpec, JobSpec
+from chimes.jobs import CronScheduleSpec, JobSpec
 from chimes.store.queries import sql
 
 
@@ -51,7 +52,7 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
         wire["retryPolicy"],
         spec.timeout_sec,
         spec.concurrency,
-        PRIORITIES[spec.priority],
+        Priority.from_label(spec.priority),
         cron_spec.dst_gap if cron_spec else None,
         cron_spec.dst_fold if cron_spec else None,
         wire["catchUp"],
@@ -77,7 +78,7 @@ def definition_of(row: asyncpg.Record) -> dict[str, Any]:
         "timeoutSec": row["timeout_sec"],
         "concurrency": row["concurrency"],
         "queueLimit": row["queue_limit"],
-        "priority": PRIORITY_NAMES[row["priority"]],
+        "priority": Priority(row["priority"]).label,
         "catchUp": row["catch_up"],
         "tags": row["tags"],
         "startDeadlineSec": row["start_deadline_sec"],

@@ -12,6 +12,7 @@ import asyncpg
 
 from chimes import cron
 from chimes.backoff import plan_retry
+from chimes.enums import RunStatus
 from chimes.ids import new_run_id, partition_of, run_id_for, scheduled_at_of, truncate_to_millis
 from chimes.store.queries import sql
 from chimes.store.working import runs_ended
@@ -118,7 +119,7 @@ class RunStore:
             if run is None:
                 return False
             retry_at = None
-            if status == "failed":
+            if status == RunStatus.FAILED:
                 retry = plan_retry(run["retry_policy"], run["attempt"], now, since=scheduled_at)
                 retry_at = retry.at
                 if retry.past_deadline:

@@ -10,11 +10,11 @@ from typing import Any
 
 import asyncpg
 
+from chimes.enums import TriggerKind
 from chimes.slots import Slot
 from chimes.store.queries import sql
 from chimes.store.working import runs_ended
 
-SCHEDULE, RETRY = 0, 1
 MIN_START_DEADLINE = timedelta(seconds=1)  # the smallest startDeadlineSec a job may have
 TriggerKey = tuple[int, datetime, uuid.UUID]  # (partition_id, fire_at, trigger_id): the primary key
 
@@ -28,7 +28,7 @@ class DueTrigger:
     trigger_id: uuid.UUID
     job_id: uuid.UUID
     job_version: int
-    kind: int
+    kind: TriggerKind
     cron: str | None
     timezone: str | None
     dst_gap: str | None = None

@@ -6,10 +6,11 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
+from chimes.enums import Priority, RunStatus
 from chimes.store.caps import Candidate, CapKey, cap_key
 from chimes.store.db import open_connection
 from chimes.store.queries import sql
@@ -17,6 +18,7 @@ from chimes.store.queries import sql
 #: The admission policy of a capped claim (chimes.worker.caps.admit): from the candidates in queue
 #: order, the room left under each cap, and how many to take at most, the queue ids to claim.
 Admission = Callable[[Iterable[Candidate], Mapping[CapKey, int], int], list[int]]
+
 
 QUEUE_CHANNEL = "chimes_run_queue"
 CANCEL_CHANNEL = "chimes_run_cancel"  # payload: the id of a running run that was just cancelled
@@ -36,17 +38,28 @@ class ClaimedRun:
     timeout_sec: int | None
     job_exists: bool
     owner: str = ""  # whose run: decides command permission and the signing secret
-    priority: int = 1  # queue tier: 0 high, 1 normal, 2 batch
+    priority: Priority = Priority.NORMAL  # queue tier
+
+
+class Outcome(Protocol):
+    """What the store records of how an attempt ended (chimes.worker.tasks.common.Outcome is one):
+    the store reads these three and decides nothing from them."""
+
+    @property
+    def status(self) -> RunStatus: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def output(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    """How an attempt ended. ``retry_at`` set: the run waits for another attempt then."""
+class Completion:
+    """An attempt that ended, to record: its run, its outcome (succeeded, failed or cancelled) and when.
+    ``retry_at`` set: the run waits for another attempt then."""
 
     run: ClaimedRun
-    status: str  # succeeded | failed | cancelled
-    error: str | None
-    output: str | None
+    outcome: Outcome
     finished_at: datetime
     retry_at: datetime | None
 
@@ -71,8 +84,8 @@ class WorkerStore:
         await self._pool.execute(sql("forget_worker"), self.worker_id)
 
     async def claim(self, limit: int, lease_sec: float, deadline_grace_sec: float,
-                    tiers: tuple[int, int] = (0, 2)) -> list[ClaimedRun]:
-        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]`` (0 high, 2 batch)."""
+                    tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
+        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]``, both included."""
         if limit <= 0:
             return []
         async with self._pool.acquire() as conn, conn.transaction():
@@ -85,7 +98,7 @@ class WorkerStore:
         return await self._pool.fetchval(sql("caps_exist"))
 
     async def claim_capped(self, limit: int, lease_sec: float, deadline_grace_sec: float, admit: Admission,
-                           tiers: tuple[int, int] = (0, 2)) -> list[ClaimedRun]:
+                           tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
         """Claim runs that fall under concurrency caps, never past a cap: one claimer at a time, and
         ``admit`` chooses among the candidates with the caps' usage counted under that lock."""
         if limit <= 0:
@@ -117,18 +130,18 @@ class WorkerStore:
         )
         return {row["run_id"] for row in rows}
 
-    async def complete(self, outcomes: Sequence[Outcome]) -> set[uuid.UUID]:
+    async def complete(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         """Record a batch of outcomes in one statement; returns the runs whose outcome was accepted."""
-        if not outcomes:
+        if not completions:
             return set()
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("plan_by_key"))
             rows = await conn.fetch(
                 sql("complete_runs"),
-                [o.run.run_id for o in outcomes], [o.run.scheduled_at for o in outcomes],
-                [o.run.lease_token for o in outcomes], [o.status for o in outcomes],
-                [o.error for o in outcomes], [o.output for o in outcomes],
-                [o.finished_at for o in outcomes], [o.retry_at for o in outcomes], self.worker_id,
+                [c.run.run_id for c in completions], [c.run.scheduled_at for c in completions],
+                [c.run.lease_token for c in completions], [c.outcome.status for c in completions],
+                [c.outcome.error for c in completions], [c.outcome.output for c in completions],
+                [c.finished_at for c in completions], [c.retry_at for c in completions], self.worker_id,
             )
             await runs_ended(conn, [r for r in rows if r["final"]])
         return {row["run_id"] for row in rows}

@@ -5,6 +5,10 @@
 -- GET /healthz: the database answers.
 SELECT 1;
 
+-- name: in_recovery
+-- GET /healthz, for each host of a multi-host URL: a standby is in recovery, a primary is not.
+SELECT pg_is_in_recovery();
+
 -- name: database_exists
 SELECT true FROM pg_database WHERE datname = $1;
 
