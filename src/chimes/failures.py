@@ -16,7 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from chimes import metrics, outage
-from chimes.store.db import TRANSIENT_ERRORS, describe
+from chimes.store.db import TRANSIENT_ERRORS
+from chimes.store.db import describe as describe  # failures.describe, for the roles
 
 log = logging.getLogger("chimes.failures")
 T = TypeVar("T")

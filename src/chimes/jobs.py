@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from chimes import cron
+from chimes.cron import CronSchedule
 from chimes.ids import schedulable, truncate_to_millis
 from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.storable import storable_problem
@@ -72,7 +73,7 @@ class CronScheduleSpec(_Model):
         cron.parse_timezone(value)
         return value
 
-    def as_cron(self) -> cron.CronSchedule:
+    def as_cron(self) -> CronSchedule:  # not cron.CronSchedule: in the class, `cron` is the field
         return cron.CronSchedule(self.cron, self.timezone, self.dst_gap, self.dst_fold)
 
 
@@ -216,7 +217,7 @@ class CatchUpPolicy(_Model):
     window_sec: Annotated[int, Field(alias="windowSec", ge=1, le=366 * 86400)] = CATCH_UP_WINDOW_SEC
 
 
-Tag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")]
+JobTag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")]
 
 
 class JobSpec(_Model):
@@ -231,7 +232,7 @@ class JobSpec(_Model):
     queue_limit: Annotated[int, Field(alias="queueLimit", ge=1, le=1000)] = 10
     priority: Literal["high", "normal", "batch"] = "normal"
     catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy, alias="catchUp")
-    tags: Annotated[list[Tag], Field(max_length=20)] = Field(default_factory=list)
+    tags: Annotated[list[JobTag], Field(max_length=20)] = Field(default_factory=list)
     notify_url: Annotated[str | None, Field(alias="notifyUrl", max_length=4096, pattern=r"^https?://")] = None
     # A run waiting longer than this for a worker raises the same notification as a final failure.
     start_deadline_sec: Annotated[int, Field(alias="startDeadlineSec", ge=1, le=7 * 86400)] = 300

@@ -102,9 +102,11 @@ def _exporter(name: str) -> Any:
             protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
                                       os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"))
             if protocol == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            else:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[no-redef]
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+                return GrpcExporter()
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
             return OTLPSpanExporter()
     except ImportError as exc:
         log.warning("cannot export traces with %r: %s (pip install chimes[otel])", name, exc)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
@@ -34,10 +35,12 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
             await pool.close()
             raise
         app.state.pool = pool
-        job_options = {"keyring": ring, "default_job_quota": limits.default_job_quota}
-        app.state.jobs = JobService(pool, **job_options)
+        def job_store(over: Any) -> JobService:
+            return JobService(over, keyring=ring, default_job_quota=limits.default_job_quota)
+
+        app.state.jobs = job_store(pool)
         app.state.runs = RunStore(pool)
-        app.state.standby = standby.Standby(dsn, job_options)  # reads while no primary is reachable
+        app.state.standby = standby.Standby(dsn, job_store)  # reads while no primary is reachable
         try:
             yield
         finally:

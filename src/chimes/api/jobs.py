@@ -15,7 +15,7 @@ from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError, not_found
 from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view
-from chimes.ids import scheduled_at_of_or_none
+from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
 from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
 from chimes.store.tokens import Principal
@@ -124,16 +124,16 @@ def precondition_failed(current: int) -> ApiError:
 
 def parse_id(value: str, what: str) -> uuid.UUID:
     """An id from the path; a malformed one is simply not found, like an id of another team."""
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise not_found(what) from None
+    parsed = id_from(value)
+    if parsed is None:
+        raise not_found(what)
+    return parsed
 
 
 def parse_run_id(value: str) -> uuid.UUID:
     """A run id must carry a scheduled time (ids.py); any other UUID names no run."""
-    run_id = parse_id(value, "run")
-    if run_id.version != 7 or scheduled_at_of_or_none(run_id) is None:
+    run_id = run_id_from(value)
+    if run_id is None:
         raise not_found("run")
     return run_id
 

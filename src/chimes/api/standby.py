@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -36,9 +37,9 @@ POOL_SIZE = 4
 class Standby:
     """Stores over a pool of connections to whichever server answers, opened at first need."""
 
-    def __init__(self, dsn: str, jobs: dict[str, Any]) -> None:
+    def __init__(self, dsn: str, job_store: Callable[[Any], JobService]) -> None:
         self.dsn = db.any_server(dsn)
-        self._jobs_options = jobs
+        self._job_store = job_store
         self._opening = asyncio.Lock()
         self.pool: Any = None
         self.jobs: JobService | None = None
@@ -53,7 +54,7 @@ class Standby:
                 except db.UNAVAILABLE_ERRORS as exc:
                     log.warning("no server to read from either: %s", db.describe(exc))
                     return False
-                self.jobs = JobService(self.pool, **self._jobs_options)
+                self.jobs = self._job_store(self.pool)
                 self.runs = RunStore(self.pool)
         return True
 

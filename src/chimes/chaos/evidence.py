@@ -75,8 +75,9 @@ async def jobs_found(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> dict
 
 
 async def unfinished_count(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> int:
-    return await conn.fetchval("SELECT count(*) FROM runs WHERE job_id = ANY($1::uuid[]) "
-                               "AND status IN ('scheduled', 'running')", job_ids)
+    count: int = await conn.fetchval("SELECT count(*) FROM runs WHERE job_id = ANY($1::uuid[]) "
+                                     "AND status IN ('scheduled', 'running')", job_ids)
+    return count
 
 
 async def read_database(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> tuple[

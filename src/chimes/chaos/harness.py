@@ -43,6 +43,7 @@ from chimes.chaos.workload import (
     probe_number,
     recurring_jobs,
 )
+from chimes.store.db import one_row
 from chimes.store.migrate import migrate
 from chimes.store.tokens import create_token
 
@@ -209,10 +210,10 @@ async def _ready(fleet: Fleet, api: httpx.AsyncClient) -> bool:
             return False
         conn = await asyncpg.connect(fleet.dsn)
         try:
-            row = await conn.fetchrow(
+            row = one_row(await conn.fetchrow(
                 "SELECT (SELECT count(DISTINCT owner) FROM partition_leases WHERE expires_at > now()) AS nodes,"
                 " (SELECT count(*) FROM partition_leases WHERE expires_at > now()) AS held,"
-                " (SELECT count(*) FROM workers) AS workers")
+                " (SELECT count(*) FROM workers) AS workers"))
         finally:
             await conn.close()
         return (row["nodes"], row["held"], row["workers"]) == (fleet.shape.schedulers, 1024, fleet.shape.workers)

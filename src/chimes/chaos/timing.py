@@ -122,8 +122,10 @@ def check_start_lag(ev: Evidence) -> list[Violation]:
     """6: start lag (first attempt start minus scheduled time) of fired slots: p99 within 2 s for runs
     that waited while no fault was on; for the others it is measured, not bounded."""
     windows = lag_windows(ev)
-    outside, inside = [], []
-    fired_outside, fired_inside = [], []
+    outside: list[float] = []
+    inside: list[float] = []
+    fired_outside: list[float] = []
+    fired_inside: list[float] = []
     for run in ev.runs:
         if run["trigger"] not in ("schedule", "catchup"):
             continue

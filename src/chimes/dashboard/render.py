@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse
 
 from chimes import __version__
 from chimes.dashboard import session, views
+from chimes.store.tokens import Principal
 
 # Scripts only from this server (htmx, uPlot, ours); no inline script runs. Styles may be inline
 # because uPlot sizes its canvas with style attributes.
@@ -52,3 +53,9 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
         csrf=session.csrf_token(token) if token else "", **context,
     )
     return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
+
+
+def not_found(request: Request, who: Principal, what: str) -> HTMLResponse:
+    """The 404 page for a job or run that does not exist, belongs to another team, or has an id
+    that names nothing (read with chimes.ids.id_from / run_id_from, as the API reads them)."""
+    return page(request, "not_found.html", status_code=404, viewer=who, what=what)

@@ -42,7 +42,8 @@ PATRONI_RETRY_TIMEOUT = 5
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @dataclass
@@ -181,9 +182,10 @@ class PatroniMember(Process):
         config = str(self.dir / "patroni.yml")
         found = [p.pid for p in psutil.process_iter(["cmdline"]) if config in (p.info["cmdline"] or [])]
         postmaster = self.postmaster_pid()
-        with contextlib.suppress(psutil.Error, TypeError):
-            server = psutil.Process(postmaster)  # type: ignore[arg-type]
-            found += [server.pid] + [child.pid for child in server.children(recursive=True)]
+        if postmaster is not None:  # Process(None) would be this process: kill() must never reach it
+            with contextlib.suppress(psutil.Error):
+                server = psutil.Process(postmaster)
+                found += [server.pid] + [child.pid for child in server.children(recursive=True)]
         return found
 
     def kill(self) -> None:
@@ -204,7 +206,8 @@ class PatroniMember(Process):
     def state(self, timeout: float = 2.0) -> dict[str, Any] | None:
         """Patroni's view of this member (``role``: primary, replica; ``timeline``), or None."""
         try:
-            return httpx.get(f"{self.api_url}/patroni", timeout=timeout).json()
+            state: dict[str, Any] = httpx.get(f"{self.api_url}/patroni", timeout=timeout).json()
+            return state
         except (httpx.HTTPError, ValueError):
             return None
 
@@ -245,24 +248,25 @@ class HaCluster:
         runtime.etcd_binary()
         self.python = runtime.patroni_python()
         runtime.ensure_patroni(self.patroni_site)
-        for member in self.etcd:
-            member.start()
-        for member in self.postgres:
-            member.start()
+        for etcd in self.etcd:
+            etcd.start()
+        for patroni in self.postgres:
+            patroni.start()
         primary = self.wait_for_primary(timeout)
         self.wait_for_standbys(timeout)
         self._create_database(primary)
 
     def stop(self) -> None:
-        for member in self.postgres:
-            member.stop()
-        for member in self.etcd:
-            member.stop()
+        for patroni in self.postgres:
+            patroni.stop()
+        for etcd in self.etcd:
+            etcd.stop()
 
     def restart_dead(self) -> list[str]:
         """Start every member that is not running (a killed former primary rejoins as a standby)."""
         started = []
-        for member in [*self.etcd, *self.postgres]:
+        members: list[EtcdMember | PatroniMember] = [*self.etcd, *self.postgres]
+        for member in members:
             if not member.alive:
                 member.start()
                 started.append(member.name)
@@ -310,7 +314,9 @@ class HaCluster:
         """Patroni's list of members (``GET /cluster``) from any member that answers."""
         for member in self.postgres:
             with contextlib.suppress(httpx.HTTPError, ValueError):
-                return httpx.get(f"{member.api_url}/cluster", timeout=1).json().get("members", [])
+                members: list[dict[str, Any]] = httpx.get(f"{member.api_url}/cluster", timeout=1).json().get(
+                    "members", [])
+                return members
         return []
 
     def switchover(self, candidate: PatroniMember | None = None) -> PatroniMember:
@@ -378,10 +384,10 @@ class HaCluster:
 
 
 def _postgres_bin() -> Path:
-    from chimes.store.embedded import pg
+    from chimes.store.embedded import BIN_DIR
 
-    runtime.allow_traversal(pg.POSTGRES_BIN_PATH)
-    return pg.POSTGRES_BIN_PATH
+    runtime.allow_traversal(BIN_DIR)
+    return BIN_DIR
 
 
 def _give_to_run_as_user(folder: Path) -> None:

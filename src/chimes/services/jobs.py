@@ -16,7 +16,7 @@ from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
 from chimes.security.secrets import Keyring, default_keyring, has_secrets, keep_sealed, seal_spec, split_sealed
 from chimes.slots import jitter_offset
 from chimes.store import jobs as job_store
-from chimes.store.db import Connection, Pool, transaction
+from chimes.store.db import Conn, Pool, transaction
 from chimes.store.jobs import CreatedJob, JobRecord, JobStore, LockedJob
 from chimes.store.owners import OwnerStore, count_jobs_up_to, lock_owner_for_job
 
@@ -85,7 +85,7 @@ class JobService:
                 await job_store.insert_schedule_trigger(conn, job_id, fire_at, 1)
         return CreatedJob(job_id, fire_at, created=True)
 
-    async def _admit(self, conn: Connection, owner: str, spec: JobSpec) -> int | None:
+    async def _admit(self, conn: Conn, owner: str, spec: JobSpec) -> int | None:
         """Lock the owner's row (so concurrent creates count one after the other), refuse a task type
         the owner may not use, and return the quota that applies."""
         limits = await lock_owner_for_job(conn, owner)

@@ -14,6 +14,7 @@ import asyncpg
 
 from chimes.enums import Priority
 from chimes.ids import PARTITION_COUNT
+from chimes.store.db import Conn, one_row
 from chimes.store.jobs import JobRecord, definition_of
 from chimes.store.queries import sql
 
@@ -155,20 +156,20 @@ class FleetGauges:
 async def fleet_gauges(pool: asyncpg.Pool) -> FleetGauges:
     async with pool.acquire() as conn:
         queue = await queue_tiers(conn)
-        row = await conn.fetchrow(sql("metrics_fleet"))
+        row = one_row(await conn.fetchrow(sql("metrics_fleet")))
     return FleetGauges(queue, row["nodes"], row["workers"], row["unleased"])
 
 
-async def queue_tiers(conn: asyncpg.Connection) -> list[QueueTier]:
+async def queue_tiers(conn: Conn) -> list[QueueTier]:
     """Runs waiting per priority tier (counted up to a cap) and how long the oldest has waited."""
     tiers = []
     for tier in Priority:
-        row = await conn.fetchrow(sql("metrics_queue_tier"), tier, QUEUE_COUNT_CAP)
+        row = one_row(await conn.fetchrow(sql("metrics_queue_tier"), tier, QUEUE_COUNT_CAP))
         tiers.append(QueueTier(tier.label, row["depth"], row["oldest_sec"]))
     return tiers
 
 
-async def _fire_lag(conn: asyncpg.Connection, start: datetime, end: datetime) -> FireLag:
+async def _fire_lag(conn: Conn, start: datetime, end: datetime) -> FireLag:
     rows = await conn.fetch(sql("dashboard_fire_lag"), _run_id_floor(start), _run_id_floor(end), start, end,
                             LAG_SAMPLE, list(LAG_BOUNDS))
     buckets = [0] * (len(LAG_BOUNDS) + 1)
@@ -186,7 +187,7 @@ def _run_id_floor(instant: datetime) -> uuid.UUID:
     return uuid.UUID(int=int(instant.timestamp() * 1000) << 80)
 
 
-async def _last_runs(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:
+async def _last_runs(conn: Conn, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:
     if not job_ids:
         return {}
     return {r["job_id"]: r for r in await conn.fetch(sql("last_runs"), job_ids)}

@@ -9,10 +9,11 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import asyncpg.pool
 import orjson
 
 from chimes import outage
@@ -30,6 +31,25 @@ Connection = asyncpg.Connection
 Record = asyncpg.Record
 DatabaseError = asyncpg.PostgresError  # an error the server answered with
 LockNotAvailable = asyncpg.LockNotAvailableError  # lock_timeout: the lock was held by someone else
+
+# What pool.acquire() lends is a proxy that forwards every call to a connection, not a Connection
+# itself: a function that only runs statements takes a Conn, so that either kind will do.
+Conn: TypeAlias = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+class Row(Protocol):
+    """A row as read, for code that only looks up its columns by name (rendering, logging): what the
+    store hands out where converting every row to a dataclass would cost more than it tells."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def one_row(row: asyncpg.Record | None) -> asyncpg.Record:
+    """The row of a statement that always returns one (an aggregate, an upsert with RETURNING): none
+    means the statement is not what the caller takes it for, which is a bug to report, not to skip."""
+    if row is None:
+        raise LookupError("a statement that always returns a row returned none")
+    return row
 
 _JSONB_VERSION = b"\x01"  # the binary jsonb format is a version byte, then the JSON text
 
@@ -240,7 +260,7 @@ def _by_answering(urls: list[str]) -> list[str]:
 
 async def _connect_host(url: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
     try:
-        conn = await asyncpg.connect(url, **kwargs)
+        conn: asyncpg.Connection = await asyncpg.connect(url, **kwargs)
     except (TimeoutError, OSError) as exc:
         if not isinstance(exc, ConnectionRefusedError):  # refused: the host is there, its server is not
             _UNANSWERED[url] = time.monotonic()
@@ -333,7 +353,9 @@ def _most_telling(errors: list[BaseException]) -> BaseException:
     return errors[-1]
 
 
-async def _pool_connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+async def _pool_connect(dsn: str | None = None, **kwargs: Any) -> asyncpg.Connection:
+    if dsn is None:  # asyncpg's connect callback may be called without one; create_pool below passes it
+        raise TypeError("the pool's connect callback needs a DSN")
     kwargs.pop("loop", None)
     return await open_connection(dsn, **kwargs)
 
@@ -411,6 +433,6 @@ async def ping(pool: asyncpg.Pool) -> None:
 
 
 @contextlib.asynccontextmanager
-async def transaction(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+async def transaction(pool: asyncpg.Pool) -> AsyncIterator[Conn]:
     async with pool.acquire() as conn, conn.transaction():
         yield conn

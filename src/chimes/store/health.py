@@ -95,7 +95,8 @@ class HealthStore:
 
     async def job_sweep_end(self, after: uuid.UUID, jobs: int) -> uuid.UUID | None:
         """The last of the next ``jobs`` job ids after ``after``; None past the last job."""
-        return await self._pool.fetchval(sql("job_sweep_end"), after, jobs)
+        end: uuid.UUID | None = await self._pool.fetchval(sql("job_sweep_end"), after, jobs)
+        return end
 
     async def schedules_without_trigger(self, after: uuid.UUID, through: uuid.UUID) -> list[UntriggeredSchedule]:
         rows = await self._pool.fetch(sql("schedules_without_trigger"), after, through)
@@ -115,10 +116,13 @@ class HealthStore:
     async def notify_runs(self, kind: str, run_ids: Sequence[uuid.UUID], scheduled_at: Sequence[datetime],
                           details: Sequence[str]) -> int:
         """Queue one notification per run (once per run and kind); returns how many were queued."""
-        return await self._pool.fetchval(sql("notify_runs"), kind, run_ids, scheduled_at, details)
+        queued: int = await self._pool.fetchval(sql("notify_runs"), kind, run_ids, scheduled_at, details)
+        return queued
 
     async def notify_jobs(self, kind: str, job_ids: Sequence[uuid.UUID], incidents: Sequence[str],
                           details: Sequence[str], scheduled_at: Sequence[datetime | None],
                           run_ids: Sequence[uuid.UUID | None]) -> int:
         """Queue one notification per job and incident (once each); returns how many were queued."""
-        return await self._pool.fetchval(sql("notify_jobs"), kind, job_ids, incidents, details, scheduled_at, run_ids)
+        queued: int = await self._pool.fetchval(sql("notify_jobs"), kind, job_ids, incidents, details, scheduled_at,
+                                                run_ids)
+        return queued

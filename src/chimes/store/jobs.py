@@ -12,7 +12,8 @@ import asyncpg
 
 from chimes.enums import Priority
 from chimes.ids import partition_of
-from chimes.jobs import CronScheduleSpec, JobSpec
+from chimes.jobs import AtScheduleSpec, CronScheduleSpec, JobSpec
+from chimes.store.db import Conn, one_row
 from chimes.store.queries import sql
 
 
@@ -45,7 +46,7 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
     return (
         spec.name,
         cron_spec.cron if cron_spec else None,
-        None if cron_spec else schedule.at,
+        schedule.at if isinstance(schedule, AtScheduleSpec) else None,
         cron_spec.timezone if cron_spec else "UTC",
         cron_spec.jitter_sec if cron_spec else 0,
         wire["task"],
@@ -143,21 +144,21 @@ class JobStore:
         return [_record(r, last.get(r["job_id"])) for r in rows]
 
 
-async def insert_job(conn: asyncpg.Connection, job_id: uuid.UUID, owner: str, spec: JobSpec,
+async def insert_job(conn: Conn, job_id: uuid.UUID, owner: str, spec: JobSpec,
                      idempotency_key: str | None, fingerprint: bytes | None) -> bool:
     """False when the owner used ``idempotency_key`` before: nothing is written then."""
     inserted = await conn.fetchval(sql("insert_job"), job_id, owner, *job_columns(spec), idempotency_key, fingerprint)
     return inserted is not None
 
 
-async def job_of_key(conn: asyncpg.Connection, owner: str, idempotency_key: str) -> KeyedJob:
-    existing = await conn.fetchrow(sql("job_by_idempotency_key"), owner, idempotency_key)
-    job = await conn.fetchrow(sql("get_job"), existing["job_id"], owner)
+async def job_of_key(conn: Conn, owner: str, idempotency_key: str) -> KeyedJob:
+    existing = one_row(await conn.fetchrow(sql("job_by_idempotency_key"), owner, idempotency_key))
+    job = one_row(await conn.fetchrow(sql("get_job"), existing["job_id"], owner))
     return KeyedJob(CreatedJob(job["job_id"], job["next_run_at"], created=False, version=job["version"]),
                     existing["request_hash"])
 
 
-async def lock_job(conn: asyncpg.Connection, job_id: uuid.UUID, owner: str | None) -> LockedJob | None:
+async def lock_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> LockedJob | None:
     row = await conn.fetchrow(sql("lock_job"), job_id, owner)
     if row is None:
         return None
@@ -165,22 +166,24 @@ async def lock_job(conn: asyncpg.Connection, job_id: uuid.UUID, owner: str | Non
                      definition_of(row))
 
 
-async def update_job(conn: asyncpg.Connection, job_id: uuid.UUID, spec: JobSpec, paused: bool) -> int:
+async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, paused: bool) -> int:
     """Rewrite the definition; returns the job's new version."""
-    return await conn.fetchval(sql("update_job"), job_id, *job_columns(spec), paused)
+    version: int = await conn.fetchval(sql("update_job"), job_id, *job_columns(spec), paused)
+    return version
 
 
-async def insert_schedule_trigger(conn: asyncpg.Connection, job_id: uuid.UUID, fire_at: datetime,
+async def insert_schedule_trigger(conn: Conn, job_id: uuid.UUID, fire_at: datetime,
                                   version: int) -> None:
     await conn.execute(sql("insert_schedule_trigger"), partition_of(job_id), fire_at, job_id, version)
 
 
-async def delete_schedule_triggers(conn: asyncpg.Connection, job_id: uuid.UUID) -> bool:
+async def delete_schedule_triggers(conn: Conn, job_id: uuid.UUID) -> bool:
     """Whether the job had a schedule trigger."""
-    return await conn.execute(sql("delete_schedule_triggers"), job_id) != "DELETE 0"
+    status: str = await conn.execute(sql("delete_schedule_triggers"), job_id)
+    return status != "DELETE 0"
 
 
-async def delete_job(conn: asyncpg.Connection, job_id: uuid.UUID, owner: str | None) -> bool:
+async def delete_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> bool:
     """Delete the job and its triggers; False when not found."""
     deleted = await conn.fetchval(sql("delete_job"), job_id, owner)
     if deleted is not None:
@@ -188,7 +191,7 @@ async def delete_job(conn: asyncpg.Connection, job_id: uuid.UUID, owner: str | N
     return deleted is not None
 
 
-async def _last_runs(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
+async def _last_runs(conn: Conn, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
     if not job_ids:
         return {}
     rows = await conn.fetch(sql("last_runs"), job_ids)

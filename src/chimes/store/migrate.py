@@ -8,6 +8,7 @@ from importlib import resources
 
 import asyncpg
 
+from chimes.store.db import Conn
 from chimes.store.queries import sql
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ async def migrate(conn: asyncpg.Connection) -> list[int]:
             await conn.execute(sql("unlock_migrations"), _LOCK_KEY)
 
 
-async def ensure_run_partitions(conn: asyncpg.Connection | asyncpg.Pool,
-                                days_ahead: int = RUN_PARTITION_DAYS_AHEAD) -> int:
+async def ensure_run_partitions(conn: Conn | asyncpg.Pool, days_ahead: int = RUN_PARTITION_DAYS_AHEAD) -> int:
     """Create the run-history partitions from yesterday to ``days_ahead`` days from now."""
-    return await conn.fetchval(sql("ensure_run_partitions"), days_ahead + 2)
+    created: int = await conn.fetchval(sql("ensure_run_partitions"), days_ahead + 2)
+    return created

@@ -14,6 +14,7 @@ import asyncpg
 
 from chimes.security.secrets import Keyring, SecretKeyError, default_keyring
 from chimes.security.signing import new_signing_secret
+from chimes.store.db import Conn, one_row
 from chimes.store.queries import sql
 
 
@@ -27,7 +28,7 @@ class OwnerSettings:
 
 
 class OwnerStore:
-    def __init__(self, pool: asyncpg.Pool | asyncpg.Connection) -> None:
+    def __init__(self, pool: asyncpg.Pool | Conn) -> None:
         self._db = pool
 
     async def get(self, owner: str) -> OwnerSettings | None:
@@ -114,13 +115,14 @@ class OwnerLimits:
     job_quota: int | None  # None: the API's default quota
 
 
-async def lock_owner_for_job(conn: asyncpg.Connection, owner: str) -> OwnerLimits:
+async def lock_owner_for_job(conn: Conn, owner: str) -> OwnerLimits:
     """Inside a job's create transaction: make the owner's row if missing and lock it, so concurrent
     creates for one owner count their jobs one after the other."""
-    row = await conn.fetchrow(sql("lock_owner_for_job"), owner)
+    row = one_row(await conn.fetchrow(sql("lock_owner_for_job"), owner))
     return OwnerLimits(row["allow_commands"], row["job_quota"])
 
 
-async def count_jobs_up_to(conn: asyncpg.Connection, owner: str, limit: int) -> int:
+async def count_jobs_up_to(conn: Conn, owner: str, limit: int) -> int:
     """How many jobs the owner has, counting no further than ``limit``."""
-    return await conn.fetchval(sql("count_owner_jobs_up_to"), owner, limit)
+    count: int = await conn.fetchval(sql("count_owner_jobs_up_to"), owner, limit)
+    return count

@@ -34,7 +34,8 @@ class RetentionStore:
     async def delete_old_default_rows(self, cutoff: datetime, lock_timeout_sec: float) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("limit_lock_wait"), f"{max(1, round(lock_timeout_sec * 1000))}ms")
-            return await conn.fetchval(sql("delete_old_default_runs"), cutoff)
+            deleted: int = await conn.fetchval(sql("delete_old_default_runs"), cutoff)
+            return deleted
 
     async def delete_old_notifications(self, cutoff: datetime, batch: int) -> int:
         status = await self._pool.execute(sql("delete_old_notifications"), cutoff, batch)

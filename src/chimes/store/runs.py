@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import asyncpg
 
@@ -14,6 +13,7 @@ from chimes import cron
 from chimes.backoff import plan_retry
 from chimes.enums import RunStatus
 from chimes.ids import new_run_id, partition_of, run_id_for, scheduled_at_of, truncate_to_millis
+from chimes.store.db import Row, one_row
 from chimes.store.queries import sql
 from chimes.store.working import runs_ended
 
@@ -32,8 +32,8 @@ class RunDetail:
     run_id: uuid.UUID
     job_id: uuid.UUID
     status: str
-    run: Mapping[str, Any]
-    attempts: list[Mapping[str, Any]]
+    run: Row
+    attempts: list[Row]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +75,9 @@ class RunStore:
         scheduled_at = truncate_to_millis(now)
         run_id = new_run_id(scheduled_at)
         async with self._pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
+            row = one_row(await conn.fetchrow(
                 sql("start_run_now"), job_id, owner, run_id, scheduled_at, partition_of(job_id), trigger
-            )
+            ))
             if not row["job_found"]:
                 return None
             await conn.execute(sql("notify_queue"))
@@ -106,8 +106,9 @@ class RunStore:
     async def callback_heartbeat(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID,
                                  lease_sec: float) -> datetime | None:
         """Extend the lease of a run whose target reports for itself; None when the token is stale."""
-        return await self._pool.fetchval(sql("callback_heartbeat"), run_id, scheduled_at_of(run_id), owner,
-                                         lease_token, lease_sec)
+        expires_at: datetime | None = await self._pool.fetchval(
+            sql("callback_heartbeat"), run_id, scheduled_at_of(run_id), owner, lease_token, lease_sec)
+        return expires_at
 
     async def callback_complete(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID, status: str,
                                 error: str | None, output: str | None, now: datetime) -> bool:
@@ -129,7 +130,7 @@ class RunStore:
             await runs_ended(conn, [r for r in ended if r["final"]])
         return bool(ended)
 
-    async def queue_depth(self) -> list[asyncpg.Record]:
+    async def queue_depth(self) -> builtins.list[asyncpg.Record]:
         return await self._pool.fetch(sql("queue_depth"))
 
     async def cancel(self, run_id: uuid.UUID, owner: str | None, reason: str) -> bool:

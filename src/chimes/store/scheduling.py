@@ -12,6 +12,7 @@ import asyncpg
 
 from chimes.enums import TriggerKind
 from chimes.slots import Slot
+from chimes.store.db import Conn, Row, one_row
 from chimes.store.queries import sql
 from chimes.store.working import runs_ended
 
@@ -164,16 +165,16 @@ class SchedulerStore:
             for s in f.slots:
                 _append(slots, (index, s.run_id, s.scheduled_at, s.trigger, s.outcome, s.reason))
         async with self._pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
+            row = one_row(await conn.fetchrow(
                 sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *triggers, *slots,
                 fired_at,
-            )
+            ))
             if row["enqueued"]:
                 await conn.execute(sql("notify_queue"))
             await self._notify_late_fires(conn, fires, fired_at)
         return FireResult(row["leases_held"], row["fired"], row["enqueued"])
 
-    async def _notify_late_fires(self, conn: asyncpg.Connection, fires: Sequence[Fire], fired_at: datetime) -> None:
+    async def _notify_late_fires(self, conn: Conn, fires: Sequence[Fire], fired_at: datetime) -> None:
         """A run created later than its job's start deadline has missed its start, however soon a
         worker takes it: notified here, in the fire's transaction. On time (the usual case), no query."""
         late = [s for f in fires for s in f.slots
@@ -185,7 +186,7 @@ class SchedulerStore:
     async def expired_runs(self, partitions: Sequence[int], limit: int) -> list[ExpiredRun]:
         return [ExpiredRun(**dict(row)) for row in await self._pool.fetch(sql("expired_runs"), list(partitions), limit)]
 
-    async def reap(self, leases: Mapping[int, int], lost: Sequence[LostRun]) -> Sequence[Mapping[str, Any]]:
+    async def reap(self, leases: Mapping[int, int], lost: Sequence[LostRun]) -> Sequence[Row]:
         """End the lost attempts; returns the runs ended or re-enqueued (run_id, scheduled_at, job_id,
         partition_id, job_version, priority, retry_at, final)."""
         partitions = list(leases)
@@ -204,7 +205,7 @@ class SchedulerStore:
     async def reconcile_active_runs(self) -> tuple[int, int]:
         """Self-healing for concurrency bookkeeping; cheap, as only unfinished runs are looked at.
         Returns how many ended runs were forgotten and how many held runs were released."""
-        row = await self._pool.fetchrow(sql("reconcile_active_runs"))
+        row = one_row(await self._pool.fetchrow(sql("reconcile_active_runs")))
         return row["forgotten"], row["released"]
 
 

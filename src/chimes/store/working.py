@@ -12,7 +12,7 @@ import asyncpg
 
 from chimes.enums import Priority, RunStatus
 from chimes.store.caps import Candidate, CapKey, cap_key
-from chimes.store.db import open_connection
+from chimes.store.db import Conn, open_connection
 from chimes.store.queries import sql
 
 #: The admission policy of a capped claim (chimes.worker.caps.admit): from the candidates in queue
@@ -64,7 +64,7 @@ class Completion:
     retry_at: datetime | None
 
 
-async def runs_ended(conn: asyncpg.Connection, ended: Sequence[asyncpg.Record]) -> None:
+async def runs_ended(conn: Conn, ended: Sequence[asyncpg.Record]) -> None:
     """Runs that ended stop counting against their job's concurrency, held runs move up, and the
     ones that failed for good queue their notification, all in the caller's transaction."""
     if ended:
@@ -95,7 +95,8 @@ class WorkerStore:
         return [ClaimedRun(**dict(row)) for row in rows]
 
     async def caps_exist(self) -> bool:
-        return await self._pool.fetchval(sql("caps_exist"))
+        exist: bool = await self._pool.fetchval(sql("caps_exist"))
+        return exist
 
     async def claim_capped(self, limit: int, lease_sec: float, deadline_grace_sec: float, admit: Admission,
                            tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:

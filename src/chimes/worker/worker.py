@@ -145,7 +145,7 @@ class Worker:
         """A run was cancelled through the API: stop it now rather than at the next heartbeat. The
         cancel recorded the attempt already; the heartbeat still catches a NOTIFY missed meanwhile."""
         try:
-            held = self._running.get(uuid.UUID(payload))
+            held = self._running.get(uuid.UUID(str(payload)))
         except ValueError:
             return
         if held is not None:
@@ -226,8 +226,8 @@ class Worker:
         if not run.job_exists or run.task is None:
             return Outcome(RunStatus.CANCELLED, "the job was deleted before this run started")
         prepared = await self.guard.prepare(run)  # command permission, secrets, signing secret
-        if prepared.refusal is not None:
-            return Outcome.failure(prepared.refusal)
+        if prepared.refusal is not None or prepared.task is None:
+            return Outcome.failure(prepared.refusal or "the task could not be prepared")
         ctx = TaskContext(str(run.run_id), str(run.job_id), run.attempt, run.scheduled_at,
                           float(run.timeout_sec or RUN_TIMEOUT_SEC), signing_secret=prepared.signing_secret,
                           lease_token=str(run.lease_token), owner=run.owner)
