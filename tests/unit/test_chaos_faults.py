@@ -7,8 +7,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
-from chimes.chaos.faults import DATABASE_COOLDOWN_SEC, PRIMARY_MOVES, FaultWindow, PlannedFault, plan_faults
-from chimes.chaos.fleet import Fleet, FleetShape
+from chimes_chaos.faults import DATABASE_COOLDOWN_SEC, PRIMARY_MOVES, FaultWindow, PlannedFault, plan_faults
+from chimes_chaos.fleet import Fleet, FleetShape
 
 SCHEDULERS = ["scheduler-1", "scheduler-2", "scheduler-3"]
 WORKERS = ["worker-1", "worker-2", "worker-3"]

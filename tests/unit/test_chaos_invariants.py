@@ -7,14 +7,14 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chimes.chaos.evidence import Evidence
-from chimes.chaos.faults import FaultWindow
-from chimes.chaos.fleet import Exit, FleetShape
-from chimes.chaos.invariants import check_all, check_slots
-from chimes.chaos.observer import LeaseObserver
-from chimes.chaos.target import Delivery
-from chimes.chaos.workload import Answer, ChaosJob
 from chimes.ids import run_id_for
+from chimes_chaos.evidence import Evidence
+from chimes_chaos.faults import FaultWindow
+from chimes_chaos.fleet import Exit, FleetShape
+from chimes_chaos.invariants import check_all, check_slots
+from chimes_chaos.observer import LeaseObserver
+from chimes_chaos.target import Delivery
+from chimes_chaos.workload import Answer, ChaosJob
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 JOB = ChaosJob(uuid.UUID("01936b2e-0000-7000-8000-000000000001"), "every-2s", "allow", "*/2 * * * * *", T0)

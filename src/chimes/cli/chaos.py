@@ -43,7 +43,7 @@ def chaos(duration: float, seed: int, database_url: str | None, ha: bool, zones:
     import logging
     import signal
 
-    from chimes.chaos.harness import ChaosOptions, run_chaos
+    from chimes_chaos.harness import ChaosOptions, run_chaos
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call drowns the fault log
 

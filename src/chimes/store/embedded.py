@@ -141,7 +141,7 @@ class EmbeddedPostgres:
 
     def restart(self, mode: str = "fast") -> None:
         """Stop and start again: ``fast`` ends sessions cleanly, ``immediate`` is a crash (the start
-        replays the WAL). Used by the fault-injection harness (chimes.chaos)."""
+        replays the WAL). Used by the fault-injection harness (chimes_chaos)."""
         _pg_ctl(["-w", "-t", "60", "-m", mode, "-l", str(self.pgdata / "server.log"), "restart"],
                   pgdata=self.pgdata, user=self._run_as, timeout=90)
 

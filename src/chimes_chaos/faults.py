@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chimes.chaos.fleet import Fleet
-from chimes.chaos.target import ChaosTarget
+from chimes_chaos.fleet import Fleet
+from chimes_chaos.target import ChaosTarget
 
 log = logging.getLogger(__name__)
 

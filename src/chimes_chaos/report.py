@@ -7,8 +7,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chimes.chaos.evidence import Violation
-from chimes.chaos.invariants import INVARIANTS
+from chimes_chaos.evidence import Violation
+from chimes_chaos.invariants import INVARIANTS
 
 SHOWN_PER_INVARIANT = 10
 

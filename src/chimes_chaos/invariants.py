@@ -14,10 +14,10 @@ from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
-from chimes.chaos.evidence import Evidence, Violation
-from chimes.chaos.failover import check_failovers
-from chimes.chaos.target import Delivery, delivery_number
-from chimes.chaos.timing import check_start_lag, check_takeovers
+from chimes_chaos.evidence import Evidence, Violation
+from chimes_chaos.failover import check_failovers
+from chimes_chaos.target import Delivery, delivery_number
+from chimes_chaos.timing import check_start_lag, check_takeovers
 
 INVARIANTS = {
     1: "every fire the schedules imply has exactly one run record",

@@ -10,11 +10,11 @@ from typing import Any
 
 import asyncpg
 
-from chimes.chaos.faults import FaultWindow
-from chimes.chaos.fleet import Exit, FleetShape
-from chimes.chaos.observer import LeaseObserver
-from chimes.chaos.target import Delivery
-from chimes.chaos.workload import Answer, ChaosJob
+from chimes_chaos.faults import FaultWindow
+from chimes_chaos.fleet import Exit, FleetShape
+from chimes_chaos.observer import LeaseObserver
+from chimes_chaos.target import Delivery
+from chimes_chaos.workload import Answer, ChaosJob
 
 RUNS_SQL = """
 SELECT run_id, scheduled_at, job_id, partition_id, trigger, status, attempt, fired_at, created_at, started_at,

@@ -12,8 +12,8 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chimes.chaos.evidence import Evidence, Violation
-from chimes.chaos.faults import FaultWindow
+from chimes_chaos.evidence import Evidence, Violation
+from chimes_chaos.faults import FaultWindow
 
 START_LAG_P99_SEC = 2.0
 TAKEOVER_SLACK_SEC = 1.0  # a fire's own latency on a loaded machine

@@ -25,14 +25,17 @@ from typing import Any
 import asyncpg
 import httpx
 
-from chimes.chaos.evidence import Evidence, jobs_found, read_database, unfinished_count
-from chimes.chaos.faults import FaultRunner, FaultWindow, plan_faults
-from chimes.chaos.fleet import Fleet, FleetShape
-from chimes.chaos.invariants import check_all
-from chimes.chaos.observer import LeaseObserver
-from chimes.chaos.report import Report
-from chimes.chaos.target import ChaosTarget
-from chimes.chaos.workload import (
+from chimes.store.db import one_row
+from chimes.store.migrate import migrate
+from chimes.store.tokens import create_token
+from chimes_chaos.evidence import Evidence, jobs_found, read_database, unfinished_count
+from chimes_chaos.faults import FaultRunner, FaultWindow, plan_faults
+from chimes_chaos.fleet import Fleet, FleetShape
+from chimes_chaos.invariants import check_all
+from chimes_chaos.observer import LeaseObserver
+from chimes_chaos.report import Report
+from chimes_chaos.target import ChaosTarget
+from chimes_chaos.workload import (
     OWNER,
     Answers,
     ChaosJob,
@@ -43,9 +46,6 @@ from chimes.chaos.workload import (
     probe_number,
     recurring_jobs,
 )
-from chimes.store.db import one_row
-from chimes.store.migrate import migrate
-from chimes.store.tokens import create_token
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 
-from chimes.chaos.evidence import Evidence, Violation
-from chimes.chaos.timing import summary
+from chimes_chaos.evidence import Evidence, Violation
+from chimes_chaos.timing import summary
 
 ANSWERS_ALLOWED = frozenset({200, 201, 204, 429, 503})  # 429: the write limit, which says when to come back
 
