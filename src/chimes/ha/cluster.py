@@ -217,9 +217,13 @@ class HaCluster:
 
     def __init__(self, base: Path, *, postgres: int = 3, hosts: Sequence[str] = ("127.0.0.1",),
                  allowed_networks: Sequence[str] = ("127.0.0.1/32",),
-                 prefixes: dict[str, Sequence[str]] | None = None) -> None:
+                 prefixes: dict[str, Sequence[str]] | None = None, synchronous_mode: bool = True) -> None:
         """``hosts``: the addresses members listen on, in turn; ``prefixes``: per address, the command
-        that runs a member there (``ip netns exec ZONE`` for a zone made by a test)."""
+        that runs a member there (``ip netns exec ZONE`` for a zone made by a test). ``synchronous_mode``
+        off makes every standby asynchronous, a setup Chimes does not support: it is there to measure
+        what it costs and loses (``python -m bench ha-cost``, ``async-loss``); it applies when the
+        cluster is first bootstrapped."""
+        self.synchronous_mode = synchronous_mode
         self.base = base.resolve()
         self.base.mkdir(parents=True, exist_ok=True)
         state = self.base / "ha.json"
@@ -296,7 +300,7 @@ class HaCluster:
 
     def wait_for_standbys(self, timeout: float) -> None:
         """Every running member other than the primary streams from it, and one is the synchronous
-        standby (the one a commit waits for, and the one a switchover may go to)."""
+        standby (the one a commit waits for, and the one a switchover may go to) in synchronous mode."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             members = self.members()
@@ -305,10 +309,24 @@ class HaCluster:
             alive = sum(1 for m in self.postgres if m.alive)
             if (len(running) == alive and len(standbys) == alive - 1
                     and all(m.get("state") == "streaming" for m in standbys)
-                    and (alive < 2 or any(m.get("role") == "sync_standby" for m in standbys))):
+                    and (alive < 2 or not self.synchronous_mode
+                         or any(m.get("role") == "sync_standby" for m in standbys))
+                    and self._standbys_say_streaming()):
                 return
             time.sleep(0.2)
         raise TimeoutError(f"standbys not streaming within {timeout:g} s; logs in {self.base}")
+
+    def _standbys_say_streaming(self) -> bool:
+        """Each running member agrees, from its own REST API, on the primary's timeline and, but the
+        primary, streams from it: the list above is read from one member, whose view may be stale (a
+        member just back from a cut zone still reports what it saw before)."""
+        states = [state for member in self.postgres if member.alive and (state := member.state(timeout=1.0))]
+        primaries = [state for state in states if state.get("role") in ("primary", "master")]
+        if len(primaries) != 1:
+            return False
+        timeline = primaries[0].get("timeline")
+        return all(state.get("timeline") == timeline and state.get("replication_state", "streaming") == "streaming"
+                   for state in states if state is not primaries[0])
 
     def members(self) -> list[dict[str, Any]]:
         """Patroni's list of members (``GET /cluster``) from any member that answers."""
@@ -350,7 +368,7 @@ class HaCluster:
                 "dcs": {
                     "ttl": PATRONI_TTL, "loop_wait": PATRONI_LOOP_WAIT, "retry_timeout": PATRONI_RETRY_TIMEOUT,
                     # A commit is acknowledged once a standby has it: a failover loses no acknowledged write.
-                    "synchronous_mode": True,
+                    "synchronous_mode": self.synchronous_mode,
                     "postgresql": {"use_pg_rewind": True,
                                    "parameters": {"wal_log_hints": "on", "max_connections": 300,
                                                   "max_wal_senders": 10, "max_replication_slots": 10}},
