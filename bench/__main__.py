@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="systems for `peers`, comma-separated")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the scenario this many times (async-loss: failovers in each mode)")
+    parser.add_argument("--standby-stall", type=float, default=0.5,
+                        help="async-loss: also fail over after the primary's WAL sender has been stopped this many "
+                             "seconds (a stalled link between zones); 0 for plain kills only")
     parser.add_argument("--statements", action="store_true",
                         help="load pg_stat_statements (embedded server) and report the database time by statement")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
@@ -113,7 +116,8 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
     if args.scenario == "async-loss":
         from bench.async_loss import async_loss
 
-        return await async_loss(env, target, rounds=args.repeat, lanes=args.lanes, say=say)
+        return await async_loss(env, target, rounds=args.repeat, lanes=args.lanes, say=say,
+                                stall_sec=args.standby_stall)
     if args.scenario == "load":
         from bench.load import load
 

@@ -16,11 +16,22 @@ again, and once the fleet has settled (no run left scheduled or running) the new
   or recorded outcome makes Chimes run the slot again.
 
 The killed member is started again (it rejoins through pg_rewind) before the next round.
+
+On one machine the standby is never more than a few milliseconds behind, so a plain kill loses
+little or nothing even asynchronously. Between zones the link stalls now and then; with
+``--standby-stall SEC`` each mode also runs rounds in which the primary's WAL sender is stopped
+(SIGSTOP) that long before the kill, while writes go on: the standby receives nothing more, as over
+a stalled link (stopping the standby's receiver instead would not do: what the sender had written
+waits in the socket's buffers and arrives after all). That is what an asynchronous standby loses
+when the primary dies during such a stall, and what a synchronous one (whose commits wait for it)
+does not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -29,6 +40,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import psutil
 
 from bench.api_client import ApiProcess, Write, Writer, team_token, wait_until
 from bench.chimes_runs import Fleet, FleetShape
@@ -62,6 +74,7 @@ class LossRound:
     # failover at that instant could lose in asynchronous mode, what a commit waits for in synchronous
     standby_behind_bytes: dict[str, float] | None = None
     standby_flush_lag_ms: dict[str, float] | None = None
+    stall_sec: float = 0.0  # the primary's WAL sender stopped this long before the kill
 
 
 def count_losses(*, mode: str, kill_at: float, promoted_at: float, writes: Sequence[Write], jobs_found: set[str],
@@ -91,8 +104,8 @@ def _window_ms(kill_at: float, times: list[float]) -> float | None:
 def summarise(rounds: Sequence[LossRound]) -> dict[str, dict[str, Any]]:
     """Per mode: failovers, the total and largest loss per failover, and the widest window."""
     out: dict[str, dict[str, Any]] = {}
-    for mode in dict.fromkeys(r.mode for r in rounds):
-        mine = [r for r in rounds if r.mode == mode]
+    for mode in dict.fromkeys(_kind(r) for r in rounds):
+        mine = [r for r in rounds if _kind(r) == mode]
         windows = [r.lost_jobs_window_ms for r in mine if r.lost_jobs_window_ms is not None]
         out[mode] = {
             "failovers": len(mine),
@@ -106,6 +119,11 @@ def summarise(rounds: Sequence[LossRound]) -> dict[str, dict[str, Any]]:
             "ack_per_sec": round(sum(r.ack_per_sec for r in mine) / len(mine), 1),
         }
     return out
+
+
+def _kind(r: LossRound) -> str:
+    """The mode, and the stall when there was one: ``async``, ``async, standby stalled 0.5 s``."""
+    return r.mode + (f", standby stalled {r.stall_sec:g} s" if r.stall_sec else "")
 
 
 def _behind(r: LossRound) -> str:
@@ -122,7 +140,8 @@ def rounds_of(results: Sequence[Result]) -> list[LossRound]:
 def loss_table(rounds: Sequence[LossRound]) -> str:
     headers = ["mode", "outage s", "acked", "acked/s at the kill", "lost jobs (window ms)",
                "delivered", "lost runs (window ms)", "executed twice", "standby behind p50/max: KB, flush lag ms"]
-    lines = [[mode_name(r.mode == "sync"), f"{r.outage_sec:.1f}", f"{r.acknowledged:,}", f"{r.ack_per_sec:.0f}",
+    lines = [[mode_name(r.mode == "sync") + (f", standby stalled {r.stall_sec:g} s" if r.stall_sec else ""),
+              f"{r.outage_sec:.1f}", f"{r.acknowledged:,}", f"{r.ack_per_sec:.0f}",
               f"{r.lost_jobs}" + (f" ({r.lost_jobs_window_ms:.0f})" if r.lost_jobs_window_ms is not None else ""),
               f"{r.delivered:,}",
               f"{r.lost_runs}" + (f" ({r.lost_runs_window_ms:.0f})" if r.lost_runs_window_ms is not None else ""),
@@ -131,7 +150,8 @@ def loss_table(rounds: Sequence[LossRound]) -> str:
     out = [" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)), "-+-".join("-" * w for w in widths)]
     out += [" | ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines]
     for mode, s in summarise(rounds).items():
-        out.append(f"  {mode_name(mode == 'sync')}: {s['lost_jobs']} of {s['acknowledged']:,} acknowledged jobs "
+        name = mode_name(mode.startswith("sync")) + mode.partition(",")[1] + mode.partition(",")[2]
+        out.append(f"  {name}: {s['lost_jobs']} of {s['acknowledged']:,} acknowledged jobs "
                    f"lost in {s['failovers']} failovers ({s['lost_jobs_per_failover']} per failover, at most "
                    f"{s['most_lost_jobs']}; widest window {s['widest_window_ms']} ms), {s['lost_runs']} delivered "
                    f"runs lost, {s['executed_twice']} jobs executed twice")
@@ -140,18 +160,20 @@ def loss_table(rounds: Sequence[LossRound]) -> str:
 
 # --- the measurement -------------------------------------------------------------------------------
 
-async def async_loss(env: Env, target: TargetProcess, *, rounds: int, lanes: int, say: Say) -> list[Result]:
+async def async_loss(env: Env, target: TargetProcess, *, rounds: int, lanes: int, say: Say,
+                     stall_sec: float = 0.0) -> list[Result]:
     found: list[LossRound] = []
     for synchronous in (False, True):
         async with ha_cluster(env.workdir, synchronous=synchronous, say=say) as cluster:
-            found += await _rounds(env, cluster, target, rounds=rounds, lanes=lanes, synchronous=synchronous, say=say)
-    return [Result(mode_name(mode == "sync"), "async-loss", s["acknowledged"], s["acknowledged"], None,
-                   extra={"summary": s, "rounds": [asdict(r) for r in found if r.mode == mode]})
+            found += await _rounds(env, cluster, target, rounds=rounds, lanes=lanes, synchronous=synchronous, say=say,
+                                   stall_sec=stall_sec)
+    return [Result(mode, "async-loss", s["acknowledged"], s["acknowledged"], None,
+                   extra={"summary": s, "rounds": [asdict(r) for r in found if _kind(r) == mode]})
             for mode, s in summarise(found).items()]
 
 
 async def _rounds(env: Env, cluster: HaCluster, target: TargetProcess, *, rounds: int, lanes: int,
-                  synchronous: bool, say: Say) -> list[LossRound]:
+                  synchronous: bool, say: Say, stall_sec: float = 0.0) -> list[LossRound]:
     dsn = cluster.database_url()  # every member: the roles move to the new primary as in production
     conn = await asyncpg.connect(dsn, timeout=10)
     try:
@@ -169,9 +191,10 @@ async def _rounds(env: Env, cluster: HaCluster, target: TargetProcess, *, rounds
         async with httpx.AsyncClient(base_url=api.url, headers={"Authorization": f"Bearer {token}"},
                                      timeout=30) as client:
             await api.ready(client)
-            for n in range(rounds):
+            stalls = [0.0] + ([stall_sec] if stall_sec > 0 else [])
+            for n, stall in ((n, stall) for stall in stalls for n in range(rounds)):
                 found.append(await _one_failover(cluster, dsn, client, target, lanes=lanes, mode=mode,
-                                                 prefix=f"r{n + 1}", say=say))
+                                                 prefix=f"r{n + 1}s{stall:g}", say=say, stall_sec=stall))
                 restarted = await asyncio.to_thread(cluster.restart_dead)
                 await asyncio.to_thread(cluster.wait_for_standbys, 180)
                 say(f"{mode} round {n + 1}: {found[-1].lost_jobs} jobs, {found[-1].lost_runs} runs lost; "
@@ -187,7 +210,7 @@ async def _rounds(env: Env, cluster: HaCluster, target: TargetProcess, *, rounds
 
 
 async def _one_failover(cluster: HaCluster, dsn: str, client: httpx.AsyncClient, target: TargetProcess, *,
-                        lanes: int, mode: str, prefix: str, say: Say) -> LossRound:
+                        lanes: int, mode: str, prefix: str, say: Say, stall_sec: float = 0.0) -> LossRound:
     await target.reset()
     writer = Writer(client, target.url, pace=0, lanes=lanes, prefix=prefix)
     primary = await asyncio.to_thread(cluster.wait_for_primary, 30)
@@ -196,6 +219,9 @@ async def _one_failover(cluster: HaCluster, dsn: str, client: httpx.AsyncClient,
     try:
         await writer.start(first=FLOW_WRITES)
         timeline = (primary.state() or {}).get("timeline", 0)
+        if stall_sec > 0:
+            os.kill(_wal_sender(primary), signal.SIGSTOP)  # the link to the standby stalls; writes go on
+            await asyncio.sleep(stall_sec)  # how long the stall lasts: a span of time, not a condition
         kill_at = time.time()
         sampler.cancel()
         primary.kill()
@@ -219,9 +245,20 @@ async def _one_failover(cluster: HaCluster, dsn: str, client: httpx.AsyncClient,
         await conn.close()
     found = count_losses(mode=mode, kill_at=kill_at, promoted_at=promoted_at, writes=writer.writes,
                          jobs_found=jobs, deliveries=deliveries, runs_found=runs)
+    found.stall_sec = stall_sec
     found.standby_behind_bytes = percentiles([behind for behind, _ in samples])
     found.standby_flush_lag_ms = percentiles([lag * 1000 for _, lag in samples if lag is not None])
     return found
+
+
+def _wal_sender(primary: Any) -> int:
+    """The pid of the primary's WAL sender (its one standby's)."""
+    postmaster = primary.postmaster_pid()
+    if postmaster is not None:
+        for child in psutil.Process(postmaster).children():
+            if "walsender" in " ".join(child.cmdline()):
+                return int(child.pid)
+    raise RuntimeError(f"no WAL sender found on the primary {primary.name}")
 
 
 async def _sample_standby(dsn: str, samples: list[tuple[float, float | None]]) -> None:

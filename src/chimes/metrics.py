@@ -15,14 +15,12 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import start_http_server as _start_http_server
 
 from chimes.enums import RunStatus
-from chimes.store.dashboard import queue_tiers
-from chimes.store.db import one_row
-from chimes.store.queries import sql
+from chimes.store.dashboard import fleet_gauges
+from chimes.store.db import Pool
 
 if TYPE_CHECKING:
     from chimes.store.scheduling import DueTrigger, FireResult
@@ -138,16 +136,15 @@ def record_outcomes(batch: Iterable[Completion], accepted: set[Any]) -> None:
             RUNS_FINISHED.labels(status).inc()
 
 
-async def collect_fleet(pool: asyncpg.Pool) -> None:
+async def collect_fleet(pool: Pool) -> None:
     """Read the fleet-wide gauges from the database; the API calls this on every scrape."""
-    async with pool.acquire() as conn:
-        for tier in await queue_tiers(conn):
-            QUEUE_DEPTH.labels(tier.tier).set(tier.depth)
-            QUEUE_OLDEST.labels(tier.tier).set(tier.oldest_sec or 0.0)
-        row = one_row(await conn.fetchrow(sql("metrics_fleet")))
-    LIVE_NODES.set(row["nodes"])
-    LIVE_WORKERS.set(row["workers"])
-    PARTITIONS_UNLEASED.set(row["unleased"])
+    gauges = await fleet_gauges(pool)
+    for tier in gauges.queue:
+        QUEUE_DEPTH.labels(tier.tier).set(tier.depth)
+        QUEUE_OLDEST.labels(tier.tier).set(tier.oldest_sec or 0.0)
+    LIVE_NODES.set(gauges.nodes)
+    LIVE_WORKERS.set(gauges.workers)
+    PARTITIONS_UNLEASED.set(gauges.unleased)
 
 
 def exposition() -> tuple[bytes, str]:

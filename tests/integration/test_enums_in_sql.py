@@ -10,7 +10,7 @@ import asyncpg
 
 from chimes.enums import Priority, RunStatus, RunTrigger, TriggerKind
 from chimes.jobs import JobSpec
-from chimes.store.jobs import JobStore
+from chimes.services.jobs import JobService
 
 
 async def check_of(pool: asyncpg.Pool, name: str) -> str:
@@ -29,7 +29,7 @@ async def test_check_constraints_allow_exactly_the_enum_values(pool: asyncpg.Poo
 
 
 async def test_stored_rows_carry_the_enum_values(pool: asyncpg.Pool) -> None:
-    store = JobStore(pool)
+    store = JobService(pool)
     spec = JobSpec.model_validate({"name": "e", "schedule": {"cron": "* * * * *"}, "priority": "batch",
                                    "task": {"type": "http", "url": "http://127.0.0.1:9/"}})
     created = await store.create("team-a", spec, datetime.now(UTC))

@@ -22,8 +22,8 @@ import asyncpg
 from chimes.jobs import JobPatch
 from chimes.scheduler.firing import plan_fires
 from chimes.scheduler.reaper import Reaper, judge
+from chimes.services.jobs import JobService
 from chimes.store.dashboard import DashboardStore
-from chimes.store.jobs import JobStore
 from chimes.store.runs import RunStore
 from chimes.store.scheduling import SchedulerStore
 from chimes.store.working import ClaimedRun, Completion, WorkerStore
@@ -249,11 +249,11 @@ async def test_fire_fence_trigger_version(pool: asyncpg.Pool) -> None:
     (the look-ahead); an edit that keeps the schedule rewrites it under the same key at version 2.
     The batch of version 1 must leave it alone: without the fence it deletes the new trigger, makes
     no run (the job is at version 2) and does not advance it, and the job never fires again."""
-    created = await JobStore(pool).create("team-a", spec({"cron": "0 0 1 1 *"}), now())
+    created = await JobService(pool).create("team-a", spec({"cron": "0 0 1 1 *"}), now())
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     [trigger] = await store.scan_due(list(leases), created.next_run_at + timedelta(seconds=1), 1000)
-    await JobStore(pool).update(created.job_id, None, JobPatch(name="renamed"), now())
+    await JobService(pool).update(created.job_id, None, JobPatch(name="renamed"), now())
     [rewritten] = await pool.fetch("SELECT * FROM triggers WHERE job_id = $1", created.job_id)
     assert (rewritten["fire_at"], rewritten["job_version"]) == (trigger.fire_at, 2)
     # Both moved to a time that has come (the node fires nothing before the database's clock says so).
@@ -291,7 +291,7 @@ async def fire_caught_mid_transaction(
         assert (result.fired, result.enqueued) == (1, 1)
         # The edit computes the job's next fire from the slot just fired, as the fire did: with the
         # clock's now, a minute boundary passing in between would give the two triggers different keys.
-        edit = asyncio.create_task(JobStore(pool).update(job_id, None, patch, fire.scheduled_at))
+        edit = asyncio.create_task(JobService(pool).update(job_id, None, patch, fire.scheduled_at))
         await until_blocked_or_done(pool, edit)
     edited = await edit
     assert edited is not None and edited.version == 2
@@ -467,26 +467,26 @@ async def team_a_job_with_run(pool: asyncpg.Pool) -> tuple[uuid.UUID, uuid.UUID]
 
 async def test_owner_fence_get_job(pool: asyncpg.Pool) -> None:
     job_id, _ = await team_a_job_with_run(pool)
-    assert await JobStore(pool).get(job_id, "team-b") is None
-    assert await JobStore(pool).get(job_id, "team-a") is not None
+    assert await JobService(pool).get(job_id, "team-b") is None
+    assert await JobService(pool).get(job_id, "team-a") is not None
 
 
 async def test_owner_fence_list_jobs(pool: asyncpg.Pool) -> None:
     await team_a_job_with_run(pool)
-    assert await JobStore(pool).list("team-b", None, 100) == []
-    assert len(await JobStore(pool).list("team-a", None, 100)) == 1
+    assert await JobService(pool).list("team-b", None, 100) == []
+    assert len(await JobService(pool).list("team-a", None, 100)) == 1
 
 
 async def test_owner_fence_lock_job(pool: asyncpg.Pool) -> None:
     """lock_job: an update (edit, pause, resume) by another team finds nothing and changes nothing."""
     job_id, _ = await team_a_job_with_run(pool)
-    assert await JobStore(pool).update(job_id, "team-b", JobPatch(paused=True), now()) is None
+    assert await JobService(pool).update(job_id, "team-b", JobPatch(paused=True), now()) is None
     assert await pool.fetchrow("SELECT version, paused FROM jobs") == (1, False)
 
 
 async def test_owner_fence_delete_job(pool: asyncpg.Pool) -> None:
     job_id, _ = await team_a_job_with_run(pool)
-    assert not await JobStore(pool).delete(job_id, "team-b")
+    assert not await JobService(pool).delete(job_id, "team-b")
     assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
     assert await pool.fetchval("SELECT count(*) FROM triggers WHERE kind = 0") == 1
 
@@ -494,7 +494,7 @@ async def test_owner_fence_delete_job(pool: asyncpg.Pool) -> None:
 async def test_owner_fence_idempotency_key(pool: asyncpg.Pool) -> None:
     """job_by_idempotency_key: keys are per owner. Team-b repeating a create with a key team-a also
     used gets its own job back, never team-a's."""
-    jobs = JobStore(pool)
+    jobs = JobService(pool)
     body = spec({"cron": "* * * * *"})
     a = await jobs.create("team-a", body, now(), idempotency_key="nightly")
     b = await jobs.create("team-b", body, now(), idempotency_key="nightly")
@@ -566,7 +566,7 @@ async def test_owner_fence_dashboard_jobs(pool: asyncpg.Pool) -> None:
 
 async def test_owner_fence_dashboard_paused_jobs(pool: asyncpg.Pool) -> None:
     job_id, _ = await team_a_job_with_run(pool)
-    await JobStore(pool).update(job_id, "team-a", JobPatch(paused=True), now())
+    await JobService(pool).update(job_id, "team-a", JobPatch(paused=True), now())
     assert (await DashboardStore(pool).jobs("team-b", "", "paused", None, 50)).jobs == []
     assert len((await DashboardStore(pool).jobs("team-a", "", "paused", None, 50)).jobs) == 1
 

@@ -12,7 +12,7 @@ from chimes.ids import partition_of
 from chimes.jobs import JobPatch, JobSpec
 from chimes.scheduler.firing import plan_fires
 from chimes.scheduler.reaper import Reaper
-from chimes.store.jobs import JobStore
+from chimes.services.jobs import JobService
 from chimes.store.scheduling import SchedulerStore
 from chimes.store.working import Completion, WorkerStore
 from chimes.worker.tasks.common import Outcome
@@ -29,7 +29,7 @@ def spec(schedule: dict) -> JobSpec:
 
 async def make_due_job(pool: asyncpg.Pool, schedule: dict | None = None) -> uuid.UUID:
     """A job whose trigger is already due (its fire time is moved into the past)."""
-    created = await JobStore(pool).create("team-a", spec(schedule or {"cron": "* * * * *"}), datetime.now(UTC))
+    created = await JobService(pool).create("team-a", spec(schedule or {"cron": "* * * * *"}), datetime.now(UTC))
     await pool.execute("UPDATE triggers SET fire_at = date_trunc('second', now()) - interval '1 second' "
                        "WHERE job_id = $1", created.job_id)
     return created.job_id
@@ -106,7 +106,7 @@ async def test_edit_after_scan_fires_nothing_from_old_version(pool: asyncpg.Pool
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     triggers = await due(store, leases)
-    await JobStore(pool).update(job_id, None, JobPatch(name="edited"), datetime.now(UTC))
+    await JobService(pool).update(job_id, None, JobPatch(name="edited"), datetime.now(UTC))
     result = await store.fire(leases, plan_fires(triggers), datetime.now(UTC))
     assert result.fired == 0
     assert await pool.fetchval("SELECT count(*) FROM runs") == 0
@@ -119,7 +119,7 @@ async def test_pause_and_delete_after_scan_fire_nothing(pool: asyncpg.Pool) -> N
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     triggers = await due(store, leases)
-    jobs = JobStore(pool)
+    jobs = JobService(pool)
     await jobs.update(paused, None, JobPatch(paused=True), datetime.now(UTC))
     await jobs.delete(deleted, None)
     result = await store.fire(leases, plan_fires(triggers), datetime.now(UTC))

@@ -14,8 +14,8 @@ from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
 from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
+from chimes.services.jobs import JobService
 from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, when_ready
-from chimes.store.jobs import JobStore
 from chimes.store.owners import check_secret_key
 from chimes.store.runs import RunStore
 
@@ -35,8 +35,8 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
             await pool.close()
             raise
         app.state.pool = pool
-        def job_store(over: Any) -> JobStore:
-            return JobStore(over, keyring=ring, default_job_quota=limits.default_job_quota)
+        def job_store(over: Any) -> JobService:
+            return JobService(over, keyring=ring, default_job_quota=limits.default_job_quota)
 
         app.state.jobs = job_store(pool)
         app.state.runs = RunStore(pool)

@@ -26,7 +26,7 @@ _probed: tuple[float, list[str]] | None = None
 async def check(pool: Any, dsn: str) -> tuple[int, dict[str, Any]]:
     """(status code, body) for /healthz."""
     try:
-        await pool.fetchval("SELECT 1")
+        await db.ping(pool)
     except Exception as exc:  # any failure to reach the database is "unavailable"
         outage.failed("GET /healthz", db.describe(exc))
         return 503, await _unavailable(dsn, db.describe(exc))

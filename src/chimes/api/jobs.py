@@ -17,7 +17,7 @@ from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view
 from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
-from chimes.store.jobs import IdempotencyConflict, JobStore, VersionMismatch
+from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
 from chimes.store.tokens import Principal
 
 router = APIRouter(tags=["jobs"])
@@ -26,7 +26,7 @@ IfMatch = Annotated[str | None, Header(alias="If-Match", max_length=1000,
                                        description='ETag(s) of the job this change was made against, or "*"')]
 
 
-def _store(request: Request) -> JobStore:
+def _store(request: Request) -> JobService:
     return standby.jobs(request)
 
 

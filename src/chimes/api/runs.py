@@ -127,7 +127,7 @@ async def complete(run_id: str, body: CompleteRequest, request: Request, caller:
         raise ApiError(409, "stale_lease", STALE_LEASE, "leaseToken")
     found = await store.get(parsed, caller.owner_filter)
     assert found is not None
-    return JSONResponse(run_view(*found))
+    return JSONResponse(run_view(found.run, found.attempts))
 
 
 @router.get("/queue", response_class=JSONResponse)
@@ -151,8 +151,7 @@ async def get_run(run_id: str, request: Request, caller: Caller) -> JSONResponse
     found = await _store(request).get(parse_run_id(run_id), caller.owner_filter)
     if found is None:
         raise not_found("run")
-    run, attempts = found
-    return JSONResponse(run_view(run, attempts))
+    return JSONResponse(run_view(found.run, found.attempts))
 
 
 @router.post("/runs/{run_id}/rerun", status_code=202, response_class=JSONResponse)
@@ -161,7 +160,7 @@ async def rerun(run_id: str, request: Request, caller: Caller) -> JSONResponse:
     found = await store.get(parse_run_id(run_id), caller.owner_filter)
     if found is None:
         raise not_found("run")
-    new_run = await store.start_now(found[0]["job_id"], caller.owner_filter, RunTrigger.RERUN, datetime.now(UTC))
+    new_run = await store.start_now(found.job_id, caller.owner_filter, RunTrigger.RERUN, datetime.now(UTC))
     if new_run is None:
         raise ApiError(409, "job_deleted", "the job of this run was deleted, so it cannot run again")
     return JSONResponse({"runId": new_run}, status_code=202)
@@ -175,10 +174,10 @@ async def cancel(run_id: str, request: Request, caller: Caller) -> JSONResponse:
         found = await store.get(parsed, caller.owner_filter)
         if found is None:
             raise not_found("run")
-        raise ApiError(409, "run_finished", f"the run already ended as {found[0]['status']}")
+        raise ApiError(409, "run_finished", f"the run already ended as {found.status}")
     found = await store.get(parsed, caller.owner_filter)
     assert found is not None
-    return JSONResponse(run_view(*found))
+    return JSONResponse(run_view(found.run, found.attempts))
 
 
 def _decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:

@@ -23,8 +23,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chimes import outage
+from chimes.services.jobs import JobService
 from chimes.store import db
-from chimes.store.jobs import JobStore
 from chimes.store.runs import RunStore
 
 log = logging.getLogger(__name__)
@@ -37,12 +37,12 @@ POOL_SIZE = 4
 class Standby:
     """Stores over a pool of connections to whichever server answers, opened at first need."""
 
-    def __init__(self, dsn: str, job_store: Callable[[Any], JobStore]) -> None:
+    def __init__(self, dsn: str, job_store: Callable[[Any], JobService]) -> None:
         self.dsn = db.any_server(dsn)
         self._job_store = job_store
         self._opening = asyncio.Lock()
         self.pool: Any = None
-        self.jobs: JobStore | None = None
+        self.jobs: JobService | None = None
         self.runs: RunStore | None = None
 
     async def open(self) -> bool:
@@ -72,8 +72,8 @@ def pool(request: Request) -> Any:
     return request.app.state.standby.pool if reading_from_standby(request) else request.app.state.pool
 
 
-def jobs(request: Request) -> JobStore:
-    store: JobStore = request.app.state.standby.jobs if reading_from_standby(request) else request.app.state.jobs
+def jobs(request: Request) -> JobService:
+    store: JobService = request.app.state.standby.jobs if reading_from_standby(request) else request.app.state.jobs
     return store
 
 

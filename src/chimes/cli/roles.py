@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 
-import asyncpg
 import click
 from fastapi import FastAPI
 
@@ -18,8 +17,7 @@ from chimes.scheduler.node import SchedulerConfig, SchedulerNode
 from chimes.security.secrets import Keyring, SecretKeyError
 from chimes.settings import CONTAINER_RUNTIME, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS, Settings
 from chimes.store import db, tokens
-from chimes.store.owners import OwnerStore, SigningSecrets, check_secret_key
-from chimes.store.queries import sql
+from chimes.store.owners import SigningSecrets, check_secret_key
 from chimes.worker.guard import TaskGuard
 from chimes.worker.tasks.container import remove_orphaned_env_files
 from chimes.worker.tasks.dispatch import Executors
@@ -62,7 +60,7 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
         await pool.close()
 
 
-async def _require_database_key(pool: asyncpg.Pool, keyring: Keyring) -> None:
+async def _require_database_key(pool: db.Pool, keyring: Keyring) -> None:
     """Stop at start-up, pool closed, when this process's secret key is not the database's."""
     try:
         await db.when_ready(lambda: check_secret_key(pool, keyring))
@@ -133,17 +131,8 @@ def _remove_orphaned_env_files() -> None:
 async def _announce_admin_token(dsn: str, allow_commands: bool = False) -> None:
     """On the first start, create an admin token and print it: the only time it is ever shown.
     With ``allow_commands`` (chimes up's default), its owner may also run command tasks."""
-    async def create_first(conn: asyncpg.Connection) -> str | None:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE api_tokens IN SHARE ROW EXCLUSIVE MODE")
-            if await conn.fetchval(sql("count_admin_tokens")):
-                return None
-            token = await tokens.create_token(conn, "admin", admin=True, name="created by chimes up")
-            if allow_commands:
-                await OwnerStore(conn).set("admin", allow_commands=True)
-            return token
-
-    token = await db.with_connection(dsn, create_first)
+    token = await db.with_connection(dsn, lambda conn: tokens.create_first_admin_token(
+        conn, "created by chimes up", allow_commands=allow_commands))
     if token is None:
         return
     click.echo(

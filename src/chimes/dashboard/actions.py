@@ -91,7 +91,7 @@ async def rerun(run_id: str, request: Request, who: Viewer) -> Response:
     found = parsed and await request.app.state.runs.get(parsed, who.owner_filter)
     if not found:
         return not_found(request, who, "run")
-    new_run = await request.app.state.runs.start_now(found[0]["job_id"], who.owner_filter, "rerun", datetime.now(UTC))
+    new_run = await request.app.state.runs.start_now(found.job_id, who.owner_filter, "rerun", datetime.now(UTC))
     if new_run is None:
         return page(request, "not_found.html", status_code=409, viewer=who, what="job",
                     detail="The job of this run was deleted, so it cannot run again.")

@@ -95,7 +95,7 @@ async def run_page(run_id: str, request: Request, who: Viewer, notice: str | Non
     found = await request.app.state.runs.get(parsed, who.owner_filter) if parsed else None
     if found is None:
         return not_found(request, who, "run")
-    run, attempt_rows = found
+    run, attempt_rows = found.run, found.attempts
     attempts: list[dict[str, Any]] = [dict(a) for a in attempt_rows]
     if run["status"] == "running":  # the attempt under way has no row until it ends
         attempts.append({"attempt": run["attempt"], "worker_id": run["worker_id"], "started_at": run["started_at"],

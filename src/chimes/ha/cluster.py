@@ -395,28 +395,10 @@ class HaCluster:
         """Patroni makes only ``postgres``; Chimes keeps its tables in their own database."""
         import asyncio
 
-        import asyncpg
+        from chimes.store.cluster import create_replicated_database
 
-        async def create() -> None:
-            conn = await asyncpg.connect(host=primary.layout.host, port=primary.layout.client_port, user="postgres",
-                                         password=self.layout.superuser_password, database="postgres")
-            try:
-                if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", DATABASE):
-                    await conn.execute(f'CREATE DATABASE "{DATABASE}"')
-                # A synchronous commit waits for the standby to have the WAL, not to have replayed it; a
-                # client that reached a standby first would be told the database does not exist (and
-                # asyncpg does not try the next host after an error of the server).
-                lsn = await conn.fetchval("SELECT pg_current_wal_lsn()")
-                deadline = time.monotonic() + 60
-                while await conn.fetchval("SELECT count(*) FROM pg_stat_replication WHERE replay_lsn < $1 "
-                                          "OR replay_lsn IS NULL", lsn):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the standbys did not replay the new database within 60 s")
-                    await asyncio.sleep(0.1)
-            finally:
-                await conn.close()
-
-        asyncio.run(create())
+        asyncio.run(create_replicated_database(primary.layout.host, primary.layout.client_port,
+                                               self.layout.superuser_password, DATABASE))
 
 
 def _postgres_bin() -> Path:

@@ -12,8 +12,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-import asyncpg
-
 from chimes import failures, metrics, tracing
 from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.notifier import Notifier, NotifierConfig
@@ -25,7 +23,7 @@ from chimes.scheduler.retention import Retention
 from chimes.scheduler.timer_wheel import TimerWheel
 from chimes.security.ssrf import EgressPolicy
 from chimes.settings import MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS
-from chimes.store.db import DB_ERRORS, describe
+from chimes.store.db import DB_ERRORS, Pool, describe
 from chimes.store.migrate import ensure_run_partitions
 from chimes.store.owners import SigningSecrets
 from chimes.store.scheduling import DueTrigger, Fire, FireResult, SchedulerStore
@@ -65,7 +63,7 @@ def new_node_id() -> str:
 
 
 class SchedulerNode:
-    def __init__(self, pool: asyncpg.Pool, config: SchedulerConfig | None = None,
+    def __init__(self, pool: Pool, config: SchedulerConfig | None = None,
                  node_id: str | None = None, clock: Clock = SYSTEM_CLOCK, *,
                  signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None) -> None:
         self.config = config or SchedulerConfig()
@@ -201,8 +199,7 @@ class SchedulerNode:
         await self.reaper.sweep(self.leases.held, self._now())
 
     async def _maintain(self) -> None:
-        async with self._pool.acquire() as conn:
-            await ensure_run_partitions(conn)
+        await ensure_run_partitions(self._pool)
         await self.retention.sweep(self._now())
         await self.store.forget_dead_nodes()
 

@@ -143,6 +143,23 @@ class DashboardStore:
         return fleet
 
 
+@dataclass(frozen=True, slots=True)
+class FleetGauges:
+    """The fleet-wide gauges of ``/metrics`` (chimes.metrics), read at scrape time."""
+
+    queue: list[QueueTier]
+    nodes: int  # scheduler nodes heartbeating within 30 s
+    workers: int  # workers heartbeating within 60 s
+    unleased: int  # partitions no live node holds
+
+
+async def fleet_gauges(pool: asyncpg.Pool) -> FleetGauges:
+    async with pool.acquire() as conn:
+        queue = await queue_tiers(conn)
+        row = one_row(await conn.fetchrow(sql("metrics_fleet")))
+    return FleetGauges(queue, row["nodes"], row["workers"], row["unleased"])
+
+
 async def queue_tiers(conn: Conn) -> list[QueueTier]:
     """Runs waiting per priority tier (counted up to a cap) and how long the oldest has waited."""
     tiers = []

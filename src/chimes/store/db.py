@@ -9,7 +9,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -19,13 +19,29 @@ import orjson
 from chimes import outage
 from chimes.settings import Settings
 from chimes.store.embedded import EmbeddedPostgres
+from chimes.store.queries import sql
 
 log = logging.getLogger("chimes.db")
 T = TypeVar("T")
 
+# The driver's types under the store's names: code above the store types a pool or a connection, and
+# catches a database error, with these, and never imports the driver itself.
+Pool = asyncpg.Pool
+Connection = asyncpg.Connection
+Record = asyncpg.Record
+DatabaseError = asyncpg.PostgresError  # an error the server answered with
+LockNotAvailable = asyncpg.LockNotAvailableError  # lock_timeout: the lock was held by someone else
+
 # What pool.acquire() lends is a proxy that forwards every call to a connection, not a Connection
 # itself: a function that only runs statements takes a Conn, so that either kind will do.
 Conn: TypeAlias = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+class Row(Protocol):
+    """A row as read, for code that only looks up its columns by name (rendering, logging): what the
+    store hands out where converting every row to a dataclass would cost more than it tells."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
 
 
 def one_row(row: asyncpg.Record | None) -> asyncpg.Record:
@@ -96,6 +112,25 @@ UNAVAILABLE_ERRORS = (
     asyncpg.PostgresConnectionError,
     asyncpg.ReadOnlySQLTransactionError,  # connected to a server that was demoted to a standby
     asyncpg.QueryCanceledError,
+)
+
+# Errors of the connection, the server's state or concurrency, never of the data sent: trying the
+# same statement again later can succeed. asyncpg's client-side "invalid input for query argument"
+# is an InterfaceError too, but also a ValueError: it is about one value, not transient
+# (chimes.failures.is_transient).
+TRANSIENT_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InternalClientError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown, cannot connect now
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,  # statement_timeout
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # a primary demoted under us
 )
 CONNECT_WAIT_SEC = 60.0
 
@@ -296,7 +331,7 @@ async def server_role(url: str, within: float) -> str:
     except Exception:  # the server answered, and said no: starting up, shutting down, too many clients
         return "refusing connections"
     try:
-        standby = await asyncio.wait_for(conn.fetchval("SELECT pg_is_in_recovery()"), within)
+        standby = await asyncio.wait_for(conn.fetchval(sql("in_recovery")), within)
         return "standby" if standby else "primary"
     except Exception:
         return "not answering"
@@ -390,6 +425,11 @@ def database_url(settings: Settings) -> Any:
         yield dsn
     finally:
         server.release()
+
+
+async def ping(pool: asyncpg.Pool) -> None:
+    """One round trip to the database: raises whatever reaching it raises."""
+    await pool.fetchval(sql("ping"))
 
 
 @contextlib.asynccontextmanager

@@ -13,15 +13,27 @@ from chimes import cron
 from chimes.backoff import plan_retry
 from chimes.enums import RunStatus
 from chimes.ids import new_run_id, partition_of, run_id_for, scheduled_at_of, truncate_to_millis
-from chimes.store.db import one_row
+from chimes.store.db import Row, one_row
 from chimes.store.queries import sql
-from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, runs_ended
+from chimes.store.working import runs_ended
 
 
 class BackfillError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """One run with its ended attempts. ``run`` and ``attempts`` are the rows as read, for rendering
+    (chimes.api.views.run_view, the dashboard's run page); decisions use the typed fields."""
+
+    run_id: uuid.UUID
+    job_id: uuid.UUID
+    status: str
+    run: Row
+    attempts: list[Row]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,15 +60,14 @@ class RunStore:
         at, run_id = before if before else (None, None)
         return await self._pool.fetch(sql("list_runs"), job_id, owner, status, at, run_id, limit)
 
-    async def get(self, run_id: uuid.UUID,
-                  owner: str | None) -> tuple[asyncpg.Record, builtins.list[asyncpg.Record]] | None:
+    async def get(self, run_id: uuid.UUID, owner: str | None) -> RunDetail | None:
         scheduled_at = scheduled_at_of(run_id)
         async with self._pool.acquire() as conn:
             run = await conn.fetchrow(sql("get_run"), run_id, scheduled_at, owner)
             if run is None:
                 return None
             attempts = await conn.fetch(sql("run_attempts"), run_id, scheduled_at)
-        return run, attempts
+        return RunDetail(run["run_id"], run["job_id"], run["status"], run, list(attempts))
 
     async def start_now(self, job_id: uuid.UUID, owner: str | None, trigger: str, now: datetime) -> uuid.UUID | None:
         """Create and enqueue a run of the job at ``now``, with an id of its own (each call is one more
@@ -69,7 +80,7 @@ class RunStore:
             ))
             if not row["job_found"]:
                 return None
-            await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
+            await conn.execute(sql("notify_queue"))
         return run_id
 
     async def backfill(self, job_id: uuid.UUID, owner: str | None, start: datetime, end: datetime,
@@ -89,7 +100,7 @@ class RunStore:
             run_ids = [run_id_for(job_id, s) for s in slots]
             created = await conn.fetch(sql("backfill_runs"), job_id, run_ids, slots, partition_of(job_id))
             if created:
-                await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
+                await conn.execute(sql("notify_queue"))
         return BackfillResult([r["run_id"] for r in created], len(slots) - len(created))
 
     async def callback_heartbeat(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID,
@@ -128,5 +139,5 @@ class RunStore:
             if row is not None:
                 await runs_ended(conn, [row])
                 if row["was_running"]:  # delivered at commit: its worker stops the attempt at once
-                    await conn.execute("SELECT pg_notify($1, $2)", CANCEL_CHANNEL, str(run_id))
+                    await conn.execute(sql("notify_cancel"), str(run_id))
         return row is not None

@@ -12,7 +12,7 @@ import asyncpg
 
 from chimes.enums import TriggerKind
 from chimes.slots import Slot
-from chimes.store.db import Conn, one_row
+from chimes.store.db import Conn, Row, one_row
 from chimes.store.queries import sql
 from chimes.store.working import runs_ended
 
@@ -74,6 +74,26 @@ class LostRun:
     error: str
     retry_at: datetime | None  # None: fail for good; now or earlier: re-enqueue at once; later: retry then
     lease_lost: bool = True  # the worker vanished (counts toward poison), rather than overran its deadline
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredRun:
+    """A running run whose worker stopped heartbeating (``lease_expired``) or that ran past its deadline."""
+
+    run_id: uuid.UUID
+    scheduled_at: datetime
+    job_id: uuid.UUID
+    attempt: int
+    lease_token: uuid.UUID
+    partition_id: int
+    priority: int
+    worker_id: str | None
+    started_at: datetime | None
+    job_version: int
+    deadline_at: datetime | None
+    lease_losses: int | None
+    lease_expired: bool | None  # None: no lease time (never so for a running run)
+    retry_policy: dict[str, Any] | None  # None: the job was deleted
 
 
 class SchedulerStore:
@@ -163,10 +183,12 @@ class SchedulerStore:
             await conn.execute(sql("notify_late_fires"), [s.run_id for s in late], [s.scheduled_at for s in late])
 
     # --- reaper ----------------------------------------------------------------------------
-    async def expired_runs(self, partitions: Sequence[int], limit: int) -> list[asyncpg.Record]:
-        return await self._pool.fetch(sql("expired_runs"), list(partitions), limit)
+    async def expired_runs(self, partitions: Sequence[int], limit: int) -> list[ExpiredRun]:
+        return [ExpiredRun(**dict(row)) for row in await self._pool.fetch(sql("expired_runs"), list(partitions), limit)]
 
-    async def reap(self, leases: Mapping[int, int], lost: Sequence[LostRun]) -> list[asyncpg.Record]:
+    async def reap(self, leases: Mapping[int, int], lost: Sequence[LostRun]) -> Sequence[Row]:
+        """End the lost attempts; returns the runs ended or re-enqueued (run_id, scheduled_at, job_id,
+        partition_id, job_version, priority, retry_at, final)."""
         partitions = list(leases)
         async with self._pool.acquire() as conn, conn.transaction():
             ended = await conn.fetch(
@@ -180,9 +202,11 @@ class SchedulerStore:
             await runs_ended(conn, [r for r in ended if r["final"]])
         return ended
 
-    async def reconcile_active_runs(self) -> asyncpg.Record:
-        """Self-healing for concurrency bookkeeping; cheap, as only unfinished runs are looked at."""
-        return one_row(await self._pool.fetchrow(sql("reconcile_active_runs")))
+    async def reconcile_active_runs(self) -> tuple[int, int]:
+        """Self-healing for concurrency bookkeeping; cheap, as only unfinished runs are looked at.
+        Returns how many ended runs were forgotten and how many held runs were released."""
+        row = one_row(await self._pool.fetchrow(sql("reconcile_active_runs")))
+        return row["forgotten"], row["released"]
 
 
 def _append(columns: list[list[Any]], values: tuple[Any, ...]) -> None:

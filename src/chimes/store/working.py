@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import asyncpg
 
-from chimes.enums import Priority
-from chimes.store.db import Conn
+from chimes.enums import Priority, RunStatus
+from chimes.store.caps import Candidate, CapKey, cap_key
+from chimes.store.db import Conn, open_connection
 from chimes.store.queries import sql
-from chimes.worker.caps import Candidate, admit, cap_key
 
-if TYPE_CHECKING:
-    from chimes.worker.tasks.common import Outcome
+#: The admission policy of a capped claim (chimes.worker.caps.admit): from the candidates in queue
+#: order, the room left under each cap, and how many to take at most, the queue ids to claim.
+Admission = Callable[[Iterable[Candidate], Mapping[CapKey, int], int], list[int]]
+
 
 QUEUE_CHANNEL = "chimes_run_queue"
 CANCEL_CHANNEL = "chimes_run_cancel"  # payload: the id of a running run that was just cancelled
@@ -37,6 +39,18 @@ class ClaimedRun:
     job_exists: bool
     owner: str = ""  # whose run: decides command permission and the signing secret
     priority: Priority = Priority.NORMAL  # queue tier
+
+
+class Outcome(Protocol):
+    """What the store records of how an attempt ended (chimes.worker.tasks.common.Outcome is one):
+    the store reads these three and decides nothing from them."""
+
+    @property
+    def status(self) -> RunStatus: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def output(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +98,10 @@ class WorkerStore:
         exist: bool = await self._pool.fetchval(sql("caps_exist"))
         return exist
 
-    async def claim_capped(self, limit: int, lease_sec: float, deadline_grace_sec: float,
+    async def claim_capped(self, limit: int, lease_sec: float, deadline_grace_sec: float, admit: Admission,
                            tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
-        """Claim runs that fall under concurrency caps, never past a cap: one claimer at a time."""
+        """Claim runs that fall under concurrency caps, never past a cap: one claimer at a time, and
+        ``admit`` chooses among the candidates with the caps' usage counted under that lock."""
         if limit <= 0:
             return []
         async with self._pool.acquire() as conn, conn.transaction():
@@ -141,5 +156,36 @@ class WorkerStore:
                 sql("release_runs"), [r.run_id for r in runs], [r.scheduled_at for r in runs],
                 [r.lease_token for r in runs],
             )
-            await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
+            await conn.execute(sql("notify_queue"))
         return {row["run_id"] for row in rows}
+
+
+class RunSignals:
+    """A connection of its own on which a worker LISTENs for runs enqueued (QUEUE_CHANNEL) and running
+    runs cancelled (CANCEL_CHANNEL, the run id as payload)."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    @classmethod
+    async def open(cls, dsn: str, *, check_timeout_sec: float, on_queued: Callable[[], None],
+                   on_cancel: Callable[[str], None], on_lost: Callable[[], None]) -> RunSignals:
+        conn = await open_connection(dsn, command_timeout=check_timeout_sec)
+        try:
+            conn.add_termination_listener(lambda _: on_lost())
+            await conn.add_listener(QUEUE_CHANNEL, lambda *_: on_queued())
+            await conn.add_listener(CANCEL_CHANNEL, lambda _conn, _pid, _channel, payload: on_cancel(payload))
+        except BaseException:
+            conn.terminate()
+            raise
+        return cls(conn)
+
+    async def check(self) -> None:
+        """A round trip, bounded by the check timeout: LISTEN again (a no-op on a channel already
+        listened to), so the session still shows what it is for in pg_stat_activity."""
+        await self._conn.execute(sql("listen_queue"))
+
+    def drop(self) -> None:
+        """Never a wait: the server may be the one that stopped answering."""
+        if not self._conn.is_closed():
+            self._conn.terminate()

@@ -17,8 +17,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import asyncpg
-
 from chimes import failures, metrics, tracing
 from chimes.backoff import plan_retry
 from chimes.clock import SYSTEM_CLOCK, Clock
@@ -26,9 +24,10 @@ from chimes.enums import Priority, RunStatus
 from chimes.logs import run_fields
 from chimes.security.storable import storable_text
 from chimes.settings import RUN_LEASE_SEC, RUN_TIMEOUT_SEC, SHUTDOWN_GRACE_SEC, WORKER_CONCURRENCY
-from chimes.store.db import DB_ERRORS, open_connection
-from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, ClaimedRun, Completion, WorkerStore
+from chimes.store.db import DB_ERRORS, Pool
+from chimes.store.working import ClaimedRun, Completion, RunSignals, WorkerStore
 from chimes.timeouts import wait_event
+from chimes.worker.caps import admit
 from chimes.worker.guard import TaskGuard
 from chimes.worker.reporting import report_outcomes
 from chimes.worker.tasks.common import MAX_ERROR_CHARS, Outcome, TaskContext
@@ -60,7 +59,7 @@ def new_worker_id() -> str:
 
 
 class Worker:
-    def __init__(self, pool: asyncpg.Pool, dsn: str, config: WorkerConfig | None = None,
+    def __init__(self, pool: Pool, dsn: str, config: WorkerConfig | None = None,
                  worker_id: str | None = None, executors: Executors | None = None,
                  guard: TaskGuard | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config or WorkerConfig()
@@ -131,23 +130,18 @@ class Worker:
         itself: a query every few seconds, with a timeout, finds out (TCP keepalives would too, later),
         and the connection is dropped so that the next one goes through the host list again."""
         lost = asyncio.Event()
-        conn = await open_connection(self._dsn, command_timeout=self.config.listen_check_timeout_sec)
+        signals = await RunSignals.open(self._dsn, check_timeout_sec=self.config.listen_check_timeout_sec,
+                                        on_queued=self._wake.set, on_cancel=self._on_cancel, on_lost=lost.set)
         try:
-            conn.add_termination_listener(lambda _: lost.set())
-            await conn.add_listener(QUEUE_CHANNEL, lambda *_: self._wake.set())
-            await conn.add_listener(CANCEL_CHANNEL, self._on_cancel)
             self.listening = True
             self._wake.set()  # whatever was enqueued while nobody listened
             while not await wait_event(lost, self.config.listen_check_every_sec):
-                # LISTEN again (a no-op on a channel already listened to) as the check: a round trip,
-                # and the session still shows what it is for in pg_stat_activity.
-                await conn.execute(f'LISTEN "{QUEUE_CHANNEL}"')
+                await signals.check()
         finally:
             self.listening = False
-            if not conn.is_closed():
-                conn.terminate()  # never a wait: the server may be the one that stopped answering
+            signals.drop()
 
-    def _on_cancel(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+    def _on_cancel(self, payload: str) -> None:
         """A run was cancelled through the API: stop it now rather than at the next heartbeat. The
         cancel recorded the attempt already; the heartbeat still catches a NOTIFY missed meanwhile."""
         try:
@@ -193,7 +187,7 @@ class Worker:
                                               (step.lowest, step.highest))
         if await self._caps_in_force() and len(claimed) < limit:
             claimed += await self.store.claim_capped(limit - len(claimed), self.config.lease_sec,
-                                                     self.config.deadline_grace_sec)
+                                                     self.config.deadline_grace_sec, admit)
         return claimed
 
     async def _caps_in_force(self) -> bool:

@@ -37,9 +37,6 @@ WHERE l.partition_id IN (
 )
 RETURNING l.partition_id, l.token;
 
--- name: lease_owners
-SELECT partition_id, owner, token, expires_at FROM partition_leases ORDER BY partition_id;
-
 -- name: scan_due_triggers
 -- $4: only triggers due from then on (NULL: all); the node reads the rest of its look-ahead by key.
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
