@@ -16,6 +16,7 @@ from chimes.services.jobs import JobService
 from chimes.store.scheduling import SchedulerStore
 from chimes.store.working import Completion, WorkerStore
 from chimes.worker.tasks.common import Outcome
+from tests.helpers import expire_run_lease
 
 ALL = list(range(1024))
 
@@ -163,8 +164,8 @@ async def test_reaper_requeues_lost_run_and_refuses_the_lost_worker(pool: asyncp
     leases = await take_all(store)
     await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
     lost_worker = WorkerStore(pool, "worker-that-dies")
-    [claimed] = await lost_worker.claim(10, lease_sec=0.1, deadline_grace_sec=30)
-    await pool.execute("SELECT pg_sleep(0.2)")  # let the 0.1 s lease run out, on the database's clock
+    [claimed] = await lost_worker.claim(10, lease_sec=30, deadline_grace_sec=30)
+    await expire_run_lease(pool, claimed.run_id)  # the worker died: its lease runs out
     reaped = await Reaper(store).sweep(leases, datetime.now(UTC))
     assert reaped == 1
     run = await pool.fetchrow("SELECT * FROM runs")
@@ -188,8 +189,8 @@ async def test_reaper_fails_run_with_no_attempts_left(pool: asyncpg.Pool) -> Non
     await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
     worker = WorkerStore(pool, "w")
     await pool.execute("UPDATE runs SET attempt = 2")  # the policy allows 2 attempts
-    await worker.claim(10, lease_sec=0.1, deadline_grace_sec=30)
-    await pool.execute("SELECT pg_sleep(0.2)")
+    [claimed] = await worker.claim(10, lease_sec=30, deadline_grace_sec=30)
+    await expire_run_lease(pool, claimed.run_id)
     assert await Reaper(store).sweep(leases, datetime.now(UTC)) == 1
     run = await pool.fetchrow("SELECT * FROM runs")
     assert run["status"] == "failed" and "no attempts left" in run["error"]
@@ -201,8 +202,11 @@ async def test_reaper_refuses_without_lease(pool: asyncpg.Pool) -> None:
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
-    await WorkerStore(pool, "w").claim(10, lease_sec=0.1, deadline_grace_sec=30)
-    await pool.execute("SELECT pg_sleep(0.2)")
+    [claimed] = await WorkerStore(pool, "w").claim(10, lease_sec=30, deadline_grace_sec=30)
+    await expire_run_lease(pool, claimed.run_id)
     await pool.execute("UPDATE partition_leases SET token = token + 1")  # someone else took over
     assert await Reaper(store).sweep(leases, datetime.now(UTC)) == 0
     assert await pool.fetchval("SELECT status FROM runs") == "running"
+    # The fence alone held it back: the run is expired, and whoever holds the new token reaps it.
+    current = {p: token + 1 for p, token in leases.items()}
+    assert await Reaper(store).sweep(current, datetime.now(UTC)) == 1
