@@ -12,6 +12,7 @@ from chimes import __version__, dashboard, metrics
 from chimes.api import errors, health, jobs, notifications, openapi, runs, standby, unavailable, whoami
 from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
+from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
 from chimes.services.jobs import JobService
@@ -21,7 +22,9 @@ from chimes.store.runs import RunStore
 
 
 def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 10,
-               limits: LimitSettings | None = None, keyring: Keyring | None = None) -> FastAPI:
+               limits: LimitSettings | None = None, keyring: Keyring | None = None,
+               clock: Clock | None = None) -> FastAPI:
+    """The API app; ``clock`` is the "now" its endpoints and pages read (chimes.api.clock), the host's by default."""
     limits = limits or LimitSettings()
 
     @contextlib.asynccontextmanager
@@ -49,6 +52,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
 
     app = FastAPI(title="Chimes", version=__version__, lifespan=lifespan,
                   default_response_class=JSONResponse, docs_url=None, redoc_url=None)
+    app.state.clock = clock or SYSTEM_CLOCK
     errors.install(app)
     unavailable.install(app)
     app.add_exception_handler(Refused, _refused)  # type: ignore[arg-type]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import uuid
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -12,6 +11,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from chimes import tracing
 from chimes.api import standby
 from chimes.api.auth import current_principal
+from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found
 from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view
@@ -37,7 +37,7 @@ async def create_job(
 ) -> JSONResponse:
     try:
         with tracing.span("chimes.job.create", request.headers) as traced:
-            created = await _store(request).create(caller.owner, spec, datetime.now(UTC), idempotency_key)
+            created = await _store(request).create(caller.owner, spec, clock_of(request).now(), idempotency_key)
             traced |= {"chimes.job_id": str(created.job_id), "chimes.owner": caller.owner}
     except IdempotencyConflict:
         raise ApiError(409, "idempotency_conflict",
@@ -76,7 +76,7 @@ async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse
 async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Caller,
                      if_match: IfMatch = None) -> JSONResponse:
     try:
-        job = await _store(request).update(parse_id(job_id, "job"), caller.owner_filter, patch, datetime.now(UTC),
+        job = await _store(request).update(parse_id(job_id, "job"), caller.owner_filter, patch, clock_of(request).now(),
                                            matching_versions(if_match))
     except VersionMismatch as exc:
         raise precondition_failed(exc.current) from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -12,6 +12,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validato
 
 from chimes.api import standby
 from chimes.api.auth import current_principal
+from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found
 from chimes.api.jobs import parse_id, parse_run_id
 from chimes.api.responses import JSONResponse
@@ -55,7 +56,7 @@ async def list_runs(
 @router.post("/jobs/{job_id}/runs", status_code=202, response_class=JSONResponse)
 async def run_now(job_id: str, request: Request, caller: Caller) -> JSONResponse:
     run_id = await _store(request).start_now(parse_id(job_id, "job"), caller.owner_filter, RunTrigger.MANUAL,
-                                             datetime.now(UTC))
+                                             clock_of(request).now())
     if run_id is None:
         raise not_found("job")
     return JSONResponse({"runId": run_id}, status_code=202)
@@ -78,7 +79,7 @@ async def backfill(job_id: str, body: BackfillRequest, request: Request, caller:
     BACKFILL_LIMIT of them; slots that already have a run keep it (run ids are per slot)."""
     if body.end <= body.start:
         raise ApiError(422, "invalid_request", "end: must be after start", "end")
-    if body.end > datetime.now(UTC):
+    if body.end > clock_of(request).now():
         raise ApiError(422, "invalid_request", "end: backfill covers the past; the schedule covers the future",
                        "end")
     try:
@@ -122,7 +123,7 @@ async def complete(run_id: str, body: CompleteRequest, request: Request, caller:
     store = _store(request)
     parsed = parse_run_id(run_id)
     accepted = await store.callback_complete(parsed, caller.owner_filter, body.lease_token, body.status, body.error,
-                                             body.output, datetime.now(UTC))
+                                             body.output, clock_of(request).now())
     if not accepted:
         raise ApiError(409, "stale_lease", STALE_LEASE, "leaseToken")
     found = await store.get(parsed, caller.owner_filter)
@@ -135,7 +136,7 @@ async def queue(request: Request, caller: Caller) -> JSONResponse:
     """Depth and lag of each priority tier of the run queue (fleet-wide, so for admins)."""
     if not caller.admin:
         raise ApiError(403, "forbidden", "the queue is fleet-wide: this needs an admin token")
-    now = datetime.now(UTC)
+    now = clock_of(request).now()
     rows = {r["tier"]: r for r in await _store(request).queue_depth()}
     tiers = []
     for tier in Priority:
@@ -160,7 +161,7 @@ async def rerun(run_id: str, request: Request, caller: Caller) -> JSONResponse:
     found = await store.get(parse_run_id(run_id), caller.owner_filter)
     if found is None:
         raise not_found("run")
-    new_run = await store.start_now(found.job_id, caller.owner_filter, RunTrigger.RERUN, datetime.now(UTC))
+    new_run = await store.start_now(found.job_id, caller.owner_filter, RunTrigger.RERUN, clock_of(request).now())
     if new_run is None:
         raise ApiError(409, "job_deleted", "the job of this run was deleted, so it cannot run again")
     return JSONResponse({"runId": new_run}, status_code=202)

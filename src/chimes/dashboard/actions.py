@@ -7,11 +7,10 @@ page that shows its result (post/redirect/get, so a reload never repeats it).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from chimes.api.clock import clock_of
 from chimes.dashboard import session
 from chimes.dashboard.pages import Viewer
 from chimes.dashboard.render import not_found, page
@@ -58,7 +57,8 @@ async def logout(request: Request) -> RedirectResponse:
 async def run_now(job_id: str, request: Request, who: Viewer) -> Response:
     await session.checked_form(request, who)
     parsed = id_from(job_id)
-    run_id = parsed and await request.app.state.runs.start_now(parsed, who.owner_filter, "manual", datetime.now(UTC))
+    run_id = parsed and await request.app.state.runs.start_now(parsed, who.owner_filter, "manual",
+                                                               clock_of(request).now())
     if not run_id:
         return not_found(request, who, "job")
     return RedirectResponse(f"{P}/jobs/{job_id}?notice=started&started={run_id}", status_code=303)
@@ -78,7 +78,7 @@ async def _set_paused(job_id: str, request: Request, who: Principal, *, paused: 
     await session.checked_form(request, who)
     parsed = id_from(job_id)
     job = parsed and await request.app.state.jobs.update(parsed, who.owner_filter, JobPatch(paused=paused),
-                                                         datetime.now(UTC))
+                                                         clock_of(request).now())
     if not job:
         return not_found(request, who, "job")
     return RedirectResponse(f"{P}/jobs/{job_id}?notice={'paused' if paused else 'resumed'}", status_code=303)
@@ -91,7 +91,7 @@ async def rerun(run_id: str, request: Request, who: Viewer) -> Response:
     found = parsed and await request.app.state.runs.get(parsed, who.owner_filter)
     if not found:
         return not_found(request, who, "run")
-    new_run = await request.app.state.runs.start_now(found.job_id, who.owner_filter, "rerun", datetime.now(UTC))
+    new_run = await request.app.state.runs.start_now(found.job_id, who.owner_filter, "rerun", clock_of(request).now())
     if new_run is None:
         return page(request, "not_found.html", status_code=409, viewer=who, what="job",
                     detail="The job of this run was deleted, so it cannot run again.")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import base64
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
+from chimes.api.clock import clock_of
 from chimes.dashboard import views
 from chimes.dashboard.render import not_found, page
 from chimes.dashboard.session import viewer
@@ -101,7 +102,7 @@ async def run_page(run_id: str, request: Request, who: Viewer, notice: str | Non
         attempts.append({"attempt": run["attempt"], "worker_id": run["worker_id"], "started_at": run["started_at"],
                          "finished_at": None, "status": "running", "error": None, "output": None})
     job = await request.app.state.jobs.get(run["job_id"], who.owner_filter)
-    spans, events = views.timeline(run, attempts, datetime.now(UTC))
+    spans, events = views.timeline(run, attempts, clock_of(request).now())
     context = {
         "viewer": who, "nav": "jobs", "run": run, "attempts": attempts, "job": job, "spans": spans, "events": events,
         "max_attempts": (job.definition["retryPolicy"] or {}).get("maxAttempts") if job else None,
@@ -112,7 +113,7 @@ async def run_page(run_id: str, request: Request, who: Viewer, notice: str | Non
 
 @router.get("/fleet", response_class=HTMLResponse)
 async def fleet_page(request: Request, who: Viewer, fragment: str | None = None) -> HTMLResponse:
-    now = datetime.now(UTC)
+    now = clock_of(request).now()
     # The queue is fleet-wide, so for admins only (as GET /queue); the template hides hosts and pids too.
     fleet = await DashboardStore(request.app.state.pool).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES,
                                                                with_queue=who.admin)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
@@ -11,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 
 from chimes import __version__
+from chimes.api.clock import clock_of
 from chimes.dashboard import session, views
 from chimes.store.tokens import Principal
 
@@ -44,7 +44,7 @@ def environment() -> jinja2.Environment:
 
 def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     """Render a template with what every page needs: the viewer, the CSRF token, the clock."""
-    now = datetime.now(UTC)
+    now = clock_of(request).now()
     token = session.session_token(request)
     context.setdefault("viewer", None)
     html = environment().get_template(template).render(
