@@ -16,6 +16,7 @@ every local connection, are switched over on their next start.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -28,6 +29,7 @@ import stat
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import fasteners
@@ -299,3 +301,19 @@ def scram_verifier(password: str, iterations: int = 4096) -> str:
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
+@contextlib.contextmanager
+def server_for_a_while(prefix: str) -> Iterator[str]:
+    """A database URL for one command or one test session: ``CHIMES_DATABASE_URL``'s server when it is
+    set, otherwise an embedded server of its own in a temporary folder, removed afterwards (not under
+    pytest's tmp_path, which later sessions delete from under a running server)."""
+    external = os.environ.get("CHIMES_DATABASE_URL")
+    if external:
+        yield external
+        return
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    server = EmbeddedPostgres(folder)
+    try:
+        yield server.acquire()
+    finally:
+        server.release()
+        shutil.rmtree(folder, ignore_errors=True)

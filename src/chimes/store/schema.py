@@ -17,11 +17,8 @@ import argparse
 import asyncio
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -133,22 +130,11 @@ def _with_database(dsn: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
 
 
-@contextlib.contextmanager
-def _server() -> Iterator[str]:
+def _server() -> contextlib.AbstractContextManager[str]:
     """CHIMES_DATABASE_URL's server, or an embedded one of its own in a temporary folder."""
-    external = os.environ.get("CHIMES_DATABASE_URL")
-    if external:
-        yield external
-        return
-    from chimes.store.embedded import EmbeddedPostgres
+    from chimes.store.embedded import server_for_a_while
 
-    folder = Path(tempfile.mkdtemp(prefix="chimes-schema-pg-"))
-    server = EmbeddedPostgres(folder)
-    try:
-        yield server.acquire()
-    finally:
-        server.release()
-        shutil.rmtree(folder, ignore_errors=True)
+    return server_for_a_while("chimes-schema-pg-")
 
 
 def main(argv: list[str] | None = None) -> int:
