@@ -6,6 +6,10 @@ Scenarios:
   steady       a rate of runs per second for a duration, end to end
   load         bulk import of N schedules with ``chimes jobs import``
   peers        the same burst through Chimes, APScheduler 3, procrastinate and PgQueuer, side by side
+  ha-cost      the same burst and API creates on one PostgreSQL, and on Patroni with an asynchronous and
+               with a synchronous standby: what the synchronous standby costs
+  async-loss   the primary SIGKILLed while jobs are created and runs fired, asynchronous then synchronous
+               standby: what a failover loses (--repeat failovers of each)
 
 Each prints a table; ``--json FILE`` writes the figures, ``--chart FILE.png`` the lag distributions.
 Without ``--database-url`` an embedded PostgreSQL is started in a temporary folder and removed after.
@@ -29,13 +33,26 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenario", choices=["burst", "top-of-hour", "steady", "load", "peers"])
+    parser.add_argument("scenario", choices=["burst", "top-of-hour", "steady", "load", "peers", "ha-cost",
+                                             "async-loss"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
-    parser.add_argument("--runs", type=int, default=10_000, help="runs in the burst (burst, top-of-hour, peers)")
+    parser.add_argument("--runs", type=int, default=10_000,
+                        help="runs in the burst (burst, top-of-hour, peers, ha-cost)")
+    parser.add_argument("--creates", type=_positive, default=300,
+                        help="jobs created through the API one at a time, for their latency (ha-cost)")
+    parser.add_argument("--lanes", type=_positive, default=8,
+                        help="writers creating jobs through the API at once, as fast as it answers (async-loss)")
     parser.add_argument("--idle", type=int, default=0, help="idle schedules in the index (top-of-hour)")
     parser.add_argument("--rate", type=float, default=1000.0, help="runs per second (steady)")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds (steady)")
@@ -45,7 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--schedulers", type=int, default=1, help="chimes scheduler processes")
     parser.add_argument("--systems", default="chimes,apscheduler,procrastinate,pgqueuer",
                         help="systems for `peers`, comma-separated")
-    parser.add_argument("--repeat", type=int, default=1, help="run the scenario this many times")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the scenario this many times (async-loss: failovers in each mode)")
+    parser.add_argument("--standby-stall", type=float, default=0.5,
+                        help="async-loss: also fail over after the primary's WAL sender has been stopped this many "
+                             "seconds (a stalled link between zones); 0 for plain kills only")
     parser.add_argument("--statements", action="store_true",
                         help="load pg_stat_statements (embedded server) and report the database time by statement")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
@@ -63,8 +84,8 @@ async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
         results: list[Result] = []
         target = TargetProcess(env.workdir)
         try:
-            # top-of-hour repeats its burst on one seeded index itself
-            for attempt in range(1 if args.scenario == "top-of-hour" else args.repeat):
+            # top-of-hour repeats its burst on one seeded index itself, async-loss its failovers on one cluster
+            for attempt in range(1 if args.scenario in ("top-of-hour", "async-loss") else args.repeat):
                 if args.repeat > 1:
                     say(f"round {attempt + 1} of {args.repeat}")
                 results += await _scenario(args, env, target, shape)
@@ -88,6 +109,15 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
         from bench.top_of_hour import top_of_hour
 
         return await top_of_hour(env, runs=args.runs, idle=args.idle, shape=shape, say=say, rounds=args.repeat)
+    if args.scenario == "ha-cost":
+        from bench.ha_cost import ha_cost
+
+        return await ha_cost(env, target, runs=args.runs, creates=args.creates, shape=shape, say=say)
+    if args.scenario == "async-loss":
+        from bench.async_loss import async_loss
+
+        return await async_loss(env, target, rounds=args.repeat, lanes=args.lanes, say=say,
+                                stall_sec=args.standby_stall)
     if args.scenario == "load":
         from bench.load import load
 
@@ -97,6 +127,18 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
     return await peers(env, target, runs=args.runs, systems=args.systems.split(","), shape=shape, say=say)
 
 
+def _report(scenario: str, results: list[Result]) -> str:
+    if scenario == "ha-cost":
+        from bench.ha_cost import cost_table
+
+        return cost_table(results)
+    if scenario == "async-loss":
+        from bench.async_loss import loss_table, rounds_of
+
+        return loss_table(rounds_of(results))
+    return table(results)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     import uvloop
@@ -104,12 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     machine, results = uvloop.run(_run(args))
     print(f"\n{args.scenario}: {machine['cores']} cores ({machine['cpu']}), PostgreSQL {machine['postgresql']}, "
           f"load average {machine['load_average_at_start']} -> {machine['load_average_at_end']}")
-    print(table(results))
+    print(_report(args.scenario, results))
     if args.json:
         args.json.write_bytes(orjson.dumps({"scenario": args.scenario, "args": vars(args) | {
             "json": str(args.json), "chart": str(args.chart)}, "machine": machine,
             "results": [r.to_json() for r in results]}, option=orjson.OPT_INDENT_2, default=str))
-    if args.chart:
+    if args.chart and any(r.start_lags for r in results):
         from bench.chart import lag_chart
 
         what = "fire lag (the run was created)" if args.scenario == "top-of-hour" else "start lag (the task began)"

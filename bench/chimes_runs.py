@@ -132,7 +132,7 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
         say(f"{system}: {runs:,} jobs created in {took:.1f}s, due at {due:%H:%M:%S}")
         if datetime.now(due.tzinfo) > due - timedelta(seconds=1):
             raise RuntimeError("creating the jobs took longer than the lead time")
-        meter = CpuMeter(fleet.procs, env.postmaster_pid())
+        meter = CpuMeter(fleet.procs, env.postmasters)
         meter.start()
         wal_start = await pool.fetchval("SELECT pg_current_wal_lsn()")
         limit = 120 + runs / 200 + spread_sec

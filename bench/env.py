@@ -9,7 +9,7 @@ import os
 import platform
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -28,6 +28,8 @@ class Env:
     embedded: EmbeddedPostgres | None
     prefix: str = "bench"  # of the databases made on the server
     statements: bool = False  # pg_stat_statements loaded: the cost of each statement is reported
+    # A cluster's servers by role (primary, standby) and their postmasters' pids, read when asked
+    servers: Callable[[], dict[str, int | None]] | None = None
 
     def database(self, system: str) -> str:
         return f"{self.prefix}_{system}"
@@ -42,6 +44,13 @@ class Env:
             return None
         pid_file = self.embedded.pgdata / "postmaster.pid"
         return int(pid_file.read_text().split()[0]) if pid_file.exists() else None
+
+    def postmasters(self) -> dict[str, int | None]:
+        """The servers whose CPU time is counted, by name: ``postgresql`` (the embedded one), or a
+        cluster's ``primary`` and ``standby``."""
+        if self.servers is not None:
+            return self.servers()
+        return {"postgresql": self.postmaster_pid()}
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ async def load(env: Env, *, jobs: int, say: Callable[[str], None]) -> Result:
     env_vars = {"CHIMES_DATABASE_URL": dsn, "CHIMES_DATA_DIR": str(env.workdir / "chimes")}
     proc = Proc("importer", python("-m", "chimes", "jobs", "import", str(source), "--owner", "bench"),
                 env.workdir / "import.log", env_vars)
-    meter = CpuMeter([proc], env.postmaster_pid())
+    meter = CpuMeter([proc], env.postmasters)
     meter.start()
     peak = 0.0
     began = time.perf_counter()

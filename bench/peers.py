@@ -68,7 +68,7 @@ async def run_peer(env: Env, target: TargetProcess, system: str, runs: int, say:
     proc = Proc(system, python("-m", "bench.peer_run", system, "--dsn", dsn, "--runs", str(runs), "--url",
                                target.url, "--out", str(out), "--concurrency", str(concurrency),
                                "--batch-size", str(batch_size)), env.workdir / f"{system}.log")
-    meter = CpuMeter([], env.postmaster_pid())
+    meter = CpuMeter([], env.postmasters)
     try:
         while not _exists(seeded):
             if not proc.alive():

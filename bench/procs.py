@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -77,6 +78,12 @@ def python(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def postgres_cpu_seconds(postmaster_pid: int | None) -> float | None:
     """CPU time of the whole server: the postmaster, its live backends and the ones that have exited."""
     if postmaster_pid is None:
@@ -97,11 +104,16 @@ def postgres_cpu_seconds(postmaster_pid: int | None) -> float | None:
 
 
 class CpuMeter:
-    """CPU seconds used by some processes and the database between :meth:`start` and :meth:`stop`."""
+    """CPU seconds used by some processes and the database servers between :meth:`start` and
+    :meth:`stop`. ``servers``: each server's name (``postgresql``; ``primary`` and ``standby`` in a
+    cluster) and its postmaster's pid, or a function that says so when asked (a cluster's members
+    change roles; the pids are read at the start)."""
 
-    def __init__(self, procs: Sequence[Proc], postmaster_pid: int | None) -> None:
+    def __init__(self, procs: Sequence[Proc],
+                 servers: Mapping[str, int | None] | Callable[[], Mapping[str, int | None]]) -> None:
         self.procs = list(procs)
-        self.postmaster_pid = postmaster_pid
+        self.servers = servers
+        self._pids: Mapping[str, int | None] = {}
         self.by_name: dict[str, float] = {}
         self._start: dict[str, float] = {}
         self.wall = 0.0
@@ -109,12 +121,14 @@ class CpuMeter:
 
     def _read(self) -> dict[str, float]:
         values = {p.name: p.cpu_seconds() for p in self.procs}
-        pg = postgres_cpu_seconds(self.postmaster_pid)
-        if pg is not None:
-            values["postgresql"] = pg
+        for name, pid in self._pids.items():
+            pg = postgres_cpu_seconds(pid)
+            if pg is not None:
+                values[name] = pg
         return values
 
     def start(self) -> None:
+        self._pids = dict(self.servers() if callable(self.servers) else self.servers)
         self._t0 = time.monotonic()
         self._start = self._read()
 

@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 
 from chimes.jobs import JobSpec
+from chimes.services.jobs import first_fire
 from chimes.store.bulk import copy_rows, job_rows
 
 CHUNK = 5000
@@ -54,7 +55,7 @@ async def add_jobs(pool: asyncpg.Pool, spec: JobSpec, count: int, owner: str = "
     async with pool.acquire() as conn, conn.transaction():
         for first in range(0, count, CHUNK):
             chunk = [spec if specs is None else specs(i) for i in range(first, min(count, first + CHUNK))]
-            await copy_rows(conn, job_rows(chunk, owner, now))
+            await copy_rows(conn, job_rows(chunk, owner, now, first_fire))
     return time.perf_counter() - started
 
 

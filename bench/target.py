@@ -2,7 +2,8 @@
 
 Runs in its own process (``python -m bench.target PORT_FILE``) so its CPU is nobody's and it is the
 same for every system. A call is identified by ``X-Chimes-Run-Id`` when present, else by its path;
-``GET /_stats`` returns every arrival, ``GET /_count`` their number, ``POST /_reset`` forgets them.
+``GET /_stats`` returns every arrival (its time, key and path), ``GET /_count`` their number,
+``POST /_reset`` forgets them.
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ from bench.procs import Proc, python
 
 
 async def serve(port_file: Path) -> None:
-    arrivals: list[tuple[float, str]] = []
+    arrivals: list[tuple[float, str, str]] = []
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         if request.path == "/_stats":
-            times, keys = [a[0] for a in arrivals], [a[1] for a in arrivals]
-            return web.Response(body=orjson.dumps({"times": times, "keys": keys}), content_type="application/json")
+            times, keys, paths = [a[0] for a in arrivals], [a[1] for a in arrivals], [a[2] for a in arrivals]
+            return web.Response(body=orjson.dumps({"times": times, "keys": keys, "paths": paths}),
+                                content_type="application/json")
         if request.path == "/_count":
             return web.Response(text=str(len(arrivals)))
         if request.path == "/_reset":
             arrivals.clear()
             return web.Response(text="reset")
-        arrivals.append((time.time(), request.headers.get("X-Chimes-Run-Id") or request.path))
+        arrivals.append((time.time(), request.headers.get("X-Chimes-Run-Id") or request.path, request.path))
         await request.read()
         return web.Response(text="ok")
 
@@ -66,10 +68,18 @@ class TargetProcess:
             (await client.post(f"{self.url}/_reset")).raise_for_status()
 
     async def arrivals(self) -> tuple[list[float], list[str]]:
+        data = await self._stats()
+        return data["times"], data["keys"]
+
+    async def deliveries(self) -> list[tuple[float, str, str]]:
+        """Every call: when it came (wall clock), its key (the run id) and its path."""
+        data = await self._stats()
+        return list(zip(data["times"], data["keys"], data["paths"], strict=True))
+
+    async def _stats(self) -> dict[str, list]:
         async with httpx.AsyncClient(timeout=60) as client:
             answer = (await client.get(f"{self.url}/_stats")).raise_for_status()
-        data = orjson.loads(answer.content)
-        return data["times"], data["keys"]
+        return orjson.loads(answer.content)
 
     async def count(self) -> int:
         async with httpx.AsyncClient() as client:

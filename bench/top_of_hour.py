@@ -77,7 +77,7 @@ async def _round(env: Env, dsn: str, pool: asyncpg.Pool, fleet: Fleet, runs: int
     say(f"top-of-hour: {runs:,} recurring jobs in {took:.1f}s on {idle:,} idle schedules, due at {due:%H:%M:%S}")
     if datetime.now(UTC) > due - timedelta(seconds=1):
         raise RuntimeError("creating the jobs took longer than the lead time")
-    meter = CpuMeter(fleet.procs, env.postmaster_pid())
+    meter = CpuMeter(fleet.procs, env.postmasters)
     meter.start()
 
     async def all_fired() -> bool:

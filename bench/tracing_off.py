@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from chimes import tracing
-from chimes.worker import http_task
-from chimes.worker.executors import TaskContext
+from chimes.worker.tasks import http
+from chimes.worker.tasks.common import TaskContext
 
 
 def best_ns(call: Callable[[], Any], number: int = 100_000) -> float:
@@ -41,7 +41,7 @@ def main() -> None:
     print(f"hooks per run (claim, attempt, complete, fire): {best_ns(hooks):.0f} ns")
     print(f"create span: {best_ns(create_span):.0f} ns")
     print(f"traceparent: {best_ns(lambda: tracing.traceparent(run_id, 2)):.0f} ns")
-    print(f"build_headers with it: {best_ns(lambda: http_task.build_headers({'A': 'b'}, ctx)):.0f} ns")
+    print(f"build_headers with it: {best_ns(lambda: http.build_headers({'A': 'b'}, ctx)):.0f} ns")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import shutil
 import socket
-import tempfile
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -24,7 +21,7 @@ import pytest
 from chimes.api.app import create_app
 from chimes.cli.runtime import api_server
 from chimes.store import db
-from chimes.store.embedded import EmbeddedPostgres
+from chimes.store.embedded import server_for_a_while
 from chimes.store.migrate import migrate
 from chimes.store.tokens import create_token
 from tests.helpers import auth_as, wait_for
@@ -42,19 +39,8 @@ def with_database(dsn: str, name: str) -> str:
 
 @pytest.fixture(scope="session")
 def server_dsn() -> Iterator[str]:
-    external = os.environ.get("CHIMES_DATABASE_URL")
-    if external:
-        yield external
-        return
-    # Not under pytest's tmp_path: pytest deletes old base temp dirs when other sessions start,
-    # which would pull the data directory from under a running server.
-    folder = Path(tempfile.mkdtemp(prefix="chimes-test-pg-"))
-    server = EmbeddedPostgres(folder)
-    try:
-        yield server.acquire()
-    finally:
-        server.release()
-        shutil.rmtree(folder, ignore_errors=True)
+    with server_for_a_while("chimes-test-pg-") as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ The tests reuse one PostgreSQL for every run: ``CHIMES_DATABASE_URL`` when set (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -27,8 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,21 +205,10 @@ def stale_entries() -> list[str]:
     return problems
 
 
-@contextmanager
-def database_url() -> Iterator[str]:
-    external = os.environ.get("CHIMES_DATABASE_URL")
-    if external:
-        yield external
-        return
-    from chimes.store.embedded import EmbeddedPostgres
+def database_url() -> contextlib.AbstractContextManager[str]:
+    from chimes.store.embedded import server_for_a_while
 
-    folder = Path(tempfile.mkdtemp(prefix="chimes-fence-pg-"))
-    server = EmbeddedPostgres(folder)
-    try:
-        yield server.acquire()
-    finally:
-        server.release()
-        shutil.rmtree(folder, ignore_errors=True)
+    return server_for_a_while("chimes-fence-pg-")
 
 
 _BROKEN_SQL = re.compile(r"PostgresSyntaxError|UndefinedParameterError|IndeterminateDatatypeError|"

@@ -1,14 +1,19 @@
-"""Small helpers for tests: waiting on conditions with deadlines, ports, auth headers."""
+"""Small helpers for tests: waiting on conditions with deadlines, moving stored times into the past,
+ports, auth headers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
+import asyncpg
 from aiohttp import web
+
+from chimes.ids import scheduled_at_of
 
 
 def free_port() -> int:
@@ -36,6 +41,27 @@ async def wait_for(
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+async def expire_run_lease(pool: asyncpg.Pool, run_id: uuid.UUID) -> None:
+    """Time control instead of a sleep: the running run's lease ends now on the database's clock, the
+    clock the reaper judges by, as if its worker had stopped heartbeating. Only this run is touched."""
+    updated = await pool.execute(
+        "UPDATE runs SET lease_expires_at = now() - interval '1 millisecond'"
+        " WHERE run_id = $1 AND scheduled_at = $2 AND status = 'running'", run_id, scheduled_at_of(run_id))
+    assert updated == "UPDATE 1", f"run {run_id} is not running: no lease to expire"
+
+
+async def let_time_pass_for_runs(pool: asyncpg.Pool, run_ids: Iterable[uuid.UUID], seconds: float) -> None:
+    """Time control instead of a sleep: to the reaper, ``seconds`` pass for these running runs (their
+    lease and deadline move that far into the past on the database's clock), and for no other."""
+    ids = list(run_ids)
+    updated = await pool.execute(
+        "UPDATE runs SET lease_expires_at = lease_expires_at - make_interval(secs => $3),"
+        " deadline_at = deadline_at - make_interval(secs => $3)"
+        " WHERE (run_id, scheduled_at) IN (SELECT * FROM unnest($1::uuid[], $2::timestamptz[]))"
+        " AND status = 'running'", ids, [scheduled_at_of(i) for i in ids], seconds)
+    assert updated == f"UPDATE {len(ids)}", f"not all of {ids} are running ({updated})"
 
 
 @contextlib.asynccontextmanager

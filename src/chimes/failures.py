@@ -15,44 +15,24 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-import asyncpg
-
-from chimes import metrics
-from chimes.store.db import describe
+from chimes import metrics, outage
+from chimes.store.db import TRANSIENT_ERRORS
+from chimes.store.db import describe as describe  # failures.describe, for the roles
 
 log = logging.getLogger("chimes.failures")
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Errors of the connection, the server's state or concurrency, never of the data sent: trying the
-# same statement again later can succeed. asyncpg's client-side "invalid input for query argument"
-# is an InterfaceError too, but also a ValueError: it is about one value, not transient.
-_TRANSIENT = (
-    OSError,
-    TimeoutError,
-    asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InternalClientError,
-    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown, cannot connect now
-    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
-    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock
-    asyncpg.exceptions.LockNotAvailableError,
-    asyncpg.exceptions.QueryCanceledError,  # statement_timeout
-    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
-    asyncpg.exceptions.ReadOnlySQLTransactionError,  # a primary demoted under us
-)
-
-
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` says nothing about the data: the same work may succeed when tried again."""
-    return isinstance(exc, _TRANSIENT) and not isinstance(exc, ValueError)
+    return isinstance(exc, TRANSIENT_ERRORS) and not isinstance(exc, ValueError)
 
 
 def loop_failed(role: str, loop: str, exc: BaseException) -> None:
     """Log and count a failed step of a long-lived loop, which then runs again."""
     metrics.LOOP_FAILURES.labels(role, loop).inc()
     if is_transient(exc):
-        log.warning("%s failed: %s", loop, describe(exc))
+        outage.failed(loop, describe(exc))  # logged once per outage, not once per step
     else:
         log.error("%s failed: %s", loop, describe(exc), exc_info=exc)
 

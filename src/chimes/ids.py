@@ -91,14 +91,22 @@ def scheduled_at_of_or_none(run_id: uuid.UUID) -> datetime | None:
         return None
 
 
-def run_id_from(text: str) -> uuid.UUID | None:
-    """A run id given from outside (a URL), or None when it names no run: not a UUID, not version 7, or
-    a time past year 9999 (which no store query could take)."""
+def id_from(text: str) -> uuid.UUID | None:
+    """An id given from outside (a URL, a form), or None when it is not a UUID. The API and the
+    dashboard both read ids this way: a malformed id names nothing, like another team's."""
     try:
-        run_id = uuid.UUID(text)
+        return uuid.UUID(text)
     except ValueError:
         return None
-    return run_id if run_id.version == 7 and scheduled_at_of_or_none(run_id) is not None else None
+
+
+def run_id_from(text: str) -> uuid.UUID | None:
+    """A run id given from outside, or None when it names no run: not a UUID, not version 7, or a time
+    past year 9999 (which no store query could take)."""
+    run_id = id_from(text)
+    if run_id is None or run_id.version != 7 or scheduled_at_of_or_none(run_id) is None:
+        return None
+    return run_id
 
 
 def _millis(instant: datetime) -> int:

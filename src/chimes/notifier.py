@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import asyncpg
 import orjson
 from yarl import URL
 
@@ -34,8 +33,9 @@ from chimes import __version__, failures
 from chimes.security.secrets import SecretKeyError
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
-from chimes.store.db import DB_ERRORS
-from chimes.store.queries import sql
+from chimes.settings import NOTIFY_GIVE_UP_HOURS
+from chimes.store.db import DB_ERRORS, Pool
+from chimes.store.notifications import ClaimedNotification, Outbox
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class NotifierConfig:
     lease_sec: float = 60.0  # a claimed notification not marked within this is sent again
     timeout_sec: float = 10.0
     max_backoff_sec: float = 3600.0
-    give_up_after_sec: float = 86400.0  # undelivered this long after it was queued: dead-lettered
+    give_up_after_sec: float = NOTIFY_GIVE_UP_HOURS * 3600  # undelivered this long after it was queued: dead-lettered
     egress: EgressPolicy | None = None  # None: the default policy (metadata and link-local denied)
 
 
@@ -57,9 +57,9 @@ SecretOfOwner = Callable[[str], Awaitable[str]]  # owner -> signing secret in cl
 
 
 class Notifier:
-    def __init__(self, pool: asyncpg.Pool, signing_secret: SecretOfOwner,
+    def __init__(self, pool: Pool, signing_secret: SecretOfOwner,
                  config: NotifierConfig | None = None) -> None:
-        self._pool = pool
+        self._outbox = Outbox(pool)
         self._signing_secret = signing_secret
         self.config = config or NotifierConfig()
         self._session: aiohttp.ClientSession | None = None
@@ -67,35 +67,34 @@ class Notifier:
 
     async def deliver_due(self) -> int:
         """Send what is due now; returns how many were delivered."""
-        rows = await self._pool.fetch(sql("claim_notifications"), self.config.batch, self.config.lease_sec)
-        if not rows:
+        claimed = await self._outbox.claim(self.config.batch, self.config.lease_sec)
+        if not claimed:
             return 0
         results = [_error_text(result) for result in await asyncio.gather(
-            *(self._post(r["notification_id"], r["owner"], r["url"], r["payload"]) for r in rows),
+            *(self._post(n.notification_id, n.owner, n.url, n.payload) for n in claimed),
             return_exceptions=True)]
-        delivered = [r["notification_id"] for r, error in zip(rows, results, strict=True) if error is None]
-        failed = [(r, error) for r, error in zip(rows, results, strict=True) if error is not None]
+        delivered = [n.notification_id for n, error in zip(claimed, results, strict=True) if error is None]
+        failed = [(n, error) for n, error in zip(claimed, results, strict=True) if error is not None]
         if delivered:
-            await self._pool.execute(sql("mark_notifications_sent"), delivered)
+            await self._outbox.mark_sent(delivered)
         if failed:
             await self._retry_or_give_up(failed)
-            for row, error in failed:
-                log.warning("notification %s to %s failed (attempt %d): %s", row["notification_id"], row["url"],
-                            row["attempts"], error)
+            for n, error in failed:
+                log.warning("notification %s to %s failed (attempt %d): %s", n.notification_id, n.url,
+                            n.attempts, error)
         self.sent += len(delivered)
         return len(delivered)
 
-    async def _retry_or_give_up(self, failed: list[tuple[Any, str]]) -> None:
+    async def _retry_or_give_up(self, failed: list[tuple[ClaimedNotification, str]]) -> None:
         """Back off each failed notification, or dead-letter it past the give-up time."""
-        rows = await self._pool.fetch(
-            sql("retry_notifications"), [r["notification_id"] for r, _ in failed],
-            [min(self.config.max_backoff_sec, 2.0 ** r["attempts"]) for r, _ in failed],
+        dead = await self._outbox.retry(
+            [n.notification_id for n, _ in failed],
+            [min(self.config.max_backoff_sec, 2.0 ** n.attempts) for n, _ in failed],
             [error for _, error in failed], self.config.give_up_after_sec,
         )
-        for row in rows:
-            if row["dead"]:
-                log.warning("notification %s dead-lettered: undelivered %gs after it was queued",
-                            row["notification_id"], self.config.give_up_after_sec)
+        for notification_id in dead:
+            log.warning("notification %s dead-lettered: undelivered %gs after it was queued",
+                        notification_id, self.config.give_up_after_sec)
 
     async def _post(self, notification_id: uuid.UUID, owner: str, url: str, payload: Any) -> str | None:
         body = orjson.dumps(payload)

@@ -17,7 +17,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from chimes import cron
+from chimes.enums import RunTrigger
 from chimes.ids import run_id_for
+from chimes.settings import CATCH_UP_WINDOW_SEC
 
 MAX_RECORDED = 1000  # slots recorded per catch-up; older missed slots are counted in a note
 MAX_WALK = 100_000  # slots walked before jumping to the catch-up window
@@ -27,7 +29,7 @@ MAX_WALK = 100_000  # slots walked before jumping to the catch-up window
 class Slot:
     run_id: uuid.UUID
     scheduled_at: datetime
-    trigger: str  # "schedule" | "catchup"
+    trigger: RunTrigger  # SCHEDULE or CATCHUP
     outcome: str  # "run" | "skip"
     reason: str | None = None
 
@@ -41,7 +43,7 @@ def jitter_offset(job_id: uuid.UUID, jitter_sec: int) -> timedelta:
 
 
 def on_time(job_id: uuid.UUID, nominal: datetime) -> Slot:
-    return Slot(run_id_for(job_id, nominal), nominal, "schedule", "run")
+    return Slot(run_id_for(job_id, nominal), nominal, RunTrigger.SCHEDULE, "run")
 
 
 def catch_up(
@@ -58,10 +60,10 @@ def catch_up(
     ``cause`` names why they were missed ("missed" or "paused"), for the records.
     """
     missed, unrecorded, following = _missed_slots(schedule, first, now, policy)
-    window_start = now - timedelta(seconds=int(policy.get("windowSec", 86400)))
+    window_start = now - timedelta(seconds=int(policy.get("windowSec", CATCH_UP_WINDOW_SEC)))
     recent = [s for s in missed if s >= window_start]
     old = [s for s in missed if s < window_start]
-    slots = [Slot(run_id_for(job_id, s), s, "schedule", "skip", f"{cause}; older than the catch-up window")
+    slots = [Slot(run_id_for(job_id, s), s, RunTrigger.SCHEDULE, "skip", f"{cause}; older than the catch-up window")
              for s in old]
     slots += _apply_policy(job_id, recent, policy, cause)
     if unrecorded and slots:
@@ -84,7 +86,7 @@ def _missed_slots(
         kept.append(slot)
         walked += 1
         if walked == MAX_WALK:  # a very long outage of a very frequent job: jump to the window
-            window_start = now - timedelta(seconds=int(policy.get("windowSec", 86400)))
+            window_start = now - timedelta(seconds=int(policy.get("windowSec", CATCH_UP_WINDOW_SEC)))
             jump = cron.next_fire(schedule, max(slot, window_start - timedelta(seconds=1)))
             slot = jump if jump is not None and jump > slot else cron.next_fire(schedule, slot)
             continue
@@ -97,7 +99,8 @@ def _apply_policy(job_id: uuid.UUID, recent: list[datetime], policy: Mapping[str
         return []
     name = policy.get("policy", "one")
     if name == "none":
-        return [Slot(run_id_for(job_id, s), s, "schedule", "skip", f"{cause} (catch-up policy: none)") for s in recent]
+        return [Slot(run_id_for(job_id, s), s, RunTrigger.SCHEDULE, "skip", f"{cause} (catch-up policy: none)")
+                for s in recent]
     keep = 1 if name == "one" else int(policy.get("maxRuns", 10))
     ran, skipped = recent[-keep:], recent[:-keep]
     newest = ran[-1].isoformat().replace("+00:00", "Z")
@@ -106,5 +109,5 @@ def _apply_policy(job_id: uuid.UUID, recent: list[datetime], policy: Mapping[str
         late = f"{cause}; one catch-up run for {len(recent)} missed fires"
     skip_reason = (f"{cause}; caught up by the run of {newest}" if name == "one"
                    else f"{cause}; beyond catchUp.maxRuns ({keep})")
-    return ([Slot(run_id_for(job_id, s), s, "schedule", "skip", skip_reason) for s in skipped]
-            + [Slot(run_id_for(job_id, s), s, "catchup", "run", late) for s in ran])
+    return ([Slot(run_id_for(job_id, s), s, RunTrigger.SCHEDULE, "skip", skip_reason) for s in skipped]
+            + [Slot(run_id_for(job_id, s), s, RunTrigger.CATCHUP, "run", late) for s in ran])

@@ -27,11 +27,13 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from chimes.enums import RunStatus, TriggerKind
+
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from chimes.store.scheduling import Fire
-    from chimes.store.working import ClaimedRun, Outcome
+    from chimes.store.working import ClaimedRun, Completion
 
 __all__ = [
     "attempt",
@@ -100,9 +102,11 @@ def _exporter(name: str) -> Any:
             protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
                                       os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"))
             if protocol == "grpc":
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-            else:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[no-redef]
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+                return GrpcExporter()
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
             return OTLPSpanExporter()
     except ImportError as exc:
         log.warning("cannot export traces with %r: %s (pip install chimes[otel])", name, exc)
@@ -160,12 +164,12 @@ def fired(fires: Sequence[Fire], refused: bool) -> None:
     trigger's due time to now (its fire lag)."""
     if _tracer is None or refused:
         return
-    from chimes.store.scheduling import RETRY
 
     for fire in fires:
         for run_id in [slot.run_id for slot in fire.slots if slot.outcome == "run"] or [fire.run_id]:
             _point("chimes.fire", run_id, {"chimes.run_id": str(run_id), "chimes.job_id": str(fire.trigger.job_id),
-                                           "chimes.retry": fire.trigger.kind == RETRY}, start=fire.trigger.fire_at)
+                                           "chimes.retry": fire.trigger.kind == TriggerKind.RETRY},
+                   start=fire.trigger.fire_at)
 
 
 def claimed(runs: Iterable[ClaimedRun], worker_id: str) -> None:
@@ -205,7 +209,7 @@ class _Attempt:
         from opentelemetry.trace import Status, StatusCode
 
         self._span.set_attribute("chimes.outcome", status)
-        if status == "failed":
+        if status == RunStatus.FAILED:
             self._span.set_status(Status(StatusCode.ERROR, error))
 
 
@@ -224,17 +228,18 @@ def attempt(run: ClaimedRun, task_type: str | None) -> _Attempt:
                     "chimes.attempt": run.attempt, "chimes.task_type": task_type or ""}))
 
 
-def completed(outcomes: Iterable[Outcome], accepted: Iterable[object]) -> None:
+def completed(completions: Iterable[Completion], accepted: Iterable[object]) -> None:
     """``chimes.complete`` per outcome the database accepted."""
     if _tracer is None:
         return
     recorded = set(accepted)
-    for outcome in outcomes:
-        run = outcome.run
+    for done in completions:
+        run = done.run
         if run.run_id in recorded:
             _point("chimes.complete", run.run_id, {"chimes.run_id": str(run.run_id), "chimes.job_id": str(run.job_id),
-                                                   "chimes.attempt": run.attempt, "chimes.status": outcome.status,
-                                                   "chimes.retry": outcome.retry_at is not None})
+                                                   "chimes.attempt": run.attempt,
+                                                   "chimes.status": str(done.outcome.status),
+                                                   "chimes.retry": done.retry_at is not None})
 
 
 class _NoSpan:

@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 
-from chimes.chaos.faults import WEIGHTS, plan_faults
-from chimes.chaos.harness import ChaosOptions, run_chaos
+from chimes_chaos.faults import WEIGHTS, plan_faults
+from chimes_chaos.harness import ChaosOptions, run_chaos
 
 SEED = 2
 DURATION = 90.0

@@ -27,7 +27,8 @@ async def run_import(processes: Processes, file: Path, owner: str, *options: str
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
-    assert proc.returncode is not None
+    if proc.returncode < 0:  # a crash, not an answer: no test of exit codes should see it as one
+        pytest.fail(f"chimes jobs import was killed by signal {-proc.returncode}:\n{out.decode()}")
     return proc.returncode, out.decode()
 
 

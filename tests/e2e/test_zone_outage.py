@@ -253,6 +253,21 @@ async def test_losing_the_primary_zone_stalls_nothing_for_long(zones: Zones, tmp
                 return bool(unanswered_since) and time.monotonic() - unanswered_since[0] >= 3
 
             await wait_for(primary_gone_for_3s, timeout=20, what="the primary to stop answering", interval=0.5)
+            # /healthz says what is wrong, without naming hosts: no primary, one standby, one host silent.
+            health = await client.get("/healthz")
+            assert health.status_code == 503, health.text
+            assert health.headers["Retry-After"].isdigit()
+            assert health.json()["hosts"] == {"standby": 1, "not answering": 1}, health.json()
+            assert health.json()["error"].startswith("no primary among the 2 hosts of the database URL"), health.json()
+            assert datetime.fromisoformat(health.json()["since"]).timestamp() >= cut_at - 1
+            assert primary.address not in health.text and standby.address not in health.text
+            # Reads go on, from the standby, and say so; writes answer 503 (the probes above).
+            read = await client.get(f"/jobs/{tick_id}")
+            assert read.status_code == 200, read.text
+            assert read.headers["X-Chimes-Read-From"] == "standby" and read.json()["jobId"] == tick_id
+            history = await client.get(f"/jobs/{tick_id}/runs", params={"limit": 5})
+            assert history.status_code == 200 and history.headers["X-Chimes-Read-From"] == "standby", history.text
+            assert history.json()["runs"] and {r["jobId"] for r in history.json()["runs"]} == {tick_id}
             stage('promoting')
             standby.promote()
             promoted_at = time.time()

@@ -14,7 +14,7 @@ import asyncpg
 from chimes.ids import partition_of
 from chimes.scheduler.firing import plan_fires
 from chimes.scheduler.node import SchedulerNode
-from chimes.store.jobs import JobStore
+from chimes.services.jobs import JobService
 from chimes.store.scheduling import FireResult, SchedulerStore
 from chimes.store.working import ClaimedRun
 from chimes.worker.worker import Worker, WorkerConfig
@@ -112,7 +112,7 @@ async def test_heartbeat_keeps_a_run_claimed_while_it_waited(pool: asyncpg.Pool,
 
 async def test_triggers_due_milliseconds_apart_fire_in_one_batch(pool: asyncpg.Pool) -> None:
     first = (datetime.now(UTC) + timedelta(seconds=2)).replace(microsecond=0)
-    jobs = JobStore(pool)
+    jobs = JobService(pool)
     for ms in (0, 4, 8, 12, 16):  # within fire_coalesce_sec (20 ms) of the first
         await jobs.create("team-a", spec({"at": (first + timedelta(milliseconds=ms)).isoformat()}), datetime.now(UTC))
     node = SchedulerNode(pool, FAST_SCHEDULER, node_id="node")

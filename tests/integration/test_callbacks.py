@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import httpx
 
-from tests.helpers import wait_for
+from tests.helpers import let_time_pass_for_runs, wait_for
 from tests.integration.fleet import FAST_WORKER, Fleet
 from tests.target import Target
 
@@ -26,17 +26,28 @@ async def status_of(pool: asyncpg.Pool, job_id: str) -> str | None:
 async def test_target_keeps_the_run_alive_and_completes_it(
     fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
 ) -> None:
-    target.responders["/async"] = lambda n: 202
+    target.responders["/async"] = target.responders["/silent"] = lambda n: 202
     job_id = (await client.post("/jobs", json=async_job(target))).json()["jobId"]
+    # A second run, whose target never heartbeats: the reaper must end that one in the same time.
+    silent_task = {"type": "http", "url": target.url + "/silent", "callback": True}
+    assert (await client.post("/jobs", json=async_job(target, task=silent_task))).status_code == 201
     [call] = await wait_for(lambda: target.calls_to("/async"), timeout=10, what="the target to be called")
+    [silent] = await wait_for(lambda: target.calls_to("/silent"), timeout=10, what="the silent run to start")
     run_id, token = call.run_id, call.headers["X-Chimes-Lease-Token"]
+    # The worker lets go of a run its target accepted: from then on no worker renews its lease.
+    await wait_for(lambda: not {uuid.UUID(call.run_id), uuid.UUID(silent.run_id)} & set(fleet.worker._running),
+                   timeout=10, what="the worker to hand both runs to their target")
     assert await status_of(pool, job_id) == "running"
     beat = await client.post(f"/runs/{run_id}/heartbeat", json={"leaseToken": token})
     assert beat.status_code == 200, beat.text
     assert datetime.fromisoformat(beat.json()["leaseExpiresAt"]) > datetime.now(UTC) + timedelta(seconds=20)
-    # Outlast the worker's own lease (3 s here), which no worker renews any more: the reaper (every
-    # 0.5 s) must leave the run alone, as the target's heartbeat extended it.
-    await pool.execute("SELECT pg_sleep($1)", FAST_WORKER.lease_sec + 1.5)
+    # Outlast the worker's own lease (3 s here) on the database's clock, for both runs: the reaper
+    # ends the silent one and must leave this one alone, as the target's heartbeat extended it.
+    await let_time_pass_for_runs(pool, [uuid.UUID(run_id), uuid.UUID(silent.run_id)], FAST_WORKER.lease_sec + 1.5)
+    reaped = await wait_for(lambda: pool.fetchval("SELECT error FROM run_attempts WHERE run_id = $1",
+                                                  uuid.UUID(silent.run_id)),
+                            timeout=10, what="the reaper to end the run nobody heartbeats")
+    assert "stopped heartbeating" in reaped
     assert await status_of(pool, job_id) == "running"
     done = await client.post(f"/runs/{run_id}/complete", json={"leaseToken": token, "status": "succeeded",
                                                                "output": "42 rows"})

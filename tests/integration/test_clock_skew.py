@@ -8,12 +8,12 @@ has come (fire_triggers). The node here is given a clock 2 s fast, the way a hos
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import httpx
 
+from chimes.clock import Clock
 from chimes.scheduler.node import SchedulerNode
 from chimes.worker.worker import Worker
 from tests.helpers import wait_for
@@ -27,7 +27,7 @@ AHEAD_SEC = 2.0
 async def test_a_node_with_a_fast_clock_fires_nothing_early(
     pool: asyncpg.Pool, database_url: str, client: httpx.AsyncClient, target: Target
 ) -> None:
-    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="fast-node", clock=lambda: time.time() + AHEAD_SEC)
+    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="fast-node", clock=Clock(offset_sec=AHEAD_SEC))
     worker = Worker(pool, database_url, FAST_WORKER, worker_id="worker")
     tasks = [asyncio.create_task(node.run()), asyncio.create_task(worker.run())]
     try:

@@ -22,7 +22,7 @@ import pytest
 
 from chimes.scheduler.node import SchedulerNode
 from chimes.store.owners import OwnerStore
-from chimes.worker.executors import Executors
+from chimes.worker.tasks.dispatch import Executors
 from chimes.worker.worker import Worker
 from tests.helpers import wait_for
 from tests.integration.fleet import FAST_SCHEDULER, FAST_WORKER

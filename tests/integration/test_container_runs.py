@@ -19,7 +19,7 @@ import pytest
 
 from chimes.scheduler.node import SchedulerNode
 from chimes.store.owners import OwnerStore
-from chimes.worker.executors import Executors
+from chimes.worker.tasks.dispatch import Executors
 from chimes.worker.worker import Worker
 from tests.fake_container_runtime import FakeRuntime, install_fake_runtime
 from tests.helpers import wait_for

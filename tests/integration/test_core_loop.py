@@ -178,6 +178,13 @@ async def test_edits_and_pause_stop_the_old_definition_at_once(
 
     assert (await client.patch(f"/jobs/{job['jobId']}", json={"paused": True})).status_code == 200
     paused_at = datetime.now(UTC)
-    # Wait out two more slots on the database clock; nothing may fire for the paused job.
-    await pool.execute("SELECT pg_sleep(2.5)")
-    assert await pool.fetchval("SELECT count(*) FROM runs WHERE fired_at > $1", paused_at) == 0
+    # The node still holds the paused job's next slots in its timer wheel, due on its own clock, with
+    # nothing stored to move. A job on the same schedule shows when the node has fired two more slots
+    # since the pause (a condition, not a guess at how long that takes under load); by then the
+    # paused job's slots came due as well and must have fired nothing.
+    ticking = (await client.post("/jobs", json=http_job(target, "/tick", {"cron": "* * * * * *"}))).json()
+    await wait_for(lambda: pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND scheduled_at >= $2",
+                                         uuid.UUID(ticking["jobId"]), paused_at + timedelta(seconds=2)),
+                   timeout=15, what="the node to fire two slots after the pause")
+    assert await pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND fired_at > $2",
+                               uuid.UUID(job["jobId"]), paused_at) == 0

@@ -331,6 +331,27 @@ async def test_forged_run_ids_are_not_found(client: httpx.AsyncClient, team_a: h
         assert answer.status_code == 404 and "No such run" in answer.text, run_id
 
 
+async def test_the_dashboard_and_the_api_agree_on_forged_run_ids(client: httpx.AsyncClient,
+                                                                 team_a: httpx.AsyncClient) -> None:
+    """One reading of ids from outside (chimes.ids) for both: a run id past year 9999 is 404 in each."""
+    for run_id in FORGED_RUN_IDS:
+        assert (await client.get(f"/runs/{run_id}")).status_code == 404, run_id
+        assert (await team_a.get(f"/ui/runs/{run_id}")).status_code == 404, run_id
+
+
+@pytest.mark.parametrize("job_id", ["not-a-uuid", "ffffffff-ffff-7fff-bfff-ffffffffffff"])
+async def test_forged_job_ids_are_not_found(client: httpx.AsyncClient, team_a: httpx.AsyncClient,
+                                            job_id: str) -> None:
+    real = await create_job(client, job_body("nightly"))
+    token = csrf_of((await team_a.get(f"/ui/jobs/{real}")).text)
+    answers = [await team_a.get(f"/ui/jobs/{job_id}")]
+    for action in ("run", "pause", "resume"):
+        answers.append(await team_a.post(f"/ui/jobs/{job_id}/{action}", data={"csrf": token}))
+    assert [(a.status_code, "No such job" in a.text) for a in answers] == [(404, True)] * 4
+    shown = await team_a.get(f"/ui/jobs/{real}", params={"started": "ffffffff-ffff-7fff-bfff-ffffffffffff"})
+    assert shown.status_code == 200
+
+
 @pytest.mark.parametrize("before", ["_____________________w", "AAAAAAAAAAAAAAAAAAAAAA", "not-a-cursor!"])
 async def test_a_forged_run_cursor_is_a_bad_request(client: httpx.AsyncClient, team_a: httpx.AsyncClient,
                                                     before: str) -> None:

@@ -23,8 +23,8 @@ import asyncpg
 import httpx
 import pytest
 
-from chimes.chaos import observer
 from chimes.worker.worker import Worker
+from chimes_chaos import observer
 from tests.helpers import FailsOnce, wait_for
 from tests.integration.fleet import FAST_WORKER, Fleet
 from tests.target import Target

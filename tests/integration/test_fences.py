@@ -22,11 +22,12 @@ import asyncpg
 from chimes.jobs import JobPatch
 from chimes.scheduler.firing import plan_fires
 from chimes.scheduler.reaper import Reaper, judge
+from chimes.services.jobs import JobService
 from chimes.store.dashboard import DashboardStore
-from chimes.store.jobs import JobStore
 from chimes.store.runs import RunStore
 from chimes.store.scheduling import SchedulerStore
-from chimes.store.working import ClaimedRun, Outcome, WorkerStore
+from chimes.store.working import ClaimedRun, Completion, WorkerStore
+from chimes.worker.tasks.common import Outcome
 from tests.helpers import wait_for
 from tests.integration.test_fencing import due, make_due_job, spec, stall, take_all
 
@@ -181,7 +182,7 @@ async def test_fire_fence_a_token_issued_again_to_another_node(pool: asyncpg.Poo
 async def test_retry_fence_partition_token(pool: asyncpg.Pool) -> None:
     """fire_triggers, for a retry trigger: a node whose lease moved does not re-enqueue the run."""
     _, _, claimed = await running_run(pool)
-    failed = Outcome(claimed, "failed", "HTTP 500", None, now(), now() - timedelta(seconds=1))
+    failed = Completion(claimed, Outcome.failure("HTTP 500"), now(), now() - timedelta(seconds=1))
     assert await WorkerStore(pool, "worker-1").complete([failed]) == {claimed.run_id}
     await stall(pool, "node")
     a = SchedulerStore(pool, "node-a")
@@ -248,11 +249,11 @@ async def test_fire_fence_trigger_version(pool: asyncpg.Pool) -> None:
     (the look-ahead); an edit that keeps the schedule rewrites it under the same key at version 2.
     The batch of version 1 must leave it alone: without the fence it deletes the new trigger, makes
     no run (the job is at version 2) and does not advance it, and the job never fires again."""
-    created = await JobStore(pool).create("team-a", spec({"cron": "0 0 1 1 *"}), now())
+    created = await JobService(pool).create("team-a", spec({"cron": "0 0 1 1 *"}), now())
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     [trigger] = await store.scan_due(list(leases), created.next_run_at + timedelta(seconds=1), 1000)
-    await JobStore(pool).update(created.job_id, None, JobPatch(name="renamed"), now())
+    await JobService(pool).update(created.job_id, None, JobPatch(name="renamed"), now())
     [rewritten] = await pool.fetch("SELECT * FROM triggers WHERE job_id = $1", created.job_id)
     assert (rewritten["fire_at"], rewritten["job_version"]) == (trigger.fire_at, 2)
     # Both moved to a time that has come (the node fires nothing before the database's clock says so).
@@ -290,7 +291,7 @@ async def fire_caught_mid_transaction(
         assert (result.fired, result.enqueued) == (1, 1)
         # The edit computes the job's next fire from the slot just fired, as the fire did: with the
         # clock's now, a minute boundary passing in between would give the two triggers different keys.
-        edit = asyncio.create_task(JobStore(pool).update(job_id, None, patch, fire.scheduled_at))
+        edit = asyncio.create_task(JobService(pool).update(job_id, None, patch, fire.scheduled_at))
         await until_blocked_or_done(pool, edit)
     edited = await edit
     assert edited is not None and edited.version == 2
@@ -338,11 +339,11 @@ async def test_complete_fence_run_lease_token(pool: asyncpg.Pool) -> None:
     """complete_runs: ``r.lease_token = o.lease_token``. Worker-1 reports after worker-2 claimed the
     run again: refused, whatever it reports; worker-2's attempt is untouched and its outcome counts."""
     first, second = await lost_and_claimed_again(pool)
-    late = Outcome(first, "succeeded", None, "worker-1's answer", now(), None)
+    late = Completion(first, Outcome.success("worker-1's answer"), now(), None)
     assert await WorkerStore(pool, "worker-1").complete([late]) == set()
     await still_with_worker_2(pool, second)
     assert await pool.fetchval("SELECT count(*) FROM run_attempts") == 1  # the reaped attempt 1 only
-    done = Outcome(second, "succeeded", None, "worker-2's answer", now(), None)
+    done = Completion(second, Outcome.success("worker-2's answer"), now(), None)
     assert await WorkerStore(pool, "worker-2").complete([done]) == {second.run_id}
     attempts = await pool.fetch("SELECT attempt, worker_id, status, output FROM run_attempts ORDER BY attempt")
     assert [tuple(a.values()) for a in attempts] == [
@@ -353,7 +354,7 @@ async def test_complete_fence_run_lease_token_for_a_retry(pool: asyncpg.Pool) ->
     """complete_runs, a failure with attempts left: refused too, so no retry trigger is written and
     the attempt is not raised under worker-2's feet."""
     first, second = await lost_and_claimed_again(pool)
-    late = Outcome(first, "failed", "HTTP 500", None, now(), now())
+    late = Completion(first, Outcome.failure("HTTP 500"), now(), now())
     assert await WorkerStore(pool, "worker-1").complete([late]) == set()
     await still_with_worker_2(pool, second)
     assert await pool.fetchval("SELECT count(*) FROM triggers WHERE kind = 1") == 0
@@ -415,7 +416,7 @@ async def test_claim_fence_run_still_scheduled(pool: asyncpg.Pool) -> None:
     trigger, does not see that queue row. The run is cancelled with a queue row left behind, and a
     worker claiming that row must not start it."""
     store, leases, claimed = await running_run(pool)
-    failed = Outcome(claimed, "failed", "HTTP 500", None, now(), now() - timedelta(seconds=1))
+    failed = Completion(claimed, Outcome.failure("HTTP 500"), now(), now() - timedelta(seconds=1))
     assert await WorkerStore(pool, "worker-1").complete([failed]) == {claimed.run_id}
     [retry] = await due(store, leases)
     async with open_transaction(pool) as held:
@@ -466,26 +467,26 @@ async def team_a_job_with_run(pool: asyncpg.Pool) -> tuple[uuid.UUID, uuid.UUID]
 
 async def test_owner_fence_get_job(pool: asyncpg.Pool) -> None:
     job_id, _ = await team_a_job_with_run(pool)
-    assert await JobStore(pool).get(job_id, "team-b") is None
-    assert await JobStore(pool).get(job_id, "team-a") is not None
+    assert await JobService(pool).get(job_id, "team-b") is None
+    assert await JobService(pool).get(job_id, "team-a") is not None
 
 
 async def test_owner_fence_list_jobs(pool: asyncpg.Pool) -> None:
     await team_a_job_with_run(pool)
-    assert await JobStore(pool).list("team-b", None, 100) == []
-    assert len(await JobStore(pool).list("team-a", None, 100)) == 1
+    assert await JobService(pool).list("team-b", None, 100) == []
+    assert len(await JobService(pool).list("team-a", None, 100)) == 1
 
 
 async def test_owner_fence_lock_job(pool: asyncpg.Pool) -> None:
     """lock_job: an update (edit, pause, resume) by another team finds nothing and changes nothing."""
     job_id, _ = await team_a_job_with_run(pool)
-    assert await JobStore(pool).update(job_id, "team-b", JobPatch(paused=True), now()) is None
+    assert await JobService(pool).update(job_id, "team-b", JobPatch(paused=True), now()) is None
     assert await pool.fetchrow("SELECT version, paused FROM jobs") == (1, False)
 
 
 async def test_owner_fence_delete_job(pool: asyncpg.Pool) -> None:
     job_id, _ = await team_a_job_with_run(pool)
-    assert not await JobStore(pool).delete(job_id, "team-b")
+    assert not await JobService(pool).delete(job_id, "team-b")
     assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
     assert await pool.fetchval("SELECT count(*) FROM triggers WHERE kind = 0") == 1
 
@@ -493,7 +494,7 @@ async def test_owner_fence_delete_job(pool: asyncpg.Pool) -> None:
 async def test_owner_fence_idempotency_key(pool: asyncpg.Pool) -> None:
     """job_by_idempotency_key: keys are per owner. Team-b repeating a create with a key team-a also
     used gets its own job back, never team-a's."""
-    jobs = JobStore(pool)
+    jobs = JobService(pool)
     body = spec({"cron": "* * * * *"})
     a = await jobs.create("team-a", body, now(), idempotency_key="nightly")
     b = await jobs.create("team-b", body, now(), idempotency_key="nightly")
@@ -565,7 +566,7 @@ async def test_owner_fence_dashboard_jobs(pool: asyncpg.Pool) -> None:
 
 async def test_owner_fence_dashboard_paused_jobs(pool: asyncpg.Pool) -> None:
     job_id, _ = await team_a_job_with_run(pool)
-    await JobStore(pool).update(job_id, "team-a", JobPatch(paused=True), now())
+    await JobService(pool).update(job_id, "team-a", JobPatch(paused=True), now())
     assert (await DashboardStore(pool).jobs("team-b", "", "paused", None, 50)).jobs == []
     assert len((await DashboardStore(pool).jobs("team-a", "", "paused", None, 50)).jobs) == 1
 

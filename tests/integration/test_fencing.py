@@ -12,9 +12,11 @@ from chimes.ids import partition_of
 from chimes.jobs import JobPatch, JobSpec
 from chimes.scheduler.firing import plan_fires
 from chimes.scheduler.reaper import Reaper
-from chimes.store.jobs import JobStore
+from chimes.services.jobs import JobService
 from chimes.store.scheduling import SchedulerStore
-from chimes.store.working import Outcome, WorkerStore
+from chimes.store.working import Completion, WorkerStore
+from chimes.worker.tasks.common import Outcome
+from tests.helpers import expire_run_lease
 
 ALL = list(range(1024))
 
@@ -27,7 +29,7 @@ def spec(schedule: dict) -> JobSpec:
 
 async def make_due_job(pool: asyncpg.Pool, schedule: dict | None = None) -> uuid.UUID:
     """A job whose trigger is already due (its fire time is moved into the past)."""
-    created = await JobStore(pool).create("team-a", spec(schedule or {"cron": "* * * * *"}), datetime.now(UTC))
+    created = await JobService(pool).create("team-a", spec(schedule or {"cron": "* * * * *"}), datetime.now(UTC))
     await pool.execute("UPDATE triggers SET fire_at = date_trunc('second', now()) - interval '1 second' "
                        "WHERE job_id = $1", created.job_id)
     return created.job_id
@@ -104,7 +106,7 @@ async def test_edit_after_scan_fires_nothing_from_old_version(pool: asyncpg.Pool
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     triggers = await due(store, leases)
-    await JobStore(pool).update(job_id, None, JobPatch(name="edited"), datetime.now(UTC))
+    await JobService(pool).update(job_id, None, JobPatch(name="edited"), datetime.now(UTC))
     result = await store.fire(leases, plan_fires(triggers), datetime.now(UTC))
     assert result.fired == 0
     assert await pool.fetchval("SELECT count(*) FROM runs") == 0
@@ -117,7 +119,7 @@ async def test_pause_and_delete_after_scan_fire_nothing(pool: asyncpg.Pool) -> N
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     triggers = await due(store, leases)
-    jobs = JobStore(pool)
+    jobs = JobService(pool)
     await jobs.update(paused, None, JobPatch(paused=True), datetime.now(UTC))
     await jobs.delete(deleted, None)
     result = await store.fire(leases, plan_fires(triggers), datetime.now(UTC))
@@ -162,8 +164,8 @@ async def test_reaper_requeues_lost_run_and_refuses_the_lost_worker(pool: asyncp
     leases = await take_all(store)
     await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
     lost_worker = WorkerStore(pool, "worker-that-dies")
-    [claimed] = await lost_worker.claim(10, lease_sec=0.1, deadline_grace_sec=30)
-    await pool.execute("SELECT pg_sleep(0.2)")  # let the 0.1 s lease run out, on the database's clock
+    [claimed] = await lost_worker.claim(10, lease_sec=30, deadline_grace_sec=30)
+    await expire_run_lease(pool, claimed.run_id)  # the worker died: its lease runs out
     reaped = await Reaper(store).sweep(leases, datetime.now(UTC))
     assert reaped == 1
     run = await pool.fetchrow("SELECT * FROM runs")
@@ -172,7 +174,7 @@ async def test_reaper_requeues_lost_run_and_refuses_the_lost_worker(pool: asyncp
     assert attempt["attempt"] == 1 and attempt["worker_id"] == "worker-that-dies"
     assert "stopped heartbeating" in attempt["error"]
     # The lost worker comes back and reports success: refused, the run is someone else's now.
-    late = Outcome(claimed, "succeeded", None, None, datetime.now(UTC), None)
+    late = Completion(claimed, Outcome.success(), datetime.now(UTC), None)
     assert await lost_worker.complete([late]) == set()
     assert await lost_worker.extend_leases([claimed], 30) == set()
     # Another worker takes the re-enqueued run as attempt 2.
@@ -187,8 +189,8 @@ async def test_reaper_fails_run_with_no_attempts_left(pool: asyncpg.Pool) -> Non
     await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
     worker = WorkerStore(pool, "w")
     await pool.execute("UPDATE runs SET attempt = 2")  # the policy allows 2 attempts
-    await worker.claim(10, lease_sec=0.1, deadline_grace_sec=30)
-    await pool.execute("SELECT pg_sleep(0.2)")
+    [claimed] = await worker.claim(10, lease_sec=30, deadline_grace_sec=30)
+    await expire_run_lease(pool, claimed.run_id)
     assert await Reaper(store).sweep(leases, datetime.now(UTC)) == 1
     run = await pool.fetchrow("SELECT * FROM runs")
     assert run["status"] == "failed" and "no attempts left" in run["error"]
@@ -200,8 +202,11 @@ async def test_reaper_refuses_without_lease(pool: asyncpg.Pool) -> None:
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
-    await WorkerStore(pool, "w").claim(10, lease_sec=0.1, deadline_grace_sec=30)
-    await pool.execute("SELECT pg_sleep(0.2)")
+    [claimed] = await WorkerStore(pool, "w").claim(10, lease_sec=30, deadline_grace_sec=30)
+    await expire_run_lease(pool, claimed.run_id)
     await pool.execute("UPDATE partition_leases SET token = token + 1")  # someone else took over
     assert await Reaper(store).sweep(leases, datetime.now(UTC)) == 0
     assert await pool.fetchval("SELECT status FROM runs") == "running"
+    # The fence alone held it back: the run is expired, and whoever holds the new token reaps it.
+    current = {p: token + 1 for p, token in leases.items()}
+    assert await Reaper(store).sweep(current, datetime.now(UTC)) == 1

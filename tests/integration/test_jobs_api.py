@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
+from zoneinfo import ZoneInfo
 
 import asyncpg
 import httpx
@@ -12,6 +13,8 @@ from tests.helpers import auth_as
 
 HTTP_TASK = {"type": "http", "method": "POST", "url": "http://127.0.0.1:9/hook", "headers": {"X-Team": "a"},
              "body": {"full": True}}
+
+BERLIN = ZoneInfo("Europe/Berlin")
 
 
 def cron_job(**overrides: object) -> dict:
@@ -29,8 +32,11 @@ async def test_create_get_returns_definition_and_next_run(client: httpx.AsyncCli
     assert created.status_code == 201, created.text
     job_id = created.json()["jobId"]
     next_run = datetime.fromisoformat(created.json()["nextRunAt"])
-    assert next_run > datetime.now(UTC)
-    assert next_run.astimezone(datetime.now().astimezone().tzinfo) is not None
+    now = datetime.now(BERLIN)
+    # The next 02:00 in Berlin. Across a DST change, fold=0 picks what cron.py does: the first 02:00 of a
+    # fall-back night, 03:00 CEST (the end of the gap) on the spring-forward one.
+    expected = datetime.combine(now.date() + timedelta(days=0 if now.hour < 2 else 1), time(2), BERLIN)
+    assert next_run == expected and created.json()["nextRunAt"].endswith("Z")
     # 02:00 in Berlin is 00:00 or 01:00 UTC depending on the season.
     assert next_run.minute == 0 and next_run.hour in (0, 1)
 

@@ -15,7 +15,7 @@ from chimes.scheduler.reaper import POISON_AFTER, Reaper
 from chimes.scheduler.retention import Retention
 from chimes.store.scheduling import SchedulerStore
 from chimes.store.working import WorkerStore
-from tests.helpers import wait_for
+from tests.helpers import expire_run_lease, wait_for
 from tests.integration.test_fencing import due, make_due_job, take_all
 
 
@@ -54,9 +54,9 @@ async def test_run_that_keeps_killing_workers_is_failed_as_poison(pool: asyncpg.
     await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
     reaper = Reaper(store)
     for loss in range(1, POISON_AFTER + 1):
-        claimed = await WorkerStore(pool, f"doomed-{loss}").claim(10, lease_sec=0.1, deadline_grace_sec=30)
+        claimed = await WorkerStore(pool, f"doomed-{loss}").claim(10, lease_sec=30, deadline_grace_sec=30)
         assert len(claimed) == 1
-        await pool.execute("SELECT pg_sleep(0.2)")  # the 0.1 s lease runs out on the database's clock
+        await expire_run_lease(pool, claimed[0].run_id)  # the worker dies: its lease runs out
         assert await reaper.sweep(leases, datetime.now(UTC)) == 1
     run = await pool.fetchrow("SELECT * FROM runs")
     assert run["status"] == "failed" and "poison run" in run["error"] and run["lease_losses"] == POISON_AFTER

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -97,15 +98,19 @@ async def test_queue_depth_counts_waiting_runs_per_tier(client: httpx.AsyncClien
     """No worker runs here, so manual runs stay in the queue."""
     urgent = await client.post("/jobs", json={**one_off("urgent", "http://127.0.0.1:9/"), "priority": "high"})
     normal = await client.post("/jobs", json=one_off("normal", "http://127.0.0.1:9/"))
+    started = time.monotonic()
     for job, count in ((urgent.json()["jobId"], 3), (normal.json()["jobId"], 2)):
         for _ in range(count):
             assert (await client.post(f"/jobs/{job}/runs")).status_code == 202
             await asyncio.sleep(0.002)  # manual runs are keyed by the millisecond
     samples = await scrape(client)
+    waited = time.monotonic() - started
     assert value(samples, "chimes_queue_depth", tier="high") == 3
     assert value(samples, "chimes_queue_depth", tier="normal") == 2
     assert value(samples, "chimes_queue_depth", tier="batch") == 0
-    assert value(samples, "chimes_queue_oldest_seconds", tier="high") >= 0
+    # The first urgent run was queued before the normal ones, and both within the test's own time.
+    oldest = {tier: value(samples, "chimes_queue_oldest_seconds", tier=tier) for tier in ("high", "normal", "batch")}
+    assert waited >= oldest["high"] > oldest["normal"] > 0 and oldest["batch"] == 0, (waited, oldest)
     assert value(samples, "chimes_workers_live") == 0
 
 

@@ -25,8 +25,9 @@ from chimes.security.secrets import default_keyring
 from chimes.security.signing import SIGNATURE_HEADER
 from chimes.security.ssrf import EgressDenied, EgressPolicy, GuardedConnector
 from chimes.store.owners import OwnerStore
-from chimes.worker.executors import Executors, TaskContext
-from chimes.worker.http_task import HttpExecutor
+from chimes.worker.tasks.common import TaskContext
+from chimes.worker.tasks.dispatch import Executors
+from chimes.worker.tasks.http import HttpExecutor
 from chimes.worker.worker import Worker
 from tests.helpers import wait_for
 from tests.integration.fleet import FAST_SCHEDULER, FAST_WORKER, Fleet

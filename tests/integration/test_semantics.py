@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import httpx
+import pytest
 
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
 from chimes.slots import jitter_offset
@@ -253,5 +254,11 @@ async def test_queue_depth_per_tier_is_visible_to_admins(
         assert (await client.post(f"/jobs/{job_id}/runs")).status_code == 202
     assert (await client.get("/queue")).status_code == 403
     tiers = (await client.get("/queue", headers={"Authorization": f"Bearer {tokens['admin']}"})).json()["tiers"]
+    answered = datetime.now(UTC)
     assert [(t["tier"], t["depth"]) for t in tiers] == [("high", 1), ("normal", 0), ("batch", 2)]
-    assert tiers[2]["lagSec"] >= 0 and tiers[1]["oldestEnqueuedAt"] is None
+    assert tiers[1]["oldestEnqueuedAt"] is None and tiers[1]["lagSec"] == 0
+    # The lag is the wait of the oldest run of each tier: the high run was queued first.
+    high, batch = (datetime.fromisoformat(tiers[i]["oldestEnqueuedAt"]) for i in (0, 2))
+    assert high < batch
+    assert 0 < tiers[2]["lagSec"] <= (answered - batch).total_seconds() + 0.001, tiers
+    assert tiers[0]["lagSec"] - tiers[2]["lagSec"] == pytest.approx((batch - high).total_seconds(), abs=0.002)

@@ -7,8 +7,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
-from chimes.chaos.faults import DATABASE_COOLDOWN_SEC, PlannedFault, plan_faults
-from chimes.chaos.fleet import Fleet, FleetShape
+from chimes_chaos.faults import DATABASE_COOLDOWN_SEC, PRIMARY_MOVES, FaultWindow, PlannedFault, plan_faults
+from chimes_chaos.fleet import Fleet, FleetShape
 
 SCHEDULERS = ["scheduler-1", "scheduler-2", "scheduler-3"]
 WORKERS = ["worker-1", "worker-2", "worker-3"]
@@ -85,3 +85,19 @@ def test_with_ha_the_primary_is_killed_frozen_and_moved_instead_of_restarted() -
     # One database fault at a time, each over (and settled) before the next.
     for earlier, later in itertools.pairwise(database):
         assert later.at >= earlier.at + earlier.duration + DATABASE_COOLDOWN_SEC
+
+
+def test_with_zones_a_long_run_cuts_zones_and_still_moves_the_primary_twenty_times() -> None:
+    faults = plan_faults(7, 1800, schedulers=SCHEDULERS, workers=WORKERS, lease_ttl=3, worker_lease=5, mean_gap=4,
+                         database=False, ha=True, zones=True)
+    kinds = Counter(f.kind for f in faults)
+    assert kinds["cut_primary_zone"] + kinds["cut_other_zone"] >= 5, kinds
+    assert sum(kinds[k] for k in PRIMARY_MOVES) >= 20, kinds
+    # A cut outlasts Patroni's TTL (20 s) and the lease TTL, so the primary and the partitions move.
+    cuts = [f for f in faults if "zone" in f.kind]
+    assert all(20 < f.duration < 40 for f in cuts)
+    # Cuts never overlap a database fault: each is survivable alone.
+    shared = [f for f in faults if "postgres" in f.kind or "zone" in f.kind]
+    for earlier, later in itertools.pairwise(shared):
+        assert later.at >= earlier.at + earlier.duration + DATABASE_COOLDOWN_SEC
+    assert FaultWindow("cut_other_zone", "zone-3", 0.0).hits == "zone"

@@ -7,14 +7,14 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from chimes.chaos.evidence import Evidence
-from chimes.chaos.faults import FaultWindow
-from chimes.chaos.fleet import Exit, FleetShape
-from chimes.chaos.invariants import check_all, check_slots
-from chimes.chaos.observer import LeaseObserver
-from chimes.chaos.target import Delivery
-from chimes.chaos.workload import ChaosJob
 from chimes.ids import run_id_for
+from chimes_chaos.evidence import Evidence
+from chimes_chaos.faults import FaultWindow
+from chimes_chaos.fleet import Exit, FleetShape
+from chimes_chaos.invariants import check_all, check_slots
+from chimes_chaos.observer import LeaseObserver
+from chimes_chaos.target import Delivery
+from chimes_chaos.workload import Answer, ChaosJob
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 JOB = ChaosJob(uuid.UUID("01936b2e-0000-7000-8000-000000000001"), "every-2s", "allow", "*/2 * * * * *", T0)
@@ -32,9 +32,11 @@ class History:
         self.runs: list[dict[str, Any]] = []
         self.attempts: dict[uuid.UUID, list[dict[str, Any]]] = {}
         self.deliveries: list[Delivery] = []
+        self.slots: dict[uuid.UUID, datetime] = {}
         for n in range(slots):
             slot = at(2 * n)
             run_id = run_id_for(JOB.job_id, slot)
+            self.slots[run_id] = slot
             ms = timedelta(milliseconds=1)
             self.runs.append({"run_id": run_id, "scheduled_at": slot, "job_id": JOB.job_id,
                               "partition_id": PARTITION, "trigger": "schedule", "status": "succeeded", "attempt": 1,
@@ -47,8 +49,9 @@ class History:
     def deliver(self, run_id: uuid.UUID, attempt: int, answer: str, token: str = "token",
                 key: str | None = None) -> int:
         number = len(self.deliveries) + 1
+        received = self.slots.get(run_id, T0) + timedelta(milliseconds=30 * attempt)
         self.deliveries.append(Delivery(number, "/job/0", str(run_id), attempt, key or str(run_id), token,
-                                        T0.timestamp(), answer))
+                                        received.timestamp(), answer))
         return number
 
     @staticmethod
@@ -236,3 +239,54 @@ def test_a_process_that_exits_is_caught_even_while_starting_during_a_database_re
     assert "worker-2 exited with code 1 after 2 s: CannotConnectNowError" in found[0].what
     assert "worker-1 exited with code 1 after 101 s: InternalClientError" in found[1].what
 
+
+
+def test_a_job_acknowledged_but_missing_after_a_failover_is_caught() -> None:
+    ev = History().evidence()
+    ev.jobs_found = set()
+    assert invariants(ev) == [8]
+    ev = History().evidence()
+    ev.jobs_found = {JOB.job_id}
+    assert invariants(ev) == []
+
+
+def test_an_acknowledged_edit_lost_after_a_failover_is_caught() -> None:
+    for acknowledged, held, caught in ((41, 41, False), (41, 42, False), (41, 40, True), (41, None, True),
+                                       (-1, None, False)):
+        ev = History().evidence()
+        ev.probe = (acknowledged, held)
+        assert invariants(ev) == ([8] if caught else []), (acknowledged, held)
+
+
+def test_an_answer_other_than_success_429_or_503_is_caught() -> None:
+    ev = History().evidence()
+    ev.answers = [Answer("probe", 1.0, 1.2, 200), Answer("create", 2.0, 2.1, 201), Answer("probe", 3.0, 18.0, 503),
+                  Answer("create", 4.0, 4.1, 429)]
+    assert invariants(ev) == []
+    assert ev.figures["api_answers"] == {"200": 1, "201": 1, "429": 1, "503": 1}
+    ev.answers += [Answer("probe", 5.0, 5.1, 500, "internal error"), Answer("probe", 6.0, 31.0, None, "timeout")]
+    assert invariants(ev) == [9, 9]
+
+
+def test_a_delivery_before_its_slot_by_the_host_clock_is_caught() -> None:
+    history = History()
+    early = history.deliveries[1]
+    history.deliveries[1] = Delivery(early.number, early.path, early.run_id, early.attempt, early.idempotency_key,
+                                     early.lease_token, at(2).timestamp() - 0.5, early.answer)
+    assert invariants(history.evidence()) == [10]
+
+
+def test_failover_figures_time_each_move_of_the_primary_to_the_first_fire_claim_and_write() -> None:
+    history = History(slots=10)
+    moved = FaultWindow("kill_postgres_primary", "pg1", at(1).timestamp(), at(15).timestamp(),
+                        promoted=at(5).timestamp())
+    ev = history.evidence(faults=[moved], check_end=at(18))
+    ev.answers = [Answer("probe", at(4).timestamp(), at(4.5).timestamp(), 503),
+                  Answer("probe", at(5).timestamp(), at(5.5).timestamp(), 200)]
+    check_all(ev)
+    figures = ev.figures["failovers"]
+    assert figures["primary_moves"] == {"kill_postgres_primary": 1}
+    assert figures["loss_to_new_primary_sec"]["max"] == 4.0
+    assert figures["loss_to_first_fire_sec"]["max"] == 5.006  # the slot at 6 s, written 6 ms after it
+    assert figures["loss_to_first_claim_sec"]["max"] == 5.02
+    assert figures["loss_to_first_write_sec"]["max"] == 4.5

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from chimes.worker.container_task import ContainerExecutor, container_name, remove_orphaned_env_files
-from chimes.worker.executors import OUTPUT_TAIL_BYTES, Executors, TaskContext, TaskOutcome
+from chimes.worker.tasks.common import OUTPUT_TAIL_BYTES, Outcome, TaskContext
+from chimes.worker.tasks.container import ContainerExecutor, container_name, remove_orphaned_env_files
+from chimes.worker.tasks.dispatch import Executors
 from tests.fake_container_runtime import DEADLINE_SEC, FakeRuntime, install_fake_runtime, pid_alive
 from tests.helpers import wait_for
 
@@ -50,7 +51,7 @@ async def test_success_passes_env_and_keeps_output(fake: FakeRuntime) -> None:
     script = 'echo "$CHIMES_RUN_ID|$CHIMES_JOB_ID|$CHIMES_ATTEMPT|$CHIMES_SCHEDULED_AT|$FOO"; echo err >&2'
     task = sh(script, env={"FOO": "bar", "CHIMES_RUN_ID": "forged"})
     outcome = await ContainerExecutor(str(fake.path)).run(task, make_ctx())
-    assert outcome == TaskOutcome(True, None, "run-123|job-abc|2|2026-12-01T09:00:00Z|bar\nerr\n")
+    assert outcome == Outcome.success("run-123|job-abc|2|2026-12-01T09:00:00Z|bar\nerr\n")
     assert NAME == "chimes-run-123-2"
     [run] = fake.calls()
     [env_file] = fake.env_files()
@@ -67,7 +68,7 @@ async def test_task_env_stays_off_the_command_line_and_is_removed_after_the_run(
     # Secret values are opened into env before the executor sees them (chimes.security.secrets.reveal).
     task = sh('printf "%s|%s" "$TOKEN" "$SPACED"', env={"TOKEN": "s3cret-value", "SPACED": " a = b "})
     outcome = await ContainerExecutor(str(fake.path)).run(task, make_ctx())
-    assert outcome == TaskOutcome(True, None, "s3cret-value| a = b ")
+    assert outcome == Outcome.success("s3cret-value| a = b ")
     [run] = fake.calls()
     assert not any("s3cret" in arg for arg in run)
     [env_file] = fake.env_files()
@@ -116,13 +117,13 @@ async def test_output_tail_is_capped_and_empty_command_uses_image_default(fake: 
     assert len(chatty.output) == OUTPUT_TAIL_BYTES
     assert chatty.output.endswith("THE-END")
     default = await executor.run(container(image="busybox"), make_ctx())
-    assert default == TaskOutcome(True, None, "default command of busybox\n")
+    assert default == Outcome.success("default command of busybox\n")
     assert fake.calls()[-1][-1] == "busybox"
 
 
 async def test_nonzero_exit(fake: FakeRuntime) -> None:
     outcome = await ContainerExecutor(str(fake.path)).run(sh("echo partial; exit 3"), make_ctx())
-    assert outcome == TaskOutcome(False, "exit code 3", "partial\n")
+    assert outcome == Outcome.failure("exit code 3", "partial\n")
 
 
 async def test_runtime_errors_name_the_cause(fake: FakeRuntime) -> None:
@@ -141,7 +142,7 @@ async def test_runtime_errors_name_the_cause(fake: FakeRuntime) -> None:
 async def test_timeout_stops_the_container(fake: FakeRuntime) -> None:
     executor = ContainerExecutor(str(fake.path), kill_grace_sec=3.0)
     outcome = await executor.run(sh("echo started; exec sleep 60"), make_ctx(timeout_sec=2.0))
-    assert outcome == TaskOutcome(False, "timed out after 2s", "started\n")
+    assert outcome == Outcome.failure("timed out after 2s", "started\n")
     # The stand-in runs the "container" outside the CLI's process group: only `stop` could end it.
     assert [call[0] for call in fake.calls()] == ["run", "stop"]
     assert fake.calls()[1] == ["stop", "-t", "3", NAME]
@@ -188,7 +189,7 @@ async def test_missing_runtime_and_bad_image(fake: FakeRuntime) -> None:
     missing = await ContainerExecutor("chimes-no-such-runtime").run(sh("true"), make_ctx())
     assert missing.error == "container runtime 'chimes-no-such-runtime' not found; set --container-runtime"
     option_like = await ContainerExecutor(str(fake.path)).run(container(image="--privileged"), make_ctx())
-    assert option_like == TaskOutcome(False, "invalid image '--privileged'")
+    assert option_like == Outcome.failure("invalid image '--privileged'")
     assert fake.calls() == []
     with pytest.raises(ValueError, match="the container runtime command is empty"):
         ContainerExecutor("  ")
@@ -199,7 +200,7 @@ async def test_missing_runtime_and_bad_image(fake: FakeRuntime) -> None:
 async def test_runtime_with_arguments(fake: FakeRuntime) -> None:
     runtime = f"{shlex.quote(sys.executable)} {shlex.quote(str(fake.path))}"
     outcome = await ContainerExecutor(runtime).run(container("echo", "hello"), make_ctx())
-    assert outcome == TaskOutcome(True, None, "hello\n")
+    assert outcome == Outcome.success("hello\n")
     assert fake.calls()[0][:4] == ["run", "--rm", "--name", NAME]
 
 
@@ -209,7 +210,7 @@ async def test_executors_dispatch_container_tasks(fake: FakeRuntime) -> None:
         outcome = await executors.run(container("echo", "dispatched"), make_ctx())
     finally:
         await executors.close()
-    assert outcome == TaskOutcome(True, None, "dispatched\n")
+    assert outcome == Outcome.success("dispatched\n")
 
 
 async def test_the_runtime_cli_gets_no_chimes_or_database_settings(

@@ -16,16 +16,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from chimes.worker.command_task import BASE_ENV, CommandExecutor
-from chimes.worker.executors import (
-    OUTPUT_TAIL_BYTES,
-    Executors,
-    OutputTail,
-    TaskContext,
-    TaskOutcome,
-    rfc3339_utc,
-)
-from chimes.worker.http_task import USER_AGENT, HttpExecutor
+from chimes.worker.tasks.command import BASE_ENV, CommandExecutor
+from chimes.worker.tasks.common import OUTPUT_TAIL_BYTES, Outcome, OutputTail, TaskContext, rfc3339_utc
+from chimes.worker.tasks.dispatch import Executors
+from chimes.worker.tasks.http import USER_AGENT, HttpExecutor
 
 SCHEDULED = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 DEADLINE_SEC = 10.0
@@ -233,7 +227,7 @@ async def test_http_sends_identity_headers_and_json_body(server: Server, http: H
         "body": {"hello": "world", "n": [1, 2]},
     }
     outcome = await http.run(task, make_ctx(scheduled_at=SCHEDULED.replace(microsecond=5000)))
-    assert outcome == TaskOutcome(True, None, "created")
+    assert outcome == Outcome.success("created")
     [req] = server.requests
     assert req.method == "POST"
     assert req.headers["Idempotency-Key"] == "run-123"
@@ -280,7 +274,7 @@ async def test_http_redirect_within_the_origin_keeps_headers_and_body(server: Se
     task = {"type": "http", "method": "POST", "url": f"{server.base}/redirect/307?to=/ok",
             "headers": SECRET_TASK_HEADERS, "body": {"n": 1}}
     outcome = await http.run(task, make_ctx(signing_secret="whsec_test"))
-    assert outcome == TaskOutcome(True, None, "created")
+    assert outcome == Outcome.success("created")
     first, landed = server.requests
     assert (landed.method, landed.path, landed.body) == ("POST", "/ok", first.body)
     for name in [*SECRET_TASK_HEADERS, "X-Chimes-Signature", "Idempotency-Key"]:
@@ -293,7 +287,7 @@ async def test_http_redirect_to_another_origin_drops_task_headers_and_signature(
     task = {"type": "http", "method": "POST", "url": f"{server.base}/redirect/308?to={elsewhere.base}/ok",
             "headers": SECRET_TASK_HEADERS, "body": {"n": 1}}
     outcome = await http.run(task, make_ctx(signing_secret="whsec_test"))
-    assert outcome == TaskOutcome(True, None, "created")
+    assert outcome == Outcome.success("created")
     [first] = server.requests
     [landed] = elsewhere.requests
     assert all(first.headers[name] for name in [*SECRET_TASK_HEADERS, "X-Chimes-Signature"])
@@ -311,16 +305,16 @@ async def test_http_303_turns_into_a_get_without_body(server: Server, http: Http
 
 async def test_http_redirect_loop_and_unsupported_scheme_fail_clearly(server: Server, http: HttpExecutor) -> None:
     loop = await http.run({"type": "http", "url": f"{server.base}/loop"}, make_ctx())
-    assert loop == TaskOutcome(False, "more than 10 redirects")
+    assert loop == Outcome.failure("more than 10 redirects")
     assert len(server.requests) == 11
     odd = await http.run({"type": "http", "url": f"{server.base}/redirect/302?to=file:///etc/passwd"}, make_ctx())
-    assert odd == TaskOutcome(False, "HTTP 302: redirect to an unsupported URL file:///etc/passwd")
+    assert odd == Outcome.failure("HTTP 302: redirect to an unsupported URL file:///etc/passwd")
 
 
 async def test_http_non_2xx_is_failure(server: Server, http: HttpExecutor) -> None:
     task = {"type": "http", "method": "GET", "url": f"{server.base}/status/503"}
     outcome = await http.run(task, make_ctx())
-    assert outcome == TaskOutcome(False, "HTTP 503", "service unavailable")
+    assert outcome == Outcome.failure("HTTP 503", "service unavailable")
     not_found = await http.run({"type": "http", "url": f"{server.base}/status/404"}, make_ctx())
     assert not_found.error == "HTTP 404"
 
@@ -436,7 +430,7 @@ async def test_http_framing_headers_of_a_stored_task_are_dropped(server: Server,
 async def test_http_a_control_character_in_a_stored_header_fails_clearly(server: Server, http: HttpExecutor) -> None:
     task = {"type": "http", "url": f"{server.base}/ok", "headers": {"X-Odd": "a\x0bb"}}
     outcome = await http.run(task, make_ctx())
-    assert outcome == TaskOutcome(False, "header 'X-Odd' contains the control character '\\x0b'")
+    assert outcome == Outcome.failure("header 'X-Odd' contains the control character '\\x0b'")
     assert server.requests == []
 
 
@@ -449,12 +443,12 @@ def sh(script: str, **extra: Any) -> dict[str, Any]:
 
 async def test_command_success_with_merged_output() -> None:
     outcome = await CommandExecutor().run(sh("echo out; echo err >&2"), make_ctx())
-    assert outcome == TaskOutcome(True, None, "out\nerr\n")
+    assert outcome == Outcome.success("out\nerr\n")
 
 
 async def test_command_exit_code_and_signal() -> None:
     failed = await CommandExecutor().run(sh("echo partial; exit 3"), make_ctx())
-    assert failed == TaskOutcome(False, "exit code 3", "partial\n")
+    assert failed == Outcome.failure("exit code 3", "partial\n")
     killed = await CommandExecutor().run(sh("kill -TERM $$"), make_ctx())
     assert killed.error == "killed by signal SIGTERM"
 
@@ -500,7 +494,7 @@ async def test_command_timeout_kills_process_group(tmp_path: Path) -> None:
     outcome = await CommandExecutor(kill_grace_sec=5.0).run(
         sh(f"echo started; sleep 30 & echo $! > {pidfile}; wait"), make_ctx(timeout_sec=1.0)
     )
-    assert outcome == TaskOutcome(False, "timed out after 1s", "started\n")
+    assert outcome == Outcome.failure("timed out after 1s", "started\n")
     assert loop.time() - started < 5.0  # SIGTERM sufficed, no need to wait out the grace
     child = await read_pid(pidfile)
     await wait_until(lambda: not pid_alive(child), f"background child {child} to die")
@@ -546,7 +540,7 @@ async def test_command_cancellation_kills_process_group(tmp_path: Path) -> None:
 async def test_command_missing_executable_and_cwd(tmp_path: Path) -> None:
     executor = CommandExecutor()
     missing = await executor.run({"type": "command", "argv": ["/nonexistent/chimes-nope"]}, make_ctx())
-    assert missing == TaskOutcome(False, "command not found: /nonexistent/chimes-nope")
+    assert missing == Outcome.failure("command not found: /nonexistent/chimes-nope")
     on_path = await executor.run({"type": "command", "argv": ["chimes-definitely-not-on-path"]}, make_ctx())
     assert on_path.error == "command not found: chimes-definitely-not-on-path"
     bad_cwd = await executor.run(sh("true", cwd=str(tmp_path / "gone")), make_ctx())
@@ -560,7 +554,7 @@ async def test_command_missing_executable_and_cwd(tmp_path: Path) -> None:
 async def test_executors_dispatch(server: Server) -> None:
     executors = Executors(max_connections=5, kill_grace_sec=1.0)
     try:
-        runs: list[Awaitable[TaskOutcome]] = [
+        runs: list[Awaitable[Outcome]] = [
             executors.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx()),
             executors.run(sh("echo hi"), make_ctx()),
             executors.run({"type": "ftp"}, make_ctx()),
@@ -568,16 +562,31 @@ async def test_executors_dispatch(server: Server) -> None:
         http_outcome, command_outcome, unsupported = await asyncio.gather(*runs)
     finally:
         await executors.close()
-    assert http_outcome == TaskOutcome(True, None, "created")
-    assert command_outcome == TaskOutcome(True, None, "hi\n")
-    assert unsupported == TaskOutcome(False, "unsupported task type 'ftp'")
+    assert http_outcome == Outcome.success("created")
+    assert command_outcome == Outcome.success("hi\n")
+    assert unsupported == Outcome.failure("unsupported task type 'ftp'")
     assert len(server.requests) == 1
 
 
-def test_executors_module_reexports_concrete_executors() -> None:
-    from chimes.worker import executors as module
+def test_task_modules_import_each_other_one_way_only() -> None:
+    """The task modules form no import cycle and re-export nothing lazily: each can be imported
+    alone, in any order, because every arrow between them points the same way."""
+    import ast
 
-    assert module.HttpExecutor is HttpExecutor
-    assert module.CommandExecutor is CommandExecutor
-    with pytest.raises(AttributeError):
-        _ = module.NoSuchThing
+    import chimes.worker.tasks as package
+
+    folder = Path(package.__file__).parent
+    prefix = "chimes.worker.tasks."
+    graph: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        assert not any(isinstance(node, ast.FunctionDef) and node.name == "__getattr__" for node in tree.body), path
+        graph[path.stem] = {node.module.removeprefix(prefix) for node in ast.walk(tree)
+                            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(prefix)}
+    assert {"common", "processes", "http", "command", "container", "dispatch"} <= graph.keys()
+    assert graph["common"] == set()
+    order: list[str] = []
+    while len(order) < len(graph):  # peel off the modules whose imports are all placed already
+        ready = sorted(name for name, needs in graph.items() if name not in order and needs <= set(order))
+        assert ready, f"import cycle among {sorted(set(graph) - set(order))}"
+        order += ready

@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from chimes.enums import TriggerKind
 from chimes.ids import run_id_for
 from chimes.scheduler.firing import follow_up, plan_fire, plan_fires
-from chimes.store.scheduling import RETRY, SCHEDULE, DueTrigger
+from chimes.store.scheduling import DueTrigger
 
 JOB = uuid.UUID("0190a3b2-7c4d-7e5f-8a6b-9c0d1e2f3a4b")
 TRIGGER = uuid.UUID("0190a3b2-0000-7000-8000-000000000001")
@@ -20,7 +21,7 @@ def z(*args: int) -> datetime:
 
 
 def schedule_trigger(fire_at: datetime, cron: str | None, timezone: str | None = "UTC") -> DueTrigger:
-    return DueTrigger(17, fire_at, TRIGGER, JOB, 3, SCHEDULE, cron, timezone)
+    return DueTrigger(17, fire_at, TRIGGER, JOB, 3, TriggerKind.SCHEDULE, cron, timezone)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +64,7 @@ def test_retry_trigger_reuses_the_run_id() -> None:
     scheduled = datetime(2026, 3, 1, 6, 0, 0, 123000, tzinfo=UTC)
     run_id = run_id_for(JOB, scheduled)
     retry_at = z(2026, 3, 1, 6, 0, 30)
-    trigger = DueTrigger(17, retry_at, run_id, JOB, 3, RETRY, "*/5 * * * *", "UTC")
+    trigger = DueTrigger(17, retry_at, run_id, JOB, 3, TriggerKind.RETRY, "*/5 * * * *", "UTC")
     fire = plan_fire(trigger)
     assert fire.run_id == run_id
     assert fire.scheduled_at == scheduled
@@ -74,7 +75,7 @@ def test_retry_trigger_reuses_the_run_id() -> None:
 def test_follow_up_keeps_key_parts() -> None:
     trigger = schedule_trigger(z(2026, 1, 1, 10), "*/5 * * * *")
     nxt = follow_up(plan_fire(trigger))
-    assert nxt == DueTrigger(17, z(2026, 1, 1, 10, 5), TRIGGER, JOB, 3, SCHEDULE, "*/5 * * * *", "UTC")
+    assert nxt == DueTrigger(17, z(2026, 1, 1, 10, 5), TRIGGER, JOB, 3, TriggerKind.SCHEDULE, "*/5 * * * *", "UTC")
     assert nxt.key == (17, z(2026, 1, 1, 10, 5), TRIGGER)
 
 

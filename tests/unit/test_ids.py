@@ -14,6 +14,7 @@ import pytest
 
 from chimes.ids import (
     PARTITION_COUNT,
+    id_from,
     new_job_id,
     new_job_ids,
     partition_of,
@@ -142,6 +143,14 @@ def test_new_job_ids_in_bulk_are_distinct_version_7_ids_of_now() -> None:
     assert new_job_ids(0) == []
     at = int(datetime(2026, 12, 1, tzinfo=UTC).timestamp() * 1000)
     assert {scheduled_at_of(job_id) for job_id in new_job_ids(3, at)} == {datetime(2026, 12, 1, tzinfo=UTC)}
+
+
+def test_id_from_text_accepts_any_uuid_and_nothing_else() -> None:
+    job_id = uuid.uuid4()
+    assert id_from(str(job_id)) == job_id
+    assert id_from(job_id.hex) == job_id  # uuid.UUID's other spelling, as the API always took it
+    for text in ("", "not-a-uuid", str(job_id)[:-1], str(job_id) + "0"):
+        assert id_from(text) is None, text
 
 
 def test_run_id_from_text_accepts_only_run_ids() -> None:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from chimes.scheduler.reaper import judge
-from chimes.store.scheduling import LostRun
+from chimes.store.scheduling import ExpiredRun, LostRun
 
 NOW = datetime(2026, 4, 1, 8, 30, tzinfo=UTC)
 SCHEDULED = datetime(2026, 4, 1, 8, 0, tzinfo=UTC)
@@ -16,10 +16,12 @@ STARTED = datetime(2026, 4, 1, 8, 0, 1, tzinfo=UTC)
 FLAT = {"maxAttempts": 4, "initialBackoffSec": 10, "multiplier": 3, "maxBackoffSec": 60, "jitter": 0}
 
 
-def row(attempt: int, lease_expired: bool, retry_policy: dict | None = FLAT, worker: str | None = "w-17") -> dict:
-    return {"run_id": uuid.UUID(int=42), "scheduled_at": SCHEDULED, "lease_token": uuid.UUID(int=7),
-            "worker_id": worker, "started_at": STARTED, "attempt": attempt, "lease_expired": lease_expired,
-            "retry_policy": retry_policy}
+def row(attempt: int, lease_expired: bool, retry_policy: dict | None = FLAT, worker: str | None = "w-17",
+        lease_losses: int | None = 0) -> ExpiredRun:
+    return ExpiredRun(run_id=uuid.UUID(int=42), scheduled_at=SCHEDULED, job_id=uuid.UUID(int=3), attempt=attempt,
+                      lease_token=uuid.UUID(int=7), partition_id=5, priority=1, worker_id=worker, started_at=STARTED,
+                      job_version=1, deadline_at=None, lease_losses=lease_losses, lease_expired=lease_expired,
+                      retry_policy=retry_policy)
 
 
 def test_carries_the_run_identity() -> None:

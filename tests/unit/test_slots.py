@@ -8,10 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from chimes import cron
+from chimes.enums import TriggerKind
 from chimes.ids import run_id_for
 from chimes.scheduler.firing import plan_fire
 from chimes.slots import MAX_RECORDED, catch_up, jitter_offset
-from chimes.store.scheduling import SCHEDULE, DueTrigger
+from chimes.store.scheduling import DueTrigger
 
 JOB = uuid.UUID("0193a0b0-0000-7000-8000-000000000001")
 NY = "America/New_York"
@@ -22,7 +23,7 @@ def z(*args: int) -> datetime:
 
 
 def trigger(fire_at: datetime, expr: str = "30 2 * * *", zone: str = NY, **extra: object) -> DueTrigger:
-    return DueTrigger(0, fire_at, JOB, JOB, 1, SCHEDULE, expr, zone, **extra)  # type: ignore[arg-type]
+    return DueTrigger(0, fire_at, JOB, JOB, 1, TriggerKind.SCHEDULE, expr, zone, **extra)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("gap", "expected"), [

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from chimes.worker.tiers import BATCH, HIGH, NORMAL, ClaimStep, TierPolicy, claim_steps
+from chimes.enums import Priority
+from chimes.worker.tiers import ClaimStep, TierPolicy, claim_steps
+
+HIGH, NORMAL, BATCH = Priority.HIGH, Priority.NORMAL, Priority.BATCH
 
 POLICY = TierPolicy(batch_share=0.8, every=5, low_share=0.1)
 

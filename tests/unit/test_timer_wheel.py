@@ -9,16 +9,17 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from chimes.enums import TriggerKind
 from chimes.scheduler import timer_wheel
 from chimes.scheduler.timer_wheel import TimerWheel
-from chimes.store.scheduling import SCHEDULE, DueTrigger
+from chimes.store.scheduling import DueTrigger
 
 T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
 
 def trig(n: int, offset_sec: float, partition: int = 1) -> DueTrigger:
     return DueTrigger(partition, T0 + timedelta(seconds=offset_sec), uuid.UUID(int=n), uuid.UUID(int=1000 + n),
-                      1, SCHEDULE, "* * * * *", "UTC")
+                      1, TriggerKind.SCHEDULE, "* * * * *", "UTC")
 
 
 def at(offset_sec: float) -> float:

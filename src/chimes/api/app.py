@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 
 from chimes import __version__, dashboard, metrics
-from chimes.api import errors, jobs, notifications, openapi, runs, unavailable, whoami
+from chimes.api import errors, health, jobs, notifications, openapi, runs, standby, unavailable, whoami
 from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
+from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
-from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, describe, when_ready
-from chimes.store.jobs import JobStore
+from chimes.services.jobs import JobService
+from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, when_ready
 from chimes.store.owners import check_secret_key
 from chimes.store.runs import RunStore
 
 
 def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 10,
-               limits: LimitSettings | None = None, keyring: Keyring | None = None) -> FastAPI:
+               limits: LimitSettings | None = None, keyring: Keyring | None = None,
+               clock: Clock | None = None) -> FastAPI:
+    """The API app; ``clock`` is the "now" its endpoints and pages read (chimes.api.clock), the host's by default."""
     limits = limits or LimitSettings()
 
     @contextlib.asynccontextmanager
@@ -34,15 +38,21 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
             await pool.close()
             raise
         app.state.pool = pool
-        app.state.jobs = JobStore(pool, keyring=ring, default_job_quota=limits.default_job_quota)
+        def job_store(over: Any) -> JobService:
+            return JobService(over, keyring=ring, default_job_quota=limits.default_job_quota)
+
+        app.state.jobs = job_store(pool)
         app.state.runs = RunStore(pool)
+        app.state.standby = standby.Standby(dsn, job_store)  # reads while no primary is reachable
         try:
             yield
         finally:
+            await app.state.standby.close()
             await pool.close()
 
     app = FastAPI(title="Chimes", version=__version__, lifespan=lifespan,
                   default_response_class=JSONResponse, docs_url=None, redoc_url=None)
+    app.state.clock = clock or SYSTEM_CLOCK
     errors.install(app)
     unavailable.install(app)
     app.add_exception_handler(Refused, _refused)  # type: ignore[arg-type]
@@ -54,12 +64,9 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:
-        try:
-            await request.app.state.pool.fetchval("SELECT 1")
-        except Exception as exc:  # any failure to reach the database is "unhealthy"
-            return JSONResponse({"status": "unavailable", "error": describe(exc)}, status_code=503,
-                                headers={"Retry-After": str(unavailable.RETRY_AFTER_SEC)})
-        return JSONResponse({"status": "ok"})
+        status, body = await health.check(request.app.state.pool, dsn)
+        headers = {"Retry-After": str(unavailable.RETRY_AFTER_SEC)} if status != 200 else None
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.get("/metrics", tags=["health"])
     async def prometheus_metrics(request: Request) -> Response:
@@ -70,6 +77,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     dashboard.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes if max_body_bytes is None else max_body_bytes)
     app.add_middleware(RequestLimits, settings=limits)
+    app.add_middleware(standby.StandbyReads)  # inside the deadline: a read from the standby is bounded too
     app.add_middleware(unavailable.RequestDeadline, seconds=limits.request_timeout_sec)
     app.add_middleware(metrics.LatencyMiddleware)
     return app

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
+from chimes.api import standby
 from chimes.api.errors import ApiError
 from chimes.store.tokens import Principal, authenticate
 
@@ -24,7 +25,7 @@ async def current_principal(request: Request) -> Principal:
         raise ApiError(401, "unauthorized", "missing Authorization: Bearer <token> header", headers=_CHALLENGE)
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "unauthorized", "Authorization header must be 'Bearer <token>'", headers=_CHALLENGE)
-    principal = await authenticate(request.app.state.pool, token.strip())
+    principal = await authenticate(standby.pool(request), token.strip())
     if principal is None:
         raise ApiError(401, "unauthorized", "invalid or revoked token", headers=_CHALLENGE)
     check_scope(principal, request.method)

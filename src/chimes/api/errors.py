@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,7 +28,8 @@ def not_found(what: str) -> ApiError:
     return ApiError(404, "not_found", f"{what} not found")
 
 
-def error_body(code: str, message: str, field: str | None = None, details: list[dict[str, Any]] | None = None) -> dict:
+def error_body(code: str, message: str, field: str | None = None,
+               details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"error": code, "message": message, "field": field}
     if details is not None:
         body["details"] = details
@@ -47,7 +48,7 @@ def field_path(loc: Sequence[int | str]) -> str:
     return ".".join(kept) or "body"
 
 
-def _message(error: dict[str, Any]) -> str:
+def _message(error: Mapping[str, Any]) -> str:
     text = str(error.get("msg", "invalid value"))
     text = text.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if error.get("type") == "timezone_aware":
@@ -59,7 +60,7 @@ def _message(error: dict[str, Any]) -> str:
     return text
 
 
-def validation_response(errors: Sequence[dict[str, Any]]) -> JSONResponse:
+def validation_response(errors: Sequence[Mapping[str, Any]]) -> JSONResponse:
     details = [{"field": field_path(e.get("loc", ())), "message": _message(e)} for e in errors]
     first = details[0] if details else {"field": "body", "message": "invalid request"}
     status = 400 if any(e.get("type") == "json_invalid" for e in errors) else 422

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import base64
 import uuid
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from chimes import tracing
+from chimes.api import standby
 from chimes.api.auth import current_principal
+from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found
 from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view
-from chimes.ids import scheduled_at_of_or_none
+from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
-from chimes.store.jobs import IdempotencyConflict, JobStore, VersionMismatch
+from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
 from chimes.store.tokens import Principal
 
 router = APIRouter(tags=["jobs"])
@@ -25,8 +26,8 @@ IfMatch = Annotated[str | None, Header(alias="If-Match", max_length=1000,
                                        description='ETag(s) of the job this change was made against, or "*"')]
 
 
-def _store(request: Request) -> JobStore:
-    return request.app.state.jobs
+def _store(request: Request) -> JobService:
+    return standby.jobs(request)
 
 
 @router.post("/jobs", status_code=201, response_class=JSONResponse)
@@ -36,7 +37,7 @@ async def create_job(
 ) -> JSONResponse:
     try:
         with tracing.span("chimes.job.create", request.headers) as traced:
-            created = await _store(request).create(caller.owner, spec, datetime.now(UTC), idempotency_key)
+            created = await _store(request).create(caller.owner, spec, clock_of(request).now(), idempotency_key)
             traced |= {"chimes.job_id": str(created.job_id), "chimes.owner": caller.owner}
     except IdempotencyConflict:
         raise ApiError(409, "idempotency_conflict",
@@ -64,7 +65,7 @@ async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse
     parsed = parse_id(job_id, "job")
     job = await _store(request).get(parsed, caller.owner_filter)
     if job is None:
-        if await request.app.state.runs.history_visible(parsed, caller.owner_filter):
+        if await standby.runs(request).history_visible(parsed, caller.owner_filter):
             raise ApiError(404, "job_deleted", f"job {parsed} was deleted; its runs stay listable at "
                            f"GET /jobs/{parsed}/runs until retention removes them")
         raise not_found("job")
@@ -75,7 +76,7 @@ async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse
 async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Caller,
                      if_match: IfMatch = None) -> JSONResponse:
     try:
-        job = await _store(request).update(parse_id(job_id, "job"), caller.owner_filter, patch, datetime.now(UTC),
+        job = await _store(request).update(parse_id(job_id, "job"), caller.owner_filter, patch, clock_of(request).now(),
                                            matching_versions(if_match))
     except VersionMismatch as exc:
         raise precondition_failed(exc.current) from None
@@ -123,16 +124,16 @@ def precondition_failed(current: int) -> ApiError:
 
 def parse_id(value: str, what: str) -> uuid.UUID:
     """An id from the path; a malformed one is simply not found, like an id of another team."""
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise not_found(what) from None
+    parsed = id_from(value)
+    if parsed is None:
+        raise not_found(what)
+    return parsed
 
 
 def parse_run_id(value: str) -> uuid.UUID:
     """A run id must carry a scheduled time (ids.py); any other UUID names no run."""
-    run_id = parse_id(value, "run")
-    if run_id.version != 7 or scheduled_at_of_or_none(run_id) is None:
+    run_id = run_id_from(value)
+    if run_id is None:
         raise not_found("run")
     return run_id
 

@@ -138,7 +138,7 @@ class RequestLimits:
 
 
 def _is_form(scope: Scope) -> bool:
-    content_type = dict(scope["headers"]).get(b"content-type", b"")
+    content_type: bytes = dict(scope["headers"]).get(b"content-type", b"")
     return content_type.startswith((b"application/x-www-form-urlencoded", b"multipart/form-data"))
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from chimes.api import standby
 from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError
 from chimes.api.jobs import parse_id
@@ -31,7 +32,7 @@ async def list_notifications(
     """The caller's notifications (an admin's: everyone's), newest first; ``status=dead`` lists those
     given up on, with the last error their webhook gave."""
     job = parse_id(job_id, "job") if job_id else None
-    rows = await NotificationStore(request.app.state.pool).list(
+    rows = await NotificationStore(standby.pool(request)).list(
         caller.owner_filter, status, job, _decode_cursor(cursor), limit + 1)
     page = rows[:limit]
     next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None

@@ -134,6 +134,12 @@ class Identity(_Answer):
 
 class Health(_Answer):
     status: Literal["ok", "unavailable"]
+    error: str | None = Field(None, description="what is wrong, when unavailable")
+    since: str | None = Field(None, description="when this process first failed to reach the database (RFC 3339)")
+    failedSteps: int | None = Field(None, description="steps of this process that failed since then")
+    hosts: dict[str, int] | None = Field(
+        None, description="for a URL with several hosts: how many are primary, standby, refusing connections, "
+                          "not answering")
 
 
 class Backfilled(_Answer):

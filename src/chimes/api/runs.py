@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import base64
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from chimes.api import standby
 from chimes.api.auth import current_principal
+from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found
 from chimes.api.jobs import parse_id, parse_run_id
 from chimes.api.responses import JSONResponse
 from chimes.api.views import run_view
+from chimes.enums import Priority, RunTrigger
 from chimes.ids import schedulable, scheduled_at_of_or_none
-from chimes.jobs import PRIORITY_NAMES
 from chimes.store.runs import BackfillError, RunStore
 from chimes.store.tokens import Principal
 
@@ -28,7 +30,7 @@ RunStatus = Literal["scheduled", "running", "succeeded", "failed", "skipped", "c
 
 
 def _store(request: Request) -> RunStore:
-    return request.app.state.runs
+    return standby.runs(request)
 
 
 @router.get("/jobs/{job_id}/runs", response_class=JSONResponse)
@@ -53,7 +55,8 @@ async def list_runs(
 
 @router.post("/jobs/{job_id}/runs", status_code=202, response_class=JSONResponse)
 async def run_now(job_id: str, request: Request, caller: Caller) -> JSONResponse:
-    run_id = await _store(request).start_now(parse_id(job_id, "job"), caller.owner_filter, "manual", datetime.now(UTC))
+    run_id = await _store(request).start_now(parse_id(job_id, "job"), caller.owner_filter, RunTrigger.MANUAL,
+                                             clock_of(request).now())
     if run_id is None:
         raise not_found("job")
     return JSONResponse({"runId": run_id}, status_code=202)
@@ -76,7 +79,7 @@ async def backfill(job_id: str, body: BackfillRequest, request: Request, caller:
     BACKFILL_LIMIT of them; slots that already have a run keep it (run ids are per slot)."""
     if body.end <= body.start:
         raise ApiError(422, "invalid_request", "end: must be after start", "end")
-    if body.end > datetime.now(UTC):
+    if body.end > clock_of(request).now():
         raise ApiError(422, "invalid_request", "end: backfill covers the past; the schedule covers the future",
                        "end")
     try:
@@ -120,12 +123,12 @@ async def complete(run_id: str, body: CompleteRequest, request: Request, caller:
     store = _store(request)
     parsed = parse_run_id(run_id)
     accepted = await store.callback_complete(parsed, caller.owner_filter, body.lease_token, body.status, body.error,
-                                             body.output, datetime.now(UTC))
+                                             body.output, clock_of(request).now())
     if not accepted:
         raise ApiError(409, "stale_lease", STALE_LEASE, "leaseToken")
     found = await store.get(parsed, caller.owner_filter)
     assert found is not None
-    return JSONResponse(run_view(*found))
+    return JSONResponse(run_view(found.run, found.attempts))
 
 
 @router.get("/queue", response_class=JSONResponse)
@@ -133,13 +136,13 @@ async def queue(request: Request, caller: Caller) -> JSONResponse:
     """Depth and lag of each priority tier of the run queue (fleet-wide, so for admins)."""
     if not caller.admin:
         raise ApiError(403, "forbidden", "the queue is fleet-wide: this needs an admin token")
-    now = datetime.now(UTC)
+    now = clock_of(request).now()
     rows = {r["tier"]: r for r in await _store(request).queue_depth()}
     tiers = []
-    for number, name in PRIORITY_NAMES.items():
-        row = rows.get(number)
+    for tier in Priority:
+        row = rows.get(tier)
         oldest = row["oldest_enqueued_at"] if row else None
-        tiers.append({"tier": name, "depth": row["depth"] if row else 0, "oldestEnqueuedAt": oldest,
+        tiers.append({"tier": tier.label, "depth": row["depth"] if row else 0, "oldestEnqueuedAt": oldest,
                       "lagSec": round((now - oldest).total_seconds(), 3) if oldest else 0.0})
     return JSONResponse({"tiers": tiers})
 
@@ -149,8 +152,7 @@ async def get_run(run_id: str, request: Request, caller: Caller) -> JSONResponse
     found = await _store(request).get(parse_run_id(run_id), caller.owner_filter)
     if found is None:
         raise not_found("run")
-    run, attempts = found
-    return JSONResponse(run_view(run, attempts))
+    return JSONResponse(run_view(found.run, found.attempts))
 
 
 @router.post("/runs/{run_id}/rerun", status_code=202, response_class=JSONResponse)
@@ -159,7 +161,7 @@ async def rerun(run_id: str, request: Request, caller: Caller) -> JSONResponse:
     found = await store.get(parse_run_id(run_id), caller.owner_filter)
     if found is None:
         raise not_found("run")
-    new_run = await store.start_now(found[0]["job_id"], caller.owner_filter, "rerun", datetime.now(UTC))
+    new_run = await store.start_now(found.job_id, caller.owner_filter, RunTrigger.RERUN, clock_of(request).now())
     if new_run is None:
         raise ApiError(409, "job_deleted", "the job of this run was deleted, so it cannot run again")
     return JSONResponse({"runId": new_run}, status_code=202)
@@ -173,10 +175,10 @@ async def cancel(run_id: str, request: Request, caller: Caller) -> JSONResponse:
         found = await store.get(parsed, caller.owner_filter)
         if found is None:
             raise not_found("run")
-        raise ApiError(409, "run_finished", f"the run already ended as {found[0]['status']}")
+        raise ApiError(409, "run_finished", f"the run already ended as {found.status}")
     found = await store.get(parsed, caller.owner_filter)
     assert found is not None
-    return JSONResponse(run_view(*found))
+    return JSONResponse(run_view(found.run, found.attempts))
 
 
 def _decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:

@@ -18,6 +18,7 @@ import math
 from fastapi import FastAPI, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from chimes import outage
 from chimes.api.errors import error_body
 from chimes.api.responses import JSONResponse
 from chimes.store.db import UNAVAILABLE_ERRORS, describe
@@ -35,7 +36,7 @@ def unavailable(message: str, retry_after: float = RETRY_AFTER_SEC) -> JSONRespo
 
 def install(app: FastAPI) -> None:
     async def _unreachable(request: Request, exc: Exception) -> JSONResponse:
-        log.warning("%s %s: the database is unavailable (%s)", request.method, request.url.path, describe(exc))
+        outage.failed(f"{request.method} {request.url.path}", describe(exc))  # logged once per outage
         return unavailable("the database is unavailable now (a restart or a failover); nothing was changed")
 
     for error in UNAVAILABLE_ERRORS:

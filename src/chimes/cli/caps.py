@@ -11,13 +11,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import click
 
 from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database
+from chimes.store import caps as cap_store
 from chimes.store import db
-from chimes.store.queries import sql
 
 
 def parse_target(value: str) -> tuple[str, str]:
@@ -72,7 +71,8 @@ def set_cap(database_url: str | None, data_dir: Path, target: str, max_running: 
     """Set a cap, e.g. `chimes cap set tag:db-heavy 20 --owner data-team` or `chimes cap set owner:data-team 50`."""
     scope, name = parse_target(target)
     who = cap_owner(scope, owner, fleet_wide)
-    _with_connection(database_url, data_dir, lambda conn: conn.execute(sql("set_cap"), scope, name, who, max_running))
+    cap_row = cap_store.Cap(scope, name, who, max_running)
+    _with_connection(database_url, data_dir, lambda conn: cap_store.set_cap(conn, cap_row))
     click.echo(f"{describe(scope, name, who)}: at most {max_running} running")
 
 
@@ -84,8 +84,7 @@ def remove_cap(database_url: str | None, data_dir: Path, target: str, owner: str
     """Remove a cap (a tag cap with the same --owner or --fleet-wide it was set with)."""
     scope, name = parse_target(target)
     who = cap_owner(scope, owner, fleet_wide)
-    removed = _with_connection(database_url, data_dir, lambda conn: conn.fetchval(sql("remove_cap"), scope, name, who))
-    if removed is None:
+    if not _with_connection(database_url, data_dir, lambda conn: cap_store.remove_cap(conn, scope, name, who)):
         raise click.ClickException(f"no cap on {describe(scope, name, who)}")
     click.echo(f"{describe(scope, name, who)}: no cap")
 
@@ -94,13 +93,13 @@ def remove_cap(database_url: str | None, data_dir: Path, target: str, owner: str
 @database_options
 def list_caps(database_url: str | None, data_dir: Path) -> None:
     """List the caps: target, whose jobs it counts, most running."""
-    for row in _with_connection(database_url, data_dir, lambda conn: conn.fetch(sql("list_caps"))):
-        whose = row["name"] if row["scope"] == "owner" else row["owner"] or "every owner (fleet-wide)"
-        click.echo(f"{row['scope']}:{row['name']}\t{whose}\t{row['max_running']}")
+    for row in _with_connection(database_url, data_dir, cap_store.list_caps):
+        whose = row.name if row.scope == "owner" else row.owner or "every owner (fleet-wide)"
+        click.echo(f"{row.scope}:{row.name}\t{whose}\t{row.max_running}")
 
 
 def _with_connection(database_url: str | None, data_dir: Path,
-                     action: Callable[[asyncpg.Connection], Awaitable[Any]]) -> Any:
+                     action: Callable[[db.Connection], Awaitable[Any]]) -> Any:
     async def main(dsn: str) -> Any:
         await migrate_database(dsn)
         conn = await db.connect(dsn)

@@ -19,6 +19,13 @@ import click
               help="Run on a Patroni-managed PostgreSQL of the harness's own (etcd, two servers in synchronous "
                    "mode; chimes ha) and add failovers to the faults: the primary killed, frozen past Patroni's "
                    "TTL, switched over, an etcd member killed.")
+@click.option("--zones", is_flag=True, default=False,
+              help="As --ha, with the cluster and the fleet spread over three zones (Linux network namespaces; "
+                   "needs root and iproute2) and zone cuts among the faults: the primary's zone, or another, off "
+                   "the network past Patroni's TTL and the lease TTL, then healed.")
+@click.option("--zone-clock-skew", type=click.FloatRange(-30, 30), default=2.0, show_default=True,
+              help="With --zones: zone 3's scheduler node and worker run this many seconds ahead of the host's "
+                   "clock (behind when negative), through libfaketime.")
 @click.option("--jobs", type=click.IntRange(1, 1000), default=40, show_default=True,
               help="Recurring jobs, every 1 to 5 seconds (one-off jobs are added during the run).")
 @click.option("--fault-every", type=click.FloatRange(0.5), default=4.0, show_default=True,
@@ -28,19 +35,24 @@ import click
                    "kept only when a violation is found).")
 @click.option("--report", "report_path", type=click.Path(path_type=Path), default=None,
               help="Also write the report as JSON to this file.")
-def chaos(duration: float, seed: int, database_url: str | None, ha: bool, jobs: int, fault_every: float,
-          work_dir: Path | None, report_path: Path | None) -> None:
+def chaos(duration: float, seed: int, database_url: str | None, ha: bool, zones: bool, zone_clock_skew: float,
+          jobs: int, fault_every: float, work_dir: Path | None, report_path: Path | None) -> None:
     """Start a fleet (PostgreSQL, 3 scheduler nodes, 3 workers, an API, an HTTP target), inject faults
     at random from the seed, then check the invariants. Exits 1 when any is violated."""
     import asyncio
     import logging
+    import signal
 
-    from chimes.chaos.harness import ChaosOptions, run_chaos
+    from chimes_chaos.harness import ChaosOptions, run_chaos
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call drowns the fault log
 
-    options = ChaosOptions(duration=duration, seed=seed, database_url=database_url, ha=ha, jobs=jobs,
-                           fault_every=fault_every, work_dir=work_dir)
+    if zones and database_url:
+        raise click.UsageError("--zones starts its own cluster: it cannot be combined with --database-url")
+    options = ChaosOptions(duration=duration, seed=seed, database_url=database_url, ha=ha or zones, zones=zones,
+                           zone_clock_skew=zone_clock_skew, jobs=jobs, fault_every=fault_every, work_dir=work_dir)
+    # SIGTERM as Ctrl-C: the run is cancelled and its fleet, cluster and zones are taken down.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     report = asyncio.run(run_chaos(options))
     click.echo(report.text())
     if report_path is not None:

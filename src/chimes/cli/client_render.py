@@ -51,10 +51,13 @@ def when(value: str | datetime | None) -> str:
     if unparsable."""
     if not value:
         return ""
-    try:
-        parsed = value if isinstance(value, datetime) else datetime.fromisoformat(value)
-    except ValueError:
-        return value
+    if isinstance(value, datetime):
+        parsed = value
+    else:
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return value
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")

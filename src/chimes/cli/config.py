@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import click
-import orjson
 
 from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database
 from chimes.store import db
-from chimes.store.queries import sql
+from chimes.store import settings as stored_settings
 
 KNOWN = {"notify-url": "notify_url"}  # the webhook for failures of jobs that name none
 
@@ -29,7 +29,7 @@ def set_value(database_url: str | None, data_dir: Path, name: str, value: str) -
     """Set a setting, e.g. `chimes config set notify-url https://alerts.internal/chimes`."""
     if name == "notify-url" and not value.startswith(("http://", "https://")):
         raise click.BadParameter("must be an http:// or https:// URL", param_hint="VALUE")
-    _run(database_url, data_dir, "set_setting", KNOWN[name], orjson.dumps(value).decode())
+    _run(database_url, data_dir, lambda conn: stored_settings.set_setting(conn, KNOWN[name], value))
     click.echo(f"{name} = {value}")
 
 
@@ -38,19 +38,16 @@ def set_value(database_url: str | None, data_dir: Path, name: str, value: str) -
 @click.argument("name", type=click.Choice(sorted(KNOWN)))
 def unset(database_url: str | None, data_dir: Path, name: str) -> None:
     """Remove a setting."""
-    _run(database_url, data_dir, "delete_setting", KNOWN[name])
+    _run(database_url, data_dir, lambda conn: stored_settings.delete_setting(conn, KNOWN[name]))
     click.echo(f"{name} unset")
 
 
-def _run(database_url: str | None, data_dir: Path, query: str, *args: str) -> None:
+def _run(database_url: str | None, data_dir: Path, change: Callable[[db.Connection], Awaitable[None]]) -> None:
     async def main(dsn: str) -> None:
         await migrate_database(dsn)
         conn = await db.connect(dsn)
         try:
-            if query == "set_setting":
-                await conn.execute(sql(query), args[0], orjson.loads(args[1]))
-            else:
-                await conn.execute(sql(query), *args)
+            await change(conn)
         finally:
             await conn.close()
 

@@ -25,7 +25,7 @@ from chimes.cli.security_options import (
     worker_security,
     worker_security_options,
 )
-from chimes.settings import default_data_dir
+from chimes.settings import WORKER_CONCURRENCY, default_data_dir
 
 data_dir_option = click.option(
     "--data-dir", envvar="CHIMES_DATA_DIR", show_envvar=True, type=click.Path(path_type=Path),
@@ -53,7 +53,7 @@ def ha() -> None:
               help="Seconds after which a member found dead (killed on purpose, say) is started again; a "
                    "former primary rejoins as a standby. Keep it above Patroni's TTL (20 s), or a killed "
                    "primary may come back before its standby is promoted.")
-@click.option("--worker-concurrency", envvar="CHIMES_WORKER_CONCURRENCY", show_envvar=True, default=100,
+@click.option("--worker-concurrency", envvar="CHIMES_WORKER_CONCURRENCY", show_envvar=True, default=WORKER_CONCURRENCY,
               show_default=True, type=click.IntRange(1, 10_000), help="Runs the built-in worker executes at once.")
 @listen_options
 @api_security_options

@@ -34,6 +34,7 @@ from chimes.cli.runtime import migrate_database
 from chimes.cli.security_options import ImportKey
 from chimes.jobs import JobSpec
 from chimes.security.secrets import Keyring, has_secrets, seal_spec
+from chimes.services.jobs import first_fire
 from chimes.store import db
 from chimes.store.bulk import Rows, copy_rows, job_rows
 
@@ -91,7 +92,7 @@ def prepare(chunk: Chunk, owner: str, now: datetime, keyring: Keyring | None) ->
                 return None
             spec = seal_spec(spec, keyring)
         specs.append(spec)
-    return job_rows(specs, owner, now, chunk.id_millis)
+    return job_rows(specs, owner, now, first_fire, chunk.id_millis)
 
 
 def chunks(file: Path) -> Iterator[Chunk]:

@@ -23,6 +23,16 @@ from chimes.cli.security_options import (
     worker_security,
     worker_security_options,
 )
+from chimes.settings import (
+    CONTAINER_RUNTIME,
+    MISSED_AFTER_SEC,
+    NOTIFY_GIVE_UP_HOURS,
+    PARTITION_LEASE_TTL_SEC,
+    RETENTION_DAYS,
+    RUN_LEASE_SEC,
+    SHUTDOWN_GRACE_SEC,
+    WORKER_CONCURRENCY,
+)
 from chimes.store import db
 
 log = logging.getLogger("chimes")
@@ -43,7 +53,7 @@ def cli(log_level: str, log_format: str) -> None:
 @cli.command()
 @database_options
 @listen_options
-@click.option("--worker-concurrency", envvar="CHIMES_WORKER_CONCURRENCY", show_envvar=True, default=100,
+@click.option("--worker-concurrency", envvar="CHIMES_WORKER_CONCURRENCY", show_envvar=True, default=WORKER_CONCURRENCY,
               show_default=True, type=click.IntRange(1, 10_000), help="Runs the built-in worker executes at once.")
 @api_security_options
 @worker_security_options
@@ -81,15 +91,18 @@ def api(database_url: str | None, data_dir: Path, host: str, port: int, **securi
 @database_options
 @click.option("--node-id", envvar="CHIMES_NODE_ID", show_envvar=True, default=None,
               help="Name of this node (default: host, pid and a random suffix).")
-@click.option("--lease-ttl", envvar="CHIMES_LEASE_TTL", show_envvar=True, default=5.0, show_default=True,
+@click.option("--lease-ttl", envvar="CHIMES_LEASE_TTL", show_envvar=True, default=PARTITION_LEASE_TTL_SEC,
+              show_default=True,
               type=click.FloatRange(1, 300),
               help="Seconds a partition lease lasts unrenewed: how soon a dead node's partitions move.")
-@click.option("--retention-days", envvar="CHIMES_RETENTION_DAYS", show_envvar=True, default=30, show_default=True,
+@click.option("--retention-days", envvar="CHIMES_RETENTION_DAYS", show_envvar=True, default=RETENTION_DAYS,
+              show_default=True,
               type=click.IntRange(1, 3650), help="Run history older than this is dropped, a day at a time.")
-@click.option("--missed-after", envvar="CHIMES_MISSED_AFTER_SEC", show_envvar=True, default=60.0,
+@click.option("--missed-after", envvar="CHIMES_MISSED_AFTER_SEC", show_envvar=True, default=MISSED_AFTER_SEC,
               show_default=True, type=click.FloatRange(5, 86400),
               help="Seconds late after which a slot counts as missed and follows the job's catch-up policy.")
-@click.option("--notify-give-up-hours", envvar="CHIMES_NOTIFY_GIVE_UP_HOURS", show_envvar=True, default=24.0,
+@click.option("--notify-give-up-hours", envvar="CHIMES_NOTIFY_GIVE_UP_HOURS", show_envvar=True,
+              default=NOTIFY_GIVE_UP_HOURS,
               show_default=True, type=click.FloatRange(0.01, 24 * 365),
               help="A notification its webhook has not accepted this long after it was queued is dead-lettered.")
 @worker_security_options  # a node sends the failure webhooks: the same egress policy, signed with the key
@@ -109,17 +122,18 @@ def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lea
 @cli.command()
 @metrics_options
 @database_options
-@click.option("--concurrency", envvar="CHIMES_WORKER_CONCURRENCY", show_envvar=True, default=100,
+@click.option("--concurrency", envvar="CHIMES_WORKER_CONCURRENCY", show_envvar=True, default=WORKER_CONCURRENCY,
               show_default=True, type=click.IntRange(1, 10_000), help="Runs executed at once.")
 @click.option("--worker-id", envvar="CHIMES_WORKER_ID", show_envvar=True, default=None,
               help="Name of this worker (default: host, pid and a random suffix).")
-@click.option("--lease-sec", envvar="CHIMES_RUN_LEASE_SEC", show_envvar=True, default=30.0, show_default=True,
+@click.option("--lease-sec", envvar="CHIMES_RUN_LEASE_SEC", show_envvar=True, default=RUN_LEASE_SEC,
+              show_default=True,
               type=click.FloatRange(1, 3600),
               help="Seconds a run's lease lasts unrenewed: how soon a dead worker's runs are retried.")
-@click.option("--shutdown-grace", envvar="CHIMES_SHUTDOWN_GRACE_SEC", show_envvar=True, default=30.0,
+@click.option("--shutdown-grace", envvar="CHIMES_SHUTDOWN_GRACE_SEC", show_envvar=True, default=SHUTDOWN_GRACE_SEC,
               show_default=True, type=click.FloatRange(0, 3600),
               help="On SIGTERM, seconds in-flight runs get to finish before they are handed back.")
-@click.option("--container-runtime", envvar="CHIMES_CONTAINER_RUNTIME", show_envvar=True, default="docker",
+@click.option("--container-runtime", envvar="CHIMES_CONTAINER_RUNTIME", show_envvar=True, default=CONTAINER_RUNTIME,
               show_default=True, help="Command that runs container tasks: docker, podman, nerdctl (with arguments).")
 @worker_security_options
 @egress_loopback_option(default=False)  # a team's task must not read the worker host's own services
@@ -129,7 +143,7 @@ def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id
            lease_sec: float, shutdown_grace: float, container_runtime: str, **security: Any) -> None:
     """A worker: claims runs from the queue and executes them."""
     from chimes.cli.roles import run_worker
-    from chimes.worker.executors import Executors
+    from chimes.worker.tasks.dispatch import Executors
 
     worker_settings = worker_security(data_dir, security)
     try:

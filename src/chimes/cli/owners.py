@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import click
 from rich.console import Console
 from rich.table import Table
@@ -26,7 +25,7 @@ from chimes.store.owners import OwnerStore, check_secret_key
 T = TypeVar("T")
 
 
-def _run(database_url: str | None, data_dir: Path, work: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+def _run(database_url: str | None, data_dir: Path, work: Callable[[db.Connection], Awaitable[T]]) -> T:
     async def main(dsn: str) -> T:
         await migrate_database(dsn)
         conn = await db.connect(dsn)
@@ -65,7 +64,7 @@ def set_owner(database_url: str | None, data_dir: Path, name: str, allow_command
     if default_quota and job_quota is not None:
         raise click.BadParameter("give --job-quota or --default-quota, not both", param_hint="--default-quota")
 
-    async def work(conn: asyncpg.Connection) -> Any:
+    async def work(conn: db.Connection) -> Any:
         store = OwnerStore(conn)
         await store.set(name, allow_commands=allow_commands, job_quota=job_quota, default_quota=default_quota)
         return await store.get(name)
@@ -99,7 +98,7 @@ def signing_secret(database_url: str | None, data_dir: Path, secret_key_file: Pa
     name = _owner(name)
     keyring = keyring_from(data_dir, secret_key_file)
 
-    async def work(conn: asyncpg.Connection) -> str:
+    async def work(conn: db.Connection) -> str:
         await check_secret_key(conn, keyring)
         return await OwnerStore(conn).signing_secret(name, keyring, rotate=rotate)
 

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 
-import asyncpg
 import click
 from fastapi import FastAPI
 
@@ -16,13 +15,12 @@ from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
 from chimes.security.secrets import Keyring, SecretKeyError
-from chimes.settings import Settings
+from chimes.settings import CONTAINER_RUNTIME, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS, Settings
 from chimes.store import db, tokens
-from chimes.store.owners import OwnerStore, SigningSecrets, check_secret_key
-from chimes.store.queries import sql
-from chimes.worker.container_task import remove_orphaned_env_files
-from chimes.worker.executors import Executors
+from chimes.store.owners import SigningSecrets, check_secret_key
 from chimes.worker.guard import TaskGuard
+from chimes.worker.tasks.container import remove_orphaned_env_files
+from chimes.worker.tasks.dispatch import Executors
 from chimes.worker.worker import Worker, WorkerConfig
 
 log = logging.getLogger("chimes")
@@ -39,7 +37,8 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
     node = SchedulerNode(pool, signing_secrets=SigningSecrets(pool, work.keyring if work else None),
                          egress=work.egress if work else None)
-    runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", "docker")  # as for `chimes worker --container-runtime`
+    # As for `chimes worker --container-runtime`.
+    runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", CONTAINER_RUNTIME)
     allow_commands = bool(work and work.allow_commands)
     worker = Worker(pool, dsn, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
                     executors=Executors(container_runtime=runtime, egress=work.egress if work else None),
@@ -61,7 +60,7 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
         await pool.close()
 
 
-async def _require_database_key(pool: asyncpg.Pool, keyring: Keyring) -> None:
+async def _require_database_key(pool: db.Pool, keyring: Keyring) -> None:
     """Stop at start-up, pool closed, when this process's secret key is not the database's."""
     try:
         await db.when_ready(lambda: check_secret_key(pool, keyring))
@@ -82,9 +81,9 @@ async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) 
     await server.serve()
 
 
-async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = 30,
-                        missed_after: float = 60.0, outgoing: WorkerSecurity | None = None, *,
-                        notify_give_up_sec: float = 86400.0) -> None:
+async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = RETENTION_DAYS,
+                        missed_after: float = MISSED_AFTER_SEC, outgoing: WorkerSecurity | None = None, *,
+                        notify_give_up_sec: float = NOTIFY_GIVE_UP_HOURS * 3600) -> None:
     await migrate_database(dsn)
     # A node stalled inside a fire holds its lease rows: no takeover until the session ends.
     pool = await db.create_pool(dsn, max_size=6, server_settings=db.lock_holding_limit(lease_ttl),
@@ -132,17 +131,8 @@ def _remove_orphaned_env_files() -> None:
 async def _announce_admin_token(dsn: str, allow_commands: bool = False) -> None:
     """On the first start, create an admin token and print it: the only time it is ever shown.
     With ``allow_commands`` (chimes up's default), its owner may also run command tasks."""
-    async def create_first(conn: asyncpg.Connection) -> str | None:
-        async with conn.transaction():
-            await conn.execute("LOCK TABLE api_tokens IN SHARE ROW EXCLUSIVE MODE")
-            if await conn.fetchval(sql("count_admin_tokens")):
-                return None
-            token = await tokens.create_token(conn, "admin", admin=True, name="created by chimes up")
-            if allow_commands:
-                await OwnerStore(conn).set("admin", allow_commands=True)
-            return token
-
-    token = await db.with_connection(dsn, create_first)
+    token = await db.with_connection(dsn, lambda conn: tokens.create_first_admin_token(
+        conn, "created by chimes up", allow_commands=allow_commands))
     if token is None:
         return
     click.echo(

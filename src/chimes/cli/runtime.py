@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 import uvicorn
 
 from chimes.store import db
 from chimes.store.migrate import migrate
 
+T = TypeVar("T")
 
-def run_async(main: Callable[[], Awaitable[Any]]) -> Any:
+
+def run_async(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine on uvloop when available (it is markedly faster for this workload)."""
     try:
         import uvloop

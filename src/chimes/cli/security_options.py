@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import click
 
 from chimes.api.limits import LimitSettings
@@ -26,6 +25,7 @@ from chimes.security.secrets import (
     load_keyring,
 )
 from chimes.security.ssrf import EgressPolicy
+from chimes.store import db
 from chimes.store.owners import check_secret_key
 
 _DEFAULTS = LimitSettings()
@@ -178,7 +178,7 @@ class ImportKey:
         self._data_dir = data_dir
         self.keyring: Keyring | None = None
 
-    async def load(self, conn: asyncpg.Connection) -> Keyring:
+    async def load(self, conn: db.Connection) -> Keyring:
         if self.keyring is None:
             keyring = keyring_from(self._data_dir, None) if self._data_dir else default_keyring()
             try:

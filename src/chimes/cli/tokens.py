@@ -14,7 +14,6 @@ from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database
 from chimes.store import db
 from chimes.store import tokens as token_store
-from chimes.store.queries import sql
 
 SCOPE_HELP = ("read: only reads its owner's jobs and runs; write: also creates and changes them; "
               "admin: reads and changes every owner's.")
@@ -57,11 +56,11 @@ def create(database_url: str | None, data_dir: Path, owner: str, scope: str | No
 def list_tokens(database_url: str | None, data_dir: Path) -> None:
     """List tokens (never their secrets)."""
 
-    async def main(dsn: str) -> list:
+    async def main(dsn: str) -> list[token_store.TokenInfo]:
         await migrate_database(dsn)
         conn = await db.connect(dsn)
         try:
-            return await conn.fetch(sql("list_tokens"))
+            return await token_store.list_tokens(conn)
         finally:
             await conn.close()
 
@@ -69,9 +68,8 @@ def list_tokens(database_url: str | None, data_dir: Path) -> None:
         rows = asyncio.run(main(dsn))
     table = Table("id", "owner", "scope", "name", "created", "revoked")
     for r in rows:
-        revoked = f"{r['revoked_at']:%Y-%m-%d %H:%M}" if r["revoked_at"] else ""
-        table.add_row(str(r["token_id"]), r["owner"], r["scope"], r["name"] or "",
-                      f"{r['created_at']:%Y-%m-%d %H:%M}", revoked)
+        revoked = f"{r.revoked_at:%Y-%m-%d %H:%M}" if r.revoked_at else ""
+        table.add_row(str(r.token_id), r.owner, r.scope, r.name or "", f"{r.created_at:%Y-%m-%d %H:%M}", revoked)
     Console(width=160).print(table)
 
 
@@ -84,7 +82,7 @@ def revoke(database_url: str | None, data_dir: Path, token_id: uuid.UUID) -> Non
     async def main(dsn: str) -> bool:
         conn = await db.connect(dsn)
         try:
-            return await conn.fetchval(sql("revoke_token"), token_id) is not None
+            return await token_store.revoke_token(conn, token_id)
         finally:
             await conn.close()
 

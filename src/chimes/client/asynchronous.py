@@ -19,7 +19,6 @@ import httpx
 
 from chimes.client.errors import ApiError, ApiUnreachable, ChimesError
 from chimes.client.models import (
-    Answer,
     Backfilled,
     Identity,
     Job,
@@ -28,6 +27,7 @@ from chimes.client.models import (
     Page,
     Run,
     RunPage,
+    _FromApi,
 )
 from chimes.jobs import JobSpec
 
@@ -36,7 +36,7 @@ TIMEOUT_SEC = 30.0
 RATE_LIMIT_RETRIES = 10      # 429s with Retry-After waited out per request before giving up
 RETRY_AFTER_CAP_SEC = 60.0   # the longest single wait, whatever Retry-After says
 log = logging.getLogger("chimes.client")
-T = TypeVar("T", bound=Answer | Job)
+T = TypeVar("T", bound=_FromApi)  # Answer or Job: a union bound would lose from_api's Self
 Sleep = Callable[[float], Awaitable[None]]
 
 

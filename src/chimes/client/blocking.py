@@ -71,25 +71,28 @@ class _Resource(Generic[R]):
         self._async = resource
 
 
-def _blocking(method: Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]) -> Callable[Concatenate[Any, P], T]:
+def _blocking(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[_Resource[Any], P], T]:
     """The async ``method`` of a resource, run to its end on the client's loop."""
     name = method.__name__
 
     @functools.wraps(method)
-    def call(self: _Resource[Any], *args: P.args, **kwargs: P.kwargs) -> T:
-        return self._loop.run(getattr(self._async, name)(*args, **kwargs))
+    def call(self: _Resource[Any], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        bound: Callable[P, Coroutine[Any, Any, T]] = getattr(self._async, name)
+        return self._loop.run(bound(*args, **kwargs))
 
     return call
 
 
 def _blocking_iter(
     method: Callable[Concatenate[Any, P], AsyncIterator[T]],
-) -> Callable[Concatenate[Any, P], Iterator[T]]:
+) -> Callable[Concatenate[_Resource[Any], P], Iterator[T]]:
     """The async iterator ``method`` of a resource as a plain iterator (one page fetched at a time)."""
     name = method.__name__
 
     @functools.wraps(method)
-    def call(self: _Resource[Any], *args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
+    def call(self: _Resource[Any], /, *args: P.args, **kwargs: P.kwargs) -> Iterator[T]:
         return self._loop.iterate(getattr(self._async, name)(*args, **kwargs))
 
     return call

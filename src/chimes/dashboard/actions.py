@@ -7,16 +7,14 @@ page that shows its result (post/redirect/get, so a reload never repeats it).
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
-
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from chimes.api.clock import clock_of
 from chimes.dashboard import session
 from chimes.dashboard.pages import Viewer
-from chimes.dashboard.render import page
-from chimes.ids import run_id_from
+from chimes.dashboard.render import not_found, page
+from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch
 from chimes.store.tokens import Principal
 
@@ -58,10 +56,11 @@ async def logout(request: Request) -> RedirectResponse:
 @router.post("/jobs/{job_id}/run", response_model=None)
 async def run_now(job_id: str, request: Request, who: Viewer) -> Response:
     await session.checked_form(request, who)
-    parsed = _uuid(job_id)
-    run_id = parsed and await request.app.state.runs.start_now(parsed, who.owner_filter, "manual", datetime.now(UTC))
+    parsed = id_from(job_id)
+    run_id = parsed and await request.app.state.runs.start_now(parsed, who.owner_filter, "manual",
+                                                               clock_of(request).now())
     if not run_id:
-        return _gone(request, who, "job")
+        return not_found(request, who, "job")
     return RedirectResponse(f"{P}/jobs/{job_id}?notice=started&started={run_id}", status_code=303)
 
 
@@ -77,11 +76,11 @@ async def resume(job_id: str, request: Request, who: Viewer) -> Response:
 
 async def _set_paused(job_id: str, request: Request, who: Principal, *, paused: bool) -> Response:
     await session.checked_form(request, who)
-    parsed = _uuid(job_id)
+    parsed = id_from(job_id)
     job = parsed and await request.app.state.jobs.update(parsed, who.owner_filter, JobPatch(paused=paused),
-                                                         datetime.now(UTC))
+                                                         clock_of(request).now())
     if not job:
-        return _gone(request, who, "job")
+        return not_found(request, who, "job")
     return RedirectResponse(f"{P}/jobs/{job_id}?notice={'paused' if paused else 'resumed'}", status_code=303)
 
 
@@ -91,8 +90,8 @@ async def rerun(run_id: str, request: Request, who: Viewer) -> Response:
     parsed = run_id_from(run_id)
     found = parsed and await request.app.state.runs.get(parsed, who.owner_filter)
     if not found:
-        return _gone(request, who, "run")
-    new_run = await request.app.state.runs.start_now(found[0]["job_id"], who.owner_filter, "rerun", datetime.now(UTC))
+        return not_found(request, who, "run")
+    new_run = await request.app.state.runs.start_now(found.job_id, who.owner_filter, "rerun", clock_of(request).now())
     if new_run is None:
         return page(request, "not_found.html", status_code=409, viewer=who, what="job",
                     detail="The job of this run was deleted, so it cannot run again.")
@@ -104,18 +103,7 @@ async def cancel(run_id: str, request: Request, who: Viewer) -> Response:
     await session.checked_form(request, who)
     parsed = run_id_from(run_id)
     if parsed is None or await request.app.state.runs.get(parsed, who.owner_filter) is None:
-        return _gone(request, who, "run")
+        return not_found(request, who, "run")
     done = await request.app.state.runs.cancel(parsed, who.owner_filter, f"cancelled by {who.owner} (dashboard)")
     return RedirectResponse(f"{P}/runs/{run_id}?notice={'cancelled' if done else 'already-finished'}",
                             status_code=303)
-
-
-def _gone(request: Request, who: Principal, what: str) -> HTMLResponse:
-    return page(request, "not_found.html", status_code=404, viewer=who, what=what)
-
-
-def _uuid(value: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        return None

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import base64
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
+from chimes.api.clock import clock_of
 from chimes.dashboard import views
-from chimes.dashboard.render import page
+from chimes.dashboard.render import not_found, page
 from chimes.dashboard.session import viewer
-from chimes.ids import run_id_from, scheduled_at_of
+from chimes.ids import id_from, run_id_from, scheduled_at_of
 from chimes.store.dashboard import JOB_FILTERS, LAG_BOUNDS, DashboardStore, JobCursor, RunCursor
 from chimes.store.tokens import Principal
 
@@ -49,8 +50,8 @@ async def jobs_page(
     found = await DashboardStore(request.app.state.pool).jobs(who.owner_filter, q.strip(), show,
                                                               _job_cursor(after), PAGE_SIZE)
     next_after = _encode_job_cursor(found.next) if found.next else None
-    context = {"viewer": who, "nav": "jobs", "jobs": found.jobs, "q": q.strip(), "show": show, "after": after,
-               "next_after": next_after, "filters": JOB_FILTERS}
+    context: dict[str, Any] = {"viewer": who, "nav": "jobs", "jobs": found.jobs, "q": q.strip(), "show": show,
+                               "after": after, "next_after": next_after, "filters": JOB_FILTERS}
     return page(request, "_jobs_table.html" if fragment == "table" else "jobs.html", **context)
 
 
@@ -60,12 +61,13 @@ async def job_page(
     status: str | None = None, before: str | None = None, started: str | None = None,
     notice: str | None = None, fragment: str | None = None,
 ) -> HTMLResponse:
-    parsed = _uuid(job_id)
+    parsed = id_from(job_id)
     job = await request.app.state.jobs.get(parsed, who.owner_filter) if parsed else None
     if job is None:
-        return _not_found(request, who, "job")
+        return not_found(request, who, "job")
     status = status if status in RUN_STATUSES else None
-    started = str(_uuid(started)) if started and _uuid(started) else None
+    started_id = run_id_from(started) if started else None
+    started = str(started_id) if started_id else None
     try:
         cursor = _run_cursor(before)
     except ValueError:
@@ -93,14 +95,14 @@ async def run_page(run_id: str, request: Request, who: Viewer, notice: str | Non
     parsed = run_id_from(run_id)
     found = await request.app.state.runs.get(parsed, who.owner_filter) if parsed else None
     if found is None:
-        return _not_found(request, who, "run")
-    run, attempt_rows = found
+        return not_found(request, who, "run")
+    run, attempt_rows = found.run, found.attempts
     attempts: list[dict[str, Any]] = [dict(a) for a in attempt_rows]
     if run["status"] == "running":  # the attempt under way has no row until it ends
         attempts.append({"attempt": run["attempt"], "worker_id": run["worker_id"], "started_at": run["started_at"],
                          "finished_at": None, "status": "running", "error": None, "output": None})
     job = await request.app.state.jobs.get(run["job_id"], who.owner_filter)
-    spans, events = views.timeline(run, attempts, datetime.now(UTC))
+    spans, events = views.timeline(run, attempts, clock_of(request).now())
     context = {
         "viewer": who, "nav": "jobs", "run": run, "attempts": attempts, "job": job, "spans": spans, "events": events,
         "max_attempts": (job.definition["retryPolicy"] or {}).get("maxAttempts") if job else None,
@@ -111,7 +113,7 @@ async def run_page(run_id: str, request: Request, who: Viewer, notice: str | Non
 
 @router.get("/fleet", response_class=HTMLResponse)
 async def fleet_page(request: Request, who: Viewer, fragment: str | None = None) -> HTMLResponse:
-    now = datetime.now(UTC)
+    now = clock_of(request).now()
     # The queue is fleet-wide, so for admins only (as GET /queue); the template hides hosts and pids too.
     fleet = await DashboardStore(request.app.state.pool).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES,
                                                                with_queue=who.admin)
@@ -138,19 +140,8 @@ def _chart(runs: list[Any]) -> dict[str, list[Any]]:
     }
 
 
-def _not_found(request: Request, who: Principal, what: str) -> HTMLResponse:
-    return page(request, "not_found.html", status_code=404, viewer=who, what=what)
-
-
 def _bad_request(request: Request, who: Principal, detail: str) -> HTMLResponse:
     return page(request, "not_found.html", status_code=400, viewer=who, what="request", detail=detail)
-
-
-def _uuid(value: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        return None
 
 
 def _b64(data: bytes) -> str:

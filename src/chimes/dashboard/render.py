@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
@@ -11,7 +10,9 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 
 from chimes import __version__
+from chimes.api.clock import clock_of
 from chimes.dashboard import session, views
+from chimes.store.tokens import Principal
 
 # Scripts only from this server (htmx, uPlot, ours); no inline script runs. Styles may be inline
 # because uPlot sizes its canvas with style attributes.
@@ -43,7 +44,7 @@ def environment() -> jinja2.Environment:
 
 def page(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     """Render a template with what every page needs: the viewer, the CSRF token, the clock."""
-    now = datetime.now(UTC)
+    now = clock_of(request).now()
     token = session.session_token(request)
     context.setdefault("viewer", None)
     html = environment().get_template(template).render(
@@ -52,3 +53,9 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
         csrf=session.csrf_token(token) if token else "", **context,
     )
     return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
+
+
+def not_found(request: Request, who: Principal, what: str) -> HTMLResponse:
+    """The 404 page for a job or run that does not exist, belongs to another team, or has an id
+    that names nothing (read with chimes.ids.id_from / run_id_from, as the API reads them)."""
+    return page(request, "not_found.html", status_code=404, viewer=who, what=what)

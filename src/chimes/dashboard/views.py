@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from chimes import cron
 
@@ -20,6 +20,12 @@ FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "skipped"})
 _SECRET_NAME = re.compile(r"auth|token|secret|passw|key|cookie|session|credential", re.IGNORECASE)
 MASK = "••••••"
 EN_DASH = "\u2013"
+
+
+class Row(Protocol):
+    """A row read by column name: a database record or a plain mapping."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
 
 
 def ago(moment: datetime | None, now: datetime) -> str:
@@ -119,18 +125,18 @@ def masked(values: Mapping[str, Any] | None) -> list[tuple[str, str]]:
 
 def partition_ranges(partitions: Sequence[int]) -> str:
     """``[0, 1, 2, 7]`` -> ``0-2, 7`` (with an en dash): a node's partitions, readable."""
+    ordered = sorted(partitions)
+    if not ordered:
+        return ""
     ranges: list[str] = []
-    start = prev = None
-    for p in sorted(partitions):
-        if start is None:
-            start = prev = p
-        elif p == prev + 1:
+    start = prev = ordered[0]
+    for p in ordered[1:]:
+        if p == prev + 1:
             prev = p
         else:
             ranges.append(_range(start, prev))
             start = prev = p
-    if start is not None:
-        ranges.append(_range(start, prev))
+    ranges.append(_range(start, prev))
     return ", ".join(ranges)
 
 
@@ -160,7 +166,7 @@ def lag_bars(bounds: Sequence[float], counts: Sequence[int]) -> list[Bar]:
     return bars((label, count, f"{count} runs fired {label} late") for label, count in zip(labels, counts, strict=True))
 
 
-def minute_bars(rows: Iterable[Mapping[str, Any]], now: datetime, minutes: int) -> list[Bar]:
+def minute_bars(rows: Iterable[Row], now: datetime, minutes: int) -> list[Bar]:
     """One bar per minute for the last ``minutes`` minutes, zeros included."""
     counts = {row["minute"]: row["failed"] for row in rows}
     current = now.replace(second=0, microsecond=0)

@@ -42,7 +42,8 @@ PATRONI_RETRY_TIMEOUT = 5
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @dataclass
@@ -181,9 +182,10 @@ class PatroniMember(Process):
         config = str(self.dir / "patroni.yml")
         found = [p.pid for p in psutil.process_iter(["cmdline"]) if config in (p.info["cmdline"] or [])]
         postmaster = self.postmaster_pid()
-        with contextlib.suppress(psutil.Error, TypeError):
-            server = psutil.Process(postmaster)  # type: ignore[arg-type]
-            found += [server.pid] + [child.pid for child in server.children(recursive=True)]
+        if postmaster is not None:  # Process(None) would be this process: kill() must never reach it
+            with contextlib.suppress(psutil.Error):
+                server = psutil.Process(postmaster)
+                found += [server.pid] + [child.pid for child in server.children(recursive=True)]
         return found
 
     def kill(self) -> None:
@@ -204,7 +206,8 @@ class PatroniMember(Process):
     def state(self, timeout: float = 2.0) -> dict[str, Any] | None:
         """Patroni's view of this member (``role``: primary, replica; ``timeline``), or None."""
         try:
-            return httpx.get(f"{self.api_url}/patroni", timeout=timeout).json()
+            state: dict[str, Any] = httpx.get(f"{self.api_url}/patroni", timeout=timeout).json()
+            return state
         except (httpx.HTTPError, ValueError):
             return None
 
@@ -214,9 +217,13 @@ class HaCluster:
 
     def __init__(self, base: Path, *, postgres: int = 3, hosts: Sequence[str] = ("127.0.0.1",),
                  allowed_networks: Sequence[str] = ("127.0.0.1/32",),
-                 prefixes: dict[str, Sequence[str]] | None = None) -> None:
+                 prefixes: dict[str, Sequence[str]] | None = None, synchronous_mode: bool = True) -> None:
         """``hosts``: the addresses members listen on, in turn; ``prefixes``: per address, the command
-        that runs a member there (``ip netns exec ZONE`` for a zone made by a test)."""
+        that runs a member there (``ip netns exec ZONE`` for a zone made by a test). ``synchronous_mode``
+        off makes every standby asynchronous, a setup Chimes does not support: it is there to measure
+        what it costs and loses (``python -m bench ha-cost``, ``async-loss``); it applies when the
+        cluster is first bootstrapped."""
+        self.synchronous_mode = synchronous_mode
         self.base = base.resolve()
         self.base.mkdir(parents=True, exist_ok=True)
         state = self.base / "ha.json"
@@ -245,24 +252,25 @@ class HaCluster:
         runtime.etcd_binary()
         self.python = runtime.patroni_python()
         runtime.ensure_patroni(self.patroni_site)
-        for member in self.etcd:
-            member.start()
-        for member in self.postgres:
-            member.start()
+        for etcd in self.etcd:
+            etcd.start()
+        for patroni in self.postgres:
+            patroni.start()
         primary = self.wait_for_primary(timeout)
         self.wait_for_standbys(timeout)
         self._create_database(primary)
 
     def stop(self) -> None:
-        for member in self.postgres:
-            member.stop()
-        for member in self.etcd:
-            member.stop()
+        for patroni in self.postgres:
+            patroni.stop()
+        for etcd in self.etcd:
+            etcd.stop()
 
     def restart_dead(self) -> list[str]:
         """Start every member that is not running (a killed former primary rejoins as a standby)."""
         started = []
-        for member in [*self.etcd, *self.postgres]:
+        members: list[EtcdMember | PatroniMember] = [*self.etcd, *self.postgres]
+        for member in members:
             if not member.alive:
                 member.start()
                 started.append(member.name)
@@ -292,7 +300,7 @@ class HaCluster:
 
     def wait_for_standbys(self, timeout: float) -> None:
         """Every running member other than the primary streams from it, and one is the synchronous
-        standby (the one a commit waits for, and the one a switchover may go to)."""
+        standby (the one a commit waits for, and the one a switchover may go to) in synchronous mode."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             members = self.members()
@@ -301,16 +309,32 @@ class HaCluster:
             alive = sum(1 for m in self.postgres if m.alive)
             if (len(running) == alive and len(standbys) == alive - 1
                     and all(m.get("state") == "streaming" for m in standbys)
-                    and (alive < 2 or any(m.get("role") == "sync_standby" for m in standbys))):
+                    and (alive < 2 or not self.synchronous_mode
+                         or any(m.get("role") == "sync_standby" for m in standbys))
+                    and self._standbys_say_streaming()):
                 return
             time.sleep(0.2)
         raise TimeoutError(f"standbys not streaming within {timeout:g} s; logs in {self.base}")
+
+    def _standbys_say_streaming(self) -> bool:
+        """Each running member agrees, from its own REST API, on the primary's timeline and, but the
+        primary, streams from it: the list above is read from one member, whose view may be stale (a
+        member just back from a cut zone still reports what it saw before)."""
+        states = [state for member in self.postgres if member.alive and (state := member.state(timeout=1.0))]
+        primaries = [state for state in states if state.get("role") in ("primary", "master")]
+        if len(primaries) != 1:
+            return False
+        timeline = primaries[0].get("timeline")
+        return all(state.get("timeline") == timeline and state.get("replication_state", "streaming") == "streaming"
+                   for state in states if state is not primaries[0])
 
     def members(self) -> list[dict[str, Any]]:
         """Patroni's list of members (``GET /cluster``) from any member that answers."""
         for member in self.postgres:
             with contextlib.suppress(httpx.HTTPError, ValueError):
-                return httpx.get(f"{member.api_url}/cluster", timeout=1).json().get("members", [])
+                members: list[dict[str, Any]] = httpx.get(f"{member.api_url}/cluster", timeout=1).json().get(
+                    "members", [])
+                return members
         return []
 
     def switchover(self, candidate: PatroniMember | None = None) -> PatroniMember:
@@ -344,7 +368,7 @@ class HaCluster:
                 "dcs": {
                     "ttl": PATRONI_TTL, "loop_wait": PATRONI_LOOP_WAIT, "retry_timeout": PATRONI_RETRY_TIMEOUT,
                     # A commit is acknowledged once a standby has it: a failover loses no acknowledged write.
-                    "synchronous_mode": True,
+                    "synchronous_mode": self.synchronous_mode,
                     "postgresql": {"use_pg_rewind": True,
                                    "parameters": {"wal_log_hints": "on", "max_connections": 300,
                                                   "max_wal_senders": 10, "max_replication_slots": 10}},
@@ -371,35 +395,17 @@ class HaCluster:
         """Patroni makes only ``postgres``; Chimes keeps its tables in their own database."""
         import asyncio
 
-        import asyncpg
+        from chimes.store.cluster import create_replicated_database
 
-        async def create() -> None:
-            conn = await asyncpg.connect(host=primary.layout.host, port=primary.layout.client_port, user="postgres",
-                                         password=self.layout.superuser_password, database="postgres")
-            try:
-                if not await conn.fetchval("SELECT true FROM pg_database WHERE datname = $1", DATABASE):
-                    await conn.execute(f'CREATE DATABASE "{DATABASE}"')
-                # A synchronous commit waits for the standby to have the WAL, not to have replayed it; a
-                # client that reached a standby first would be told the database does not exist (and
-                # asyncpg does not try the next host after an error of the server).
-                lsn = await conn.fetchval("SELECT pg_current_wal_lsn()")
-                deadline = time.monotonic() + 60
-                while await conn.fetchval("SELECT count(*) FROM pg_stat_replication WHERE replay_lsn < $1 "
-                                          "OR replay_lsn IS NULL", lsn):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the standbys did not replay the new database within 60 s")
-                    await asyncio.sleep(0.1)
-            finally:
-                await conn.close()
-
-        asyncio.run(create())
+        asyncio.run(create_replicated_database(primary.layout.host, primary.layout.client_port,
+                                               self.layout.superuser_password, DATABASE))
 
 
 def _postgres_bin() -> Path:
-    from chimes.store.embedded import pg
+    from chimes.store.embedded import BIN_DIR
 
-    runtime.allow_traversal(pg.POSTGRES_BIN_PATH)
-    return pg.POSTGRES_BIN_PATH
+    runtime.allow_traversal(BIN_DIR)
+    return BIN_DIR
 
 
 def _give_to_run_as_user(folder: Path) -> None:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from chimes.store.embedded import SYSTEM_USER, ensure_user_exists
+from chimes.store.embedded import SYSTEM_USER, system_user
 
 PATRONI_REQUIREMENTS = ("patroni[etcd3]>=4.0", "psycopg[binary]>=3.1")
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -31,7 +31,7 @@ def run_as() -> str | None:
     """The user Patroni and PostgreSQL run as: the embedded server's system user under root."""
     if os.geteuid() != 0:
         return None
-    ensure_user_exists(SYSTEM_USER)
+    system_user(SYSTEM_USER)
     return SYSTEM_USER
 
 

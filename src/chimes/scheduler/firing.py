@@ -6,13 +6,15 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from chimes import cron
+from chimes.enums import TriggerKind
 from chimes.ids import scheduled_at_of
+from chimes.settings import MISSED_AFTER_SEC
 from chimes.slots import catch_up, jitter_offset, on_time
-from chimes.store.scheduling import RETRY, DueTrigger, Fire
+from chimes.store.scheduling import DueTrigger, Fire
 
 # A trigger this late was missed (the scheduler was down, or the job paused), not merely delayed
 # by a takeover: its slots follow the job's catch-up policy instead of firing one by one.
-MISSED_AFTER = timedelta(seconds=60)
+MISSED_AFTER = timedelta(seconds=MISSED_AFTER_SEC)
 
 
 def schedule_of(trigger: DueTrigger) -> cron.CronSchedule | None:
@@ -24,7 +26,7 @@ def schedule_of(trigger: DueTrigger) -> cron.CronSchedule | None:
 def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: timedelta = MISSED_AFTER) -> Fire:
     """Pure: ``now`` is passed in. The next fire is computed from the slot, never from the clock, so
     a recurring job does not drift however late this fire is. Without ``now`` the fire is on time."""
-    if trigger.kind == RETRY:
+    if trigger.kind == TriggerKind.RETRY:
         return Fire(trigger, trigger.trigger_id, scheduled_at_of(trigger.trigger_id), None)
     schedule = schedule_of(trigger)
     offset = jitter_offset(trigger.job_id, trigger.jitter_sec)

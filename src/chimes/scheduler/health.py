@@ -30,12 +30,11 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import asyncpg
-
 from chimes import cron
 from chimes.ids import run_id_for, scheduled_at_of
 from chimes.slots import jitter_offset
-from chimes.store.queries import sql
+from chimes.store.db import Pool
+from chimes.store.health import BlockingRun, HealthStore, OverdueTrigger, StallRecord, UntriggeredSchedule
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +57,8 @@ def stalled(since: datetime, schedule: cron.CronSchedule, now: datetime, grace: 
     return interval is not None and now - since > interval + grace
 
 
-def _schedule(row: asyncpg.Record) -> cron.CronSchedule:
-    return cron.CronSchedule(row["cron"], row["timezone"], row["dst_gap"], row["dst_fold"])
+def _schedule(row: UntriggeredSchedule | BlockingRun) -> cron.CronSchedule:
+    return cron.CronSchedule(row.cron, row.timezone, row.dst_gap, row.dst_fold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,100 +79,93 @@ class Stall:
 
 
 class HealthCheck:
-    def __init__(self, pool: asyncpg.Pool, grace: timedelta = GRACE, jobs_per_sweep: int = JOBS_PER_SWEEP) -> None:
-        self._pool = pool
+    def __init__(self, pool: Pool, grace: timedelta = GRACE, jobs_per_sweep: int = JOBS_PER_SWEEP) -> None:
+        self._store = HealthStore(pool)
         self.grace = grace
         self.jobs_per_sweep = jobs_per_sweep
         self._swept_to = _BEFORE_ALL_IDS  # where the sweep for schedules without a trigger goes on
 
     async def sweep(self, now: datetime) -> int:
         """Queue notifications for what is unhealthy now; returns how many were queued."""
-        async with self._pool.acquire() as conn:
-            overdue = await conn.fetch(sql("overdue_triggers"), 1.0, OVERDUE_PER_PARTITION)
-            queued = await self._missed_starts(conn, now, overdue)
-            queued += await self._stalled_schedules(conn, now, overdue)
+        overdue = await self._store.overdue_triggers(1.0, OVERDUE_PER_PARTITION)
+        queued = await self._missed_starts(now, overdue)
+        queued += await self._stalled_schedules(now, overdue)
         if queued:
             log.warning("schedule health: %d notifications queued", queued)
         return queued
 
-    async def _missed_starts(self, conn: asyncpg.Connection, now: datetime, overdue: list[asyncpg.Record]) -> int:
-        late = await conn.fetch(sql("late_unstarted_runs"), UNSTARTED_LOOKED_AT)
+    async def _missed_starts(self, now: datetime, overdue: list[OverdueTrigger]) -> int:
+        late = await self._store.late_unstarted_runs(UNSTARTED_LOOKED_AT)
         queued = 0
         if late:
-            queued += await conn.fetchval(
-                sql("notify_runs"), "start_missed", [r["run_id"] for r in late], [r["scheduled_at"] for r in late],
-                [f"not started {int((now - r['scheduled_at']).total_seconds())}s after its scheduled time, past its "
-                 f"start deadline of {r['start_deadline_sec']}s: are workers running?" for r in late])
+            queued += await self._store.notify_runs(
+                "start_missed", [r.run_id for r in late], [r.scheduled_at for r in late],
+                [f"not started {int((now - r.scheduled_at).total_seconds())}s after its scheduled time, past its "
+                 f"start deadline of {r.start_deadline_sec}s: are workers running?" for r in late])
         # Slots never enqueued: their trigger is overdue past the start deadline. Keyed like the run
         # the slot will make, so a late fire of it later is not notified a second time.
         never = []
         for t in overdue:
-            slot = t["fire_at"] - jitter_offset(t["job_id"], t["jitter_sec"]) if t["cron"] else \
-                scheduled_at_of(t["trigger_id"])
-            if now - t["fire_at"] > timedelta(seconds=t["start_deadline_sec"]):
-                run_id = run_id_for(t["job_id"], slot) if t["cron"] else t["trigger_id"]
+            slot = t.fire_at - jitter_offset(t.job_id, t.jitter_sec) if t.cron else scheduled_at_of(t.trigger_id)
+            if now - t.fire_at > timedelta(seconds=t.start_deadline_sec):
+                run_id = run_id_for(t.job_id, slot) if t.cron else t.trigger_id
                 never.append((t, slot, run_id))
         if never:
-            queued += await conn.fetchval(
-                sql("notify_jobs"), "start_missed", [t["job_id"] for t, _, _ in never],
+            queued += await self._store.notify_jobs(
+                "start_missed", [t.job_id for t, _, _ in never],
                 [f"{run_id}:start_missed" for _, _, run_id in never],
-                [f"not fired {int((now - t['fire_at']).total_seconds())}s after it was due, past its start deadline "
-                 f"of {t['start_deadline_sec']}s: " + _why_not_fired(t) for t, _, _ in never],
+                [f"not fired {int((now - t.fire_at).total_seconds())}s after it was due, past its start deadline "
+                 f"of {t.start_deadline_sec}s: " + _why_not_fired(t) for t, _, _ in never],
                 [slot for _, slot, _ in never], [run_id for _, _, run_id in never])
         return queued
 
-    async def _stalled_schedules(self, conn: asyncpg.Connection, now: datetime,
-                                 overdue: list[asyncpg.Record]) -> int:
+    async def _stalled_schedules(self, now: datetime, overdue: list[OverdueTrigger]) -> int:
         stalls: dict[uuid.UUID, Stall] = {}
         for t in overdue:
-            if t["cron"] is not None and now - t["fire_at"] > self.grace:
-                stalls[t["job_id"]] = Stall(
-                    t["job_id"], t["owner"], "overdue", t["fire_at"],
-                    f"its fire due at {t['fire_at'].isoformat()} has not happened: {_why_not_fired(t)}", t["fire_at"])
-        for job in await self._without_trigger(conn):
-            if stalled(job["last_fire"], _schedule(job), now, self.grace):
-                stalls[job["job_id"]] = Stall(
-                    job["job_id"], job["owner"], "no_trigger", job["last_fire"],
-                    f"no fire since {job['last_fire'].isoformat()}: the job's trigger is missing")
+            if t.cron is not None and now - t.fire_at > self.grace:
+                stalls[t.job_id] = Stall(
+                    t.job_id, t.owner, "overdue", t.fire_at,
+                    f"its fire due at {t.fire_at.isoformat()} has not happened: {_why_not_fired(t)}", t.fire_at)
+        for job in await self._without_trigger():
+            if stalled(job.last_fire, _schedule(job), now, self.grace):
+                stalls[job.job_id] = Stall(
+                    job.job_id, job.owner, "no_trigger", job.last_fire,
+                    f"no fire since {job.last_fire.isoformat()}: the job's trigger is missing")
         held = []
-        for r in await conn.fetch(sql("blocking_runs"), self.grace.total_seconds()):
-            if stalled(r["since"], _schedule(r), now, self.grace):
+        for r in await self._store.blocking_runs(self.grace.total_seconds()):
+            if stalled(r.since, _schedule(r), now, self.grace):
                 held.append(r)
-                stalls.setdefault(r["job_id"], Stall(
-                    r["job_id"], r["owner"], "held", r["since"],
-                    f"no run has started since {r['since'].isoformat()}: run {r['run_id']} is still holding the "
-                    "schedule", run_id=r["run_id"]))
-        async with conn.transaction():
-            await conn.fetch(sql("resolve_stalls"))
-            found = list(stalls.values())
-            await conn.execute(sql("record_stalls"), [s.job_id for s in found], [s.owner for s in found],
-                               [s.cause for s in found], [s.since for s in found], [s.detail for s in found],
-                               [s.fire_at for s in found], [s.run_id for s in found])
+                stalls.setdefault(r.job_id, Stall(
+                    r.job_id, r.owner, "held", r.since,
+                    f"no run has started since {r.since.isoformat()}: run {r.run_id} is still holding the "
+                    "schedule", run_id=r.run_id))
+        await self._store.record_stalls([StallRecord(s.job_id, s.owner, s.cause, s.since, s.detail, s.fire_at, s.run_id)
+                                         for s in stalls.values()])
         queued = 0
         if held:  # notified per run, as before: the payload names the run
-            queued += await conn.fetchval(
-                sql("notify_runs"), "schedule_stalled", [r["run_id"] for r in held], [r["scheduled_at"] for r in held],
-                [f"no run has started since {r['since'].isoformat()}: this run is still holding the schedule"
+            queued += await self._store.notify_runs(
+                "schedule_stalled", [r.run_id for r in held], [r.scheduled_at for r in held],
+                [f"no run has started since {r.since.isoformat()}: this run is still holding the schedule"
                  for r in held])
         others = [s for s in stalls.values() if s.cause != "held"]
         if others:
-            queued += await conn.fetchval(
-                sql("notify_jobs"), "schedule_stalled", [s.job_id for s in others], [s.incident for s in others],
+            queued += await self._store.notify_jobs(
+                "schedule_stalled", [s.job_id for s in others], [s.incident for s in others],
                 [s.detail for s in others], [s.fire_at for s in others], [None for _ in others])
         return queued
 
-    async def _without_trigger(self, conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    async def _without_trigger(self) -> list[UntriggeredSchedule]:
         """One bounded step of the sweep over all jobs; starts over after the last."""
         start = self._swept_to
-        end = await conn.fetchval(sql("job_sweep_end"), start, self.jobs_per_sweep)
+        end = await self._store.job_sweep_end(start, self.jobs_per_sweep)
         if end is None:  # past the last job: the next sweep starts over
             self._swept_to = _BEFORE_ALL_IDS
             return []
         self._swept_to = end
-        return await conn.fetch(sql("schedules_without_trigger"), start, end)
+        return await self._store.schedules_without_trigger(start, end)
 
 
-def _why_not_fired(trigger: asyncpg.Record) -> str:
-    if not trigger["leased"]:
-        return f"partition {trigger['partition_id']} has no live scheduler node"
-    return f"partition {trigger['partition_id']} is owned but its node is behind (overloaded?)"
+def _why_not_fired(trigger: OverdueTrigger) -> str:
+    if not trigger.leased:
+        return f"partition {trigger.partition_id} has no live scheduler node"
+    return f"partition {trigger.partition_id} is owned but its node is behind (overloaded?)"

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from chimes import metrics
+from chimes.settings import PARTITION_LEASE_TTL_SEC
 from chimes.store.scheduling import SchedulerStore
 
 log = logging.getLogger(__name__)
@@ -16,7 +17,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class LeaseConfig:
-    ttl_sec: float = 5.0  # a dead node's partitions are taken over after at most this long
+    ttl_sec: float = PARTITION_LEASE_TTL_SEC  # a dead node's partitions are taken over after at most this long
     renew_every_sec: float = 1.0  # well inside the TTL, so one slow round never loses a lease
 
 

@@ -10,20 +10,20 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-
-import asyncpg
+from datetime import datetime, timedelta
 
 from chimes import failures, metrics, tracing
+from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.notifier import Notifier, NotifierConfig
-from chimes.scheduler.firing import MISSED_AFTER, follow_up, plan_fire
+from chimes.scheduler.firing import follow_up, plan_fire
 from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.leases import LeaseConfig, LeaseManager
 from chimes.scheduler.reaper import Reaper
 from chimes.scheduler.retention import Retention
 from chimes.scheduler.timer_wheel import TimerWheel
 from chimes.security.ssrf import EgressPolicy
-from chimes.store.db import DB_ERRORS, describe
+from chimes.settings import MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS
+from chimes.store.db import DB_ERRORS, Pool, describe
 from chimes.store.migrate import ensure_run_partitions
 from chimes.store.owners import SigningSecrets
 from chimes.store.scheduling import DueTrigger, Fire, FireResult, SchedulerStore
@@ -42,10 +42,10 @@ class SchedulerConfig:
     fire_concurrency: int = 3  # batches fired at once, each on its own connection
     fire_coalesce_sec: float = 0.02  # a trigger waits this long for others due just after it
     reap_every_sec: float = 2.0
-    missed_after_sec: float = MISSED_AFTER.total_seconds()  # later than this, catch-up policies apply
-    retention_days: int = 30  # run history older than this is dropped, a day's partition at a time
+    missed_after_sec: float = MISSED_AFTER_SEC  # later than this, catch-up policies apply
+    retention_days: int = RETENTION_DAYS  # run history older than this is dropped, a day's partition at a time
     notify_every_sec: float = 1.0
-    notify_give_up_sec: float = 86400.0  # a notification undelivered this long is dead-lettered
+    notify_give_up_sec: float = NOTIFY_GIVE_UP_HOURS * 3600  # a notification undelivered this long is dead-lettered
     health_every_sec: float = 10.0
     maintain_every_sec: float = 3600.0
 
@@ -63,8 +63,8 @@ def new_node_id() -> str:
 
 
 class SchedulerNode:
-    def __init__(self, pool: asyncpg.Pool, config: SchedulerConfig | None = None,
-                 node_id: str | None = None, clock: Callable[[], float] = time.time, *,
+    def __init__(self, pool: Pool, config: SchedulerConfig | None = None,
+                 node_id: str | None = None, clock: Clock = SYSTEM_CLOCK, *,
                  signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.store = SchedulerStore(pool, node_id or new_node_id())
@@ -90,7 +90,7 @@ class SchedulerNode:
         return self.store.node_id
 
     def _now(self) -> datetime:
-        return datetime.fromtimestamp(self._clock(), UTC)
+        return self._clock.now()
 
     def _on_partitions_lost(self, partitions: set[int]) -> None:
         dropped = self.wheel.drop_partitions(partitions)
@@ -199,8 +199,7 @@ class SchedulerNode:
         await self.reaper.sweep(self.leases.held, self._now())
 
     async def _maintain(self) -> None:
-        async with self._pool.acquire() as conn:
-            await ensure_run_partitions(conn)
+        await ensure_run_partitions(self._pool)
         await self.retention.sweep(self._now())
         await self.store.forget_dead_nodes()
 
@@ -217,7 +216,7 @@ class SchedulerNode:
         # a batch of one costs the database nearly as much as a batch of a hundred.
         coalesce = self.config.fire_coalesce_sec
         while True:
-            now = self._clock()
+            now = self._clock.time()
             first = self.wheel.next_due()
             due = self.wheel.pop_due(now, limit=self.config.fire_batch_size) if (
                 first is not None and first <= now - coalesce) else []

@@ -11,49 +11,48 @@ import logging
 from collections.abc import Mapping
 from datetime import datetime
 
-import asyncpg
-
 from chimes import failures, metrics
 from chimes.backoff import DEFAULT_POLICY, plan_retry
-from chimes.store.scheduling import LostRun, SchedulerStore
+from chimes.enums import RunStatus
+from chimes.store.scheduling import ExpiredRun, LostRun, SchedulerStore
 
 log = logging.getLogger(__name__)
 POISON_AFTER = 3  # lease losses (worker deaths) after which a run is failed as poison
 
 
-def judge(row: asyncpg.Record | Mapping, now: datetime, poison_after: int = POISON_AFTER) -> LostRun:
+def judge(run: ExpiredRun, now: datetime, poison_after: int = POISON_AFTER) -> LostRun:
     """Decide how one expired run ends. Pure: ``now`` is passed in."""
-    policy = row["retry_policy"] or DEFAULT_POLICY
-    attempt = row["attempt"]
-    lease_lost = bool(row["lease_expired"])
+    policy = run.retry_policy or DEFAULT_POLICY
+    attempt = run.attempt
+    lease_lost = bool(run.lease_expired)
     if lease_lost:
-        error = f"worker {row['worker_id']} stopped heartbeating during attempt {attempt} (lease expired)"
-        retry = plan_retry(policy, attempt, now, row["scheduled_at"], delay_sec=0.0)  # at once: no fair try
-        losses = (row.get("lease_losses") or 0) + 1
+        error = f"worker {run.worker_id} stopped heartbeating during attempt {attempt} (lease expired)"
+        retry = plan_retry(policy, attempt, now, run.scheduled_at, delay_sec=0.0)  # at once: no fair try
+        losses = (run.lease_losses or 0) + 1
         if losses >= poison_after:
             # The run itself probably kills its workers (memory, a crash in a library): stop feeding it.
-            return LostRun(row["run_id"], row["scheduled_at"], row["lease_token"], row["worker_id"],
-                           row["started_at"], f"{error}; poison run: its workers died {losses} times", None)
+            return LostRun(run.run_id, run.scheduled_at, run.lease_token, run.worker_id,
+                           run.started_at, f"{error}; poison run: its workers died {losses} times", None)
     else:
         error = f"attempt {attempt} ran past its deadline and was abandoned"
-        retry = plan_retry(policy, attempt, now, row["scheduled_at"])
+        retry = plan_retry(policy, attempt, now, run.scheduled_at)
     retry_at = retry.at
     if retry.past_deadline:
         error += f"; {retry.past_deadline}"
     elif retry_at is None:
         error += "; no attempts left"
-    return LostRun(row["run_id"], row["scheduled_at"], row["lease_token"], row["worker_id"], row["started_at"],
+    return LostRun(run.run_id, run.scheduled_at, run.lease_token, run.worker_id, run.started_at,
                    error, retry_at, lease_lost)
 
 
-def _judge_or_fail(row: asyncpg.Record | Mapping, now: datetime) -> LostRun:
+def _judge_or_fail(run: ExpiredRun, now: datetime) -> LostRun:
     """A run whose stored retry policy cannot be read fails for good, saying why, instead of
     stopping the reaper for every run behind it."""
     try:
-        return judge(row, now)
+        return judge(run, now)
     except Exception as exc:
-        failures.set_aside("scheduler", "expired_run", f"expired run {row['run_id']}", exc)
-        return LostRun(row["run_id"], row["scheduled_at"], row["lease_token"], row["worker_id"], row["started_at"],
+        failures.set_aside("scheduler", "expired_run", f"expired run {run.run_id}", exc)
+        return LostRun(run.run_id, run.scheduled_at, run.lease_token, run.worker_id, run.started_at,
                        f"the run could not be judged after its attempt ended ({failures.describe(exc)})", None)
 
 
@@ -78,7 +77,7 @@ class Reaper:
         ended = await self.store.reap(leases, [_judge_or_fail(r, now) for r in rows])
         for row in ended:
             log.warning("reaped run %s (%s)", row["run_id"],
-                        "re-enqueued" if row["retry_at"] is not None else "failed",
+                        "re-enqueued" if row["retry_at"] is not None else RunStatus.FAILED,
                         extra={"run_id": str(row["run_id"]), "job_id": str(row["job_id"])})
         metrics.record_reaped(ended)
         self.reaped += len(ended)

@@ -14,8 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-import asyncpg
-
+from chimes.store.db import LockNotAvailable, Pool
 from chimes.store.retention import RetentionStore
 
 log = logging.getLogger(__name__)
@@ -33,7 +32,7 @@ class RetentionResult:
 
 
 class Retention:
-    def __init__(self, pool: asyncpg.Pool, days: int, lock_timeout_sec: float = LOCK_TIMEOUT_SEC,
+    def __init__(self, pool: Pool, days: int, lock_timeout_sec: float = LOCK_TIMEOUT_SEC,
                  notification_batch: int = NOTIFICATION_BATCH) -> None:
         self.store = RetentionStore(pool)
         self.days = days
@@ -47,13 +46,13 @@ class Retention:
         for day in await self.store.old_days(cutoff.date()):
             try:
                 await self.store.drop_day(day, self.lock_timeout_sec)
-            except asyncpg.LockNotAvailableError:
+            except LockNotAvailable:
                 result.deferred += day.tables
                 continue
             result.dropped += len(day.tables)
         try:
             result.rows_deleted = await self.store.delete_old_default_rows(cutoff, self.lock_timeout_sec)
-        except asyncpg.LockNotAvailableError:
+        except LockNotAvailable:
             pass  # next round
         while True:
             deleted = await self.store.delete_old_notifications(cutoff, self.notification_batch)

@@ -7,7 +7,7 @@ crafted body swallow the next request sent on that connection, another team's, s
 all (request smuggling). The HTTP client sets these itself; a task never does.
 
 The API refuses them (chimes.jobs.HttpTaskSpec) and the worker drops them again when it sends
-(chimes.worker.http_task), for rows written before the rule or around the API.
+(chimes.worker.tasks.http), for rows written before the rule or around the API.
 """
 
 from __future__ import annotations

@@ -131,13 +131,15 @@ def _read_or_create(path: Path) -> str:
 
 def secret_field(task: dict[str, Any]) -> str | None:
     """The wire name of the task's secret field (``secretHeaders`` or ``secretEnv``), if its type has one."""
-    return SECRET_FIELDS.get(task.get("type")) if isinstance(task, dict) else None
+    return SECRET_FIELDS.get(task.get("type", "")) if isinstance(task, dict) else None
 
 
 def split_sealed(definition: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """A stored definition without its sealed values (so it validates as a JobSpec), and those values."""
     task = definition.get("task")
-    field = secret_field(task) if isinstance(task, dict) else None
+    if not isinstance(task, dict):
+        return definition, {}
+    field = secret_field(task)
     if field is None or field not in task:
         return definition, {}
     plain = dict(task)
@@ -150,14 +152,15 @@ def seal_spec(spec: JobSpec, keyring: Keyring, kept: dict[str, str] | None = Non
     ``kept`` (what is stored now) under the same name."""
     field = secret_field({"type": spec.task.type})
     values = getattr(spec.task, _MODEL_ATTRS[field], None) if field else None
-    if not values:
+    if field is None or not values:
         return spec
+    stored = kept or {}
     sealed = {}
     for name, value in values.items():
         if value == REDACTED:
-            if name not in (kept or {}):
+            if name not in stored:
                 raise SecretNotKept(f"task.{field}.{name}")
-            sealed[name] = kept[name]  # type: ignore[index]
+            sealed[name] = stored[name]
         else:
             sealed[name] = keyring.seal(value)
     return _with_secrets(spec, field, sealed)
@@ -185,7 +188,9 @@ def has_secrets(spec: JobSpec) -> bool:
 def redact(definition: dict[str, Any]) -> dict[str, Any]:
     """A definition as the API shows it: every secret value replaced by :data:`REDACTED`."""
     task = definition.get("task")
-    field = secret_field(task) if isinstance(task, dict) else None
+    if not isinstance(task, dict):
+        return definition
+    field = secret_field(task)
     if field is None or not task.get(field):
         return definition
     return {**definition, "task": {**task, field: dict.fromkeys(task[field], REDACTED)}}

@@ -3,16 +3,18 @@ transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 
+from chimes.enums import TriggerKind
 from chimes.ids import new_job_ids, partition_of
 from chimes.jobs import JobSpec
-from chimes.store.jobs import first_fire, job_columns
+from chimes.store.jobs import job_columns
 
 JOB_COLUMNS = ("job_id", "owner", "name", "cron", "run_at", "timezone", "jitter_sec", "task", "retry_policy",
                "timeout_sec", "concurrency", "priority", "dst_gap", "dst_fold", "catch_up", "queue_limit", "tags",
@@ -29,8 +31,13 @@ class Rows:
     triggers: list[tuple[Any, ...]]
 
 
-def job_rows(specs: Sequence[JobSpec], owner: str, now: datetime, id_millis: int | None = None) -> Rows:
-    """New jobs for validated specs, each with its first trigger (after ``now``) where it has one;
+#: When a new job fires first (chimes.services.jobs.first_fire): the spec, the job's id, now.
+FirstFire = Callable[[JobSpec, uuid.UUID, datetime], datetime | None]
+
+
+def job_rows(specs: Sequence[JobSpec], owner: str, now: datetime, first_fire: FirstFire,
+             id_millis: int | None = None) -> Rows:
+    """New jobs for validated specs, each with its first trigger (``first_fire``) where it has one;
     their ids carry ``id_millis`` (default: now), which orders chunks made side by side."""
     jobs, triggers = [], []
     for spec, job_id in zip(specs, new_job_ids(len(specs), id_millis), strict=True):
@@ -38,7 +45,7 @@ def job_rows(specs: Sequence[JobSpec], owner: str, now: datetime, id_millis: int
         jobs.append((text_id, owner, *job_columns(spec)))
         fire_at = first_fire(spec, job_id, now)
         if fire_at is not None:
-            triggers.append((partition_of(job_id), fire_at, text_id, text_id, 1, 0))
+            triggers.append((partition_of(job_id), fire_at, text_id, text_id, 1, TriggerKind.SCHEDULE.value))
     return Rows(jobs, triggers)
 
 

@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from chimes.enums import Priority
 from chimes.ids import PARTITION_COUNT
-from chimes.jobs import PRIORITY_NAMES
+from chimes.store.db import Conn, one_row
 from chimes.store.jobs import JobRecord, definition_of
 from chimes.store.queries import sql
 
@@ -142,16 +143,33 @@ class DashboardStore:
         return fleet
 
 
-async def queue_tiers(conn: asyncpg.Connection) -> list[QueueTier]:
+@dataclass(frozen=True, slots=True)
+class FleetGauges:
+    """The fleet-wide gauges of ``/metrics`` (chimes.metrics), read at scrape time."""
+
+    queue: list[QueueTier]
+    nodes: int  # scheduler nodes heartbeating within 30 s
+    workers: int  # workers heartbeating within 60 s
+    unleased: int  # partitions no live node holds
+
+
+async def fleet_gauges(pool: asyncpg.Pool) -> FleetGauges:
+    async with pool.acquire() as conn:
+        queue = await queue_tiers(conn)
+        row = one_row(await conn.fetchrow(sql("metrics_fleet")))
+    return FleetGauges(queue, row["nodes"], row["workers"], row["unleased"])
+
+
+async def queue_tiers(conn: Conn) -> list[QueueTier]:
     """Runs waiting per priority tier (counted up to a cap) and how long the oldest has waited."""
     tiers = []
-    for tier, name in PRIORITY_NAMES.items():
-        row = await conn.fetchrow(sql("metrics_queue_tier"), tier, QUEUE_COUNT_CAP)
-        tiers.append(QueueTier(name, row["depth"], row["oldest_sec"]))
+    for tier in Priority:
+        row = one_row(await conn.fetchrow(sql("metrics_queue_tier"), tier, QUEUE_COUNT_CAP))
+        tiers.append(QueueTier(tier.label, row["depth"], row["oldest_sec"]))
     return tiers
 
 
-async def _fire_lag(conn: asyncpg.Connection, start: datetime, end: datetime) -> FireLag:
+async def _fire_lag(conn: Conn, start: datetime, end: datetime) -> FireLag:
     rows = await conn.fetch(sql("dashboard_fire_lag"), _run_id_floor(start), _run_id_floor(end), start, end,
                             LAG_SAMPLE, list(LAG_BOUNDS))
     buckets = [0] * (len(LAG_BOUNDS) + 1)
@@ -169,7 +187,7 @@ def _run_id_floor(instant: datetime) -> uuid.UUID:
     return uuid.UUID(int=int(instant.timestamp() * 1000) << 80)
 
 
-async def _last_runs(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:
+async def _last_runs(conn: Conn, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:
     if not job_ids:
         return {}
     return {r["job_id"]: r for r in await conn.fetch(sql("last_runs"), job_ids)}

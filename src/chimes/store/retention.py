@@ -25,16 +25,17 @@ class RetentionStore:
 
     async def drop_day(self, day: OldDay, lock_timeout_sec: float) -> None:
         """Drop one day's partitions in one short transaction. Raises
-        ``asyncpg.LockNotAvailableError`` when a reader holds them past ``lock_timeout_sec``."""
+        ``chimes.store.db.LockNotAvailable`` when a reader holds them past ``lock_timeout_sec``."""
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("limit_lock_wait"), f"{max(1, round(lock_timeout_sec * 1000))}ms")
             await conn.execute(sql("lock_run_partitions"))
-            await conn.execute("DROP TABLE " + ", ".join(_quoted(t) for t in day.tables))
+            await conn.execute(sql("drop_tables").format(tables=", ".join(_quoted(t) for t in day.tables)))
 
     async def delete_old_default_rows(self, cutoff: datetime, lock_timeout_sec: float) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("limit_lock_wait"), f"{max(1, round(lock_timeout_sec * 1000))}ms")
-            return await conn.fetchval(sql("delete_old_default_runs"), cutoff)
+            deleted: int = await conn.fetchval(sql("delete_old_default_runs"), cutoff)
+            return deleted
 
     async def delete_old_notifications(self, cutoff: datetime, batch: int) -> int:
         status = await self._pool.execute(sql("delete_old_notifications"), cutoff, batch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -10,15 +11,29 @@ import asyncpg
 
 from chimes import cron
 from chimes.backoff import plan_retry
+from chimes.enums import RunStatus
 from chimes.ids import new_run_id, partition_of, run_id_for, scheduled_at_of, truncate_to_millis
+from chimes.store.db import Row, one_row
 from chimes.store.queries import sql
-from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, runs_ended
+from chimes.store.working import runs_ended
 
 
 class BackfillError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """One run with its ended attempts. ``run`` and ``attempts`` are the rows as read, for rendering
+    (chimes.api.views.run_view, the dashboard's run page); decisions use the typed fields."""
+
+    run_id: uuid.UUID
+    job_id: uuid.UUID
+    status: str
+    run: Row
+    attempts: list[Row]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +60,14 @@ class RunStore:
         at, run_id = before if before else (None, None)
         return await self._pool.fetch(sql("list_runs"), job_id, owner, status, at, run_id, limit)
 
-    async def get(self, run_id: uuid.UUID, owner: str | None) -> tuple[asyncpg.Record, list[asyncpg.Record]] | None:
+    async def get(self, run_id: uuid.UUID, owner: str | None) -> RunDetail | None:
         scheduled_at = scheduled_at_of(run_id)
         async with self._pool.acquire() as conn:
             run = await conn.fetchrow(sql("get_run"), run_id, scheduled_at, owner)
             if run is None:
                 return None
             attempts = await conn.fetch(sql("run_attempts"), run_id, scheduled_at)
-        return run, attempts
+        return RunDetail(run["run_id"], run["job_id"], run["status"], run, list(attempts))
 
     async def start_now(self, job_id: uuid.UUID, owner: str | None, trigger: str, now: datetime) -> uuid.UUID | None:
         """Create and enqueue a run of the job at ``now``, with an id of its own (each call is one more
@@ -60,12 +75,12 @@ class RunStore:
         scheduled_at = truncate_to_millis(now)
         run_id = new_run_id(scheduled_at)
         async with self._pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
+            row = one_row(await conn.fetchrow(
                 sql("start_run_now"), job_id, owner, run_id, scheduled_at, partition_of(job_id), trigger
-            )
+            ))
             if not row["job_found"]:
                 return None
-            await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
+            await conn.execute(sql("notify_queue"))
         return run_id
 
     async def backfill(self, job_id: uuid.UUID, owner: str | None, start: datetime, end: datetime,
@@ -85,14 +100,15 @@ class RunStore:
             run_ids = [run_id_for(job_id, s) for s in slots]
             created = await conn.fetch(sql("backfill_runs"), job_id, run_ids, slots, partition_of(job_id))
             if created:
-                await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
+                await conn.execute(sql("notify_queue"))
         return BackfillResult([r["run_id"] for r in created], len(slots) - len(created))
 
     async def callback_heartbeat(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID,
                                  lease_sec: float) -> datetime | None:
         """Extend the lease of a run whose target reports for itself; None when the token is stale."""
-        return await self._pool.fetchval(sql("callback_heartbeat"), run_id, scheduled_at_of(run_id), owner,
-                                         lease_token, lease_sec)
+        expires_at: datetime | None = await self._pool.fetchval(
+            sql("callback_heartbeat"), run_id, scheduled_at_of(run_id), owner, lease_token, lease_sec)
+        return expires_at
 
     async def callback_complete(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID, status: str,
                                 error: str | None, output: str | None, now: datetime) -> bool:
@@ -104,7 +120,7 @@ class RunStore:
             if run is None:
                 return False
             retry_at = None
-            if status == "failed":
+            if status == RunStatus.FAILED:
                 retry = plan_retry(run["retry_policy"], run["attempt"], now, since=scheduled_at)
                 retry_at = retry.at
                 if retry.past_deadline:
@@ -114,7 +130,7 @@ class RunStore:
             await runs_ended(conn, [r for r in ended if r["final"]])
         return bool(ended)
 
-    async def queue_depth(self) -> list[asyncpg.Record]:
+    async def queue_depth(self) -> builtins.list[asyncpg.Record]:
         return await self._pool.fetch(sql("queue_depth"))
 
     async def cancel(self, run_id: uuid.UUID, owner: str | None, reason: str) -> bool:
@@ -123,5 +139,5 @@ class RunStore:
             if row is not None:
                 await runs_ended(conn, [row])
                 if row["was_running"]:  # delivered at commit: its worker stops the attempt at once
-                    await conn.execute("SELECT pg_notify($1, $2)", CANCEL_CHANNEL, str(run_id))
+                    await conn.execute(sql("notify_cancel"), str(run_id))
         return row is not None

@@ -10,11 +10,12 @@ from typing import Any
 
 import asyncpg
 
+from chimes.enums import TriggerKind
 from chimes.slots import Slot
+from chimes.store.db import Conn, Row, one_row
 from chimes.store.queries import sql
 from chimes.store.working import runs_ended
 
-SCHEDULE, RETRY = 0, 1
 MIN_START_DEADLINE = timedelta(seconds=1)  # the smallest startDeadlineSec a job may have
 TriggerKey = tuple[int, datetime, uuid.UUID]  # (partition_id, fire_at, trigger_id): the primary key
 
@@ -28,7 +29,7 @@ class DueTrigger:
     trigger_id: uuid.UUID
     job_id: uuid.UUID
     job_version: int
-    kind: int
+    kind: TriggerKind
     cron: str | None
     timezone: str | None
     dst_gap: str | None = None
@@ -73,6 +74,26 @@ class LostRun:
     error: str
     retry_at: datetime | None  # None: fail for good; now or earlier: re-enqueue at once; later: retry then
     lease_lost: bool = True  # the worker vanished (counts toward poison), rather than overran its deadline
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredRun:
+    """A running run whose worker stopped heartbeating (``lease_expired``) or that ran past its deadline."""
+
+    run_id: uuid.UUID
+    scheduled_at: datetime
+    job_id: uuid.UUID
+    attempt: int
+    lease_token: uuid.UUID
+    partition_id: int
+    priority: int
+    worker_id: str | None
+    started_at: datetime | None
+    job_version: int
+    deadline_at: datetime | None
+    lease_losses: int | None
+    lease_expired: bool | None  # None: no lease time (never so for a running run)
+    retry_policy: dict[str, Any] | None  # None: the job was deleted
 
 
 class SchedulerStore:
@@ -144,16 +165,16 @@ class SchedulerStore:
             for s in f.slots:
                 _append(slots, (index, s.run_id, s.scheduled_at, s.trigger, s.outcome, s.reason))
         async with self._pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(
+            row = one_row(await conn.fetchrow(
                 sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *triggers, *slots,
                 fired_at,
-            )
+            ))
             if row["enqueued"]:
                 await conn.execute(sql("notify_queue"))
             await self._notify_late_fires(conn, fires, fired_at)
         return FireResult(row["leases_held"], row["fired"], row["enqueued"])
 
-    async def _notify_late_fires(self, conn: asyncpg.Connection, fires: Sequence[Fire], fired_at: datetime) -> None:
+    async def _notify_late_fires(self, conn: Conn, fires: Sequence[Fire], fired_at: datetime) -> None:
         """A run created later than its job's start deadline has missed its start, however soon a
         worker takes it: notified here, in the fire's transaction. On time (the usual case), no query."""
         late = [s for f in fires for s in f.slots
@@ -162,10 +183,12 @@ class SchedulerStore:
             await conn.execute(sql("notify_late_fires"), [s.run_id for s in late], [s.scheduled_at for s in late])
 
     # --- reaper ----------------------------------------------------------------------------
-    async def expired_runs(self, partitions: Sequence[int], limit: int) -> list[asyncpg.Record]:
-        return await self._pool.fetch(sql("expired_runs"), list(partitions), limit)
+    async def expired_runs(self, partitions: Sequence[int], limit: int) -> list[ExpiredRun]:
+        return [ExpiredRun(**dict(row)) for row in await self._pool.fetch(sql("expired_runs"), list(partitions), limit)]
 
-    async def reap(self, leases: Mapping[int, int], lost: Sequence[LostRun]) -> list[asyncpg.Record]:
+    async def reap(self, leases: Mapping[int, int], lost: Sequence[LostRun]) -> Sequence[Row]:
+        """End the lost attempts; returns the runs ended or re-enqueued (run_id, scheduled_at, job_id,
+        partition_id, job_version, priority, retry_at, final)."""
         partitions = list(leases)
         async with self._pool.acquire() as conn, conn.transaction():
             ended = await conn.fetch(
@@ -179,9 +202,11 @@ class SchedulerStore:
             await runs_ended(conn, [r for r in ended if r["final"]])
         return ended
 
-    async def reconcile_active_runs(self) -> asyncpg.Record:
-        """Self-healing for concurrency bookkeeping; cheap, as only unfinished runs are looked at."""
-        return await self._pool.fetchrow(sql("reconcile_active_runs"))
+    async def reconcile_active_runs(self) -> tuple[int, int]:
+        """Self-healing for concurrency bookkeeping; cheap, as only unfinished runs are looked at.
+        Returns how many ended runs were forgotten and how many held runs were released."""
+        row = one_row(await self._pool.fetchrow(sql("reconcile_active_runs")))
+        return row["forgotten"], row["released"]
 
 
 def _append(columns: list[list[Any]], values: tuple[Any, ...]) -> None:

@@ -6,9 +6,11 @@ import hashlib
 import secrets
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
+from chimes.store.owners import OwnerStore
 from chimes.store.queries import sql
 
 TOKEN_PREFIX = "chm_"
@@ -57,3 +59,40 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str) -> P
         return None
     row = await conn.fetchrow(sql("token_by_hash"), hash_token(token))
     return None if row is None else Principal(row["owner"], row["admin"], row["scope"], row["token_id"])
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """A token as ``chimes token list`` shows it: never its secret."""
+
+    token_id: uuid.UUID
+    owner: str
+    admin: bool
+    scope: str
+    name: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+async def list_tokens(conn: asyncpg.Connection | asyncpg.Pool) -> list[TokenInfo]:
+    """Every token, oldest first, revoked ones included."""
+    return [TokenInfo(**dict(row)) for row in await conn.fetch(sql("list_tokens"))]
+
+
+async def revoke_token(conn: asyncpg.Connection | asyncpg.Pool, token_id: uuid.UUID) -> bool:
+    """Revoke an active token; False when there is none with that id."""
+    return await conn.fetchval(sql("revoke_token"), token_id) is not None
+
+
+async def create_first_admin_token(conn: asyncpg.Connection, name: str, *, allow_commands: bool = False) -> str | None:
+    """An admin token (owner ``admin``) when there is no active admin token yet, else None. Processes
+    starting together make one between them: the table is locked against concurrent inserts for the
+    check. ``allow_commands``: the admin owner may also run command tasks."""
+    async with conn.transaction():
+        await conn.execute(sql("lock_api_tokens"))
+        if await conn.fetchval(sql("count_admin_tokens")):
+            return None
+        token = await create_token(conn, "admin", admin=True, name=name)
+        if allow_commands:
+            await OwnerStore(conn).set("admin", allow_commands=True)
+        return token

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
+from chimes.enums import Priority, RunStatus
+from chimes.store.caps import Candidate, CapKey, cap_key
+from chimes.store.db import Conn, open_connection
 from chimes.store.queries import sql
-from chimes.worker.caps import Candidate, admit, cap_key
+
+#: The admission policy of a capped claim (chimes.worker.caps.admit): from the candidates in queue
+#: order, the room left under each cap, and how many to take at most, the queue ids to claim.
+Admission = Callable[[Iterable[Candidate], Mapping[CapKey, int], int], list[int]]
+
 
 QUEUE_CHANNEL = "chimes_run_queue"
 CANCEL_CHANNEL = "chimes_run_cancel"  # payload: the id of a running run that was just cancelled
@@ -31,22 +38,33 @@ class ClaimedRun:
     timeout_sec: int | None
     job_exists: bool
     owner: str = ""  # whose run: decides command permission and the signing secret
-    priority: int = 1  # queue tier: 0 high, 1 normal, 2 batch
+    priority: Priority = Priority.NORMAL  # queue tier
+
+
+class Outcome(Protocol):
+    """What the store records of how an attempt ended (chimes.worker.tasks.common.Outcome is one):
+    the store reads these three and decides nothing from them."""
+
+    @property
+    def status(self) -> RunStatus: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def output(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    """How an attempt ended. ``retry_at`` set: the run waits for another attempt then."""
+class Completion:
+    """An attempt that ended, to record: its run, its outcome (succeeded, failed or cancelled) and when.
+    ``retry_at`` set: the run waits for another attempt then."""
 
     run: ClaimedRun
-    status: str  # succeeded | failed | cancelled
-    error: str | None
-    output: str | None
+    outcome: Outcome
     finished_at: datetime
     retry_at: datetime | None
 
 
-async def runs_ended(conn: asyncpg.Connection, ended: Sequence[asyncpg.Record]) -> None:
+async def runs_ended(conn: Conn, ended: Sequence[asyncpg.Record]) -> None:
     """Runs that ended stop counting against their job's concurrency, held runs move up, and the
     ones that failed for good queue their notification, all in the caller's transaction."""
     if ended:
@@ -66,8 +84,8 @@ class WorkerStore:
         await self._pool.execute(sql("forget_worker"), self.worker_id)
 
     async def claim(self, limit: int, lease_sec: float, deadline_grace_sec: float,
-                    tiers: tuple[int, int] = (0, 2)) -> list[ClaimedRun]:
-        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]`` (0 high, 2 batch)."""
+                    tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
+        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]``, both included."""
         if limit <= 0:
             return []
         async with self._pool.acquire() as conn, conn.transaction():
@@ -77,11 +95,13 @@ class WorkerStore:
         return [ClaimedRun(**dict(row)) for row in rows]
 
     async def caps_exist(self) -> bool:
-        return await self._pool.fetchval(sql("caps_exist"))
+        exist: bool = await self._pool.fetchval(sql("caps_exist"))
+        return exist
 
-    async def claim_capped(self, limit: int, lease_sec: float, deadline_grace_sec: float,
-                           tiers: tuple[int, int] = (0, 2)) -> list[ClaimedRun]:
-        """Claim runs that fall under concurrency caps, never past a cap: one claimer at a time."""
+    async def claim_capped(self, limit: int, lease_sec: float, deadline_grace_sec: float, admit: Admission,
+                           tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
+        """Claim runs that fall under concurrency caps, never past a cap: one claimer at a time, and
+        ``admit`` chooses among the candidates with the caps' usage counted under that lock."""
         if limit <= 0:
             return []
         async with self._pool.acquire() as conn, conn.transaction():
@@ -111,18 +131,18 @@ class WorkerStore:
         )
         return {row["run_id"] for row in rows}
 
-    async def complete(self, outcomes: Sequence[Outcome]) -> set[uuid.UUID]:
+    async def complete(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         """Record a batch of outcomes in one statement; returns the runs whose outcome was accepted."""
-        if not outcomes:
+        if not completions:
             return set()
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("plan_by_key"))
             rows = await conn.fetch(
                 sql("complete_runs"),
-                [o.run.run_id for o in outcomes], [o.run.scheduled_at for o in outcomes],
-                [o.run.lease_token for o in outcomes], [o.status for o in outcomes],
-                [o.error for o in outcomes], [o.output for o in outcomes],
-                [o.finished_at for o in outcomes], [o.retry_at for o in outcomes], self.worker_id,
+                [c.run.run_id for c in completions], [c.run.scheduled_at for c in completions],
+                [c.run.lease_token for c in completions], [c.outcome.status for c in completions],
+                [c.outcome.error for c in completions], [c.outcome.output for c in completions],
+                [c.finished_at for c in completions], [c.retry_at for c in completions], self.worker_id,
             )
             await runs_ended(conn, [r for r in rows if r["final"]])
         return {row["run_id"] for row in rows}
@@ -136,5 +156,36 @@ class WorkerStore:
                 sql("release_runs"), [r.run_id for r in runs], [r.scheduled_at for r in runs],
                 [r.lease_token for r in runs],
             )
-            await conn.execute("SELECT pg_notify($1, '')", QUEUE_CHANNEL)
+            await conn.execute(sql("notify_queue"))
         return {row["run_id"] for row in rows}
+
+
+class RunSignals:
+    """A connection of its own on which a worker LISTENs for runs enqueued (QUEUE_CHANNEL) and running
+    runs cancelled (CANCEL_CHANNEL, the run id as payload)."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    @classmethod
+    async def open(cls, dsn: str, *, check_timeout_sec: float, on_queued: Callable[[], None],
+                   on_cancel: Callable[[str], None], on_lost: Callable[[], None]) -> RunSignals:
+        conn = await open_connection(dsn, command_timeout=check_timeout_sec)
+        try:
+            conn.add_termination_listener(lambda _: on_lost())
+            await conn.add_listener(QUEUE_CHANNEL, lambda *_: on_queued())
+            await conn.add_listener(CANCEL_CHANNEL, lambda _conn, _pid, _channel, payload: on_cancel(payload))
+        except BaseException:
+            conn.terminate()
+            raise
+        return cls(conn)
+
+    async def check(self) -> None:
+        """A round trip, bounded by the check timeout: LISTEN again (a no-op on a channel already
+        listened to), so the session still shows what it is for in pg_stat_activity."""
+        await self._conn.execute(sql("listen_queue"))
+
+    def drop(self) -> None:
+        """Never a wait: the server may be the one that stopped answering."""
+        if not self._conn.is_closed():
+            self._conn.terminate()

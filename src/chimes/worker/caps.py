@@ -7,25 +7,11 @@ cap together, with usage counted live from the running runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 
-#: ("owner", "team-a"); ("tag", "db-heavy", "team-a"): team-a's jobs with the tag; ("tag", "db-heavy"):
-#: every owner's jobs with the tag (fleet-wide).
-CapKey = tuple[str, ...]
+from chimes.store.caps import Candidate, CapKey, cap_key
 
-
-def cap_key(scope: str, name: str, owner: str = "") -> CapKey:
-    """The key of a cap row: an owner cap or a fleet-wide tag cap has no owner ('')."""
-    return (scope, name, owner) if owner else (scope, name)
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    queue_id: int
-    owner: str
-    tags: Sequence[str]
-
+__all__ = ["Candidate", "CapKey", "admit", "cap_key", "caps_of"]
 
 def caps_of(candidate: Candidate, rooms: Mapping[CapKey, int]) -> list[CapKey]:
     keys: list[CapKey] = [("owner", candidate.owner)]

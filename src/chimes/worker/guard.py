@@ -15,11 +15,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-
 from chimes.security.secrets import Keyring, SecretKeyError, SecretUnreadable, default_keyring, reveal
-from chimes.store.db import DB_ERRORS, describe
-from chimes.store.owners import COMMAND_TASK_TYPES, OwnerCache, OwnerStore, check_secret_key
+from chimes.services.jobs import COMMAND_TASK_TYPES
+from chimes.store.db import DB_ERRORS, Pool, describe
+from chimes.store.owners import OwnerCache, OwnerStore, check_secret_key
 from chimes.store.working import ClaimedRun
 
 log = logging.getLogger(__name__)
@@ -33,7 +32,7 @@ class PreparedTask:
 
 
 class TaskGuard:
-    def __init__(self, pool: asyncpg.Pool, keyring: Keyring | None = None, *, allow_commands: bool = False,
+    def __init__(self, pool: Pool, keyring: Keyring | None = None, *, allow_commands: bool = False,
                  cache_ttl_sec: float = 30.0) -> None:
         self.allow_commands = allow_commands
         self._pool = pool

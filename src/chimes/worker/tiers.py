@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HIGH, NORMAL, BATCH = 0, 1, 2
+from chimes.enums import Priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +24,8 @@ class TierPolicy:
 
 @dataclass(frozen=True, slots=True)
 class ClaimStep:
-    lowest: int
-    highest: int
+    lowest: Priority
+    highest: Priority
     at_most: int  # before subtracting what earlier steps of the same cycle claimed
 
 
@@ -34,6 +34,7 @@ def claim_steps(policy: TierPolicy, cycle: int, free: int, batch_room: int) -> l
     steps: list[ClaimStep] = []
     if cycle % policy.every == 0:
         share = max(1, int(free * policy.low_share))
-        steps += [ClaimStep(BATCH, BATCH, min(share, batch_room)), ClaimStep(NORMAL, NORMAL, share)]
-    steps += [ClaimStep(HIGH, NORMAL, free), ClaimStep(BATCH, BATCH, batch_room)]
+        steps += [ClaimStep(Priority.BATCH, Priority.BATCH, min(share, batch_room)),
+                  ClaimStep(Priority.NORMAL, Priority.NORMAL, share)]
+    steps += [ClaimStep(Priority.HIGH, Priority.NORMAL, free), ClaimStep(Priority.BATCH, Priority.BATCH, batch_room)]
     return [s for s in steps if s.at_most > 0]

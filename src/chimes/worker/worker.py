@@ -16,21 +16,23 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-
-import asyncpg
 
 from chimes import failures, metrics, tracing
 from chimes.backoff import plan_retry
+from chimes.clock import SYSTEM_CLOCK, Clock
+from chimes.enums import Priority, RunStatus
 from chimes.logs import run_fields
 from chimes.security.storable import storable_text
-from chimes.store.db import DB_ERRORS, open_connection
-from chimes.store.working import CANCEL_CHANNEL, QUEUE_CHANNEL, ClaimedRun, Outcome, WorkerStore
+from chimes.settings import RUN_LEASE_SEC, RUN_TIMEOUT_SEC, SHUTDOWN_GRACE_SEC, WORKER_CONCURRENCY
+from chimes.store.db import DB_ERRORS, Pool
+from chimes.store.working import ClaimedRun, Completion, RunSignals, WorkerStore
 from chimes.timeouts import wait_event
-from chimes.worker.executors import Executors, TaskContext, TaskOutcome
+from chimes.worker.caps import admit
 from chimes.worker.guard import TaskGuard
 from chimes.worker.reporting import report_outcomes
-from chimes.worker.tiers import BATCH, TierPolicy, claim_steps
+from chimes.worker.tasks.common import MAX_ERROR_CHARS, Outcome, TaskContext
+from chimes.worker.tasks.dispatch import Executors
+from chimes.worker.tiers import TierPolicy, claim_steps
 
 log = logging.getLogger(__name__)
 CAPS_RECHECK_SEC = 2.0
@@ -38,15 +40,15 @@ CAPS_RECHECK_SEC = 2.0
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    concurrency: int = 100  # runs executed at once
+    concurrency: int = WORKER_CONCURRENCY  # runs executed at once
     claim_batch: int = 100
-    lease_sec: float = 30.0
+    lease_sec: float = RUN_LEASE_SEC
     heartbeat_every_sec: float = 10.0
     poll_every_sec: float = 1.0  # fallback when no NOTIFY arrives
     listen_check_every_sec: float = 5.0  # a query on the LISTEN connection: a host that vanished is noticed
     listen_check_timeout_sec: float = 5.0
     flush_every_sec: float = 0.02
-    shutdown_grace_sec: float = 30.0
+    shutdown_grace_sec: float = SHUTDOWN_GRACE_SEC
     deadline_grace_sec: float = 30.0  # the reaper abandons a run this long after its timeout
     tiers: TierPolicy = field(default_factory=TierPolicy)
     allow_commands: bool = False  # run command and container tasks (--allow-commands)
@@ -57,9 +59,9 @@ def new_worker_id() -> str:
 
 
 class Worker:
-    def __init__(self, pool: asyncpg.Pool, dsn: str, config: WorkerConfig | None = None,
+    def __init__(self, pool: Pool, dsn: str, config: WorkerConfig | None = None,
                  worker_id: str | None = None, executors: Executors | None = None,
-                 guard: TaskGuard | None = None) -> None:
+                 guard: TaskGuard | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config or WorkerConfig()
         self.store = WorkerStore(pool, worker_id or new_worker_id())
         self.executors = executors or Executors()
@@ -67,8 +69,9 @@ class Worker:
         self.completed = 0
         self.listening = False  # whether NOTIFY wakes this worker now (else it polls)
         self._dsn = dsn
+        self._clock = clock
         self._running: dict[uuid.UUID, tuple[ClaimedRun, asyncio.Task[None]]] = {}
-        self._outcomes: list[Outcome] = []
+        self._outcomes: list[Completion] = []
         self._unrecordable: set[uuid.UUID] = set()  # runs whose outcome text the database refused
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
@@ -127,27 +130,22 @@ class Worker:
         itself: a query every few seconds, with a timeout, finds out (TCP keepalives would too, later),
         and the connection is dropped so that the next one goes through the host list again."""
         lost = asyncio.Event()
-        conn = await open_connection(self._dsn, command_timeout=self.config.listen_check_timeout_sec)
+        signals = await RunSignals.open(self._dsn, check_timeout_sec=self.config.listen_check_timeout_sec,
+                                        on_queued=self._wake.set, on_cancel=self._on_cancel, on_lost=lost.set)
         try:
-            conn.add_termination_listener(lambda _: lost.set())
-            await conn.add_listener(QUEUE_CHANNEL, lambda *_: self._wake.set())
-            await conn.add_listener(CANCEL_CHANNEL, self._on_cancel)
             self.listening = True
             self._wake.set()  # whatever was enqueued while nobody listened
             while not await wait_event(lost, self.config.listen_check_every_sec):
-                # LISTEN again (a no-op on a channel already listened to) as the check: a round trip,
-                # and the session still shows what it is for in pg_stat_activity.
-                await conn.execute(f'LISTEN "{QUEUE_CHANNEL}"')
+                await signals.check()
         finally:
             self.listening = False
-            if not conn.is_closed():
-                conn.terminate()  # never a wait: the server may be the one that stopped answering
+            signals.drop()
 
-    def _on_cancel(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+    def _on_cancel(self, payload: str) -> None:
         """A run was cancelled through the API: stop it now rather than at the next heartbeat. The
         cancel recorded the attempt already; the heartbeat still catches a NOTIFY missed meanwhile."""
         try:
-            held = self._running.get(uuid.UUID(payload))
+            held = self._running.get(uuid.UUID(str(payload)))
         except ValueError:
             return
         if held is not None:
@@ -178,18 +176,18 @@ class Worker:
 
     async def _claim_by_tier(self, limit: int) -> list[ClaimedRun]:
         self._claim_cycles += 1
-        in_batch = sum(1 for run, _ in self._running.values() if run.priority == BATCH)
+        in_batch = sum(1 for run, _ in self._running.values() if run.priority == Priority.BATCH)
         batch_room = max(0, self.config.tiers.batch_cap(self.config.concurrency) - in_batch)
         claimed: list[ClaimedRun] = []
         for step in claim_steps(self.config.tiers, self._claim_cycles, limit, batch_room):
             room = min(step.at_most, limit - len(claimed))
-            if step.lowest == BATCH:
-                room = min(room, batch_room - sum(1 for run in claimed if run.priority == BATCH))
+            if step.lowest == Priority.BATCH:
+                room = min(room, batch_room - sum(1 for run in claimed if run.priority == Priority.BATCH))
             claimed += await self.store.claim(room, self.config.lease_sec, self.config.deadline_grace_sec,
                                               (step.lowest, step.highest))
         if await self._caps_in_force() and len(claimed) < limit:
             claimed += await self.store.claim_capped(limit - len(claimed), self.config.lease_sec,
-                                                     self.config.deadline_grace_sec)
+                                                     self.config.deadline_grace_sec, admit)
         return claimed
 
     async def _caps_in_force(self) -> bool:
@@ -206,39 +204,37 @@ class Worker:
                 outcome = await self._attempt(run)
             except Exception as exc:  # a bug or a stored task no executor can read: one run fails, not the worker
                 failures.set_aside("worker", "run", f"run {run.run_id}", exc)
-                outcome = _Result("failed", f"internal error: {failures.describe(exc)}"[:1000], None)
-            if outcome.status == "pending":
+                outcome = Outcome.failure(f"internal error: {failures.describe(exc)}"[:MAX_ERROR_CHARS])
+            if outcome.pending:
                 log.info("run %s accepted by its target, which reports its outcome itself", run.run_id,
                          extra={"run_id": str(run.run_id), "job_id": str(run.job_id)})
                 return
-            now = datetime.now(UTC)
+            now = self._clock.now()
             retry_at, error = None, outcome.error
-            if outcome.status == "failed":
+            if outcome.status is RunStatus.FAILED:
                 retry = plan_retry(run.retry_policy, run.attempt, now, since=run.scheduled_at)
                 retry_at = retry.at
                 if retry.past_deadline:
                     error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
-            self._outcomes.append(Outcome(run, outcome.status, storable_text(error), storable_text(outcome.output), now,
-                                          retry_at))
+            recorded = Outcome(outcome.status, storable_text(error), storable_text(outcome.output))
+            self._outcomes.append(Completion(run, recorded, now, retry_at))
         finally:
             self._running.pop(run.run_id, None)
             self._slot_free.set()
 
-    async def _attempt(self, run: ClaimedRun) -> _Result:
+    async def _attempt(self, run: ClaimedRun) -> Outcome:
         if not run.job_exists or run.task is None:
-            return _Result("cancelled", "the job was deleted before this run started", None)
+            return Outcome(RunStatus.CANCELLED, "the job was deleted before this run started")
         prepared = await self.guard.prepare(run)  # command permission, secrets, signing secret
-        if prepared.refusal is not None:
-            return _Result("failed", prepared.refusal, None)
+        if prepared.refusal is not None or prepared.task is None:
+            return Outcome.failure(prepared.refusal or "the task could not be prepared")
         ctx = TaskContext(str(run.run_id), str(run.job_id), run.attempt, run.scheduled_at,
-                          float(run.timeout_sec or 3600), signing_secret=prepared.signing_secret,
+                          float(run.timeout_sec or RUN_TIMEOUT_SEC), signing_secret=prepared.signing_secret,
                           lease_token=str(run.lease_token), owner=run.owner)
         with tracing.attempt(run, prepared.task.get("type")) as traced:
-            result: TaskOutcome = await self.executors.run(prepared.task, ctx)
-            traced.outcome("pending" if result.pending else "succeeded" if result.succeeded else "failed", result.error)
-        if result.pending:
-            return _Result("pending", None, result.output)
-        return _Result("succeeded" if result.succeeded else "failed", result.error, result.output)
+            outcome = await self.executors.run(prepared.task, ctx)
+            traced.outcome("pending" if outcome.pending else outcome.status, outcome.error)
+        return outcome
 
     async def _flush_loop(self) -> None:
         while not self._drained.is_set():
@@ -269,20 +265,20 @@ class Worker:
                 log.warning("outcome of run %s refused: the lease was lost (reaped or cancelled)",
                             outcome.run.run_id, extra=run_fields(outcome.run))
 
-    def _unrecordable_outcome(self, outcome: Outcome, exc: Exception) -> None:
+    def _unrecordable_outcome(self, completion: Completion, exc: Exception) -> None:
         """Record the attempt without its text, saying why; an outcome refused even so is given up,
         and its run comes back through the reaper when its lease expires (never lost)."""
-        run_id = outcome.run.run_id
+        run_id = completion.run.run_id
         if run_id in self._unrecordable:
             self._unrecordable.discard(run_id)
             failures.set_aside("worker", "outcome", f"outcome of run {run_id}", exc)
             return
         self._unrecordable.add(run_id)
         log.warning("the outcome of run %s could not be recorded (%s); recording it without its text", run_id,
-                    failures.describe(exc), extra=run_fields(outcome.run))
-        self._outcomes.append(Outcome(
-            outcome.run, outcome.status, f"the outcome's text could not be stored: {failures.describe(exc)}"[:1000],
-            None, outcome.finished_at, outcome.retry_at))
+                    failures.describe(exc), extra=run_fields(completion.run))
+        without_text = Outcome(completion.outcome.status,
+                               f"the outcome's text could not be stored: {failures.describe(exc)}"[:MAX_ERROR_CHARS])
+        self._outcomes.append(Completion(completion.run, without_text, completion.finished_at, completion.retry_at))
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -322,9 +318,3 @@ class Worker:
             handed_back = await self.store.release(left)
             log.info("handed %d unfinished runs back to the queue", len(handed_back))
 
-
-@dataclass(frozen=True, slots=True)
-class _Result:
-    status: str
-    error: str | None
-    output: str | None

@@ -47,9 +47,6 @@ INSERT INTO settings (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SE
 -- name: delete_setting
 DELETE FROM settings WHERE key = $1;
 
--- name: get_settings
-SELECT key, value FROM settings ORDER BY key;
-
 -- name: set_cap
 -- $3: the owner whose jobs a tag cap counts, '' for an owner cap or a fleet-wide tag cap.
 INSERT INTO concurrency_caps (scope, name, owner, max_running) VALUES ($1, $2, $3, $4)

@@ -36,3 +36,8 @@ DELETE FROM notifications WHERE notification_id IN (
     ORDER BY created_at
     LIMIT $2
 );
+
+-- name: drop_tables
+-- {tables}: the partitions of one day from old_run_partitions, each quoted as an identifier
+-- (chimes.store.retention): a statement cannot take table names as parameters.
+DROP TABLE {tables};

@@ -121,3 +121,7 @@ RETURNING lease_expires_at;
 SELECT r.attempt, r.job_id, j.retry_policy FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id
 WHERE r.run_id = $1 AND r.scheduled_at = $2 AND ($3::text IS NULL OR r.owner = $3)
   AND r.status = 'running' AND r.lease_token = $4;
+
+-- name: notify_cancel
+-- At commit, the worker running run $1 stops its attempt (chimes.store.working.CANCEL_CHANNEL).
+SELECT pg_notify('chimes_run_cancel', $1);

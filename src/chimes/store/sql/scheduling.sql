@@ -37,9 +37,6 @@ WHERE l.partition_id IN (
 )
 RETURNING l.partition_id, l.token;
 
--- name: lease_owners
-SELECT partition_id, owner, token, expires_at FROM partition_leases ORDER BY partition_id;
-
 -- name: scan_due_triggers
 -- $4: only triggers due from then on (NULL: all); the node reads the rest of its look-ahead by key.
 -- Each trigger's job is looked up by its key (LATERAL ... LIMIT 1 cannot become a hash join): with a

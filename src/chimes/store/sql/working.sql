@@ -145,3 +145,8 @@ WITH picked AS (
 SELECT started.*
 FROM (SELECT array_agg(run_id) AS runs, array_agg(scheduled_at) AS ats, array_agg(job_id) AS jobs FROM picked) p
 CROSS JOIN LATERAL chimes_start_runs(p.runs, p.ats, p.jobs, $1, $2, $3) started;
+
+-- name: listen_queue
+-- A worker's check of its LISTEN connection: a round trip that is a no-op on a channel already
+-- listened to (chimes.store.working.QUEUE_CHANNEL).
+LISTEN "chimes_run_queue";

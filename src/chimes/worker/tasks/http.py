@@ -38,11 +38,11 @@ from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
 from chimes.tracing import traceparent
-from chimes.worker.executors import (
+from chimes.worker.tasks.common import (
     OUTPUT_TAIL_BYTES,
+    Outcome,
     OutputTail,
     TaskContext,
-    TaskOutcome,
     format_seconds,
     rfc3339_utc,
     short_error,
@@ -140,7 +140,7 @@ def _for_another_origin(headers: CIMultiDict[str], ctx: TaskContext) -> CIMultiD
     return kept
 
 
-async def _outcome(resp: aiohttp.ClientResponse, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
+async def _outcome(resp: aiohttp.ClientResponse, task: dict[str, Any], ctx: TaskContext) -> Outcome:
     tail = OutputTail(OUTPUT_TAIL_BYTES)
     while tail.total_bytes < HTTP_READ_LIMIT_BYTES:
         chunk = await resp.content.read(min(_READ_CHUNK, HTTP_READ_LIMIT_BYTES - tail.total_bytes))
@@ -149,10 +149,10 @@ async def _outcome(resp: aiohttp.ClientResponse, task: dict[str, Any], ctx: Task
         tail.feed(chunk)
     output = tail.text(resp.charset or "utf-8")
     if resp.status == 202 and task.get("callback") and ctx.lease_token is not None:
-        return TaskOutcome(True, None, output, pending=True)
+        return Outcome.accepted(output)
     if 200 <= resp.status < 300:
-        return TaskOutcome(True, None, output)
-    return TaskOutcome(False, f"HTTP {resp.status}", output)
+        return Outcome.success(output)
+    return Outcome.failure(f"HTTP {resp.status}", output)
 
 
 @dataclass(slots=True)
@@ -210,25 +210,25 @@ class HttpExecutor:
         for session in closing:
             await session.close()
 
-    async def run(self, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
+    async def run(self, task: dict[str, Any], ctx: TaskContext) -> Outcome:
         """Perform the request; 2xx is success, everything else a failed outcome (never raises)."""
         try:
             return await self._request(task, ctx)
         except asyncio.CancelledError:
             raise
         except TimeoutError:
-            return TaskOutcome(False, f"timed out after {format_seconds(ctx.timeout_sec)}s")
+            return Outcome.failure(f"timed out after {format_seconds(ctx.timeout_sec)}s")
         except aiohttp.ClientError as exc:
             refusal = egress_error(exc)
-            return TaskOutcome(False, short_error(refusal) if refusal else _connection_error(exc))
+            return Outcome.failure(short_error(refusal) if refusal else _connection_error(exc))
         except Exception as exc:  # bad URL, unserialisable body, ...: a failed run, not a worker crash
-            return TaskOutcome(False, short_error(f"{type(exc).__name__}: {exc}"))
+            return Outcome.failure(short_error(f"{type(exc).__name__}: {exc}"))
 
-    async def _request(self, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
+    async def _request(self, task: dict[str, Any], ctx: TaskContext) -> Outcome:
         headers = build_headers(task.get("headers"), ctx, lease_token=bool(task.get("callback")))
         problem = _header_problem(headers)
         if problem is not None:  # refused by the API; a row written around it fails clearly
-            return TaskOutcome(False, short_error(problem))
+            return Outcome.failure(short_error(problem))
         await self._close_idle_pools()
         pool = self._acquire(ctx.owner)
         try:
@@ -237,7 +237,7 @@ class HttpExecutor:
             self._release(pool)
 
     async def _send(self, session: aiohttp.ClientSession, task: dict[str, Any], ctx: TaskContext,
-                    headers: CIMultiDict[str]) -> TaskOutcome:
+                    headers: CIMultiDict[str]) -> Outcome:
         data = _encode_body(task.get("body"), headers)
         if ctx.signing_secret is not None:  # fresh on every attempt: targets refuse old timestamps
             headers[SIGNATURE_HEADER] = signature_header(ctx.signing_secret, int(time.time()), data or b"")
@@ -255,7 +255,7 @@ class HttpExecutor:
                     status = resp.status
                 following = url.join(URL(location))
                 if following.scheme not in ("http", "https"):
-                    return TaskOutcome(False, short_error(f"HTTP {status}: redirect to an unsupported URL {location}"))
+                    return Outcome.failure(short_error(f"HTTP {status}: redirect to an unsupported URL {location}"))
                 if status == 303 or (status in (301, 302) and method == "POST"):  # as every client does
                     method = "HEAD" if method == "HEAD" else "GET"
                     data = None
@@ -263,7 +263,7 @@ class HttpExecutor:
                 if following.origin() != url.origin():
                     headers = _for_another_origin(headers, ctx)
                 url = following
-        return TaskOutcome(False, f"more than {MAX_REDIRECTS} redirects")
+        return Outcome.failure(f"more than {MAX_REDIRECTS} redirects")
 
     async def close(self) -> None:
         """Close every owner's pooled connections; a later ``run`` opens fresh sessions."""

@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chimes.chaos.fleet import Fleet
-from chimes.chaos.target import ChaosTarget
+from chimes_chaos.fleet import Fleet
+from chimes_chaos.target import ChaosTarget
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,15 @@ HA_WEIGHTS = {
     "freeze_postgres_primary": 1.0,  # SIGSTOP the primary past Patroni's TTL: a standby is promoted meanwhile
     "kill_postgres_etcd": 0.6,  # SIGKILL one etcd member (two of three keep the leader lock)
 }
+# With --zones (the cluster and the fleet spread over three zones in network namespaces), as well:
+ZONE_WEIGHTS = {
+    "cut_primary_zone": 1.2,  # the primary's zone off the network past Patroni's TTL and the lease TTL, healed
+    "cut_other_zone": 0.8,  # a zone without the primary (a standby's, or the one without PostgreSQL)
+}
+ZONE_CUT_SEC = (24.0, 32.0)
+# Faults after which a new primary is expected (their windows record when it was seen).
+PRIMARY_MOVES = frozenset({"kill_postgres_primary", "switchover_postgres", "freeze_postgres_primary",
+                           "cut_primary_zone"})
 PRIMARY_DOWN_SEC = (25.0, 35.0)  # a killed primary comes back after this long: past Patroni's TTL (20 s)
 DATABASE_COOLDOWN_SEC = 20.0  # between database restarts, so outages never add up to a missed fire
 RECOVERED_SEC = 2.0  # a victim stays healthy at least this long before it is hit again
@@ -60,21 +69,29 @@ class FaultWindow:
     started: float  # epoch seconds
     ended: float | None = None
     note: str = ""
+    promoted: float | None = None  # a fault that moves the primary: when the new one was first seen running
 
     @property
     def hits(self) -> str:
-        """What the fault hits: ``scheduler``, ``worker``, ``postgres`` or ``target``."""
-        return next(what for what in ("scheduler", "worker", "postgres", "target") if what in self.kind)
+        """What the fault hits: ``scheduler``, ``worker``, ``postgres``, ``target``, or ``zone`` (all
+        of a zone's processes and servers at once)."""
+        return next(what for what in ("zone", "scheduler", "worker", "postgres", "target") if what in self.kind)
+
+
+def _shares_database(kind: str) -> bool:
+    """Database faults and zone cuts never overlap: each is survivable alone, as the design promises."""
+    return "postgres" in kind or "zone" in kind
 
 
 def plan_faults(seed: int | str, duration: float, *, schedulers: Sequence[str], workers: Sequence[str],
                 lease_ttl: float, worker_lease: float, mean_gap: float, database: bool,
-                ha: bool = False) -> list[PlannedFault]:
+                ha: bool = False, zones: bool = False) -> list[PlannedFault]:
     """Faults for ``duration`` seconds, about one every ``mean_gap`` seconds. At least one scheduler
     and one worker are always left untouched; database restarts only with ``database``, failovers
-    only with ``ha``."""
+    only with ``ha``, zone cuts only with ``zones``."""
     rng = random.Random(f"{seed}-faults")
     table = {k: w for k, w in WEIGHTS.items() if database or "postgres" not in k} | (HA_WEIGHTS if ha else {})
+    table |= ZONE_WEIGHTS if zones else {}
     kinds = list(table)
     weights = [table[k] for k in kinds]
     free_at: dict[str, float] = {}  # victim (or "postgres", "target") -> when it may be hit again
@@ -85,7 +102,7 @@ def plan_faults(seed: int | str, duration: float, *, schedulers: Sequence[str], 
         fault = _draw(rng, kind, at, free_at, schedulers, workers, lease_ttl, worker_lease)
         if fault is not None and fault.at + fault.duration < duration:
             planned.append(fault)
-            key = fault.victim or ("postgres" if "postgres" in kind else "target")
+            key = fault.victim or ("postgres" if _shares_database(kind) else "target")
             cooldown = DATABASE_COOLDOWN_SEC if key == "postgres" else RECOVERED_SEC
             free_at[key] = fault.at + fault.duration + cooldown
         at += rng.expovariate(1 / mean_gap)
@@ -94,8 +111,8 @@ def plan_faults(seed: int | str, duration: float, *, schedulers: Sequence[str], 
 
 def _draw(rng: random.Random, kind: str, at: float, free_at: dict[str, float], schedulers: Sequence[str],
           workers: Sequence[str], lease_ttl: float, worker_lease: float) -> PlannedFault | None:
-    if "postgres" in kind or kind.startswith("target"):
-        key = "postgres" if "postgres" in kind else "target"
+    if _shares_database(kind) or kind.startswith("target"):
+        key = "postgres" if _shares_database(kind) else "target"
         if free_at.get(key, 0.0) > at:
             return None
         return PlannedFault(at, kind, None, round(_database_fault_length(rng, kind), 2))
@@ -120,6 +137,8 @@ def _database_fault_length(rng: random.Random, kind: str) -> float:
         return rng.uniform(22.0, 28.0)
     if kind == "kill_postgres_etcd":
         return rng.uniform(3.0, 10.0)
+    if "zone" in kind:
+        return rng.uniform(*ZONE_CUT_SEC)
     if kind.startswith("target"):
         return rng.uniform(2, 8)
     return 0.0  # a restart or a switchover: over when it is done
@@ -152,7 +171,7 @@ class FaultRunner:
             window.ended = time.time()
 
     async def _apply(self, fault: PlannedFault, window: FaultWindow) -> None:
-        if fault.kind in HA_WEIGHTS:  # first: "kill_postgres_primary" is no kill of a fleet member
+        if fault.kind in HA_WEIGHTS or fault.kind in ZONE_WEIGHTS:  # first: not a kill of a fleet member
             try:
                 await self._failover(fault, window)
             except Exception as exc:  # recorded, and the run goes on: the checker will show the damage
@@ -181,11 +200,13 @@ class FaultRunner:
             self.target.mode = "normal"
 
     async def _failover(self, fault: PlannedFault, window: FaultWindow) -> None:
-        """The faults of a Patroni cluster (chimes.ha): the primary killed, frozen or moved, etcd hit."""
+        """The faults of a Patroni cluster (chimes.ha): the primary killed, frozen or moved, etcd hit,
+        a zone cut off."""
         cluster = self.fleet.cluster
         assert cluster is not None
         if fault.kind == "switchover_postgres":
             new = await asyncio.to_thread(cluster.switchover)
+            window.promoted = time.time()
             window.victim = new.name
             return
         if fault.kind == "kill_postgres_etcd":
@@ -196,12 +217,52 @@ class FaultRunner:
             member.start()
             return
         primary = await asyncio.to_thread(cluster.wait_for_primary, 60)
+        timeline = (await asyncio.to_thread(primary.state) or {}).get("timeline", 0)
         window.victim = primary.name
-        if fault.kind == "kill_postgres_primary":
+        if fault.kind in ZONE_WEIGHTS:
+            await self._cut_zone(fault, window, primary.layout.host, timeline)
+        elif fault.kind == "kill_postgres_primary":
             primary.kill()
+            promotion = asyncio.create_task(self._promotion(window, timeline, fault.duration + 60))
             await asyncio.sleep(fault.duration)
             primary.start()
+            await promotion
         else:
             primary.freeze()
+            # Frozen only just past the TTL, the primary may wake before a standby is promoted.
+            promotion = asyncio.create_task(self._promotion(window, timeline, fault.duration + 10, required=False))
             await asyncio.sleep(fault.duration)
             primary.freeze(False)
+            await promotion
+
+    async def _cut_zone(self, fault: PlannedFault, window: FaultWindow, primary_host: str, timeline: int) -> None:
+        zones = self.fleet.zones
+        assert zones is not None
+        primary_zone = zones.zone_of(primary_host)
+        others = [z for z in range(1, zones.count + 1) if z != primary_zone]
+        zone = primary_zone if fault.kind == "cut_primary_zone" else others[int(fault.at * 1000) % len(others)]
+        window.victim = f"zone-{zone}"
+        zones.cut(zone)
+        promotion = (asyncio.create_task(self._promotion(window, timeline, fault.duration + 60))
+                     if zone == primary_zone else None)
+        try:
+            await asyncio.sleep(fault.duration)
+        finally:
+            zones.heal(zone)
+        if promotion is not None:
+            await promotion
+
+    async def _promotion(self, window: FaultWindow, timeline: int, within: float, required: bool = True) -> None:
+        """Record when a primary newer than ``timeline`` is first seen running (Patroni's REST API,
+        polled every 0.1 s); without one within ``within`` seconds the fault is noted as failed."""
+        cluster = self.fleet.cluster
+        assert cluster is not None
+        try:
+            await asyncio.to_thread(cluster.wait_for_primary, within, after_timeline=timeline)
+            window.promoted = time.time()
+        except TimeoutError:
+            if required:
+                window.note = f"no new primary within {within:.0f} s"
+                log.error("%s: no new primary within %.0f s", window.kind, within)
+            else:
+                log.info("%s: the primary woke up before a standby was promoted", window.kind)

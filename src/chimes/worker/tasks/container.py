@@ -29,21 +29,15 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from chimes.worker.command_task import (
+from chimes.settings import CONTAINER_RUNTIME, KILL_GRACE_SEC
+from chimes.worker.tasks.common import OUTPUT_TAIL_BYTES, Outcome, OutputTail, TaskContext, format_seconds, short_error
+from chimes.worker.tasks.processes import (
     drain_output,
     exit_error,
     pump_output,
     run_identity_env,
     spawn_in_group,
     stop_process_group,
-)
-from chimes.worker.executors import (
-    OUTPUT_TAIL_BYTES,
-    OutputTail,
-    TaskContext,
-    TaskOutcome,
-    format_seconds,
-    short_error,
 )
 
 __all__ = ["RUNTIME_ERROR_CODES", "ContainerExecutor", "container_name", "remove_orphaned_env_files", "run_argv",
@@ -145,14 +139,14 @@ def _last_line(text: str | None) -> str:
     return lines[-1] if lines else ""
 
 
-def _exit_outcome(returncode: int, output: str | None) -> TaskOutcome:
+def _exit_outcome(returncode: int, output: str | None) -> Outcome:
     if returncode == 0:
-        return TaskOutcome(True, None, output)
+        return Outcome.success(output)
     if returncode in RUNTIME_ERROR_CODES:
         line = _last_line(output)
         message = f"container runtime error (exit {returncode})" + (f": {line}" if line else "")
-        return TaskOutcome(False, short_error(message), output)
-    return TaskOutcome(False, exit_error(returncode), output)
+        return Outcome.failure(short_error(message), output)
+    return Outcome.failure(exit_error(returncode), output)
 
 
 async def _finish_despite_cancellation(cleanup: Coroutine[Any, Any, None]) -> None:
@@ -176,7 +170,7 @@ async def _finish_despite_cancellation(cleanup: Coroutine[Any, Any, None]) -> No
 class ContainerExecutor:
     """Runs ``{"type": "container"}`` tasks through ``runtime``, a command line such as ``sudo podman``."""
 
-    def __init__(self, runtime: str = "docker", *, kill_grace_sec: float = 5.0) -> None:
+    def __init__(self, runtime: str = CONTAINER_RUNTIME, *, kill_grace_sec: float = KILL_GRACE_SEC) -> None:
         self.runtime = runtime
         try:
             self._runtime_argv = shlex.split(runtime)
@@ -186,30 +180,30 @@ class ContainerExecutor:
             raise ValueError("the container runtime command is empty")
         self._kill_grace_sec = kill_grace_sec
 
-    async def run(self, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
+    async def run(self, task: dict[str, Any], ctx: TaskContext) -> Outcome:
         """Run the container to completion or timeout; never raises except on cancellation."""
         image = str(task.get("image") or "")
         if not image or image.startswith("-"):  # the runtime would read it as an option
-            return TaskOutcome(False, short_error(f"invalid image {image!r}"))
+            return Outcome.failure(short_error(f"invalid image {image!r}"))
         with ExitStack() as cleanup:
             try:
                 env_file = cleanup.enter_context(task_env_file(task, ctx))
             except (OSError, ValueError) as exc:
-                return TaskOutcome(False, short_error(f"cannot pass the task's environment: {exc}"))
+                return Outcome.failure(short_error(f"cannot pass the task's environment: {exc}"))
             return await self._start_and_supervise(task, ctx, env_file)
 
-    async def _start_and_supervise(self, task: dict[str, Any], ctx: TaskContext, env_file: str | None) -> TaskOutcome:
+    async def _start_and_supervise(self, task: dict[str, Any], ctx: TaskContext, env_file: str | None) -> Outcome:
         try:
             proc = await spawn_in_group(run_argv(self._runtime_argv, task, ctx, env_file), runtime_env())
         except FileNotFoundError:
-            return TaskOutcome(False, f"container runtime {self.runtime!r} not found; set --container-runtime")
+            return Outcome.failure(f"container runtime {self.runtime!r} not found; set --container-runtime")
         except PermissionError:
-            return TaskOutcome(False, f"permission denied running container runtime {self.runtime!r}")
+            return Outcome.failure(f"permission denied running container runtime {self.runtime!r}")
         except (OSError, ValueError) as exc:
-            return TaskOutcome(False, short_error(f"cannot start container runtime: {type(exc).__name__}: {exc}"))
+            return Outcome.failure(short_error(f"cannot start container runtime: {type(exc).__name__}: {exc}"))
         return await self._supervise(proc, container_name(ctx), ctx)
 
-    async def _supervise(self, proc: asyncio.subprocess.Process, name: str, ctx: TaskContext) -> TaskOutcome:
+    async def _supervise(self, proc: asyncio.subprocess.Process, name: str, ctx: TaskContext) -> Outcome:
         tail = OutputTail(OUTPUT_TAIL_BYTES)
         try:
             async with asyncio.timeout(ctx.timeout_sec):
@@ -217,7 +211,7 @@ class ContainerExecutor:
                 returncode = await proc.wait()
         except TimeoutError:
             await _finish_despite_cancellation(self._stop(proc, name, tail, ctx))
-            return TaskOutcome(False, f"timed out after {format_seconds(ctx.timeout_sec)}s", tail.text())
+            return Outcome.failure(f"timed out after {format_seconds(ctx.timeout_sec)}s", tail.text())
         except BaseException:  # cancellation (or anything unexpected): leave no container behind
             await _finish_despite_cancellation(self._stop(proc, name, tail, ctx))
             raise

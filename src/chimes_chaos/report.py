@@ -7,8 +7,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from chimes.chaos.evidence import Violation
-from chimes.chaos.invariants import INVARIANTS
+from chimes_chaos.evidence import Violation
+from chimes_chaos.invariants import INVARIANTS
 
 SHOWN_PER_INVARIANT = 10
 
@@ -62,15 +62,18 @@ class Report:
             f"batches refused {self.figures.get('stale_fire_batches_refused', 0)}, attempts reaped "
             f"{self.figures.get('attempts_reaped', 0)}",
             f"  node losses: {takeover.get('node_losses', 0)}; lease moved after (s): "
-            f"{_fmt(takeover.get('lease_moved_sec'))} (kept by their woken owner: "
+            f"{fmt(takeover.get('lease_moved_sec'))} (kept by their woken owner: "
             f"{takeover.get('leases_kept_by_woken_owner', 0)}); fires resumed after (s): "
-            f"{_fmt(takeover.get('fires_resumed_sec'))}; clean losses: "
-            f"{_fmt(takeover.get('fires_resumed_clean_sec'))} (bound {takeover.get('bound_sec')} s)",
-            f"  start lag outside fault windows (s): {_fmt(self.figures.get('start_lag_outside_faults_sec'))}",
-            f"  start lag inside fault windows (s): {_fmt(self.figures.get('start_lag_inside_faults_sec'))}",
+            f"{fmt(takeover.get('fires_resumed_sec'))}; clean losses: "
+            f"{fmt(takeover.get('fires_resumed_clean_sec'))} (bound {takeover.get('bound_sec')} s)",
+            f"  fire lag outside fault windows (s): {fmt(self.figures.get('fire_lag_outside_faults_sec'))}",
+            f"  fire lag inside fault windows (s): {fmt(self.figures.get('fire_lag_inside_faults_sec'))}",
+            f"  start lag outside fault windows (s): {fmt(self.figures.get('start_lag_outside_faults_sec'))}",
+            f"  start lag inside fault windows (s): {fmt(self.figures.get('start_lag_inside_faults_sec'))}",
             f"  PostgreSQL crashed on its own (not injected): {len(self.database_crashes)}"
             + "".join(f"\n    {c['note'][:200]}" for c in self.database_crashes),
             f"  processes that exited on their own (restarted): {len(self.exits)}",
+            *self._failover_lines(),
             "  invariants:",
         ]
         for number, name in INVARIANTS.items():
@@ -84,7 +87,22 @@ class Report:
         return "\n".join(lines)
 
 
-def _fmt(summary: dict[str, Any] | None) -> str:
+    def _failover_lines(self) -> list[str]:
+        lines = []
+        if "api_answers" in self.figures:
+            lines.append("  API answers to the harness's writes: " + ", ".join(
+                f"{status} {n}" for status, n in self.figures["api_answers"].items()))
+        failovers = self.figures.get("failovers") or {}
+        moves = failovers.get("primary_moves") or {}
+        if moves:
+            lines.append(f"  primary moves: {sum(moves.values())} ("
+                         + ", ".join(f"{kind} {n}" for kind, n in sorted(moves.items())) + ")")
+            lines += [f"    loss to {what.replace('_', ' ')} (s): {fmt(failovers.get(f'loss_to_{what}_sec'))}"
+                      for what in ("new_primary", "first_fire", "first_claim", "first_write")]
+        return lines
+
+
+def fmt(summary: dict[str, Any] | None) -> str:
     if not summary or not summary.get("n"):
         return "none"
     return f"n={summary['n']} p50 {summary['p50']} p99 {summary['p99']} max {summary['max']}"

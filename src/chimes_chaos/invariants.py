@@ -14,9 +14,10 @@ from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
-from chimes.chaos.evidence import Evidence, Violation
-from chimes.chaos.target import Delivery, delivery_number
-from chimes.chaos.timing import check_start_lag, check_takeovers
+from chimes_chaos.evidence import Evidence, Violation
+from chimes_chaos.failover import check_failovers
+from chimes_chaos.target import Delivery, delivery_number
+from chimes_chaos.timing import check_start_lag, check_takeovers
 
 INVARIANTS = {
     1: "every fire the schedules imply has exactly one run record",
@@ -26,6 +27,9 @@ INVARIANTS = {
     5: "a lost node's partitions fired again within the lease TTL plus one scan",
     6: "start lag p99 within 2 s outside fault windows",
     7: "no process exited on its own",
+    8: "nothing acknowledged was lost: every job answered 201 exists, the last edit answered 200 holds",
+    9: "the API answered every write with 2xx, 429 or 503 (never another error, never silence)",
+    10: "no run reached the target before its slot, by the host's clock",
 }
 CONCURRENCY_SKIP = "skipped: the previous run is still active"
 TERMINAL = frozenset({"succeeded", "failed", "skipped", "cancelled"})
@@ -35,7 +39,7 @@ FENCE_SLACK = timedelta(seconds=0.1)  # observation jitter of the lease poller
 def check_all(ev: Evidence) -> list[Violation]:
     violations: list[Violation] = []
     for check in (check_slots, check_ended, check_deliveries, check_fencing, check_takeovers, check_start_lag,
-                  check_exits):
+                  check_exits, check_failovers):
         violations += check(ev)
     return violations
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import asyncpg
 
-from chimes.chaos.faults import FaultWindow
-from chimes.chaos.fleet import Exit, FleetShape
-from chimes.chaos.observer import LeaseObserver
-from chimes.chaos.target import Delivery
-from chimes.chaos.workload import ChaosJob
+from chimes_chaos.faults import FaultWindow
+from chimes_chaos.fleet import Exit, FleetShape
+from chimes_chaos.observer import LeaseObserver
+from chimes_chaos.target import Delivery
+from chimes_chaos.workload import Answer, ChaosJob
 
 RUNS_SQL = """
 SELECT run_id, scheduled_at, job_id, partition_id, trigger, status, attempt, fired_at, created_at, started_at,
@@ -63,11 +63,21 @@ class Evidence:
     faults_ended: datetime
     check_end: datetime  # every slot up to here must have its run record
     figures: dict[str, Any] = field(default_factory=dict)
+    answers: list[Answer] = field(default_factory=list)  # every write the harness sent the API
+    jobs_found: set[uuid.UUID] | None = None  # of ``jobs``, those in the database at the end (None: not read)
+    probe: tuple[int, int | None] | None = None  # the write probe: (last N acknowledged, N found at the end)
+
+
+async def jobs_found(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Of ``job_ids``, those in the database, with their names."""
+    rows = await conn.fetch("SELECT job_id, name FROM jobs WHERE job_id = ANY($1::uuid[])", job_ids)
+    return {row["job_id"]: row["name"] for row in rows}
 
 
 async def unfinished_count(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> int:
-    return await conn.fetchval("SELECT count(*) FROM runs WHERE job_id = ANY($1::uuid[]) "
-                               "AND status IN ('scheduled', 'running')", job_ids)
+    count: int = await conn.fetchval("SELECT count(*) FROM runs WHERE job_id = ANY($1::uuid[]) "
+                                     "AND status IN ('scheduled', 'running')", job_ids)
+    return count
 
 
 async def read_database(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> tuple[

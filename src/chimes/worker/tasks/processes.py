@@ -1,14 +1,8 @@
-"""Command tasks: run a local program and judge the run by its exit status.
+"""Local processes for the task types that run one (command and container tasks).
 
-Each command gets its own session/process group so that the whole tree it spawns
-(shell pipelines, background children) can be signalled at once: on timeout or
-cancellation nothing may outlive the run, otherwise retries would pile up orphans.
-The process-group helpers are public because container tasks run their runtime CLI
-the same way (:mod:`chimes.worker.container_task`).
-
-A command gets no more of the worker's environment than a login would give it (:data:`BASE_ENV`):
-the worker's holds the secret key, the database URL and whatever else its operator set, none of it
-meant for a team's program. The task's own variables and the run identity come on top.
+Each gets its own session/process group so that the whole tree it spawns (shell pipelines,
+background children) can be signalled at once: on timeout or cancellation nothing may outlive the
+run, otherwise retries would pile up orphans.
 """
 
 from __future__ import annotations
@@ -18,22 +12,10 @@ import contextlib
 import os
 import signal
 import sys
-from typing import Any
 
-from chimes.worker.executors import (
-    OUTPUT_TAIL_BYTES,
-    OutputTail,
-    TaskContext,
-    TaskOutcome,
-    format_seconds,
-    rfc3339_utc,
-    short_error,
-)
+from chimes.worker.tasks.common import OutputTail, TaskContext, rfc3339_utc
 
 __all__ = [
-    "BASE_ENV",
-    "CommandExecutor",
-    "build_env",
     "drain_output",
     "exit_error",
     "pump_output",
@@ -47,9 +29,6 @@ _READ_CHUNK = 64 * 1024
 _GROUP_POLL_SEC = 0.02
 #: How long to wait for buffered output once the process group is gone.
 _DRAIN_SEC = 1.0
-#: The worker's variables a command inherits, when set (and every ``LC_*``): where programs are, who
-#: and where the user is, language and time zone, where temporary files go. Nothing else.
-BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR")
 
 
 def run_identity_env(ctx: TaskContext) -> dict[str, str]:
@@ -60,21 +39,6 @@ def run_identity_env(ctx: TaskContext) -> dict[str, str]:
         "CHIMES_ATTEMPT": str(int(ctx.attempt)),
         "CHIMES_SCHEDULED_AT": rfc3339_utc(ctx.scheduled_at),
     }
-
-
-def base_env() -> dict[str, str]:
-    """The part of the worker's environment a command inherits (:data:`BASE_ENV`); PATH always."""
-    env = {name: value for name, value in os.environ.items() if name in BASE_ENV or name.startswith("LC_")}
-    env.setdefault("PATH", os.defpath)
-    return env
-
-
-def build_env(task_env: dict[str, Any] | None, ctx: TaskContext) -> dict[str, str]:
-    """A minimal base (:func:`base_env`) + task env + run identity; ours win so scripts can trust them."""
-    env = base_env()
-    env.update({str(k): str(v) for k, v in (task_env or {}).items()})
-    env.update(run_identity_env(ctx))
-    return env
 
 
 async def spawn_in_group(argv: list[str], env: dict[str, str] | None = None,
@@ -138,50 +102,6 @@ def exit_error(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exit code {returncode}"
-
-
-class CommandExecutor:
-    """Runs ``{"type": "command"}`` tasks as subprocesses in their own process group."""
-
-    def __init__(self, *, kill_grace_sec: float = 5.0) -> None:
-        self._kill_grace_sec = kill_grace_sec
-
-    async def run(self, task: dict[str, Any], ctx: TaskContext) -> TaskOutcome:
-        """Run the command to completion or timeout; never raises except on cancellation."""
-        argv = [str(arg) for arg in task.get("argv") or ()]
-        if not argv:
-            return TaskOutcome(False, "empty argv")
-        cwd = task.get("cwd")
-        try:
-            proc = await spawn_in_group(argv, build_env(task.get("env"), ctx), cwd)
-        except FileNotFoundError as exc:
-            if cwd is not None and exc.filename == cwd:
-                return TaskOutcome(False, short_error(f"working directory not found: {cwd}"))
-            return TaskOutcome(False, short_error(f"command not found: {argv[0]}"))
-        except PermissionError:
-            return TaskOutcome(False, short_error(f"permission denied: {argv[0]}"))
-        except (OSError, ValueError) as exc:
-            return TaskOutcome(False, short_error(f"cannot start command: {type(exc).__name__}: {exc}"))
-        return await self._supervise(proc, ctx)
-
-    async def _supervise(self, proc: asyncio.subprocess.Process, ctx: TaskContext) -> TaskOutcome:
-        """Stream output into a bounded tail until exit, stopping the group on timeout/cancel."""
-        tail = OutputTail(OUTPUT_TAIL_BYTES)
-        try:
-            async with asyncio.timeout(ctx.timeout_sec):
-                await pump_output(proc, tail)
-                returncode = await proc.wait()
-        except TimeoutError:
-            await stop_process_group(proc, self._kill_grace_sec)
-            await drain_output(proc, tail)
-            return TaskOutcome(False, f"timed out after {format_seconds(ctx.timeout_sec)}s", tail.text())
-        except BaseException:  # cancellation (or anything unexpected): leave no process behind
-            await stop_process_group(proc, self._kill_grace_sec)
-            await drain_output(proc, tail)
-            raise
-        if returncode == 0:
-            return TaskOutcome(True, None, tail.text())
-        return TaskOutcome(False, exit_error(returncode), tail.text())
 
 
 async def pump_output(proc: asyncio.subprocess.Process, tail: OutputTail) -> None:

@@ -15,6 +15,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
@@ -61,7 +62,7 @@ class LeaseObserver:
             with contextlib.suppress(Exception):
                 await conn.close()
 
-    def observe(self, rows: list[asyncpg.Record] | list[dict]) -> None:
+    def observe(self, rows: list[asyncpg.Record] | list[dict[str, Any]]) -> None:
         self.polls += 1
         for row in rows:
             seen, partition, owner, token = row["seen"], row["partition_id"], row["owner"], row["token"]

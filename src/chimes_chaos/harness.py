@@ -25,16 +25,27 @@ from typing import Any
 import asyncpg
 import httpx
 
-from chimes.chaos.evidence import Evidence, read_database, unfinished_count
-from chimes.chaos.faults import FaultRunner, FaultWindow, plan_faults
-from chimes.chaos.fleet import Fleet, FleetShape
-from chimes.chaos.invariants import check_all
-from chimes.chaos.observer import LeaseObserver
-from chimes.chaos.report import Report
-from chimes.chaos.target import ChaosTarget
-from chimes.chaos.workload import OWNER, ChaosJob, create_job, make_one_offs, recurring_jobs
+from chimes.store.db import one_row
 from chimes.store.migrate import migrate
 from chimes.store.tokens import create_token
+from chimes_chaos.evidence import Evidence, jobs_found, read_database, unfinished_count
+from chimes_chaos.faults import FaultRunner, FaultWindow, plan_faults
+from chimes_chaos.fleet import Fleet, FleetShape
+from chimes_chaos.invariants import check_all
+from chimes_chaos.observer import LeaseObserver
+from chimes_chaos.report import Report
+from chimes_chaos.target import ChaosTarget
+from chimes_chaos.workload import (
+    OWNER,
+    Answers,
+    ChaosJob,
+    WriteProbe,
+    create_job,
+    make_one_offs,
+    probe_job,
+    probe_number,
+    recurring_jobs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +56,8 @@ class ChaosOptions:
     seed: int = 7
     database_url: str | None = None  # default: the harness's own embedded PostgreSQL (restartable)
     ha: bool = False  # a Patroni cluster of its own instead, whose primary the faults kill, freeze and move
+    zones: bool = False  # that cluster and the fleet in three zones (network namespaces), which the faults cut off
+    zone_clock_skew: float = 2.0  # with zones: zone 3's processes run this many seconds ahead (behind if < 0)
     jobs: int = 40
     fault_every: float = 4.0  # mean seconds between faults
     one_off_every: float = 5.0
@@ -62,7 +75,9 @@ class ChaosOptions:
                 "--jobs", str(self.jobs), "--fault-every", f"{self.fault_every:g}"]
         if self.database_url:
             args += ["--database-url", "URL"]
-        if self.ha:
+        if self.zones:
+            args += ["--zones", "--zone-clock-skew", f"{self.zone_clock_skew:g}"]
+        elif self.ha:
             args += ["--ha"]
         return shlex.join(args)
 
@@ -71,15 +86,17 @@ async def run_chaos(options: ChaosOptions) -> Report:
     began = time.monotonic()
     work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="chimes-chaos-"))
     work_dir.mkdir(parents=True, exist_ok=True)
-    fleet = Fleet(work_dir, options.shape, options.database_url, ha=options.ha)
-    target = ChaosTarget(work_dir / "deliveries.jsonl", options.seed)
+    fleet = Fleet(work_dir, options.shape, options.database_url, ha=options.ha, zones=options.zones,
+                  zone_clock_skew=options.zone_clock_skew)
+    target = ChaosTarget(work_dir / "deliveries.jsonl", options.seed, fleet.target_host)
     report: Report | None = None
     try:
         await asyncio.to_thread(fleet.start_database)
         token = await _prepare_database(fleet.dsn)
         await target.start()
         fleet.start_roles()
-        async with httpx.AsyncClient(base_url=fleet.api_url, timeout=10,
+        # Longer than the API's own request timeout (15 s): a write it cannot finish gets its 503, not silence.
+        async with httpx.AsyncClient(base_url=fleet.api_url, timeout=25,
                                      headers={"Authorization": f"Bearer {token}"}) as api:
             await _until(lambda: _ready(fleet, api), 90, "the fleet to start", fleet)
             report = await _run(options, fleet, target, api, work_dir)
@@ -95,12 +112,15 @@ async def run_chaos(options: ChaosOptions) -> Report:
 async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: httpx.AsyncClient,
                work_dir: Path) -> Report:
     loop = asyncio.get_running_loop()
-    jobs = [await create_job(api, body, f"chaos-{options.seed}-{body['name']}", loop.time() + 30)
+    answers = Answers()
+    jobs = [await create_job(api, body, f"chaos-{options.seed}-{body['name']}", loop.time() + 30, answers)
             for body in recurring_jobs(options.seed, options.jobs, target.url)]
+    probe = WriteProbe((await create_job(api, probe_job(target.url), f"chaos-{options.seed}-probe",
+                                         loop.time() + 30, answers)).job_id, answers)
     plan = plan_faults(options.seed, options.duration, schedulers=fleet.schedulers, workers=fleet.workers,
                        lease_ttl=options.shape.lease_ttl, worker_lease=options.shape.worker_lease,
                        mean_gap=options.fault_every, database=fleet.postgres is not None,
-                       ha=fleet.cluster is not None)
+                       ha=fleet.cluster is not None, zones=fleet.zones is not None)
     log.info("chaos: %d jobs created, %d faults planned over %g s", len(jobs), len(plan), options.duration)
     observer, stop = LeaseObserver(fleet.dsn), asyncio.Event()
     watchers = [asyncio.create_task(observer.run(stop)), asyncio.create_task(_supervise(fleet, stop))]
@@ -109,17 +129,20 @@ async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: ht
     async with asyncio.TaskGroup() as phase:  # one failing cancels the other
         phase.create_task(runner.run())
         phase.create_task(make_one_offs(api, target.url, options.seed, options.one_off_every,
-                                        loop.time() + options.duration, jobs))
+                                        loop.time() + options.duration, jobs, answers))
+        phase.create_task(probe.run(api, loop.time() + options.duration))
     faults_ended = datetime.now(UTC)
     check_end = await _heal_and_pause(options, fleet, api, jobs)
-    runs, attempts, unfinished = await _drain_and_read(options, fleet, [job.job_id for job in jobs])
+    runs, attempts, unfinished, found = await _drain_and_read(options, fleet, [job.job_id for job in jobs],
+                                                              probe.job_id)
     stop.set()
     await asyncio.gather(*watchers)
     # A crash of PostgreSQL itself is a fault too, one nobody injected: the checks must allow for it.
     crashes = [FaultWindow("postgres_crashed", None, start, end, note) for start, end, note in fleet.database_crashes()]
     evidence = Evidence({job.job_id: job for job in jobs}, runs, attempts, unfinished, list(target.deliveries),
                         runner.windows + crashes, fleet.exits, observer, options.shape, started, faults_ended,
-                        check_end)
+                        check_end, answers=answers.log, jobs_found=set(found),
+                        probe=(probe.acknowledged, probe_number(found.get(probe.job_id, ""))))
     violations = check_all(evidence)
     return Report(
         seed=options.seed, duration_sec=options.duration, wall_sec=0.0, command=options.command(),
@@ -147,14 +170,16 @@ async def _heal_and_pause(options: ChaosOptions, fleet: Fleet, api: httpx.AsyncC
     return check_end
 
 
-async def _drain_and_read(options: ChaosOptions, fleet: Fleet, job_ids: list[Any]) -> tuple[
-        list[dict[str, Any]], dict[Any, list[dict[str, Any]]], list[dict[str, Any]]]:
-    """Let the runs still going end (a timeout is not an error: invariant 2 judges what is left)."""
+async def _drain_and_read(options: ChaosOptions, fleet: Fleet, job_ids: list[Any], probe_id: Any) -> tuple[
+        list[dict[str, Any]], dict[Any, list[dict[str, Any]]], list[dict[str, Any]], dict[Any, str]]:
+    """Let the runs still going end (a timeout is not an error: invariant 2 judges what is left);
+    then read what the checks need, the jobs that exist (and the probe's) included."""
     conn = await asyncpg.connect(fleet.dsn)
     try:
         await _until(lambda: _drained(conn, job_ids), options.drain_timeout, "the last runs to end", fleet,
                      fail=False)
-        return await read_database(conn, job_ids)
+        runs, attempts, unfinished = await read_database(conn, job_ids)
+        return runs, attempts, unfinished, await jobs_found(conn, [*job_ids, probe_id])
     finally:
         await conn.close()
 
@@ -185,10 +210,10 @@ async def _ready(fleet: Fleet, api: httpx.AsyncClient) -> bool:
             return False
         conn = await asyncpg.connect(fleet.dsn)
         try:
-            row = await conn.fetchrow(
+            row = one_row(await conn.fetchrow(
                 "SELECT (SELECT count(DISTINCT owner) FROM partition_leases WHERE expires_at > now()) AS nodes,"
                 " (SELECT count(*) FROM partition_leases WHERE expires_at > now()) AS held,"
-                " (SELECT count(*) FROM workers) AS workers")
+                " (SELECT count(*) FROM workers) AS workers"))
         finally:
             await conn.close()
         return (row["nodes"], row["held"], row["workers"]) == (fleet.shape.schedulers, 1024, fleet.shape.workers)

@@ -44,10 +44,12 @@ class Delivery:
 
 
 class ChaosTarget:
-    """Serve on 127.0.0.1, record deliveries in memory and, one JSON line each, in ``log_path``."""
+    """Serve on ``host`` (127.0.0.1 unless the fleet is in zones), record deliveries in memory and,
+    one JSON line each, in ``log_path``."""
 
-    def __init__(self, log_path: Path, seed: int | str) -> None:
+    def __init__(self, log_path: Path, seed: int | str, host: str = "127.0.0.1") -> None:
         self.log_path = log_path
+        self.host = host
         self.deliveries: list[Delivery] = []
         self.mode = "normal"
         self.url = ""
@@ -61,10 +63,10 @@ class ChaosTarget:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, backlog=512)
+        site = web.TCPSite(self._runner, self.host, 0, backlog=512)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{self.host}:{port}"
         self._log = self.log_path.open("a", encoding="utf-8")
         return self.url
 

@@ -2,7 +2,12 @@
 
 Each member is one role process that the fault runner can SIGKILL and start again, or SIGSTOP and
 SIGCONT. The database is the harness's own embedded PostgreSQL in the work folder (so it can be
-restarted too), unless a database URL is given.
+restarted too), unless a database URL is given; with ``ha``, a Patroni cluster of its own.
+
+With ``zones`` the cluster and the fleet are spread over three zones (network namespaces on a
+bridge, chimes.ha.zones): each zone holds an etcd member, a scheduler node and a worker, zones 1 and
+2 a PostgreSQL server each; the API, the target and the harness sit on the host, as a fourth zone.
+Zone 3's processes run on a clock ``zone_clock_skew`` seconds off the host's (libfaketime).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 from cryptography.fernet import Fernet
 
 from chimes.ha.cluster import HaCluster
+from chimes.ha.zones import Zones, skewed_clock
 from chimes.store.embedded import EmbeddedPostgres
 
 
@@ -49,10 +55,12 @@ class Exit:
 class Member:
     """One role process. ``down_on_purpose`` tells the supervisor not to bring it back yet."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path,
+                 prefix: list[str] | None = None) -> None:
         self.name = name
         self.args = args
         self.env = env
+        self.prefix = prefix or []  # e.g. `ip netns exec ZONE`, which execs the process in place
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.frozen = False
@@ -67,8 +75,8 @@ class Member:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "chimes", *self.args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                [*self.prefix, sys.executable, "-m", "chimes", *self.args], env=self.env, stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
         self.frozen = False
         self.down_on_purpose = False
@@ -110,13 +118,26 @@ class Member:
             return ""
 
 
+ZONES = 3
+SKEWED_ZONE = 3  # the zone without PostgreSQL
+
+
 class Fleet:
     def __init__(self, work_dir: Path, shape: FleetShape, database_url: str | None = None, *,
-                 ha: bool = False) -> None:
+                 ha: bool = False, zones: bool = False, zone_clock_skew: float = 0.0) -> None:
         self.work_dir = work_dir
         self.shape = shape
+        self.zones = Zones(ZONES) if zones else None
+        self.zone_clock_skew = zone_clock_skew
         # --ha: a Patroni cluster of the harness's own, whose primary the faults kill, freeze and move.
-        self.cluster = HaCluster(work_dir / "ha", postgres=2) if ha and not database_url else None
+        self.cluster: HaCluster | None = None
+        if self.zones is not None:
+            zoned = self.zones
+            hosts = [zoned.address(z) for z in range(1, ZONES + 1)]
+            self.cluster = HaCluster(work_dir / "ha", postgres=2, hosts=hosts, allowed_networks=[zoned.network],
+                                     prefixes={zoned.address(z): zoned.prefix(z) for z in range(1, ZONES + 1)})
+        elif ha and not database_url:
+            self.cluster = HaCluster(work_dir / "ha", postgres=2)
         own = database_url is None and self.cluster is None
         self.postgres = EmbeddedPostgres(work_dir / "postgres-data") if own else None
         self.dsn = database_url or ""
@@ -132,8 +153,16 @@ class Fleet:
     def workers(self) -> list[str]:
         return [name for name in self.members if name.startswith("worker")]
 
+    @property
+    def target_host(self) -> str:
+        """Where the HTTP target listens: an address every zone reaches."""
+        return self.zones.host_address if self.zones is not None else "127.0.0.1"
+
     def start_database(self) -> str:
         """Blocking (initdb takes seconds): call it in a thread from async code."""
+        if self.zones is not None:
+            skewed_clock(self.zone_clock_skew)  # says what is missing before anything is made
+            self.zones.make()
         if self.postgres is not None:
             self.dsn = self.postgres.acquire()
         elif self.cluster is not None:
@@ -143,6 +172,9 @@ class Fleet:
 
     @property
     def database(self) -> str:
+        if self.cluster is not None and self.zones is not None:
+            return (f"own Patroni cluster in {ZONES} zones ({len(self.cluster.postgres)} PostgreSQL, synchronous "
+                    f"mode, 3 etcd; zone {SKEWED_ZONE}'s clock {self.zone_clock_skew:+g} s)")
         if self.cluster is not None:
             return f"own Patroni cluster ({len(self.cluster.postgres)} PostgreSQL, synchronous mode, 3 etcd)"
         return "own embedded PostgreSQL" if self.postgres is not None else "database given by URL"
@@ -169,8 +201,17 @@ class Fleet:
             roles[f"worker-{i}"] = ["worker", "--worker-id", f"worker-{i}", "--lease-sec", str(shape.worker_lease),
                                     "--concurrency", str(shape.worker_concurrency), "--shutdown-grace", "2"]
         for name, args in roles.items():
-            self.members[name] = Member(name, args, env, logs)
+            zone = self.zone_of(name)
+            prefix = self.zones.prefix(zone) if self.zones is not None and zone is not None else None
+            clock = skewed_clock(self.zone_clock_skew) if prefix and zone == SKEWED_ZONE else {}
+            self.members[name] = Member(name, args, env | clock, logs, prefix)
             self.members[name].start()
+
+    def zone_of(self, member: str) -> int | None:
+        """With zones, scheduler-N and worker-N live in zone N (spread round the zones beyond 3)."""
+        if self.zones is None or member == "api":
+            return None
+        return (int(member.rsplit("-", 1)[1]) - 1) % ZONES + 1
 
     def supervise(self) -> list[Exit]:
         """Bring back members that exited without being killed on purpose (as systemd or Kubernetes
@@ -191,6 +232,9 @@ class Fleet:
                 member.start()
             elif member.frozen:
                 member.thaw()
+        if self.zones is not None:
+            for zone in range(1, ZONES + 1):
+                self.zones.heal(zone)
         if self.cluster is not None:
             for pg in self.cluster.postgres:
                 pg.freeze(False)
@@ -233,7 +277,12 @@ class Fleet:
         if self.postgres is not None:
             self.postgres.release()
         if self.cluster is not None:
+            if self.zones is not None:
+                for zone in range(1, ZONES + 1):
+                    self.zones.heal(zone)
             self.cluster.stop()
+        if self.zones is not None:
+            self.zones.remove()
 
 
 def _log_time(line: str) -> float:
@@ -245,4 +294,5 @@ def _log_time(line: str) -> float:
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port

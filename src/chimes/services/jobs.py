@@ -1,0 +1,159 @@
+"""Creating, changing and deleting jobs: the rules, with the store doing the reading and writing.
+
+A job and its schedule trigger are written in one transaction, under the owner's row lock for a
+create (so a quota holds exactly under concurrent creates) and the job's row lock for a change.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from chimes import cron
+from chimes.ids import new_job_id
+from chimes.jobs import AtScheduleSpec, JobPatch, JobSpec
+from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
+from chimes.security.secrets import Keyring, default_keyring, has_secrets, keep_sealed, seal_spec, split_sealed
+from chimes.slots import jitter_offset
+from chimes.store import jobs as job_store
+from chimes.store.db import Conn, Pool, transaction
+from chimes.store.jobs import CreatedJob, JobRecord, JobStore, LockedJob
+from chimes.store.owners import OwnerStore, count_jobs_up_to, lock_owner_for_job
+
+#: Task types that run code on the worker's machine: only for owners the operator allowed.
+COMMAND_TASK_TYPES = frozenset({"command", "container"})
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was already used by this owner for a different job definition."""
+
+
+class VersionMismatch(Exception):
+    """A change was conditional on versions of the job (If-Match) that it no longer has."""
+
+    def __init__(self, current: int) -> None:
+        super().__init__(f"the job is at version {current}")
+        self.current = current
+
+
+def first_fire(spec: JobSpec, job_id: uuid.UUID, now: datetime, since: datetime | None = None) -> datetime | None:
+    """When a newly written (or resumed) definition fires first: its first slot after ``since``
+    (the pause, when resuming) or ``now``, moved by the job's jitter."""
+    if isinstance(spec.schedule, AtScheduleSpec):
+        return spec.schedule.at
+    nominal = cron.next_fire(spec.schedule.as_cron(), since or now)
+    return None if nominal is None else nominal + jitter_offset(job_id, spec.schedule.jitter_sec)
+
+
+class JobService:
+    """What the API and the dashboard do to jobs. ``owner=None`` means an admin: no ownership filter."""
+
+    def __init__(self, pool: Pool, *, keyring: Keyring | None = None, default_job_quota: int | None = None) -> None:
+        self._pool = pool
+        self.store = JobStore(pool)
+        self._keyring_given = keyring
+        self._default_job_quota = default_job_quota  # for owners without a quota of their own
+
+    @property
+    def _keyring(self) -> Keyring:
+        # Loaded only when a secret is used, so a deployment without secrets needs no key.
+        if self._keyring_given is None:
+            self._keyring_given = default_keyring()
+        return self._keyring_given
+
+    def _fingerprint(self, spec: JobSpec) -> bytes:
+        # Keyed when the definition holds secrets: a plain hash could be brute-forced back to them.
+        plain = spec.fingerprint()
+        return self._keyring.fingerprint(plain) if has_secrets(spec) else plain
+
+    async def create(self, owner: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None) -> CreatedJob:
+        job_id = new_job_id()
+        fingerprint = self._fingerprint(spec) if idempotency_key else None
+        stored = seal_spec(spec, self._keyring) if has_secrets(spec) else spec
+        async with transaction(self._pool) as conn:
+            quota = await self._admit(conn, owner, spec)
+            if not await job_store.insert_job(conn, job_id, owner, stored, idempotency_key, fingerprint):
+                assert idempotency_key is not None  # only a used key makes the insert write nothing
+                keyed = await job_store.job_of_key(conn, owner, idempotency_key)
+                if keyed.request_hash != fingerprint:  # the key was used before: answer with the job it created
+                    raise IdempotencyConflict(idempotency_key)
+                return keyed.job
+            if quota is not None and await count_jobs_up_to(conn, owner, quota + 1) > quota:
+                raise JobQuotaExceeded(owner, quota)  # after the insert: the whole create is undone
+            fire_at = first_fire(spec, job_id, now)
+            if fire_at is not None:
+                await job_store.insert_schedule_trigger(conn, job_id, fire_at, 1)
+        return CreatedJob(job_id, fire_at, created=True)
+
+    async def _admit(self, conn: Conn, owner: str, spec: JobSpec) -> int | None:
+        """Lock the owner's row (so concurrent creates count one after the other), refuse a task type
+        the owner may not use, and return the quota that applies."""
+        limits = await lock_owner_for_job(conn, owner)
+        if spec.task.type in COMMAND_TASK_TYPES and not limits.allow_commands:
+            raise TaskNotAllowed(owner, spec.task.type)
+        return limits.job_quota if limits.job_quota is not None else self._default_job_quota
+
+    async def get(self, job_id: uuid.UUID, owner: str | None) -> JobRecord | None:
+        return await self.store.get(job_id, owner)
+
+    async def list(self, owner: str | None, after: uuid.UUID | None, limit: int) -> list[JobRecord]:
+        return await self.store.list(owner, after, limit)
+
+    async def update(self, job_id: uuid.UUID, owner: str | None, patch: JobPatch, now: datetime,
+                     matching: frozenset[int] | None = None) -> JobRecord | None:
+        """Apply a patch: bump the version and rewrite the trigger in the same transaction.
+
+        ``matching``: the versions the caller's change was made against (If-Match), None for any.
+        Raises VersionMismatch when the job is at another version, and pydantic.ValidationError when
+        the patched definition is invalid; nothing is written then.
+        """
+        async with transaction(self._pool) as conn:
+            job = await job_store.lock_job(conn, job_id, owner)
+            if job is None:
+                return None
+            _check_version(job, matching)
+            current, sealed = split_sealed(job.definition)
+            spec = patch.apply_to(JobSpec.model_validate(current))
+            if patch.task is None:
+                stored = keep_sealed(spec, sealed)
+            else:
+                if spec.task.type in COMMAND_TASK_TYPES and not await OwnerStore(conn).allows_commands(job.owner):
+                    raise TaskNotAllowed(job.owner, spec.task.type)
+                stored = seal_spec(spec, self._keyring, sealed) if has_secrets(spec) else spec
+            paused = job.paused if patch.paused is None else patch.paused
+            version = await job_store.update_job(conn, job_id, stored, paused)
+            had_trigger = await job_store.delete_schedule_triggers(conn, job_id)
+            resuming = job.paused and not paused
+            fire_at = None if paused else first_fire(spec, job_id, now, job.paused_at if resuming else None)
+            if fire_at is not None and not _one_off_done(spec, job, had_trigger):
+                await job_store.insert_schedule_trigger(conn, job_id, fire_at, version)
+        return await self.get(job_id, owner)
+
+    async def delete(self, job_id: uuid.UUID, owner: str | None, matching: frozenset[int] | None = None) -> bool:
+        """Delete the job and its triggers; False when not found. ``matching`` as for :meth:`update`."""
+        async with transaction(self._pool) as conn:
+            if matching is not None:
+                job = await job_store.lock_job(conn, job_id, owner)
+                if job is None:
+                    return False
+                _check_version(job, matching)
+            return await job_store.delete_job(conn, job_id, owner)
+
+
+def _check_version(job: LockedJob, matching: frozenset[int] | None) -> None:
+    if matching is not None and job.version not in matching:
+        raise VersionMismatch(job.version)
+
+
+def _one_off_done(spec: JobSpec, job: LockedJob, had_trigger: bool) -> bool:
+    """A one-off job that already fired keeps no trigger unless the patch gives it a new time.
+
+    (Firing its old slot again would be harmless, as the run id is taken, but it would show a
+    ``nextRunAt`` that never comes.)
+    """
+    return (
+        isinstance(spec.schedule, AtScheduleSpec)
+        and spec.schedule.at == job.run_at
+        and not had_trigger
+        and not job.paused
+    )

@@ -1,0 +1,435 @@
+-- The schema the migrations in src/chimes/store/migrations produce, read back from the catalog of
+-- a freshly migrated database (chimes.store.schema). Generated: do not edit. After adding a
+-- migration: python -m chimes.store.schema --write
+-- Left out: owners and grants, and the day partitions of runs and run_attempts, which
+-- chimes_ensure_run_partitions makes as days come.
+
+CREATE TABLE public.active_runs (
+    job_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    scheduled_at timestamp with time zone NOT NULL,
+    held boolean DEFAULT false NOT NULL,
+    CONSTRAINT active_runs_pkey PRIMARY KEY (job_id, run_id)
+);
+CREATE INDEX active_runs_held ON public.active_runs USING btree (job_id, scheduled_at) WHERE held;
+
+CREATE TABLE public.api_tokens (
+    token_id uuid NOT NULL,
+    token_hash bytea NOT NULL,
+    owner text NOT NULL,
+    admin boolean DEFAULT false NOT NULL,
+    name text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    revoked_at timestamp with time zone,
+    scope text DEFAULT 'write'::text NOT NULL,
+    CONSTRAINT api_tokens_admin_is_scope CHECK ((admin = (scope = 'admin'::text))),
+    CONSTRAINT api_tokens_pkey PRIMARY KEY (token_id),
+    CONSTRAINT api_tokens_scope CHECK ((scope = ANY (ARRAY['read'::text, 'write'::text, 'admin'::text]))),
+    CONSTRAINT api_tokens_token_hash_key UNIQUE (token_hash)
+);
+
+CREATE TABLE public.concurrency_caps (
+    scope text NOT NULL,
+    name text NOT NULL,
+    max_running integer NOT NULL,
+    owner text DEFAULT ''::text NOT NULL,
+    CONSTRAINT concurrency_caps_max_running_check CHECK ((max_running >= 0)),
+    CONSTRAINT concurrency_caps_owner_of_tag CHECK (((scope = 'tag'::text) OR (owner = ''::text))),
+    CONSTRAINT concurrency_caps_pkey PRIMARY KEY (scope, name, owner),
+    CONSTRAINT concurrency_caps_scope_check CHECK ((scope = ANY (ARRAY['owner'::text, 'tag'::text])))
+);
+
+CREATE TABLE public.jobs (
+    job_id uuid NOT NULL,
+    owner text NOT NULL,
+    name text NOT NULL,
+    cron text,
+    run_at timestamp with time zone,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    jitter_sec integer DEFAULT 0 NOT NULL,
+    task jsonb NOT NULL,
+    retry_policy jsonb NOT NULL,
+    timeout_sec integer NOT NULL,
+    concurrency text NOT NULL,
+    priority smallint NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    version integer DEFAULT 1 NOT NULL,
+    idempotency_key text,
+    request_hash bytea,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    dst_gap text,
+    dst_fold text,
+    catch_up jsonb DEFAULT '{"policy": "one"}'::jsonb NOT NULL,
+    queue_limit integer DEFAULT 10 NOT NULL,
+    tags text[] DEFAULT '{}'::text[] NOT NULL,
+    notify_url text,
+    start_deadline_sec integer DEFAULT 300 NOT NULL,
+    paused_at timestamp with time zone,
+    resumed_at timestamp with time zone,
+    CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text]))),
+    CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),
+    CONSTRAINT jobs_dst_gap CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
+    CONSTRAINT jobs_one_schedule CHECK (((cron IS NULL) <> (run_at IS NULL))),
+    CONSTRAINT jobs_pkey PRIMARY KEY (job_id),
+    CONSTRAINT jobs_priority CHECK (((priority >= 0) AND (priority <= 2)))
+);
+CREATE INDEX jobs_name ON public.jobs USING btree (lower(name) COLLATE "C", job_id);
+CREATE INDEX jobs_owner ON public.jobs USING btree (owner, job_id);
+CREATE UNIQUE INDEX jobs_owner_idempotency_key ON public.jobs USING btree (owner, idempotency_key) WHERE (idempotency_key IS NOT NULL);
+CREATE INDEX jobs_owner_name ON public.jobs USING btree (owner, lower(name) COLLATE "C", job_id);
+CREATE INDEX jobs_paused_name ON public.jobs USING btree (lower(name) COLLATE "C", job_id) WHERE paused;
+
+CREATE TABLE public.notifications (
+    notification_id uuid NOT NULL,
+    job_id uuid NOT NULL,
+    owner text NOT NULL,
+    kind text NOT NULL,
+    url text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    sent_at timestamp with time zone,
+    last_error text,
+    dead_at timestamp with time zone,
+    CONSTRAINT notifications_pkey PRIMARY KEY (notification_id)
+);
+CREATE INDEX notifications_created ON public.notifications USING btree (created_at, notification_id);
+CREATE INDEX notifications_dead ON public.notifications USING btree (created_at, notification_id) WHERE (dead_at IS NOT NULL);
+CREATE INDEX notifications_owner_created ON public.notifications USING btree (owner, created_at, notification_id);
+CREATE INDEX notifications_pending ON public.notifications USING btree (next_attempt_at) WHERE ((sent_at IS NULL) AND (dead_at IS NULL));
+
+CREATE TABLE public.owners (
+    owner text NOT NULL,
+    allow_commands boolean DEFAULT false NOT NULL,
+    job_quota integer,
+    signing_secret text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT owners_job_quota_check CHECK ((job_quota >= 0)),
+    CONSTRAINT owners_pkey PRIMARY KEY (owner)
+);
+
+CREATE TABLE public.partition_leases (
+    partition_id smallint NOT NULL,
+    owner text,
+    token bigint DEFAULT 0 NOT NULL,
+    expires_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    CONSTRAINT partition_leases_pkey PRIMARY KEY (partition_id)
+);
+
+CREATE TABLE public.run_attempts (
+    run_id uuid NOT NULL,
+    scheduled_at timestamp with time zone NOT NULL,
+    attempt integer NOT NULL,
+    worker_id text,
+    status text NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone NOT NULL,
+    error text,
+    output text,
+    CONSTRAINT run_attempts_pkey PRIMARY KEY (run_id, scheduled_at, attempt)
+) PARTITION BY RANGE (scheduled_at);
+
+CREATE TABLE public.run_attempts_default PARTITION OF public.run_attempts DEFAULT;
+
+CREATE TABLE public.run_queue (
+    queue_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    tier smallint NOT NULL,
+    run_id uuid NOT NULL,
+    scheduled_at timestamp with time zone NOT NULL,
+    job_id uuid NOT NULL,
+    enqueued_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT run_queue_pkey PRIMARY KEY (tier, queue_id)
+) WITH (fillfactor=70, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_cost_delay=0);
+CREATE UNIQUE INDEX run_queue_run ON public.run_queue USING btree (run_id);
+
+CREATE TABLE public.runs (
+    run_id uuid NOT NULL,
+    scheduled_at timestamp with time zone NOT NULL,
+    job_id uuid NOT NULL,
+    owner text NOT NULL,
+    partition_id smallint NOT NULL,
+    job_version integer NOT NULL,
+    trigger text NOT NULL,
+    priority smallint NOT NULL,
+    status text DEFAULT 'scheduled'::text NOT NULL,
+    attempt integer DEFAULT 1 NOT NULL,
+    fired_at timestamp with time zone,
+    worker_id text,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    deadline_at timestamp with time zone,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    reason text,
+    lease_losses integer DEFAULT 0 NOT NULL,
+    CONSTRAINT runs_pkey PRIMARY KEY (run_id, scheduled_at),
+    CONSTRAINT runs_status CHECK ((status = ANY (ARRAY['scheduled'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
+    CONSTRAINT runs_trigger CHECK ((trigger = ANY (ARRAY['schedule'::text, 'manual'::text, 'rerun'::text, 'catchup'::text])))
+) PARTITION BY RANGE (scheduled_at);
+CREATE INDEX runs_failed ON ONLY public.runs USING btree (finished_at) INCLUDE (job_id, owner) WHERE (status = 'failed'::text);
+CREATE INDEX runs_job_history ON ONLY public.runs USING btree (job_id, scheduled_at DESC);
+CREATE INDEX runs_running ON ONLY public.runs USING btree (lease_expires_at) WHERE (status = 'running'::text);
+CREATE INDEX runs_unstarted ON ONLY public.runs USING btree (scheduled_at) WHERE ((status = 'scheduled'::text) AND (started_at IS NULL));
+
+CREATE TABLE public.runs_default PARTITION OF public.runs DEFAULT;
+
+CREATE TABLE public.schedule_stalls (
+    job_id uuid NOT NULL,
+    owner text NOT NULL,
+    cause text NOT NULL,
+    since timestamp with time zone NOT NULL,
+    detail text NOT NULL,
+    fire_at timestamp with time zone,
+    run_id uuid,
+    detected_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedule_stalls_cause_check CHECK ((cause = ANY (ARRAY['overdue'::text, 'no_trigger'::text, 'held'::text]))),
+    CONSTRAINT schedule_stalls_pkey PRIMARY KEY (job_id)
+);
+
+CREATE TABLE public.scheduler_nodes (
+    node_id text NOT NULL,
+    hostname text NOT NULL,
+    pid integer NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT scheduler_nodes_pkey PRIMARY KEY (node_id)
+);
+
+CREATE TABLE public.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schema_migrations_pkey PRIMARY KEY (version)
+);
+
+CREATE TABLE public.secret_key (
+    singleton boolean DEFAULT true NOT NULL,
+    key_id text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT secret_key_pkey PRIMARY KEY (singleton),
+    CONSTRAINT secret_key_singleton_check CHECK (singleton)
+);
+
+CREATE TABLE public.settings (
+    key text NOT NULL,
+    value jsonb NOT NULL,
+    CONSTRAINT settings_pkey PRIMARY KEY (key)
+);
+
+CREATE TABLE public.triggers (
+    partition_id smallint NOT NULL,
+    fire_at timestamp with time zone NOT NULL,
+    trigger_id uuid NOT NULL,
+    job_id uuid NOT NULL,
+    job_version integer NOT NULL,
+    kind smallint NOT NULL,
+    CONSTRAINT triggers_pkey PRIMARY KEY (partition_id, fire_at, trigger_id)
+) WITH (fillfactor=85);
+CREATE INDEX triggers_job ON public.triggers USING btree (job_id);
+
+CREATE TABLE public.workers (
+    worker_id text NOT NULL,
+    hostname text NOT NULL,
+    pid integer NOT NULL,
+    concurrency integer NOT NULL,
+    in_flight integer DEFAULT 0 NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workers_pkey PRIMARY KEY (worker_id)
+);
+
+CREATE OR REPLACE FUNCTION public.chimes_drop_run_partitions(cutoff date)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    part record;
+    dropped integer := 0;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('chimes_run_partitions'));
+    FOR part IN
+        SELECT c.relname
+        FROM pg_inherits i
+        JOIN pg_class c ON c.oid = i.inhrelid
+        JOIN pg_class p ON p.oid = i.inhparent
+        WHERE p.relname IN ('runs', 'run_attempts')
+          AND c.relname ~ '_[0-9]{8}$'
+          AND to_date(right(c.relname, 8), 'YYYYMMDD') < cutoff
+    LOOP
+        EXECUTE format('DROP TABLE %I', part.relname);
+        dropped := dropped + 1;
+    END LOOP;
+    DELETE FROM runs_default WHERE scheduled_at < cutoff;
+    DELETE FROM run_attempts_default WHERE scheduled_at < cutoff;
+    RETURN dropped;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_ensure_run_partitions(start date, days integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    day date;
+    created integer := 0;
+    parent text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('chimes_run_partitions'));
+    FOR i IN 0 .. days - 1 LOOP
+        day := start + i;
+        FOREACH parent IN ARRAY ARRAY['runs', 'run_attempts'] LOOP
+            IF to_regclass(format('%s_%s', parent, to_char(day, 'YYYYMMDD'))) IS NULL THEN
+                EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)',
+                               format('%s_%s', parent, to_char(day, 'YYYYMMDD')), parent,
+                               day::timestamp AT TIME ZONE 'UTC', (day + 1)::timestamp AT TIME ZONE 'UTC');
+                created := created + 1;
+            END IF;
+        END LOOP;
+    END LOOP;
+    RETURN created;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_forget_ended_runs()
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    forgotten integer;
+BEGIN
+    DELETE FROM active_runs a
+    WHERE NOT EXISTS (
+        SELECT 1 FROM runs r
+        WHERE r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at AND r.status IN ('scheduled', 'running')
+    );
+    GET DIAGNOSTICS forgotten = ROW_COUNT;
+    RETURN forgotten;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_notify_failed(run_ids uuid[], scheduled_ats timestamp with time zone[])
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    SELECT chimes_notify_runs('run_failed', array_agg(r.run_id), array_agg(r.scheduled_at),
+                              array_agg(NULL::text))
+    FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+    JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at AND r.status = 'failed'
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_notify_jobs(kind text, job_ids uuid[], keys text[], details text[], slots timestamp with time zone[], run_ids uuid[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    queued integer;
+    fallback text := (SELECT value #>> '{}' FROM settings WHERE key = 'notify_url');
+BEGIN
+    INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload)
+    SELECT md5(e.key)::uuid, j.job_id, j.owner, kind, coalesce(j.notify_url, fallback),
+           jsonb_build_object('kind', kind, 'runId', e.run_id, 'jobId', j.job_id, 'jobName', j.name,
+                              'owner', j.owner, 'scheduledAt', e.slot, 'status', NULL, 'attempt', NULL,
+                              'error', e.detail, 'startedAt', NULL, 'finishedAt', NULL)
+    FROM unnest(job_ids, keys, details, slots, run_ids) AS e(job_id, key, detail, slot, run_id)
+    JOIN jobs j ON j.job_id = e.job_id
+    WHERE coalesce(j.notify_url, fallback) IS NOT NULL
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS queued = ROW_COUNT;
+    RETURN queued;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_notify_runs(kind text, run_ids uuid[], scheduled_ats timestamp with time zone[], details text[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    queued integer;
+    fallback text := (SELECT value #>> '{}' FROM settings WHERE key = 'notify_url');
+BEGIN
+    INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload)
+    SELECT md5(r.run_id::text || ':' || kind)::uuid, r.job_id, r.owner, kind, coalesce(j.notify_url, fallback),
+           jsonb_build_object('kind', kind, 'runId', r.run_id, 'jobId', r.job_id, 'jobName', j.name,
+                              'owner', r.owner, 'scheduledAt', r.scheduled_at, 'status', r.status,
+                              'attempt', r.attempt, 'error', coalesce(e.detail, r.error),
+                              'startedAt', r.started_at, 'finishedAt', r.finished_at)
+    FROM unnest(run_ids, scheduled_ats, details) AS e(run_id, scheduled_at, detail)
+    JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at
+    LEFT JOIN jobs j ON j.job_id = r.job_id
+    WHERE coalesce(j.notify_url, fallback) IS NOT NULL
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS queued = ROW_COUNT;
+    RETURN queued;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_release_held(job_ids uuid[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    released integer;
+BEGIN
+    WITH next_up AS (
+        SELECT DISTINCT ON (h.job_id) h.job_id, h.run_id, h.scheduled_at
+        FROM active_runs h
+        WHERE h.held AND (job_ids IS NULL OR h.job_id = ANY(job_ids))
+          AND NOT EXISTS (SELECT 1 FROM active_runs o WHERE o.job_id = h.job_id AND NOT o.held)
+        ORDER BY h.job_id, h.scheduled_at
+    ),
+    freed AS (
+        UPDATE active_runs a SET held = false
+        FROM next_up n WHERE a.job_id = n.job_id AND a.run_id = n.run_id
+        RETURNING a.run_id, a.scheduled_at
+    ),
+    noted AS (
+        UPDATE runs r SET reason = NULLIF(regexp_replace(coalesce(r.reason, ''),
+                                   '(; )?waiting for the active run \(concurrency queue\)', ''), '')
+        FROM freed f WHERE r.run_id = f.run_id AND r.scheduled_at = f.scheduled_at
+        RETURNING r.run_id, r.scheduled_at, r.job_id, r.priority, r.status
+    )
+    INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
+    SELECT priority, run_id, scheduled_at, job_id FROM noted WHERE status = 'scheduled'
+    ON CONFLICT (run_id) DO NOTHING;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    IF released > 0 THEN
+        PERFORM pg_notify('chimes_run_queue', '');
+    END IF;
+    RETURN released;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_runs_ended(ended_jobs uuid[], ended_runs uuid[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    released integer;
+BEGIN
+    DELETE FROM active_runs a
+    USING unnest(ended_jobs, ended_runs) AS e(job_id, run_id)
+    WHERE a.job_id = e.job_id AND a.run_id = e.run_id;
+    SELECT chimes_release_held(ended_jobs) INTO released;
+    RETURN released;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_start_runs(run_ids uuid[], scheduled_ats timestamp with time zone[], job_ids uuid[], worker text, lease_sec double precision, deadline_grace_sec double precision)
+ RETURNS TABLE(run_id uuid, scheduled_at timestamp with time zone, job_id uuid, attempt integer, lease_token uuid, started_at timestamp with time zone, trigger text, task jsonb, retry_policy jsonb, timeout_sec integer, job_exists boolean, owner text, priority smallint)
+ LANGUAGE sql
+AS $function$
+    UPDATE runs r
+    SET status = 'running', worker_id = worker, lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => lease_sec), started_at = now(),
+        deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, 3600) + deadline_grace_sec)
+    FROM unnest(run_ids, scheduled_ats, job_ids) AS p(run_id, scheduled_at, job_id)
+    LEFT JOIN jobs j ON j.job_id = p.job_id
+    WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger,
+              j.task, j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL, r.owner, r.priority
+$function$;
