@@ -229,8 +229,8 @@ CREATE TABLE public.triggers (
     job_version integer NOT NULL,
     kind smallint NOT NULL,
     CONSTRAINT triggers_pkey PRIMARY KEY (partition_id, fire_at, trigger_id)
-) WITH (fillfactor=85);
-CREATE INDEX triggers_job ON public.triggers USING btree (job_id);
+) WITH (fillfactor=85, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=10000, autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=10000);
+CREATE INDEX triggers_job_kind ON public.triggers USING btree (job_id, kind);
 
 CREATE TABLE public.workers (
     worker_id text NOT NULL,
