@@ -44,6 +44,11 @@ SHUTDOWN_GRACE_SEC = 30.0
 CONTAINER_RUNTIME = "docker"
 #: Seconds a command's or container's process group gets between SIGTERM and SIGKILL.
 KILL_GRACE_SEC = 5.0
+#: Seconds a role keeps trying a database that is starting, recovering or failing over (--database-wait).
+DATABASE_WAIT_SEC = 60.0
+#: Seconds to connect to one host of the database URL, TLS and authentication included
+#: (--database-connect-timeout).
+DATABASE_CONNECT_TIMEOUT_SEC = 5.0
 
 
 def default_data_dir() -> Path:

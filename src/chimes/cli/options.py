@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from chimes import settings
 from chimes.settings import DEFAULT_HOST, DEFAULT_PORT, Settings, default_data_dir
 
 
@@ -30,13 +31,13 @@ def database_options(func: Callable[..., Any]) -> Callable[..., Any]:
     )(with_connect_wait)
     command = click.option(
         "--database-connect-timeout", envvar="CHIMES_DATABASE_CONNECT_TIMEOUT_SEC", show_envvar=True,
-        type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+        type=click.FloatRange(min=0.1), default=settings.DATABASE_CONNECT_TIMEOUT_SEC, show_default=True,
         help="Seconds to wait for each host of the database URL to accept a connection before trying the next.",
     )(command)
 
     command = click.option(
         "--database-wait", envvar="CHIMES_DATABASE_WAIT_SEC", show_envvar=True, type=click.FloatRange(min=0),
-        default=60.0, show_default=True,
+        default=settings.DATABASE_WAIT_SEC, show_default=True,
         help="Seconds to keep trying a database that is starting, recovering or full before giving up.",
     )(command)
     command = click.option(

@@ -16,7 +16,7 @@ import asyncpg
 import asyncpg.pool
 import orjson
 
-from chimes import outage
+from chimes import outage, settings
 from chimes.settings import Settings
 from chimes.store.embedded import EmbeddedPostgres
 from chimes.store.queries import sql
@@ -132,7 +132,7 @@ TRANSIENT_ERRORS = (
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
     asyncpg.exceptions.ReadOnlySQLTransactionError,  # a primary demoted under us
 )
-CONNECT_WAIT_SEC = 60.0
+CONNECT_WAIT_SEC = settings.DATABASE_WAIT_SEC
 
 
 def set_connect_wait(seconds: float) -> None:
@@ -181,7 +181,7 @@ class Timeouts:
     role waiting on it stalls that long (issue 20).
     """
 
-    connect_sec: float = 5.0  # per host of a multi-host URL, TLS and authentication included
+    connect_sec: float = settings.DATABASE_CONNECT_TIMEOUT_SEC  # per host of a multi-host URL
     command_sec: float | None = None  # per statement; None: no limit (migrations, imports, admin commands)
     keepalive_idle_sec: int = 5  # TCP keepalive: an idle connection is probed after this long...
     keepalive_interval_sec: int = 2  # ...then every this long...
