@@ -43,7 +43,7 @@ class Fence:
 
     name: str
     file: str  # under src/chimes/store
-    statement: str  # a "-- name:" block of sql/*.sql, or "function NAME" of a migration
+    statement: str  # a "-- name:" block of sql/*.sql
     clauses: tuple[str, ...]  # each found exactly once in the statement; removed together
     tests: tuple[str, ...]  # node ids
     race: str
@@ -102,7 +102,7 @@ FENCES: tuple[Fence, ...] = (
     Fence("reap: lease still expired", "sql/scheduling.sql", "reap_runs",
           ("(r.lease_expires_at < now() OR r.deadline_at < now())",), t("test_reap_fence_lease_still_expired"),
           "the worker, paused and not dead, renewed its lease between the reaper's read and write"),
-    Fence("claim: run still waiting", "migrations/0002_semantics.sql", "function chimes_start_runs",
+    Fence("claim: run still waiting", "sql/working.sql", "claim_runs",
           ("r.status = 'scheduled'",), t("test_claim_fence_run_still_scheduled"),
           "a cancel racing a retry's fire leaves a queue row for the cancelled run"),
     Fence("callback heartbeat: run lease token", "sql/runs.sql", "callback_heartbeat", ("lease_token = $4",),
@@ -168,15 +168,11 @@ NOT_FENCES: tuple[tuple[str, str, str, str], ...] = (
 
 def statement_span(text: str, statement: str) -> tuple[int, int]:
     """Where the named statement is in the file's text."""
-    if statement.startswith("function "):
-        start = text.find(f"CREATE FUNCTION {statement.removeprefix('function ')}(")
-        end = text.find("\n$$;", start)
-    else:
-        match = re.search(rf"^--\s*name:\s*{re.escape(statement)}\s*$", text, re.MULTILINE)
-        start = match.start() if match else -1
-        following = re.compile(r"^--\s*name:", re.MULTILINE).search(text, start + 1) if match else None
-        end = following.start() if following else len(text)
-    if start < 0 or end < 0:
+    match = re.search(rf"^--\s*name:\s*{re.escape(statement)}\s*$", text, re.MULTILINE)
+    start = match.start() if match else -1
+    following = re.compile(r"^--\s*name:", re.MULTILINE).search(text, start + 1) if match else None
+    end = following.start() if following else len(text)
+    if start < 0:
         raise LookupError(f"statement {statement} not found")
     return start, end
 

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from chimes.enums import Priority, RunStatus
+from chimes.settings import RUN_TIMEOUT_SEC
 from chimes.store.caps import Candidate, CapKey, cap_key
 from chimes.store.db import Conn, open_connection
 from chimes.store.queries import sql
@@ -91,7 +92,7 @@ class WorkerStore:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("plan_by_key"))
             rows = await conn.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
-                                    tiers[0], tiers[1])
+                                    tiers[0], tiers[1], RUN_TIMEOUT_SEC)
         return [ClaimedRun(**dict(row)) for row in rows]
 
     async def caps_exist(self) -> bool:
@@ -118,7 +119,7 @@ class WorkerStore:
             if not chosen:
                 return []
             claimed = await conn.fetch(sql("claim_queued_runs"), self.worker_id, lease_sec, deadline_grace_sec,
-                                       chosen)
+                                       chosen, RUN_TIMEOUT_SEC)
         return [ClaimedRun(**dict(row)) for row in claimed]
 
     async def extend_leases(self, runs: Sequence[ClaimedRun], lease_sec: float) -> set[uuid.UUID]:

@@ -37,9 +37,18 @@ WITH picked AS (
     )
     RETURNING q.run_id, q.scheduled_at, q.job_id
 )
-SELECT started.*
-FROM (SELECT array_agg(run_id) AS runs, array_agg(scheduled_at) AS ats, array_agg(job_id) AS jobs FROM picked) p
-CROSS JOIN LATERAL chimes_start_runs(p.runs, p.ats, p.jobs, $2, $3, $4) started;
+-- Each picked run becomes running under a new lease token, if it is still waiting (one cancelled
+-- meanwhile is left alone); what the worker needs to run it comes back. (Migration 0002's function
+-- chimes_start_runs did this before; it stays, unused, for workers of the previous version during a
+-- rolling upgrade, and goes with a later migration.)
+UPDATE runs r
+SET status = 'running', worker_id = $2, lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => $3::float8), started_at = now(),
+    deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, $7::integer) + $4::float8)
+FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
+WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
+RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
+          j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority;
 
 -- name: extend_leases
 -- Returns the runs this worker still holds; a run missing from the answer was cancelled or reaped.
@@ -142,9 +151,14 @@ WITH picked AS (
     DELETE FROM run_queue q WHERE q.queue_id = ANY($4::bigint[])
     RETURNING q.run_id, q.scheduled_at, q.job_id
 )
-SELECT started.*
-FROM (SELECT array_agg(run_id) AS runs, array_agg(scheduled_at) AS ats, array_agg(job_id) AS jobs FROM picked) p
-CROSS JOIN LATERAL chimes_start_runs(p.runs, p.ats, p.jobs, $1, $2, $3) started;
+UPDATE runs r
+SET status = 'running', worker_id = $1, lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => $2::float8), started_at = now(),
+    deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, $5::integer) + $3::float8)
+FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
+WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
+RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
+          j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority;
 
 -- name: listen_queue
 -- A worker's check of its LISTEN connection: a round trip that is a no-op on a channel already
