@@ -210,9 +210,9 @@ async def test_reap_fence_partition_token(pool: asyncpg.Pool) -> None:
     lost = [judge(r, now()) for r in await a.expired_runs(list(before), 1000)]
     assert [r.run_id for r in lost] == [claimed.run_id]
     after = await lose_and_take_back(pool, a, before)
-    assert await a.reap(before, lost) == []
+    assert await a.reap(before, lost, now()) == []
     assert (await run_row(pool, claimed.run_id))["status"] == "running"
-    assert [r["run_id"] for r in await a.reap(after, lost)] == [claimed.run_id]
+    assert [r["run_id"] for r in await a.reap(after, lost, now())] == [claimed.run_id]
 
 
 async def test_reap_fence_released_partition(pool: asyncpg.Pool) -> None:
@@ -222,7 +222,7 @@ async def test_reap_fence_released_partition(pool: asyncpg.Pool) -> None:
     await expire_run_lease(pool)
     lost = [judge(r, now()) for r in await store.expired_runs(list(leases), 1000)]
     await store.leave(leases)
-    assert await store.reap(leases, lost) == []
+    assert await store.reap(leases, lost, now()) == []
     assert (await run_row(pool, claimed.run_id))["status"] == "running"
     other = SchedulerStore(pool, "node-b")
     assert await Reaper(other).sweep(await take_all(other), now()) == 1
@@ -389,7 +389,7 @@ async def test_reap_fence_run_lease_token(pool: asyncpg.Pool) -> None:
     assert await WorkerStore(pool, "worker-1").release([first]) == {first.run_id}
     [second] = await WorkerStore(pool, "worker-2").claim(10, lease_sec=30, deadline_grace_sec=30)
     await expire_run_lease(pool)
-    assert await store.reap(leases, lost) == []
+    assert await store.reap(leases, lost, now()) == []
     assert (await run_row(pool, second.run_id))["lease_token"] == second.lease_token
     assert await Reaper(store).sweep(leases, now()) == 1
     [attempt] = await pool.fetch("SELECT * FROM run_attempts")
@@ -404,7 +404,7 @@ async def test_reap_fence_lease_still_expired(pool: asyncpg.Pool) -> None:
     await expire_run_lease(pool)
     lost = [judge(r, now()) for r in await store.expired_runs(list(leases), 1000)]
     assert await WorkerStore(pool, "worker-1").extend_leases([first], 30) == {first.run_id}
-    assert await store.reap(leases, lost) == []
+    assert await store.reap(leases, lost, now()) == []
     run = await run_row(pool, first.run_id)
     assert (run["status"], run["lease_token"]) == ("running", first.lease_token)
     assert await pool.fetchval("SELECT count(*) FROM run_queue") == 0
@@ -593,3 +593,34 @@ async def test_owner_fence_dashboard_failures_per_minute(pool: asyncpg.Pool) -> 
     assert (await DashboardStore(pool).fleet("team-b", now(), timedelta(minutes=5), 30)).failures == []
     assert len((await DashboardStore(pool).fleet("team-a", now(), timedelta(minutes=5), 30)).failures) == 1
 
+
+
+async def due_in(pool: asyncpg.Pool, run_id: uuid.UUID) -> float:
+    """Seconds until the run's retry trigger is due, by the database's clock."""
+    seconds: float = await pool.fetchval(
+        "SELECT extract(epoch FROM fire_at - now()) FROM triggers WHERE trigger_id = $1", run_id)
+    return seconds
+
+
+async def test_a_worker_with_a_fast_clock_does_not_delay_retries(pool: asyncpg.Pool) -> None:
+    """A worker plans a retry by its own clock, but the database's clock, which judges every trigger,
+    decides when it is due: a host an hour ahead (a lost time server) would otherwise push every
+    retry it plans an hour late. The backoff the worker chose is kept, counted from the database's
+    now()."""
+    _, _, claimed = await running_run(pool)
+    fast = now() + timedelta(hours=1)
+    failed = Completion(claimed, Outcome.failure("HTTP 500"), fast, fast + timedelta(seconds=2))
+    assert await WorkerStore(pool, "worker-1").complete([failed]) == {claimed.run_id}
+    assert 1.0 < await due_in(pool, claimed.run_id) <= 2.0
+
+
+async def test_a_node_with_a_fast_clock_does_not_delay_retries(pool: asyncpg.Pool) -> None:
+    """The same for the reaper: the retry of a run that ran past its deadline waits the backoff the
+    node chose, by the database's clock, not an hour more."""
+    store, leases, claimed = await running_run(pool)
+    await expire_run_lease(pool)
+    fast = now() + timedelta(hours=1)
+    [lost] = [judge(r, fast) for r in await store.expired_runs(list(leases), 1000)]
+    reaped = await store.reap(leases, [replace(lost, retry_at=fast + timedelta(seconds=3))], fast)
+    assert [r["run_id"] for r in reaped] == [claimed.run_id]
+    assert 2.0 < await due_in(pool, claimed.run_id) <= 3.0

@@ -45,9 +45,10 @@ def test_every_trigger_kind_the_sql_compares_or_writes_is_a_trigger_kind() -> No
     sql = statements()
     compared = {int(n) for n in re.findall(r"\bkind\s*=\s*(\d+)", sql)}
     written = set()
-    for insert in re.findall(r"INSERT INTO triggers\s*\([^)]*\bkind\)\s*(?:VALUES\s*\(|SELECT\b)(.*?)(?:\)|\bFROM\b|$)",
-                             sql, flags=re.S | re.M):
-        last = insert.split(",")[-1].strip()
+    # The kind is the last value of the VALUES list or of the SELECT list, before FROM or ON CONFLICT.
+    for insert in re.findall(r"INSERT INTO triggers\s*\([^)]*\bkind\)\s*(?:VALUES\s*\(|SELECT\b)(.*?)"
+                             r"(?:\bFROM\b|\bON CONFLICT\b|;|$)", sql, flags=re.S):
+        last = insert.rsplit(",", 1)[-1].strip().rstrip(")").strip()
         if last.isdigit():
             written.add(int(last))
     assert compared == {0, 1} and written == {0, 1}, "the scan finds both kinds, compared and written"

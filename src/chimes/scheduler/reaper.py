@@ -74,7 +74,7 @@ class Reaper:
         rows = await self.store.expired_runs(list(leases), self.batch_size)
         if not rows:
             return 0
-        ended = await self.store.reap(leases, [_judge_or_fail(r, now) for r in rows])
+        ended = await self.store.reap(leases, [_judge_or_fail(r, now) for r in rows], now)
         for row in ended:
             log.warning("reaped run %s (%s)", row["run_id"],
                         "re-enqueued" if row["retry_at"] is not None else RunStatus.FAILED,

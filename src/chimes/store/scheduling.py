@@ -186,9 +186,10 @@ class SchedulerStore:
     async def expired_runs(self, partitions: Sequence[int], limit: int) -> list[ExpiredRun]:
         return [ExpiredRun(**dict(row)) for row in await self._pool.fetch(sql("expired_runs"), list(partitions), limit)]
 
-    async def reap(self, leases: Mapping[int, int], lost: Sequence[LostRun]) -> Sequence[Row]:
-        """End the lost attempts; returns the runs ended or re-enqueued (run_id, scheduled_at, job_id,
-        partition_id, job_version, priority, retry_at, final)."""
+    async def reap(self, leases: Mapping[int, int], lost: Sequence[LostRun], planned_at: datetime) -> Sequence[Row]:
+        """End the lost attempts, whose retries were planned at ``planned_at`` (the node's clock);
+        returns the runs ended or re-enqueued (run_id, scheduled_at, job_id, partition_id,
+        job_version, priority, retry_at, final)."""
         partitions = list(leases)
         async with self._pool.acquire() as conn, conn.transaction():
             ended = await conn.fetch(
@@ -196,6 +197,7 @@ class SchedulerStore:
                 [r.run_id for r in lost], [r.scheduled_at for r in lost], [r.lease_token for r in lost],
                 [r.error for r in lost], [r.retry_at for r in lost],
                 [r.worker_id for r in lost], [r.started_at for r in lost], [r.lease_lost for r in lost],
+                planned_at,
             )
             if any(r["retry_at"] is not None for r in ended):
                 await conn.execute(sql("notify_queue"))

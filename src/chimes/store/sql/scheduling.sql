@@ -201,7 +201,9 @@ LIMIT $2;
 -- name: reap_runs
 -- Ends the lost attempts found by expired_runs, still only if nothing changed since (same lease
 -- token, still expired), and only in partitions this node holds. $8 retry_at: NULL means the run
--- fails for good; a time already passed means re-enqueue now; a later time, a retry trigger then.
+-- fails for good; a time not after $12 (the node's now, on which it planned) means re-enqueue now; a
+-- later time, a retry trigger that much after the database's now(): the node's clock chooses the
+-- delay, the database's clock, which judges every trigger, when it ends.
 WITH lease AS (
     SELECT l.partition_id FROM partition_leases l
     JOIN unnest($1::smallint[], $2::bigint[]) AS held(partition_id, token)
@@ -236,13 +238,13 @@ attempts AS (
 ),
 requeued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
-    SELECT priority, run_id, scheduled_at, job_id FROM ended WHERE retry_at <= now()
+    SELECT priority, run_id, scheduled_at, job_id FROM ended WHERE retry_at <= $12::timestamptz
     ON CONFLICT (run_id) DO NOTHING
 ),
 retry_triggers AS (
     INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
-    SELECT partition_id, retry_at, run_id, job_id, job_version, 1
-    FROM ended WHERE retry_at > now()
+    SELECT partition_id, now() + (retry_at - $12::timestamptz), run_id, job_id, job_version, 1
+    FROM ended WHERE retry_at > $12::timestamptz
     ON CONFLICT DO NOTHING
 )
 SELECT run_id, scheduled_at, job_id, retry_at, retry_at IS NULL AS final FROM ended;

@@ -60,7 +60,9 @@ RETURNING r.run_id;
 
 -- name: complete_runs
 -- Records a batch of outcomes, each only if the worker still holds the run's lease (a worker that
--- lost it cannot overwrite what replaced it). retry_at set: the run waits for a retry trigger.
+-- lost it cannot overwrite what replaced it). retry_at set: the run waits for a retry trigger, due
+-- as long after the database's now() as retry_at is after finished_at (the worker's clock chooses the
+-- backoff; the database's clock, which judges every trigger, when it ends).
 WITH outcome AS (
     SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[], $4::text[], $5::text[], $6::text[],
                          $7::timestamptz[], $8::timestamptz[])
@@ -87,7 +89,8 @@ attempts AS (
 ),
 retry_triggers AS (
     INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
-    SELECT partition_id, retry_at, run_id, job_id, job_version, 1 FROM ended WHERE retry_at IS NOT NULL
+    SELECT partition_id, now() + (retry_at - finished_at), run_id, job_id, job_version, 1
+    FROM ended WHERE retry_at IS NOT NULL
     ON CONFLICT DO NOTHING
 )
 SELECT run_id, scheduled_at, job_id, retry_at IS NULL AS final FROM ended;
