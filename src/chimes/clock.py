@@ -1,12 +1,13 @@
 """The wall clock a role reads, given to it so that a test can run a role on a clock that is off.
 
 Python's clock serves what one process decides alone: when a node sends a fire (the timer wheel),
-the fire time it plans slots from, when an attempt finished and when its retry is due, and in the API
-a new job's first fire time or whether a backfill's end is past (chimes.api.clock). What several
+the fire time it plans slots from, when an attempt finished and how long its retry waits, and in the
+API a new job's first fire time or whether a backfill's end is past (chimes.api.clock). What several
 processes must agree on is judged by the database's ``now()`` instead, deliberately: whether a
 trigger's time has come (``fire_triggers``), whether a partition lease is held or free
-(``sync_leases``, ``fire_triggers``) and whether a run's lease or deadline has passed (the reaper's
-``expired_runs``), all in ``store/sql/scheduling.sql``. One clock for every node, so a node whose
+(``sync_leases``, ``fire_triggers``), whether a run's lease or deadline has passed (the reaper's
+``expired_runs``), all in ``store/sql/scheduling.sql``, and when a retry is due: the backoff a worker
+or the reaper chose, counted from the database's ``now()`` (``complete_runs``, ``reap_runs``). One clock for every node, so a node whose
 host clock drifts can neither fire early nor keep a fence it lost (tests/integration/test_clock_skew.py).
 """
 
