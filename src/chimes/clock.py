@@ -7,8 +7,9 @@ processes must agree on is judged by the database's ``now()`` instead, deliberat
 trigger's time has come (``fire_triggers``), whether a partition lease is held or free
 (``sync_leases``, ``fire_triggers``), whether a run's lease or deadline has passed (the reaper's
 ``expired_runs``), all in ``store/sql/scheduling.sql``, and when a retry is due: the backoff a worker
-or the reaper chose, counted from the database's ``now()`` (``complete_runs``, ``reap_runs``). One clock for every node, so a node whose
-host clock drifts can neither fire early nor keep a fence it lost (tests/integration/test_clock_skew.py).
+or the reaper chose, counted from the database's ``now()`` (``complete_runs``, ``reap_runs``). One
+clock for every node, so a node whose host clock drifts can neither fire early nor keep a fence it lost
+(tests/integration/test_clock_skew.py).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ import orjson
 from chimes.notifier import Notifier, NotifierConfig
 from chimes.security.secrets import default_keyring
 from chimes.security.signing import SIGNATURE_HEADER, verify
-from chimes.store.owners import OwnerStore, SigningSecrets
+from chimes.services.owners import SigningSecrets, signing_secret
+from chimes.store.owners import OwnerStore
 from tests.helpers import auth_as, wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
@@ -40,11 +41,11 @@ async def test_a_run_that_fails_every_attempt_notifies_once(
     assert payload["error"] == "HTTP 500" and payload["jobName"] == "doomed"
     assert calls[0].headers["Idempotency-Key"] == calls[0].headers["X-Chimes-Notification-Id"]
     # Signed like a task call, with the job owner's secret; no other secret verifies it.
-    secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    secret = await signing_secret(OwnerStore(pool), "team-a", default_keyring())
     signed, now = calls[0].headers[SIGNATURE_HEADER], time.time()
     assert verify(secret, signed, calls[0].body, now)
     assert not verify(secret, signed, calls[0].body + b" ", now)
-    other = await OwnerStore(pool).signing_secret("team-b", default_keyring())
+    other = await signing_secret(OwnerStore(pool), "team-b", default_keyring())
     assert not verify(other, signed, calls[0].body, now)
 
 
@@ -185,5 +186,5 @@ async def test_a_webhook_follows_a_307_within_its_origin_signed(target: Target, 
     delivered, row = await _notify(pool, f"{target.url}/old-alerts")
     assert delivered == 1 and row["sent_at"] is not None
     [call] = target.calls_to("/alerts")
-    secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    secret = await signing_secret(OwnerStore(pool), "team-a", default_keyring())
     assert verify(secret, call.headers[SIGNATURE_HEADER], call.body, time.time())

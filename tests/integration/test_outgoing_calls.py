@@ -24,6 +24,7 @@ from chimes.scheduler.node import SchedulerNode
 from chimes.security.secrets import default_keyring
 from chimes.security.signing import SIGNATURE_HEADER
 from chimes.security.ssrf import EgressDenied, EgressPolicy, GuardedConnector
+from chimes.services.owners import signing_secret
 from chimes.store.owners import OwnerStore
 from chimes.worker.tasks.common import TaskContext
 from chimes.worker.tasks.dispatch import Executors
@@ -97,7 +98,7 @@ async def final_run(client: httpx.AsyncClient, job_id: str, timeout: float = 30)
 async def test_every_call_is_signed_and_the_target_verifies_it(
     fleet: Fleet, client: httpx.AsyncClient, pool: asyncpg.Pool, verifying_target: VerifyingTarget
 ) -> None:
-    verifying_target.secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    verifying_target.secret = await signing_secret(OwnerStore(pool), "team-a", default_keyring())
     jobs = [
         one_off("json body", {"type": "http", "method": "POST", "url": f"{verifying_target.url}/a",
                               "body": {"report": "full", "ünïcode": "✓"}}),
@@ -114,14 +115,14 @@ async def test_every_call_is_signed_and_the_target_verifies_it(
 async def test_the_target_rejects_a_tampered_call(
     fleet: Fleet, client: httpx.AsyncClient, pool: asyncpg.Pool, verifying_target: VerifyingTarget
 ) -> None:
-    verifying_target.secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    verifying_target.secret = await signing_secret(OwnerStore(pool), "team-a", default_keyring())
     job = one_off("signed", {"type": "http", "url": f"{verifying_target.url}/pay", "body": {"amount": 10}})
     job_id = (await client.post("/jobs", json=job)).json()["jobId"]
     assert (await final_run(client, job_id))["status"] == "succeeded"
     headers, body = verifying_target.received[0]
     signature = headers[SIGNATURE_HEADER]
     timestamp = int(dict(p.split("=", 1) for p in signature.split(","))["t"])
-    other_secret = await OwnerStore(pool).signing_secret("team-b", default_keyring())
+    other_secret = await signing_secret(OwnerStore(pool), "team-b", default_keyring())
     verify = documented_verifier()
     secret = verifying_target.secret
     assert verify(secret, signature, body)
@@ -141,7 +142,7 @@ async def test_the_target_rejects_a_tampered_call(
 async def test_a_task_cannot_forge_or_drop_the_signature(
     fleet: Fleet, client: httpx.AsyncClient, pool: asyncpg.Pool, verifying_target: VerifyingTarget
 ) -> None:
-    verifying_target.secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    verifying_target.secret = await signing_secret(OwnerStore(pool), "team-a", default_keyring())
     forged = {"type": "http", "url": f"{verifying_target.url}/f", "headers": {"x-chimes-signature": "t=1,v1=00"}}
     job_id = (await client.post("/jobs", json=one_off("forged", forged))).json()["jobId"]
     assert (await final_run(client, job_id))["status"] == "succeeded"
@@ -151,9 +152,9 @@ async def test_a_task_cannot_forge_or_drop_the_signature(
 
 async def test_rotating_the_signing_secret_changes_what_targets_must_check(pool: asyncpg.Pool) -> None:
     owners, keyring = OwnerStore(pool), default_keyring()
-    first = await owners.signing_secret("team-a", keyring)
-    assert await owners.signing_secret("team-a", keyring) == first
-    rotated = await owners.signing_secret("team-a", keyring, rotate=True)
+    first = await signing_secret(owners, "team-a", keyring)
+    assert await signing_secret(owners, "team-a", keyring) == first
+    rotated = await signing_secret(owners, "team-a", keyring, rotate=True)
     assert rotated != first and rotated.startswith("whsec_")
     stored = await pool.fetchval("SELECT signing_secret FROM owners WHERE owner = 'team-a'")
     assert rotated not in stored, "stored sealed, not in clear"

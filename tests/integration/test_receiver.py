@@ -28,6 +28,7 @@ from chimes.receiver import aiohttp as aiohttp_receiver
 from chimes.receiver.asgi import chimes_call
 from chimes.security.secrets import default_keyring
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
+from chimes.services.owners import signing_secret
 from chimes.store.owners import OwnerStore
 from tests.helpers import wait_for
 from tests.integration.fleet import Fleet
@@ -94,7 +95,7 @@ def aiohttp_app(receiver: Receiver, state: App) -> web.Application:
 async def app(request: pytest.FixtureRequest, fleet: Fleet, pool: asyncpg.Pool, api_url: str,
               tokens: dict[str, str]) -> AsyncIterator[App]:
     """The target app of one framework, with team-a's signing secret and token, on 127.0.0.1."""
-    secret = await OwnerStore(pool).signing_secret("team-a", default_keyring())
+    secret = await signing_secret(OwnerStore(pool), "team-a", default_keyring())
     receiver = Receiver(secret, api_url=api_url, token=tokens["team-a"], heartbeat_every_sec=0.3)
     state = App(receiver=receiver)
     if request.param == "fastapi":

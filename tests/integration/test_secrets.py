@@ -13,7 +13,8 @@ import pytest
 
 from chimes.api.app import create_app
 from chimes.security.secrets import REDACTED, Keyring, SecretKeyError, default_keyring
-from chimes.store.owners import OwnerStore, check_secret_key
+from chimes.services.owners import check_secret_key
+from chimes.store.owners import OwnerStore
 from chimes.worker.guard import TaskGuard
 from chimes.worker.worker import Worker
 from tests.helpers import auth_as, wait_for

@@ -16,8 +16,9 @@ STORE = "chimes.store"
 # observer and its evidence read the database on connections and statements of their own, so that a
 # bug in the store cannot hide itself from them.
 DRIVER_ALLOWED = (STORE,)
+# chimes.security is policy too (sealing secrets, signing): the services apply it, the store stores.
 ABOVE_THE_STORE = ("chimes.api", "chimes.cli", "chimes.dashboard", "chimes.worker", "chimes.scheduler",
-                   "chimes.services")
+                   "chimes.services", "chimes.security")
 
 
 def _module_name(path: Path) -> str:

@@ -16,8 +16,8 @@ from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
 from chimes.services.jobs import JobService
+from chimes.services.owners import check_secret_key
 from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, when_ready
-from chimes.store.owners import check_secret_key
 from chimes.store.runs import RunStore
 
 

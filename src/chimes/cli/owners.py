@@ -19,8 +19,10 @@ from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database
 from chimes.cli.security_options import key_file_option, keyring_from
 from chimes.security.secrets import SecretKeyError
+from chimes.services import owners as owner_secrets
+from chimes.services.owners import check_secret_key
 from chimes.store import db
-from chimes.store.owners import OwnerStore, check_secret_key
+from chimes.store.owners import OwnerStore
 
 T = TypeVar("T")
 
@@ -100,7 +102,7 @@ def signing_secret(database_url: str | None, data_dir: Path, secret_key_file: Pa
 
     async def work(conn: db.Connection) -> str:
         await check_secret_key(conn, keyring)
-        return await OwnerStore(conn).signing_secret(name, keyring, rotate=rotate)
+        return await owner_secrets.signing_secret(OwnerStore(conn), name, keyring, rotate=rotate)
 
     try:
         click.echo(_run(database_url, data_dir, work))

@@ -15,9 +15,9 @@ from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
 from chimes.security.secrets import Keyring, SecretKeyError
+from chimes.services.owners import SigningSecrets, check_secret_key
 from chimes.settings import CONTAINER_RUNTIME, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS, Settings
 from chimes.store import db, tokens
-from chimes.store.owners import SigningSecrets, check_secret_key
 from chimes.worker.guard import TaskGuard
 from chimes.worker.tasks.container import remove_orphaned_env_files
 from chimes.worker.tasks.dispatch import Executors

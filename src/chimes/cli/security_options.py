@@ -25,8 +25,8 @@ from chimes.security.secrets import (
     load_keyring,
 )
 from chimes.security.ssrf import EgressPolicy
+from chimes.services.owners import check_secret_key
 from chimes.store import db
-from chimes.store.owners import check_secret_key
 
 _DEFAULTS = LimitSettings()
 

@@ -1,19 +1,16 @@
 """Owners (teams) as the operator configures them: command tasks allowed, job quota, signing secret.
 
 The settings live in the database because the API (quota, command jobs) and the workers (command
-tasks, signing) are separate processes that must agree. Signing secrets are sealed with the secret
-key (chimes.security.secrets) and made on first use.
+tasks, signing) are separate processes that must agree. Signing secrets are stored sealed; making,
+sealing and opening them is chimes.services.owners' business, not the store's.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import asyncpg
 
-from chimes.security.secrets import Keyring, SecretKeyError, default_keyring
-from chimes.security.signing import new_signing_secret
 from chimes.store.db import Conn, one_row
 from chimes.store.queries import sql
 
@@ -46,67 +43,26 @@ class OwnerStore:
     async def allows_commands(self, owner: str) -> bool:
         return bool(await self._db.fetchval(sql("owner_allows_commands"), owner))
 
-    async def signing_secret(self, owner: str, keyring: Keyring, *, rotate: bool = False) -> str:
-        """The owner's signing secret in clear, made (and stored sealed) if it has none or ``rotate``."""
-        sealed = None if rotate else await self._db.fetchval(sql("signing_secret"), owner)
-        if sealed is None:
-            fresh = keyring.seal(new_signing_secret())
-            sealed = await self._db.fetchval(sql("put_signing_secret"), owner, fresh, rotate)
-        return keyring.open(sealed)
+    async def sealed_signing_secret(self, owner: str) -> str | None:
+        """The owner's signing secret as stored (sealed), or None if it has none yet."""
+        sealed: str | None = await self._db.fetchval(sql("signing_secret"), owner)
+        return sealed
 
+    async def put_signing_secret(self, owner: str, sealed: str, replace: bool) -> str:
+        """Store a sealed signing secret, unless the owner has one and not ``replace``: returns the one
+        stored (another process may have made one first)."""
+        stored: str = await self._db.fetchval(sql("put_signing_secret"), owner, sealed, replace)
+        return stored
 
-async def check_secret_key(db: asyncpg.Pool | asyncpg.Connection, keyring: Keyring) -> None:
-    """Record this key's id if the database has none; fail clearly if it holds another key's."""
-    recorded = await db.fetchval(sql("record_secret_key"), keyring.key_id)
-    if recorded is None:  # another process recorded its key while this statement ran: read what it wrote
-        recorded = await db.fetchval(sql("recorded_secret_key"))
-    if recorded != keyring.key_id:
-        raise SecretKeyError(
-            f"this process's secret key (id {keyring.key_id}, from {keyring.source}) is not the key the secrets "
-            f"in this database are sealed with (id {recorded}): give every Chimes process the same key, in "
-            "CHIMES_SECRET_KEY or the key file (--secret-key-file)"
-        )
+    async def record_secret_key(self, key_id: str) -> str | None:
+        """Record this key's id if the database has none yet; returns the id recorded (None when another
+        process recorded one while this statement ran)."""
+        recorded: str | None = await self._db.fetchval(sql("record_secret_key"), key_id)
+        return recorded
 
-
-class OwnerCache:
-    """What a worker needs per owner, read at most once per ``ttl_sec``: a change by the operator
-    (allowing commands, rotating the signing secret) reaches running workers within that time."""
-
-    def __init__(self, store: OwnerStore, keyring: Keyring, ttl_sec: float = 30.0) -> None:
-        self._store, self._keyring, self._ttl = store, keyring, ttl_sec
-        self._commands: dict[str, tuple[float, bool]] = {}
-        self._secrets: dict[str, tuple[float, str]] = {}
-
-    async def allows_commands(self, owner: str) -> bool:
-        cached = self._commands.get(owner)
-        if cached is None or cached[0] < time.monotonic():
-            cached = (time.monotonic() + self._ttl, await self._store.allows_commands(owner))
-            self._commands[owner] = cached
-        return cached[1]
-
-    async def signing_secret(self, owner: str) -> str:
-        cached = self._secrets.get(owner)
-        if cached is None or cached[0] < time.monotonic():
-            cached = (time.monotonic() + self._ttl, await self._store.signing_secret(owner, self._keyring))
-            self._secrets[owner] = cached
-        return cached[1]
-
-
-class SigningSecrets:
-    """Owners' signing secrets for the calls a process makes on their behalf, opened with a key first
-    checked against the database's: a process with another key signs nothing."""
-
-    def __init__(self, pool: asyncpg.Pool, keyring: Keyring | None = None, ttl_sec: float = 30.0) -> None:
-        self._pool, self._keyring, self._ttl = pool, keyring, ttl_sec
-        self._cache: OwnerCache | None = None
-
-    async def __call__(self, owner: str) -> str:
-        """Raises SecretKeyError for a key that is not the database's, or a database error."""
-        if self._cache is None:
-            keyring = self._keyring or default_keyring()
-            await check_secret_key(self._pool, keyring)
-            self._cache = OwnerCache(OwnerStore(self._pool), keyring, self._ttl)
-        return await self._cache.signing_secret(owner)
+    async def recorded_secret_key(self) -> str | None:
+        recorded: str | None = await self._db.fetchval(sql("recorded_secret_key"))
+        return recorded
 
 
 @dataclass(frozen=True, slots=True)

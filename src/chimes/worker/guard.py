@@ -17,8 +17,9 @@ from typing import Any
 
 from chimes.security.secrets import Keyring, SecretKeyError, SecretUnreadable, default_keyring, reveal
 from chimes.services.jobs import COMMAND_TASK_TYPES
+from chimes.services.owners import OwnerCache, check_secret_key
 from chimes.store.db import DB_ERRORS, Pool, describe
-from chimes.store.owners import OwnerCache, OwnerStore, check_secret_key
+from chimes.store.owners import OwnerStore
 from chimes.store.working import ClaimedRun
 
 log = logging.getLogger(__name__)
