@@ -19,6 +19,7 @@ import asyncpg
 import httpx
 import pytest
 
+from chimes.settings import RUN_TIMEOUT_SEC
 from chimes.store import db
 from chimes.store.db import DB_ERRORS
 from chimes.store.queries import sql
@@ -87,7 +88,7 @@ async def test_runs_claimed_by_a_worker_stalled_inside_its_claim_are_started_by_
         conn = await stalled_pool.acquire()
         await conn.execute("BEGIN")  # as WorkerStore.claim, which then falls silent before the commit
         await conn.execute(sql("plan_by_key"))
-        [claimed] = await conn.fetch(sql("claim_runs"), 10, "worker-a", TTL, 1.0, 0, 2)
+        [claimed] = await conn.fetch(sql("claim_runs"), 10, "worker-a", TTL, 1.0, 0, 2, RUN_TIMEOUT_SEC)
         stalled_at = time.monotonic()
         worker_b = WorkerStore(pool, "worker-b")
         [run] = await wait_for(lambda: worker_b.claim(10, TTL, 1.0), timeout=TTL + 6,
