@@ -110,7 +110,7 @@ def _clean(loss: FaultWindow, ev: Evidence, bound: float) -> bool:
     start = loss.started - ev.shape.lease_ttl - 2
     end = loss.started + bound
     for other in ev.faults:
-        if other is loss or other.hits not in ("scheduler", "postgres"):
+        if other is loss or other.hits not in ("scheduler", "postgres", "zone"):
             continue
         other_end = (other.ended or loss.started) + ev.shape.lease_ttl + 2
         if other.started <= end and other_end >= start:

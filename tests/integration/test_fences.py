@@ -624,3 +624,29 @@ async def test_a_node_with_a_fast_clock_does_not_delay_retries(pool: asyncpg.Poo
     reaped = await store.reap(leases, [replace(lost, retry_at=fast + timedelta(seconds=3))], fast)
     assert [r["run_id"] for r in reaped] == [claimed.run_id]
     assert 2.0 < await due_in(pool, claimed.run_id) <= 3.0
+
+
+async def test_a_worker_with_a_skewed_clock_keeps_its_attempt_within_the_database_s_time(pool: asyncpg.Pool) -> None:
+    """An attempt's start is the database's time of the claim; its end is what the worker reports, by
+    its own clock. A worker 2 s ahead made attempt 1 end after attempt 2 had started (the chaos run
+    with one zone's clock ahead found thousands); one 2 s behind, end before it began. The reported
+    end is kept between the attempt's start and the database's now()."""
+    _, _, claimed = await running_run(pool)
+    ahead = Completion(claimed, Outcome.failure("HTTP 500"), now() + timedelta(seconds=2), now() + timedelta(seconds=2))
+    assert await WorkerStore(pool, "worker-1").complete([ahead]) == {claimed.run_id}
+    [first] = await pool.fetch("SELECT started_at, finished_at FROM run_attempts WHERE run_id = $1", claimed.run_id)
+    assert first["finished_at"] <= await pool.fetchval("SELECT now()")
+
+    # The retry is due: its trigger fires (here by hand, as the node would), the run waits in the queue.
+    await pool.execute("DELETE FROM triggers WHERE trigger_id = $1", claimed.run_id)
+    await pool.execute("INSERT INTO run_queue (tier, run_id, scheduled_at, job_id) SELECT priority, run_id, "
+                       "scheduled_at, job_id FROM runs WHERE run_id = $1", claimed.run_id)
+    [second] = await WorkerStore(pool, "worker-2").claim(10, lease_sec=30, deadline_grace_sec=30)
+    assert second.attempt == 2 and second.started_at >= first["finished_at"]
+    behind = Completion(second, Outcome.success("ok"), second.started_at - timedelta(seconds=2), None)
+    assert await WorkerStore(pool, "worker-2").complete([behind]) == {second.run_id}
+    attempts = await pool.fetch("SELECT attempt, started_at, finished_at FROM run_attempts WHERE run_id = $1 "
+                                "ORDER BY attempt", claimed.run_id)
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    assert all(a["started_at"] <= a["finished_at"] for a in attempts)
+    assert attempts[0]["finished_at"] <= attempts[1]["started_at"]

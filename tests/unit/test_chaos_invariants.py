@@ -211,6 +211,8 @@ def test_a_slow_takeover_after_a_clean_node_loss_is_caught() -> None:
     nearby = FaultWindow("freeze_scheduler", "node-c", at(1).timestamp(), at(6).timestamp())
     excused = history.evidence(faults=[loss, nearby], leases=leases, check_end=at(6))
     assert check_all(excused) == []  # two nodes lost at once: measured, not bounded
+    zone = FaultWindow("cut_primary_zone", "zone-2", at(1).timestamp(), at(6).timestamp())
+    assert check_all(history.evidence(faults=[loss, zone], leases=leases, check_end=at(6))) == []  # nor a zone
 
 
 def test_start_lag_is_bounded_only_for_runs_that_waited_outside_faults() -> None:

@@ -62,7 +62,10 @@ RETURNING r.run_id;
 -- Records a batch of outcomes, each only if the worker still holds the run's lease (a worker that
 -- lost it cannot overwrite what replaced it). retry_at set: the run waits for a retry trigger, due
 -- as long after the database's now() as retry_at is after finished_at (the worker's clock chooses the
--- backoff; the database's clock, which judges every trigger, when it ends).
+-- backoff; the database's clock, which judges every trigger, when it ends). The finish time the
+-- worker reports is kept between the attempt's start and now(), both by the database's clock: a
+-- worker whose clock runs ahead or behind cannot make an attempt end after the next one started, or
+-- before it began.
 WITH outcome AS (
     SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[], $4::text[], $5::text[], $6::text[],
                          $7::timestamptz[], $8::timestamptz[])
@@ -72,7 +75,7 @@ ended AS (
     UPDATE runs r
     SET status = CASE WHEN o.retry_at IS NULL THEN o.status ELSE 'scheduled' END,
         attempt = r.attempt + (o.retry_at IS NOT NULL)::integer,
-        finished_at = CASE WHEN o.retry_at IS NULL THEN o.finished_at END,
+        finished_at = CASE WHEN o.retry_at IS NULL THEN GREATEST(r.started_at, LEAST(o.finished_at, now())) END,
         error = o.error, lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL,
         worker_id = CASE WHEN o.retry_at IS NULL THEN r.worker_id END
     FROM outcome o
@@ -80,7 +83,8 @@ ended AS (
       AND r.status = 'running' AND r.lease_token = o.lease_token
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.started_at,
               r.attempt - (o.retry_at IS NOT NULL)::integer AS ended_attempt,
-              o.status, o.error, o.output, o.finished_at, o.retry_at
+              o.status, o.error, o.output, GREATEST(r.started_at, LEAST(o.finished_at, now())) AS finished_at,
+              o.finished_at AS reported_finish, o.retry_at
 ),
 attempts AS (
     INSERT INTO run_attempts (run_id, scheduled_at, attempt, worker_id, status, started_at, finished_at, error, output)
@@ -89,7 +93,7 @@ attempts AS (
 ),
 retry_triggers AS (
     INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
-    SELECT partition_id, now() + (retry_at - finished_at), run_id, job_id, job_version, 1
+    SELECT partition_id, now() + (retry_at - reported_finish), run_id, job_id, job_version, 1
     FROM ended WHERE retry_at IS NOT NULL
     ON CONFLICT DO NOTHING
 )
