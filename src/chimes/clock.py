@@ -1,8 +1,10 @@
 """The wall clock a role reads, given to it so that a test can run a role on a clock that is off.
 
-Python's clock serves what one process decides alone: when a node sends a fire (the timer wheel),
-the fire time it plans slots from, when an attempt finished and how long its retry waits, and in the
-API a new job's first fire time or whether a backfill's end is past (chimes.api.clock). What several
+Python's clock serves what one process decides alone: when a node sends a fire (the timer wheel)
+and the fire time it plans slots from, both corrected by the node's measured offset from the
+database's clock (chimes.scheduler.database_clock); when an attempt finished and how long its retry
+waits; and in the API a new job's first fire time or whether a backfill's end is past
+(chimes.api.clock). What several
 processes must agree on is judged by the database's ``now()`` instead, deliberately: whether a
 trigger's time has come (``fire_triggers``), whether a partition lease is held or free
 (``sync_leases``, ``fire_triggers``), whether a run's lease or deadline has passed (the reaper's

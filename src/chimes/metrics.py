@@ -63,6 +63,10 @@ FIRE_LAG = Histogram("chimes_fire_lag_seconds", "Seconds between a trigger's due
 TRIGGERS_FIRED = Counter("chimes_triggers_fired_total", "Triggers fired (runs created or retries re-enqueued).")
 FIRES_REFUSED = Counter("chimes_fires_refused_total",
                         "Triggers in batches the fencing token refused (the partition lease was lost).")
+FIRES_TOO_EARLY = Counter("chimes_fires_too_early_total",
+                          "Triggers sent before their time by the database's clock; they fire after the next scan.")
+CLOCK_OFFSET = Gauge("chimes_scheduler_clock_offset_seconds",
+                     "How far the database's clock is ahead of this node's host clock (negative: behind).")
 PARTITIONS_OWNED = Gauge("chimes_partitions_owned", "Trigger partitions this scheduler node holds.")
 LEASE_CHANGES = Counter("chimes_lease_changes_total", "Partitions this node gained or lost.", ["change"])
 REAPER_REQUEUED = Counter("chimes_reaper_requeued_total",
@@ -94,6 +98,12 @@ def record_fires(due: Sequence[DueTrigger], fired_at: datetime, result: FireResu
     TRIGGERS_FIRED.inc(result.fired)
     if result.leases_held < len({t.partition_id for t in due}):
         FIRES_REFUSED.inc(len(due) - result.fired)
+    if result.too_early:
+        FIRES_TOO_EARLY.inc(result.too_early)
+
+
+def record_clock_offset(offset_sec: float) -> None:
+    CLOCK_OFFSET.set(offset_sec)
 
 
 def record_lease_round(held: int, gained: int, lost: int) -> None:

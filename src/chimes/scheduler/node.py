@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from chimes import failures, metrics, tracing
 from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.notifier import Notifier, NotifierConfig
+from chimes.scheduler.database_clock import DatabaseClock
 from chimes.scheduler.firing import follow_up, plan_fire
 from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.leases import LeaseConfig, LeaseManager
@@ -48,6 +49,10 @@ class SchedulerConfig:
     notify_give_up_sec: float = NOTIFY_GIVE_UP_HOURS * 3600  # a notification undelivered this long is dead-lettered
     health_every_sec: float = 10.0
     maintain_every_sec: float = 3600.0
+    # Send each fire when the database's clock reaches it, by the offset measured every
+    # clock_every_sec; off, a fast host's fires are refused and fire after the next scan.
+    follow_database_clock: bool = True
+    clock_every_sec: float = 1.0
 
 
 @dataclass(slots=True)
@@ -55,6 +60,7 @@ class SchedulerStats:
     fired: int = 0
     enqueued: int = 0
     refused: int = 0  # triggers in batches whose lease was no longer held
+    too_early: int = 0  # triggers the database found not yet due (a host clock ahead of it)
     max_fire_lag_sec: float = 0.0
 
 
@@ -78,7 +84,7 @@ class SchedulerNode:
         self.retention = Retention(pool, self.config.retention_days)
         self.stats = SchedulerStats()
         self._pool = pool
-        self._clock = clock
+        self.clock = DatabaseClock(clock, follow=self.config.follow_database_clock)
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._fire_slots = asyncio.Semaphore(self.config.fire_concurrency)
@@ -90,7 +96,7 @@ class SchedulerNode:
         return self.store.node_id
 
     def _now(self) -> datetime:
-        return self._clock.now()
+        return self.clock.now()
 
     def _on_partitions_lost(self, partitions: set[int]) -> None:
         dropped = self.wheel.drop_partitions(partitions)
@@ -101,6 +107,7 @@ class SchedulerNode:
         """Run until :meth:`stop`; then hand the partitions back so others take over at once."""
         log.info("scheduler node %s starting", self.node_id)
         loops = [
+            self._every(self.config.clock_every_sec, self._measure_clock),
             self._every(self.config.lease.renew_every_sec, self._sync_leases),
             self._every(self.config.scan_every_sec, self._scan),
             self._every(self.config.reap_every_sec, self._reap),
@@ -149,6 +156,10 @@ class SchedulerNode:
             # (The database would refuse stale fires anyway; this just avoids the wasted work.)
             self.leases.drop_all()
             raise
+
+    async def _measure_clock(self) -> None:
+        self.clock.record(await self.store.clock_sample(self.clock.host.time))
+        metrics.record_clock_offset(self.clock.offset_sec)
 
     async def _scan(self) -> None:
         held = self.leases.held
@@ -216,7 +227,7 @@ class SchedulerNode:
         # a batch of one costs the database nearly as much as a batch of a hundred.
         coalesce = self.config.fire_coalesce_sec
         while True:
-            now = self._clock.time()
+            now = self.clock.time()
             first = self.wheel.next_due()
             due = self.wheel.pop_due(now, limit=self.config.fire_batch_size) if (
                 first is not None and first <= now - coalesce) else []
@@ -258,7 +269,7 @@ class SchedulerNode:
             lost = sum(partitions_lost for _, partitions_lost in done)
             fired = [f.trigger for f in fires]
             result = FireResult(len({t.partition_id for t in fired}) - lost, sum(r.fired for r, _ in done),
-                                sum(r.enqueued for r, _ in done))
+                                sum(r.enqueued for r, _ in done), sum(r.too_early for r, _ in done))
             self._fired(fired, fires, fired_at, result)
 
     def _plan(self, due: list[DueTrigger], fired_at: datetime) -> list[Fire]:
@@ -274,6 +285,7 @@ class SchedulerNode:
     def _fired(self, due: list[DueTrigger], fires: list[Fire], fired_at: datetime, result: FireResult) -> None:
         self.stats.fired += result.fired
         self.stats.enqueued += result.enqueued
+        self.stats.too_early += result.too_early
         metrics.record_fires(due, fired_at, result)
         tracing.fired(fires, refused=result.leases_held < len({t.partition_id for t in due}))
         lag = (fired_at - min(t.fire_at for t in due)).total_seconds()

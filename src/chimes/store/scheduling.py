@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -60,6 +60,16 @@ class FireResult:
     leases_held: int
     fired: int
     enqueued: int
+    too_early: int = 0  # sent before their time by the database's clock; they fire after the next scan
+
+
+@dataclass(frozen=True, slots=True)
+class ClockSample:
+    """The database's clock, read between two readings of a node's own (seconds since the epoch)."""
+
+    sent: float
+    database: float
+    received: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +135,14 @@ class SchedulerStore:
                 owned.update((r["partition_id"], r["token"]) for r in taken)
         return owned
 
+    async def clock_sample(self, local_time: Callable[[], float]) -> ClockSample:
+        """Read the database's clock between two readings of ``local_time`` on one connection."""
+        async with self._pool.acquire() as conn:
+            sent = local_time()
+            database = await conn.fetchval(sql("database_time"))
+            received = local_time()
+        return ClockSample(sent, float(database), received)
+
     async def leave(self, held: Mapping[int, int]) -> None:
         """Clean shutdown: hand every partition back at once so others take over without waiting."""
         async with self._pool.acquire() as conn, conn.transaction():
@@ -172,7 +190,7 @@ class SchedulerStore:
             if row["enqueued"]:
                 await conn.execute(sql("notify_queue"))
             await self._notify_late_fires(conn, fires, fired_at)
-        return FireResult(row["leases_held"], row["fired"], row["enqueued"])
+        return FireResult(row["leases_held"], row["fired"], row["enqueued"], row["too_early"])
 
     async def _notify_late_fires(self, conn: Conn, fires: Sequence[Fire], fired_at: datetime) -> None:
         """A run created later than its job's start deadline has missed its start, however soon a

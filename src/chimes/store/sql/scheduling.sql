@@ -4,6 +4,10 @@
 INSERT INTO scheduler_nodes (node_id, hostname, pid) VALUES ($1, $2, $3)
 ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now();
 
+-- name: database_time
+-- The database's clock as seconds since the epoch: a node measures its own clock's offset from it.
+SELECT extract(epoch FROM clock_timestamp())::float8;
+
 -- name: live_nodes
 SELECT node_id FROM scheduler_nodes
 WHERE heartbeat_at > now() - make_interval(secs => $1)
@@ -92,15 +96,19 @@ WITH lease AS (
     WHERE l.partition_id = ANY($1::smallint[]) AND l.owner = $3 AND l.expires_at > now()
     FOR KEY SHARE OF l
 ),
-due AS (
+-- The database's clock says whether a trigger's time has come: a node whose clock runs ahead
+-- fires nothing early; what it sent too soon stays for its next scan, and is counted.
+moment AS MATERIALIZED (SELECT clock_timestamp() AS now),
+batch AS (
     SELECT d.*
     FROM unnest($4::integer[], $5::smallint[], $6::timestamptz[], $7::uuid[], $8::uuid[], $9::integer[],
                 $10::smallint[], $11::uuid[], $12::timestamptz[], $13::timestamptz[])
          AS d(idx, partition_id, fire_at, trigger_id, job_id, job_version, kind, run_id, scheduled_at,
               next_fire_at)
-    -- The database's clock says whether a trigger's time has come: a node whose clock runs ahead
-    -- fires nothing early; what it sent too soon stays for its next scan.
-    WHERE d.partition_id IN (SELECT partition_id FROM lease) AND d.fire_at <= clock_timestamp()
+    WHERE d.partition_id IN (SELECT partition_id FROM lease)
+),
+due AS (
+    SELECT b.* FROM batch b WHERE b.fire_at <= (SELECT now FROM moment)
 ),
 fired AS (
     DELETE FROM triggers t USING due d
@@ -183,7 +191,8 @@ enqueued AS (
 )
 SELECT (SELECT count(*) FROM lease) AS leases_held,
        (SELECT count(*) FROM fired) AS fired,
-       (SELECT count(*) FROM enqueued) AS enqueued;
+       (SELECT count(*) FROM enqueued) AS enqueued,
+       (SELECT count(*) FROM batch WHERE fire_at > (SELECT now FROM moment)) AS too_early;
 
 -- name: notify_queue
 SELECT pg_notify('chimes_run_queue', '');
