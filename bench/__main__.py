@@ -8,6 +8,7 @@ Scenarios:
   peers        the same burst through Chimes, APScheduler 3, procrastinate and PgQueuer, side by side
   ha-cost      the same burst and API creates on one PostgreSQL, and on Patroni with an asynchronous and
                with a synchronous standby: what the synchronous standby costs
+  idle-wal     the WAL an idle fleet writes a second, by relation and kind of record (pg_walinspect)
   async-loss   the primary SIGKILLed while jobs are created and runs fired, asynchronous then synchronous
                standby: what a failover loses (--repeat failovers of each)
 
@@ -43,7 +44,7 @@ def _positive(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenario", choices=["burst", "top-of-hour", "steady", "load", "peers", "ha-cost",
+    parser.add_argument("scenario", choices=["burst", "top-of-hour", "steady", "load", "peers", "ha-cost", "idle-wal",
                                              "async-loss"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
@@ -55,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="writers creating jobs through the API at once, as fast as it answers (async-loss)")
     parser.add_argument("--idle", type=int, default=0, help="idle schedules in the index (top-of-hour)")
     parser.add_argument("--rate", type=float, default=1000.0, help="runs per second (steady)")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds (steady)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds (steady, idle-wal)")
     parser.add_argument("--jobs", type=int, default=100_000, help="schedules to import (load)")
     parser.add_argument("--workers", type=int, default=1, help="chimes worker processes")
     parser.add_argument("--concurrency", type=int, default=200, help="runs each chimes worker executes at once")
@@ -118,6 +119,10 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
 
         return await async_loss(env, target, rounds=args.repeat, lanes=args.lanes, say=say,
                                 stall_sec=args.standby_stall)
+    if args.scenario == "idle-wal":
+        from bench.idle_wal import idle_wal
+
+        return [await idle_wal(env, duration=args.duration, shape=shape, say=say)]
     if args.scenario == "load":
         from bench.load import load
 
@@ -136,6 +141,10 @@ def _report(scenario: str, results: list[Result]) -> str:
         from bench.async_loss import loss_table, rounds_of
 
         return loss_table(rounds_of(results))
+    if scenario == "idle-wal":
+        from bench.idle_wal import wal_table
+
+        return wal_table(results[0])
     return table(results)
 
 

@@ -1,4 +1,4 @@
-"""The benchmark code keeps working: the burst and top-of-hour scenarios, tiny, on the test server.
+"""The benchmark code keeps working: the burst, top-of-hour and idle-wal scenarios, tiny, on the test server.
 
 Real `chimes scheduler` and `chimes worker` processes and the benchmark's own HTTP target, as in a
 real benchmark run; no timing is asserted (the machine is shared), only that every run is accounted
@@ -14,6 +14,7 @@ import orjson
 
 from bench.chimes_runs import FleetShape, end_to_end
 from bench.env import Env
+from bench.idle_wal import idle_wal, wal_table
 from bench.report import table
 from bench.target import TargetProcess
 from bench.top_of_hour import top_of_hour
@@ -45,3 +46,13 @@ async def test_top_of_hour_scenario_fires_every_recurring_job_over_idle_schedule
     # what each fire cost is reported: CPU by process, and the WAL it wrote
     assert first.extra["wal_bytes_per_fire"] > 0 and first.extra["wal_records_per_fire"] > 0
     assert first.extra["cpu_ms_per_fire"]["scheduler"] > 0 and "full_page_images_per_fire" in first.extra
+
+
+async def test_idle_wal_scenario_breaks_an_idle_fleet_s_wal_down(server_dsn: str, tmp_path: Path) -> None:
+    env = Env(server_dsn, tmp_path, None, prefix=f"bench_smoke_{os.getpid()}")
+    result = await idle_wal(env, duration=3, shape=FleetShape(), say=lambda _: None, settle_sec=1)
+    records = {(r["relation"], r["record"]): r["records_per_sec"] for r in result.extra["by_record"]}
+    # the node renews its 1,024 partitions every second, each in place (migration 0009)
+    assert records.get(("partition_leases", "HOT_UPDATE"), 0) > 500, records
+    assert ("partition_leases", "UPDATE") not in records, records
+    assert result.extra["wal_bytes_per_sec"] > 0 and "partition_leases | HOT_UPDATE" in wal_table(result)

@@ -117,7 +117,7 @@ CREATE TABLE public.partition_leases (
     token bigint DEFAULT 0 NOT NULL,
     expires_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
     CONSTRAINT partition_leases_pkey PRIMARY KEY (partition_id)
-);
+) WITH (fillfactor=40, autovacuum_analyze_scale_factor=100);
 
 CREATE TABLE public.run_attempts (
     run_id uuid NOT NULL,
