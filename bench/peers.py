@@ -17,7 +17,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import celery_peer, chimes_runs
+from bench import celery_peer, chimes_runs, quiet
 from bench.env import Env, drop_database, fresh_database
 from bench.procs import CpuMeter, Proc, python
 from bench.report import Result, percentiles
@@ -43,16 +43,22 @@ def _version(system: str) -> str:
 
 async def peers(env: Env, target: TargetProcess, *, runs: int, systems: list[str],
                 shape: chimes_runs.FleetShape, say: Callable[[str], None]) -> list[Result]:
+    unknown = [s for s in systems if s != "chimes" and s not in PEERS]
+    if unknown:
+        raise SystemExit(f"unknown system {unknown[0]!r}; choose from chimes, {', '.join(PEERS)}")
     results = []
     for system in systems:
-        if system == "chimes":
-            result = await chimes_runs.end_to_end(env, target, runs=runs, spread_sec=0, shape=shape,
-                                                  scenario="peers", say=say)
-        elif system in PEERS:
-            result = await run_peer(env, target, system, runs, say, shape=shape)
-        else:
-            raise SystemExit(f"unknown system {system!r}; choose from chimes, {', '.join(PEERS)}")
-        say(f"{result.system}: drained {result.completed:,} runs in {result.drain_sec or 0:.2f}s")
+        # The systems run one after the other: how quiet the machine was is recorded for each, so that
+        # a ratio taken while something else ran can be told apart.
+        async with quiet.watch() as quietness:
+            if system == "chimes":
+                result = await chimes_runs.end_to_end(env, target, runs=runs, spread_sec=0, shape=shape,
+                                                      scenario="peers", say=say)
+            else:
+                result = await run_peer(env, target, system, runs, say, shape=shape)
+        result.extra["machine"] = quietness.to_json()
+        say(f"{result.system}: drained {result.completed:,} runs in {result.drain_sec or 0:.2f}s; "
+            f"{quietness.describe()}")
         results.append(result)
     return results
 
