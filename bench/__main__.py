@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _identifier(text: str) -> str:
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,39}", text):
+        raise argparse.ArgumentTypeError(f"lower-case letters, digits and _ (40 at most), not {text!r}")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                                              "async-loss"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
+    parser.add_argument("--database-prefix", type=_identifier, default="bench",
+                        help="name prefix of the databases created on the server (two benchmarks can share one)")
     parser.add_argument("--runs", type=int, default=10_000,
                         help="runs in the burst (burst, top-of-hour, peers, ha-cost)")
     parser.add_argument("--creates", type=_positive, default=300,
@@ -80,7 +89,7 @@ async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Result], 
     from bench.target import TargetProcess
 
     shape = FleetShape(args.schedulers, args.workers, args.concurrency)
-    with environment(args.database_url, args.statements) as env:
+    with environment(args.database_url, args.statements, args.database_prefix) as env:
         machine = await describe_machine(env)
         results: list[Result] = []
         target = TargetProcess(env.workdir)
