@@ -15,15 +15,21 @@ from bench.procs import Proc, free_port, python
 BROKER_DB, BACKEND_DB = 0, 1
 
 
+def check_redis_server() -> str:
+    """The path of Debian's redis-server; a clear stop when it is missing."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed (Celery's broker): apt-get install -y redis-server")
+    return binary
+
+
 class RedisServer:
     """A redis-server started for one measurement and stopped after it. The append-only file is on
     and flushed every second (Redis' own advice for a queue that should survive a restart; the
     PostgreSQL-based systems flush every commit)."""
 
     def __init__(self, workdir: Path, name: str = "redis") -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("redis-server is not installed (Celery's broker): apt-get install -y redis-server")
+        binary = check_redis_server()
         folder = workdir / name
         folder.mkdir(exist_ok=True)
         self.port = free_port()

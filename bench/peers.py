@@ -46,6 +46,12 @@ async def peers(env: Env, target: TargetProcess, *, runs: int, systems: list[str
     unknown = [s for s in systems if s != "chimes" and s not in PEERS]
     if unknown:
         raise SystemExit(f"unknown system {unknown[0]!r}; choose from chimes, {', '.join(PEERS)}")
+    # what a peer needs is checked before any system runs, not after the others have taken minutes
+    missing = [s for s in systems if s in PEERS and _version(s) == "not installed"]
+    if missing:
+        raise SystemExit(f"{', '.join(missing)} not installed: pip install -e '.[bench]'")
+    if "celery" in systems:
+        celery_peer.check_redis_server()
     results = []
     for system in systems:
         # The systems run one after the other: how quiet the machine was is recorded for each, so that
@@ -68,8 +74,6 @@ async def run_peer(env: Env, target: TargetProcess, system: str, runs: int, say:
                    shape: chimes_runs.FleetShape | None = None) -> Result:
     """``shape``: Chimes' worker fleet in the same command, which Celery's workers copy (one
     ``celery worker`` per Chimes worker, as many task bodies at once as each Chimes worker runs)."""
-    if _version(system) == "not installed":
-        raise SystemExit(f"{system} is not installed: pip install -e '.[bench]'")
     shape = shape or chimes_runs.FleetShape()
     name = env.database(system)
     await target.reset()
