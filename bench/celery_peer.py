@@ -7,6 +7,7 @@ backend, and real ``celery worker`` processes. The producer that sends the tasks
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,13 +31,16 @@ class RedisServer:
 
     def __init__(self, workdir: Path, name: str = "redis") -> None:
         binary = check_redis_server()
-        folder = workdir / name
-        folder.mkdir(exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))  # fresh: no earlier round's data
         self.port = free_port()
         self.proc = Proc(name, [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(folder),
                                 "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
                                 "--daemonize", "no", "--logfile", ""], workdir / f"{name}.log")
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.proc.stop()
+            raise
 
     def url(self, db: int) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"

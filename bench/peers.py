@@ -81,21 +81,22 @@ async def run_peer(env: Env, target: TargetProcess, system: str, runs: int, say:
     seeded = Path(f"{out}.seeded")
     _remove(seeded)
     helpers: list[Proc] = []  # the processes besides the producer that do the system's work
-    broker = None
+    broker = proc = None
     argv = ["-m", "bench.peer_run", system, "--runs", str(runs), "--url", target.url, "--out", str(out)]
-    if system == "celery":
-        broker = celery_peer.RedisServer(env.workdir)
-        helpers = [broker.proc, *celery_peer.start_workers(env.workdir, broker, workers=shape.workers,
-                                                           concurrency=shape.concurrency)]
-        argv += ["--workers", str(shape.workers)]
-        meter = CpuMeter(helpers, {})  # Celery does not use PostgreSQL
-    else:
-        argv += ["--dsn", await fresh_database(env, name), "--concurrency", str(concurrency),
-                 "--batch-size", str(batch_size)]
-        meter = CpuMeter([], env.postmasters)
-    proc = Proc(system, python(*argv), env.workdir / f"{system}.log",
-                celery_peer.broker_env(broker) if broker else None)
     try:
+        if system == "celery":
+            broker = celery_peer.RedisServer(env.workdir)
+            helpers.append(broker.proc)
+            helpers += celery_peer.start_workers(env.workdir, broker, workers=shape.workers,
+                                                 concurrency=shape.concurrency)
+            argv += ["--workers", str(shape.workers)]
+            meter = CpuMeter(helpers, {})  # Celery does not use PostgreSQL
+        else:
+            argv += ["--dsn", await fresh_database(env, name), "--concurrency", str(concurrency),
+                     "--batch-size", str(batch_size)]
+            meter = CpuMeter([], env.postmasters)
+        proc = Proc(system, python(*argv), env.workdir / f"{system}.log",
+                    celery_peer.broker_env(broker) if broker else None)
         while not _exists(seeded):
             dead = [p for p in (proc, *helpers) if not p.alive()]
             if dead:
@@ -106,15 +107,16 @@ async def run_peer(env: Env, target: TargetProcess, system: str, runs: int, say:
         if time.time() > due - 0.5:
             raise RuntimeError(f"{system} took longer to store its jobs than the lead time")
         meter.start()
-        await asyncio.to_thread(proc.popen.wait)
+        await _wait_exit(proc, helpers)
         meter.stop()
         if proc.popen.returncode != 0 or not _exists(out):
             raise RuntimeError(f"{system} failed:\n{proc.log_tail()}")
     finally:
-        proc.stop()
+        if proc is not None:
+            proc.stop()
         for helper in reversed(helpers):
             helper.stop()
-        if broker is None:
+        if system != "celery":
             await drop_database(env, name)
     data = orjson.loads(_read(out))
     times, keys = await target.arrivals()
@@ -135,6 +137,19 @@ async def run_peer(env: Env, target: TargetProcess, system: str, runs: int, say:
     result.notes = {"apscheduler": "no run history kept",
                     "celery": "the producer only sends the tasks and polls the result backend"}.get(system, "")
     return result
+
+
+async def _wait_exit(proc: Proc, helpers: list[Proc]) -> None:
+    """Until the producer exits; a helper (broker, worker) that dies first stops the measurement
+    rather than leave the producer waiting out its deadline."""
+    if not helpers:
+        await asyncio.to_thread(proc.popen.wait)
+        return
+    while proc.alive():
+        dead = [p for p in helpers if not p.alive()]
+        if dead:
+            raise RuntimeError(f"{dead[0].name} exited during the burst:\n{dead[0].log_tail()}")
+        await asyncio.sleep(0.1)
 
 
 def _exists(path: Path) -> bool:
