@@ -5,7 +5,7 @@ Scenarios:
   top-of-hour  N recurring jobs sharing a cron expression, on top of M idle schedules (scheduler path)
   steady       a rate of runs per second for a duration, end to end
   load         bulk import of N schedules with ``chimes jobs import``
-  peers        the same burst through Chimes, APScheduler 3, procrastinate and PgQueuer, side by side
+  peers        the same burst through Chimes, APScheduler 3, procrastinate, PgQueuer and Celery, side by side
   ha-cost      the same burst and API creates on one PostgreSQL, and on Patroni with an asynchronous and
                with a synchronous standby: what the synchronous standby costs
   idle-wal     the WAL an idle fleet writes a second, by relation and kind of record (pg_walinspect)
@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from bench import quiet
 from bench.env import describe_machine, environment
-from bench.report import Result, table
+from bench.report import Result, spread_table, table
 
 
 def say(text: str) -> None:
@@ -41,6 +43,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _identifier(text: str) -> str:
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,39}", text):
+        raise argparse.ArgumentTypeError(f"lower-case letters, digits and _ (40 at most), not {text!r}")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
                                              "async-loss"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
+    parser.add_argument("--database-prefix", type=_identifier, default="bench",
+                        help="name prefix of the databases created on the server (two benchmarks can share one)")
     parser.add_argument("--runs", type=int, default=10_000,
                         help="runs in the burst (burst, top-of-hour, peers, ha-cost)")
     parser.add_argument("--creates", type=_positive, default=300,
@@ -61,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1, help="chimes worker processes")
     parser.add_argument("--concurrency", type=int, default=200, help="runs each chimes worker executes at once")
     parser.add_argument("--schedulers", type=int, default=1, help="chimes scheduler processes")
-    parser.add_argument("--systems", default="chimes,apscheduler,procrastinate,pgqueuer",
+    parser.add_argument("--systems", default="chimes,apscheduler,procrastinate,pgqueuer,celery",
                         help="systems for `peers`, comma-separated")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the scenario this many times (async-loss: failovers in each mode)")
@@ -75,25 +85,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Result]]:
+async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Result], list[quiet.Quietness]]:
     from bench.chimes_runs import FleetShape
     from bench.target import TargetProcess
 
     shape = FleetShape(args.schedulers, args.workers, args.concurrency)
-    with environment(args.database_url, args.statements) as env:
+    with environment(args.database_url, args.statements, args.database_prefix) as env:
         machine = await describe_machine(env)
         results: list[Result] = []
         target = TargetProcess(env.workdir)
+        rounds: list[quiet.Quietness] = []
         try:
             # top-of-hour repeats its burst on one seeded index itself, async-loss its failovers on one cluster
             for attempt in range(1 if args.scenario in ("top-of-hour", "async-loss") else args.repeat):
                 if args.repeat > 1:
                     say(f"round {attempt + 1} of {args.repeat}")
-                results += await _scenario(args, env, target, shape)
+                async with quiet.watch() as quietness:
+                    found = await _scenario(args, env, target, shape)
+                results += found
+                rounds.append(quietness)
+                say(f"machine: {quietness.describe()}")
         finally:
             target.stop()
         machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    return machine, results
+        machine["rounds"] = [{"round": n + 1} | q.to_json() for n, q in enumerate(rounds)]
+    return machine, results, rounds
 
 
 async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any) -> list[Result]:
@@ -148,14 +164,30 @@ def _report(scenario: str, results: list[Result]) -> str:
     return table(results)
 
 
+def _quietness(rounds: list[quiet.Quietness]) -> str:
+    """A line per round on how quiet the machine was, and a warning when it was not."""
+    lines = [f"  {f'round {n + 1}' if len(rounds) > 1 else 'machine'}: {q.describe()}" for n, q in enumerate(rounds)]
+    busy = [n + 1 for n, q in enumerate(rounds) if q.busy]
+    if busy:
+        which = "every round" if len(busy) == len(rounds) else "round " + ", ".join(map(str, busy))
+        lines.append(f"WARNING: the machine was busy during {which}: wall-clock figures (drain, runs/s, lags) are "
+                     "not comparable with a quiet machine's; compare ratios measured in the same command, and CPU "
+                     "seconds per 1,000 runs")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     import uvloop
 
-    machine, results = uvloop.run(_run(args))
+    machine, results, rounds = uvloop.run(_run(args))
     print(f"\n{args.scenario}: {machine['cores']} cores ({machine['cpu']}), PostgreSQL {machine['postgresql']}, "
           f"load average {machine['load_average_at_start']} -> {machine['load_average_at_end']}")
     print(_report(args.scenario, results))
+    print(_quietness(rounds))
+    spreads = spread_table(results)
+    if spreads:
+        print(spreads)
     if args.json:
         args.json.write_bytes(orjson.dumps({"scenario": args.scenario, "args": vars(args) | {
             "json": str(args.json), "chart": str(args.chart)}, "machine": machine,

@@ -54,8 +54,9 @@ class Env:
 
 
 @contextlib.contextmanager
-def environment(database_url: str | None, statements: bool = False) -> Iterator[Env]:
-    """With ``statements`` (embedded server only), pg_stat_statements is loaded: a restart."""
+def environment(database_url: str | None, statements: bool = False, prefix: str = "bench") -> Iterator[Env]:
+    """With ``statements`` (embedded server only), pg_stat_statements is loaded: a restart. ``prefix``
+    names the databases made on the server, so that two benchmarks can share one."""
     workdir = Path(tempfile.mkdtemp(prefix="chimes-bench-"))
     server = None
     try:
@@ -69,7 +70,7 @@ def environment(database_url: str | None, statements: bool = False) -> Iterator[
                 server.acquire()
         else:
             dsn = database_url
-        yield Env(dsn, workdir, server, statements=statements and server is not None)
+        yield Env(dsn, workdir, server, prefix=prefix, statements=statements and server is not None)
     finally:
         if server is not None:
             server.release()

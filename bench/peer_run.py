@@ -2,7 +2,8 @@
 
 Every peer gets the same work as Chimes: ``runs`` one-off jobs due at the same instant, each calling
 the same local HTTP target once (one pooled aiohttp session per process, as Chimes' worker has),
-with its state in a database of its own on the same PostgreSQL. Each is configured for low latency
+with its state in a database of its own on the same PostgreSQL (Celery: in its own redis-server, with
+its workers in processes of their own, ``bench/celery_peer.py``). Each is configured for low latency
 (short polls, misfires never dropped); the settings are written into the result.
 
 The process writes ``OUT.seeded`` once every job is stored (the orchestrator starts counting the
@@ -158,7 +159,66 @@ async def run_pgqueuer(dsn: str, runs: int, due: datetime, seeded: Callable[[], 
     return {"settings": settings, "recorded_at": recorded}
 
 
-LEAD_PER_1000 = {"apscheduler": 4.0, "procrastinate": 0.5, "pgqueuer": 0.3}  # seconds to store 1,000 jobs, generously
+async def run_celery(runs: int, due: datetime, seeded: Callable[[], None], url: str,
+                     workers: int) -> dict[str, Any]:
+    """ETA tasks: each is sent to the broker at once and held by a worker until its time comes (Celery's
+    one-off jobs; beat only sends recurring ones). Done is when the result backend holds every
+    task's outcome."""
+    import redis
+
+    from bench.celery_app import app, call
+
+    settings = {"broker": "redis-server (Debian), appendfsync everysec", "result_backend": "redis",
+                "pool": "threads", "eta": True, "prefetch_multiplier": app.conf.worker_prefetch_multiplier,
+                "acks_late": app.conf.task_acks_late}
+    deadline = time.time() + 60
+    while len(await asyncio.to_thread(app.control.ping, timeout=0.5)) < workers:
+        if time.time() > deadline:
+            raise TimeoutError(f"fewer than {workers} Celery workers answered a ping within 60 s")
+
+    backend = redis.Redis.from_url(app.conf.result_backend)
+    if backend.dbsize():
+        raise RuntimeError("the result backend holds outcomes before any task was sent")
+
+    def send() -> list[str]:
+        with app.producer_or_acquire() as producer:
+            return [call.apply_async(args=[f"{url}/r/celery-{i}"], eta=due, producer=producer).id
+                    for i in range(runs)]
+
+    ids = await asyncio.to_thread(send)
+    seeded()
+    deadline = due.timestamp() + 300 + runs / 50
+
+    async def all_recorded() -> bool:  # the backend's database holds one key per finished task
+        return await asyncio.to_thread(backend.dbsize) >= runs
+
+    recorded = await _poll(all_recorded, deadline)
+    metas = await asyncio.to_thread(_task_metas, backend, ids)
+    backend.close()
+    failed = [m for m in metas if m is None or m["status"] != "SUCCESS"]
+    if failed:
+        first = next((m for m in failed if m is not None), None)
+        raise RuntimeError(f"{len(failed)} of {runs} tasks have no outcome or not SUCCESS"
+                           + (f": {first.get('traceback')}" if first else ""))
+    # when each body ended: the worker stores the outcome as it returns
+    STATE["finished"] = [_utc(m["date_done"]).timestamp() for m in metas if m is not None]
+    return {"settings": settings, "recorded_at": recorded}
+
+
+def _utc(text: str) -> datetime:
+    when = datetime.fromisoformat(text)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _task_metas(backend: Any, ids: list[str]) -> list[dict[str, Any] | None]:
+    """Each sent task's outcome as the result backend holds it (None: none yet)."""
+    keys = [f"celery-task-meta-{i}" for i in ids]
+    return [None if v is None else orjson.loads(v)
+            for first in range(0, len(keys), 1000) for v in backend.mget(keys[first:first + 1000])]
+
+
+# seconds to store 1,000 jobs, generously
+LEAD_PER_1000 = {"apscheduler": 4.0, "procrastinate": 0.5, "pgqueuer": 0.3, "celery": 1.5}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -179,6 +239,8 @@ async def main(args: argparse.Namespace) -> None:
         outcome = await run_apscheduler(args.dsn, args.runs, due, seeded)
     elif args.system == "procrastinate":
         outcome = await run_procrastinate(args.dsn, args.runs, due, seeded, args.concurrency)
+    elif args.system == "celery":
+        outcome = await run_celery(args.runs, due, seeded, args.url, args.workers)
     else:
         outcome = await run_pgqueuer(args.dsn, args.runs, due, seeded, args.batch_size)
     await STATE["session"].close()
@@ -195,12 +257,13 @@ def _write(path: Path, data: bytes) -> None:
 def cli() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("system", choices=sorted(LEAD_PER_1000))
-    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--dsn", default="", help="the system's database (not Celery: its broker is Redis)")
     parser.add_argument("--runs", type=int, required=True)
     parser.add_argument("--url", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--batch-size", type=int, default=50)
+    parser.add_argument("--workers", type=int, default=1, help="Celery: the worker processes to wait for")
     import uvloop
 
     uvloop.run(main(parser.parse_args()))

@@ -2,9 +2,10 @@
 after the other in the same run, on the same PostgreSQL, calling the same local HTTP target.
 
 Chimes runs as real ``chimes scheduler`` and ``chimes worker`` processes and keeps its whole run
-history; each peer runs in one process of its own (``bench/peer_run.py``). Celery beat is left out:
-it needs a message broker (Redis or RabbitMQ) that the other systems do not, so its numbers would
-measure the broker as much as the scheduler.
+history; each PostgreSQL-based peer runs in one process of its own (``bench/peer_run.py``). Celery,
+what most Python teams run, needs a broker: the benchmark starts a redis-server of its own and real
+``celery worker`` processes shaped like Chimes' workers (``bench/celery_peer.py``), and sends the burst
+as ETA tasks (its one-off jobs; beat only sends recurring ones, which this burst has none of).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import chimes_runs
+from bench import celery_peer, chimes_runs, quiet
 from bench.env import Env, drop_database, fresh_database
 from bench.procs import CpuMeter, Proc, python
 from bench.report import Result, percentiles
@@ -26,6 +27,7 @@ PEERS = {
     "apscheduler": "APScheduler 3 (SQLAlchemy job store)",
     "procrastinate": "procrastinate",
     "pgqueuer": "PgQueuer",
+    "celery": "Celery (Redis broker, ETA tasks)",
 }
 
 
@@ -41,64 +43,113 @@ def _version(system: str) -> str:
 
 async def peers(env: Env, target: TargetProcess, *, runs: int, systems: list[str],
                 shape: chimes_runs.FleetShape, say: Callable[[str], None]) -> list[Result]:
+    unknown = [s for s in systems if s != "chimes" and s not in PEERS]
+    if unknown:
+        raise SystemExit(f"unknown system {unknown[0]!r}; choose from chimes, {', '.join(PEERS)}")
+    # what a peer needs is checked before any system runs, not after the others have taken minutes
+    missing = [s for s in systems if s in PEERS and _version(s) == "not installed"]
+    if missing:
+        raise SystemExit(f"{', '.join(missing)} not installed: pip install -e '.[bench]'")
+    if "celery" in systems:
+        celery_peer.check_redis_server()
     results = []
     for system in systems:
-        if system == "chimes":
-            result = await chimes_runs.end_to_end(env, target, runs=runs, spread_sec=0, shape=shape,
-                                                  scenario="peers", say=say)
-        elif system in PEERS:
-            result = await run_peer(env, target, system, runs, say)
-        else:
-            raise SystemExit(f"unknown system {system!r}; choose from chimes, {', '.join(PEERS)}")
-        say(f"{result.system}: drained {result.completed:,} runs in {result.drain_sec or 0:.2f}s")
+        # The systems run one after the other: how quiet the machine was is recorded for each, so that
+        # a ratio taken while something else ran can be told apart.
+        async with quiet.watch() as quietness:
+            if system == "chimes":
+                result = await chimes_runs.end_to_end(env, target, runs=runs, spread_sec=0, shape=shape,
+                                                      scenario="peers", say=say)
+            else:
+                result = await run_peer(env, target, system, runs, say, shape=shape)
+        result.extra["machine"] = quietness.to_json()
+        say(f"{result.system}: drained {result.completed:,} runs in {result.drain_sec or 0:.2f}s; "
+            f"{quietness.describe()}")
         results.append(result)
     return results
 
 
 async def run_peer(env: Env, target: TargetProcess, system: str, runs: int, say: Callable[[str], None],
-                   concurrency: int = 50, batch_size: int = 50) -> Result:
-    if _version(system) == "not installed":
-        raise SystemExit(f"{system} is not installed: pip install -e '.[bench]'")
+                   concurrency: int = 50, batch_size: int = 50,
+                   shape: chimes_runs.FleetShape | None = None) -> Result:
+    """``shape``: Chimes' worker fleet in the same command, which Celery's workers copy (one
+    ``celery worker`` per Chimes worker, as many task bodies at once as each Chimes worker runs)."""
+    shape = shape or chimes_runs.FleetShape()
     name = env.database(system)
-    dsn = await fresh_database(env, name)
     await target.reset()
     out = env.workdir / f"{system}.json"
     seeded = Path(f"{out}.seeded")
     _remove(seeded)
-    proc = Proc(system, python("-m", "bench.peer_run", system, "--dsn", dsn, "--runs", str(runs), "--url",
-                               target.url, "--out", str(out), "--concurrency", str(concurrency),
-                               "--batch-size", str(batch_size)), env.workdir / f"{system}.log")
-    meter = CpuMeter([], env.postmasters)
+    helpers: list[Proc] = []  # the processes besides the producer that do the system's work
+    broker = proc = None
+    argv = ["-m", "bench.peer_run", system, "--runs", str(runs), "--url", target.url, "--out", str(out)]
     try:
+        if system == "celery":
+            broker = celery_peer.RedisServer(env.workdir)
+            helpers.append(broker.proc)
+            helpers += celery_peer.start_workers(env.workdir, broker, workers=shape.workers,
+                                                 concurrency=shape.concurrency)
+            argv += ["--workers", str(shape.workers)]
+            meter = CpuMeter(helpers, {})  # Celery does not use PostgreSQL
+        else:
+            argv += ["--dsn", await fresh_database(env, name), "--concurrency", str(concurrency),
+                     "--batch-size", str(batch_size)]
+            meter = CpuMeter([], env.postmasters)
+        proc = Proc(system, python(*argv), env.workdir / f"{system}.log",
+                    celery_peer.broker_env(broker) if broker else None)
         while not _exists(seeded):
-            if not proc.alive():
-                raise RuntimeError(f"{system} exited while storing its jobs:\n{proc.log_tail()}")
+            dead = [p for p in (proc, *helpers) if not p.alive()]
+            if dead:
+                raise RuntimeError(f"{dead[0].name} exited while {system} stored its jobs:\n{dead[0].log_tail()}")
             await asyncio.sleep(0.05)
         due = float(_read(seeded))
         say(f"{system}: {runs:,} jobs stored, due at {time.strftime('%H:%M:%S', time.localtime(due))}")
         if time.time() > due - 0.5:
             raise RuntimeError(f"{system} took longer to store its jobs than the lead time")
         meter.start()
-        await asyncio.to_thread(proc.popen.wait)
+        await _wait_exit(proc, helpers)
         meter.stop()
         if proc.popen.returncode != 0 or not _exists(out):
             raise RuntimeError(f"{system} failed:\n{proc.log_tail()}")
     finally:
-        proc.stop()
-        await drop_database(env, name)
+        if proc is not None:
+            proc.stop()
+        for helper in reversed(helpers):
+            helper.stop()
+        if system != "celery":
+            await drop_database(env, name)
     data = orjson.loads(_read(out))
     times, keys = await target.arrivals()
-    cpu = {system: round(data["cpu_sec"], 3), **meter.by_name}
+    producer = "celery producer" if system == "celery" else system
+    cpu = {producer: round(data["cpu_sec"], 3), **meter.by_name}
     starts = [t - data["due"] for t in times]
     result = Result(f"{PEERS[system]} {_version(system)}", "peers", runs, len(data["finished"]),
                     data["recorded_at"] - data["due"] if data["finished"] else None,
-                    start_lag=percentiles(starts), cpu_sec=cpu, peak_mb={system: round(data["peak_mb"], 1)},
+                    start_lag=percentiles(starts), cpu_sec=cpu,
+                    peak_mb={producer: round(data["peak_mb"], 1),
+                             **{p.name: round(p.peak_rss_mb(), 1) for p in helpers}},
                     start_lags=starts)
     result.extra = {"settings": data["settings"], "calls": len(times), "distinct_calls": len(set(keys)),
                     "last_body_finished_sec": round(max(data["finished"]) - data["due"], 3) if data["finished"]
                     else None}
-    result.notes = "no run history kept" if system == "apscheduler" else ""
+    if system == "celery":
+        result.extra["settings"] |= {"workers": shape.workers, "concurrency": shape.concurrency}
+    result.notes = {"apscheduler": "no run history kept",
+                    "celery": "the producer only sends the tasks and polls the result backend"}.get(system, "")
     return result
+
+
+async def _wait_exit(proc: Proc, helpers: list[Proc]) -> None:
+    """Until the producer exits; a helper (broker, worker) that dies first stops the measurement
+    rather than leave the producer waiting out its deadline."""
+    if not helpers:
+        await asyncio.to_thread(proc.popen.wait)
+        return
+    while proc.alive():
+        dead = [p for p in helpers if not p.alive()]
+        if dead:
+            raise RuntimeError(f"{dead[0].name} exited during the burst:\n{dead[0].log_tail()}")
+        await asyncio.sleep(0.1)
 
 
 def _exists(path: Path) -> bool:

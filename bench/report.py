@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -94,4 +95,37 @@ def table(results: Sequence[Result]) -> str:
             lines.append(f"  {r.system}: database time by statement (pg_stat_statements)")
             lines += [f"    {float(c['total_ms']):9.1f} ms {int(c['calls']):7d} calls {int(c['rows']):8d} rows  "
                       f"{str(c['query'])[:80]}" for c in r.extra["statements"]]
+    return "\n".join(lines)
+
+
+_ROUND_SUFFIX = re.compile(r", round \d+$")
+_SPREAD_FIGURES: list[tuple[str, Callable[[Result], float | None], str]] = [
+    ("drain s", lambda r: r.drain_sec, "{:.2f}"),
+    ("runs/s", lambda r: r.throughput, "{:,.0f}"),
+    ("fire lag p99 s", lambda r: r.fire_lag["p99"] if r.fire_lag else None, "{:.2f}"),
+    ("start lag p99 s", lambda r: r.start_lag["p99"] if r.start_lag else None, "{:.2f}"),
+    ("CPU s/1000", lambda r: r.cpu_per_1000, "{:.2f}"),
+]
+
+
+def spread_table(results: Sequence[Result]) -> str:
+    """min / median / max of each figure for every system that ran more than once (``--repeat``);
+    empty when none did."""
+    from bench.quiet import spread
+
+    groups: dict[str, list[Result]] = {}
+    for r in results:
+        groups.setdefault(_ROUND_SUFFIX.sub("", r.system), []).append(r)
+    lines = []
+    for system, mine in groups.items():
+        if len(mine) < 2:
+            continue
+        parts = []
+        for name, figure, fmt in _SPREAD_FIGURES:
+            values = [v for v in (figure(r) for r in mine) if v is not None]
+            summary = spread(values)
+            if summary is not None:
+                parts.append(f"{name} " + " / ".join(fmt.format(v) for v in summary))
+        if parts:
+            lines.append(f"  {system}, {len(mine)} rounds, min / median / max: " + "; ".join(parts))
     return "\n".join(lines)

@@ -3,6 +3,9 @@
 Real `chimes scheduler` and `chimes worker` processes and the benchmark's own HTTP target, as in a
 real benchmark run; no timing is asserted (the machine is shared), only that every run is accounted
 for and the report can be written.
+
+The peers (`python -m bench peers`) are not run here: they come with the `bench` extra (APScheduler,
+procrastinate, PgQueuer, Celery) and Celery with a redis-server, none of which the test install has.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from pathlib import Path
 
 import orjson
 
+from bench.__main__ import _parser, _quietness, _run
 from bench.chimes_runs import FleetShape, end_to_end
 from bench.env import Env
 from bench.idle_wal import idle_wal, wal_table
-from bench.report import table
+from bench.report import spread_table, table
 from bench.target import TargetProcess
 from bench.top_of_hour import top_of_hour
 
@@ -56,3 +60,18 @@ async def test_idle_wal_scenario_breaks_an_idle_fleet_s_wal_down(server_dsn: str
     assert records.get(("partition_leases", "HOT_UPDATE"), 0) > 500, records
     assert ("partition_leases", "UPDATE") not in records, records
     assert result.extra["wal_bytes_per_sec"] > 0 and "partition_leases | HOT_UPDATE" in wal_table(result)
+
+
+async def test_every_round_of_a_repeated_scenario_says_how_quiet_the_machine_was(server_dsn: str) -> None:
+    # the bulk load is the quickest scenario; the record is made for every scenario in the same place
+    args = _parser().parse_args(["load", "--jobs", "50", "--repeat", "2", "--database-url", server_dsn,
+                                 "--database-prefix", f"bench_smoke_{os.getpid()}"])
+    machine, results, rounds = await _run(args)
+    assert [(r.completed, r.runs) for r in results] == [(50, 50), (50, 50)]
+    assert [r["round"] for r in machine["rounds"]] == [1, 2]  # in the JSON
+    for record in rounds:
+        assert len(record.load_before) == 3 and record.load_during_max is not None and record.seconds > 0
+    report = _quietness(rounds)
+    assert "round 1: load average" in report and "round 2: load average" in report
+    assert ("WARNING: the machine was busy" in report) == any(r.busy for r in rounds)
+    assert spread_table(results).startswith("  chimes jobs import, 2 rounds, min / median / max: drain s ")
