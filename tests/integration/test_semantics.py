@@ -90,7 +90,41 @@ async def test_allow_overlaps(fleet: Fleet, client: httpx.AsyncClient, target: T
     created = await client.post("/jobs", json=job(target, "/overlap", {"cron": "* * * * * *"}, concurrency="allow"))
     job_id = created.json()["jobId"]
     await wait_for(lambda: _running_at_once(pool, job_id, 2), timeout=20, what="two runs at once")
+    # No policy reads the runs of an allow job, so none is tracked as active (fire_triggers).
+    assert await pool.fetchval("SELECT count(*) FROM active_runs WHERE job_id = $1", uuid.UUID(job_id)) == 0
     await client.patch(f"/jobs/{job_id}", json={"paused": True})
+
+
+async def test_a_job_changed_from_allow_to_skip_waits_for_the_runs_allow_started(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+) -> None:
+    target.delays["/changed"] = lambda n: 4.0
+    created = await client.post("/jobs", json=job(target, "/changed", {"cron": "* * * * * *"}, concurrency="allow"))
+    job_id = created.json()["jobId"]
+    await wait_for(lambda: _running_at_once(pool, job_id, 2), timeout=20, what="two runs at once")
+    assert (await client.patch(f"/jobs/{job_id}", json={"concurrency": "skip"})).status_code == 200
+    changed_at = await pool.fetchval("SELECT now()")
+    await wait_for(lambda: _skipped_after(pool, job_id, changed_at), timeout=20, what="a fire skipped after the change")
+    await wait_for(lambda: _count_fired_after(pool, job_id, changed_at, "succeeded"), timeout=30,
+                   what="a run admitted by the skip policy")
+    assert (await client.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
+    await wait_for(lambda: _settled(pool, job_id), timeout=30, what="the last run to end")
+    history = await runs(pool, job_id)
+    ran = [r for r in history if r["started_at"] is not None]
+    for run in (r for r in ran if r["fired_at"] > changed_at):
+        overlapping = [other["scheduled_at"] for other in ran if other["run_id"] != run["run_id"]
+                       and other["started_at"] <= run["started_at"] < other["finished_at"]]
+        assert not overlapping, f"run of {run['scheduled_at']} started while runs of {overlapping} ran"
+
+
+async def _skipped_after(pool: asyncpg.Pool, job_id: str, after: datetime) -> bool:
+    return await pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND status = 'skipped' "
+                               "AND fired_at > $2", uuid.UUID(job_id), after) > 0
+
+
+async def _count_fired_after(pool: asyncpg.Pool, job_id: str, after: datetime, status: str) -> bool:
+    return await pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND status = $2 AND fired_at > $3",
+                               uuid.UUID(job_id), status, after) > 0
 
 
 async def _running_at_once(pool: asyncpg.Pool, job_id: str, count: int) -> bool:

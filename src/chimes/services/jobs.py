@@ -127,6 +127,8 @@ class JobService:
             fire_at = None if paused else first_fire(spec, job_id, now, job.paused_at if resuming else None)
             if fire_at is not None and not _one_off_done(spec, job, had_trigger):
                 await job_store.insert_schedule_trigger(conn, job_id, fire_at, version)
+            if current.get("concurrency") == "allow" and spec.concurrency != "allow":
+                await job_store.track_unfinished_runs(conn, job_id)
         return await self.get(job_id, owner)
 
     async def delete(self, job_id: uuid.UUID, owner: str | None, matching: frozenset[int] | None = None) -> bool:

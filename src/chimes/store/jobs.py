@@ -183,6 +183,11 @@ async def delete_schedule_triggers(conn: Conn, job_id: uuid.UUID) -> bool:
     return status != "DELETE 0"
 
 
+async def track_unfinished_runs(conn: Conn, job_id: uuid.UUID) -> None:
+    """Count the job's unfinished runs as active: it no longer allows runs to overlap."""
+    await conn.execute(sql("track_unfinished_runs"), job_id)
+
+
 async def delete_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> bool:
     """Delete the job and its triggers; False when not found."""
     deleted = await conn.fetchval(sql("delete_job"), job_id, owner)

@@ -67,6 +67,14 @@ UPDATE jobs SET name = $2, cron = $3, run_at = $4, timezone = $5, jitter_sec = $
 WHERE job_id = $1
 RETURNING version;
 
+-- name: track_unfinished_runs
+-- A job changed from concurrency allow to skip or queue: its unfinished runs, which allow did not
+-- track, now count as active (fire_triggers). Run after the job's schedule trigger was rewritten, so a
+-- fire of the old version either committed before (its runs are seen here) or finds nothing to fire.
+INSERT INTO active_runs (job_id, run_id, scheduled_at)
+SELECT job_id, run_id, scheduled_at FROM runs WHERE job_id = $1 AND status IN ('scheduled', 'running')
+ON CONFLICT DO NOTHING;
+
 -- name: delete_job
 DELETE FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) RETURNING job_id;
 

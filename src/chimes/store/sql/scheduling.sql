@@ -146,8 +146,9 @@ decided AS (
            active.running, active.held AS held_before
     FROM slot
     CROSS JOIN LATERAL (
+        -- Only skip and queue look at the runs still active; allow does not even count them.
         SELECT count(*) FILTER (WHERE NOT a.held) AS running, count(*) FILTER (WHERE a.held) AS held
-        FROM active_runs a WHERE a.job_id = slot.job_id
+        FROM active_runs a WHERE a.job_id = slot.job_id AND slot.concurrency <> 'allow'
     ) active
 ),
 created AS (
@@ -169,11 +170,15 @@ created AS (
     RETURNING run_id, scheduled_at, job_id, priority
 ),
 admitted AS (
-    SELECT c.*, d.decision FROM created c JOIN decided d USING (run_id) WHERE d.decision IN ('run', 'hold')
+    SELECT c.*, d.decision, d.concurrency FROM created c JOIN decided d USING (run_id)
+    WHERE d.decision IN ('run', 'hold')
 ),
+-- The runs of skip and queue jobs are tracked until they end; those of allow jobs are not (no policy
+-- reads them: a row written and deleted again per run, for nothing). A job changed from allow to
+-- skip or queue has its unfinished runs tracked by that change (track_unfinished_runs).
 activated AS (
     INSERT INTO active_runs (job_id, run_id, scheduled_at, held)
-    SELECT job_id, run_id, scheduled_at, decision = 'hold' FROM admitted
+    SELECT job_id, run_id, scheduled_at, decision = 'hold' FROM admitted WHERE concurrency <> 'allow'
     ON CONFLICT DO NOTHING
 ),
 retried AS (
