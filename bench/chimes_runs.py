@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import asyncpg
 
-from bench import seed
+from bench import seed, wal
 from bench.env import Env, drop_database, fresh_database, statement_costs
 from bench.procs import CpuMeter, Proc, python
 from bench.report import Result, percentiles
@@ -138,7 +138,10 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
         limit = 120 + runs / 200 + spread_sec
         await _wait_for(lambda: _done(pool, runs), limit, "every run to succeed", fleet)
         cpu = meter.stop()
-        wal = await pool.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)", wal_start)
+        wal_end = await pool.fetchval("SELECT pg_current_wal_lsn()")
+        wal_bytes = await pool.fetchval("SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)", wal_start, wal_end)
+        inspect = await wal.can_inspect(pool)
+        wal_records = await wal.by_record(pool, wal_start, wal_end, per=runs, top=16) if inspect else []
         rows = await pool.fetch(LAGS)
         times, keys = await target.arrivals()
         costs = await statement_costs(env, dsn)
@@ -147,7 +150,12 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
         fleet.stop()
         await drop_database(env, env.database("chimes"))
     result = _result(system, scenario, runs, due, spread_sec, rows, times, keys, cpu, fleet)
-    result.extra["wal_bytes_per_run"] = round(float(wal) / runs)  # includes the polling and idle loops
+    result.extra["wal_bytes_per_run"] = round(float(wal_bytes) / runs)  # includes the polling and idle loops
+    if wal_records:  # which rows and index entries a run writes (bench.wal)
+        result.extra["wal_by_record_per_run"] = wal_records
+        say(f"{system}: WAL per run {result.extra['wal_bytes_per_run']:,} bytes; the heaviest relations and records:")
+        for line in wal.describe(wal_records, "run"):
+            say(f"  {line}")
     if costs:
         result.extra["statements"] = costs
     return result

@@ -10,23 +10,16 @@ installed and a superuser).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import asyncpg
 
 from bench.chimes_runs import Fleet, FleetShape, Say
 from bench.env import Env, drop_database, fresh_database
 from bench.report import Result
+from bench.wal import by_record, can_inspect, describe
 
 SETTLE_SEC = 15.0  # the first autoanalyze of a fresh database's tables comes and goes
 ANALYZED = "SELECT relname, autoanalyze_count FROM pg_stat_all_tables WHERE autoanalyze_count > 0"
-BY_RECORD = """
-SELECT coalesce(c.relname, b.relfilenode::text) AS relation, b.record_type,
-       count(DISTINCT b.start_lsn) AS records, sum(b.record_length) AS bytes
-FROM pg_get_wal_block_info($1::pg_lsn, $2::pg_lsn) b
-LEFT JOIN pg_class c ON c.relfilenode = b.relfilenode
-GROUP BY 1, 2 ORDER BY 4 DESC LIMIT $3
-"""
 
 
 async def idle_wal(env: Env, *, duration: float, shape: FleetShape, say: Say, top: int = 8,
@@ -35,7 +28,8 @@ async def idle_wal(env: Env, *, duration: float, shape: FleetShape, say: Say, to
     fleet = Fleet(env, dsn, shape, "idle-wal")
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
     try:
-        await pool.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        if not await can_inspect(pool):
+            raise RuntimeError("idle-wal needs pg_walinspect (a superuser, and the contrib extension installed)")
         await fleet.wait_ready()
         say(f"fleet ready; settling for {settle_sec:.0f} s, then measuring {duration:.0f} s")
         await asyncio.sleep(settle_sec)
@@ -45,16 +39,13 @@ async def idle_wal(env: Env, *, duration: float, shape: FleetShape, say: Say, to
         end = await pool.fetchval("SELECT pg_current_wal_lsn()")
         analyzed = {name: count - analyzed_before.get(name, 0) for name, count in await pool.fetch(ANALYZED)}
         total = float(await pool.fetchval("SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)", start, end))
-        rows = await pool.fetch(BY_RECORD, start, end, top)
+        breakdown = await by_record(pool, start, end, per=duration, top=top)
     finally:
         await pool.close()
         fleet.stop()
         await drop_database(env, env.database("chimes"))
-    by_record: list[dict[str, Any]] = [
-        {"relation": r["relation"], "record": r["record_type"], "records_per_sec": round(r["records"] / duration, 1),
-         "bytes_per_sec": round(float(r["bytes"]) / duration)} for r in rows]
     return Result("chimes", "idle-wal", 0, 0, None, peak_mb=fleet.peaks(),
-                  extra={"wal_bytes_per_sec": round(total / duration), "by_record": by_record,
+                  extra={"wal_bytes_per_sec": round(total / duration), "by_record": breakdown,
                          "gb_per_day": round(total / duration * 86_400 / 1e9, 2),
                          "autoanalyzed": {name: n for name, n in sorted(analyzed.items()) if n}})
 
@@ -62,9 +53,7 @@ async def idle_wal(env: Env, *, duration: float, shape: FleetShape, say: Say, to
 def wal_table(result: Result) -> str:
     extra = result.extra
     lines = [f"WAL written by an idle fleet: {extra['wal_bytes_per_sec'] / 1024:,.1f} KB/s "
-             f"({extra['gb_per_day']} GB a day)", "relation | record | records/s | bytes/s"]
-    lines += [f"{r['relation']} | {r['record']} | {r['records_per_sec']:,} | {r['bytes_per_sec']:,}"
-              for r in extra["by_record"]]
+             f"({extra['gb_per_day']} GB a day)", *describe(extra["by_record"], "s")]
     lines.append("tables autoanalyzed meanwhile: " + (", ".join(f"{name} ({n})" for name, n in
                                                                extra["autoanalyzed"].items()) or "none"))
     return "\n".join(lines)

@@ -37,6 +37,8 @@ async def test_burst_scenario_runs_every_job_once_and_reports(server_dsn: str, t
     assert result.start_lag is not None and result.fire_lag is not None
     assert set(result.peak_mb) == {"scheduler", "worker"} and all(mb > 0 for mb in result.peak_mb.values())
     assert "30/30" in table([result])
+    # the WAL a run wrote, by relation and record (pg_walinspect): the run rows among them
+    assert any(r["relation"].startswith("runs") and r["records"] > 0 for r in result.extra["wal_by_record_per_run"])
     assert orjson.loads(orjson.dumps(result.to_json()))["runs"] == 30
 
 
@@ -55,7 +57,7 @@ async def test_top_of_hour_scenario_fires_every_recurring_job_over_idle_schedule
 async def test_idle_wal_scenario_breaks_an_idle_fleet_s_wal_down(server_dsn: str, tmp_path: Path) -> None:
     env = Env(server_dsn, tmp_path, None, prefix=f"bench_smoke_{os.getpid()}")
     result = await idle_wal(env, duration=3, shape=FleetShape(), say=lambda _: None, settle_sec=1)
-    records = {(r["relation"], r["record"]): r["records_per_sec"] for r in result.extra["by_record"]}
+    records = {(r["relation"], r["record"]): r["records"] for r in result.extra["by_record"]}
     # the node renews its 1,024 partitions every second, each in place (migration 0009)
     assert records.get(("partition_leases", "HOT_UPDATE"), 0) > 500, records
     assert ("partition_leases", "UPDATE") not in records, records
