@@ -268,6 +268,10 @@ async def test_losing_the_primary_zone_stalls_nothing_for_long(zones: Zones, tmp
             history = await client.get(f"/jobs/{tick_id}/runs", params={"limit": 5})
             assert history.status_code == 200 and history.headers["X-Chimes-Read-From"] == "standby", history.text
             assert history.json()["runs"] and {r["jobId"] for r in history.json()["runs"]} == {tick_id}
+            # So do the dashboard's pages, which say where they were read from.
+            page = await client.get(f"/ui/jobs/{tick_id}", headers={"Cookie": f"chimes_session={token}"})
+            assert page.status_code == 200 and page.headers["X-Chimes-Read-From"] == "standby", page.text[:500]
+            assert 'id="read-from-standby"' in page.text and tick_id in page.text
             stage('promoting')
             standby.promote()
             promoted_at = time.time()

@@ -2,8 +2,9 @@
 the tools watching their jobs.
 
 While the API cannot reach a primary, a ``GET`` of the REST API (jobs, runs, notifications, the
-queue, whoami) that would answer 503 is answered instead from any server of the database URL that
-takes connections, in practice the standby about to be promoted. Only reads are served so: writes
+queue, whoami) or of a dashboard page that would answer 503 is answered instead from any server of
+the database URL that takes connections, in practice the standby about to be promoted; the dashboard
+says so on the page. Only reads are served so: writes
 still answer 503 with Retry-After. What a standby has may lag the primary by the transactions it has
 not replayed yet (with synchronous replication it has every commit that was acknowledged, written
 if not always replayed), so such answers carry ``X-Chimes-Read-From: standby`` and are not to be
@@ -29,7 +30,7 @@ from chimes.store.runs import RunStore
 
 log = logging.getLogger(__name__)
 
-READ_PATHS = ("/jobs", "/runs/", "/notifications", "/queue", "/whoami")
+READ_PATHS = ("/jobs", "/runs/", "/notifications", "/queue", "/whoami", "/ui/")  # /ui/: the dashboard's pages
 STRAIGHT_TO_STANDBY_SEC = 5.0  # after a failure this recent, reads skip the primary
 POOL_SIZE = 4
 

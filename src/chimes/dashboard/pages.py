@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
+from chimes.api import standby
 from chimes.api.clock import clock_of
 from chimes.dashboard import views
 from chimes.dashboard.render import not_found, page
@@ -47,7 +48,7 @@ async def jobs_page(
     if "\x00" in q:  # PostgreSQL text cannot hold it
         return _bad_request(request, who, "The search text holds a NUL character; no job name can.")
     show = show if show in JOB_FILTERS else "all"
-    found = await DashboardStore(request.app.state.pool).jobs(who.owner_filter, q.strip(), show,
+    found = await DashboardStore(standby.pool(request)).jobs(who.owner_filter, q.strip(), show,
                                                               _job_cursor(after), PAGE_SIZE)
     next_after = _encode_job_cursor(found.next) if found.next else None
     context: dict[str, Any] = {"viewer": who, "nav": "jobs", "jobs": found.jobs, "q": q.strip(), "show": show,
@@ -62,7 +63,7 @@ async def job_page(
     notice: str | None = None, fragment: str | None = None,
 ) -> HTMLResponse:
     parsed = id_from(job_id)
-    job = await request.app.state.jobs.get(parsed, who.owner_filter) if parsed else None
+    job = await standby.jobs(request).get(parsed, who.owner_filter) if parsed else None
     if job is None:
         return not_found(request, who, "job")
     status = status if status in RUN_STATUSES else None
@@ -73,10 +74,10 @@ async def job_page(
     except ValueError:
         return _bad_request(request, who, "The before= value of this page is not a link the dashboard made. "
                                           "Start again from the job's page.")
-    rows = await DashboardStore(request.app.state.pool).job_runs(job.job_id, status, cursor, PAGE_SIZE + 1)
+    rows = await DashboardStore(standby.pool(request)).job_runs(job.job_id, status, cursor, PAGE_SIZE + 1)
     runs = rows[:PAGE_SIZE]
     next_before = _encode_run_cursor(runs[-1]["run_id"]) if len(rows) > PAGE_SIZE else None
-    stall, dead_notifications = await DashboardStore(request.app.state.pool).job_alerts(job.job_id, DEAD_SHOWN)
+    stall, dead_notifications = await DashboardStore(standby.pool(request)).job_alerts(job.job_id, DEAD_SHOWN)
     context = {
         "stall": stall, "dead_notifications": dead_notifications,
         "viewer": who, "nav": "jobs", "job": job, "runs": runs, "status_filter": status, "statuses": RUN_STATUSES,
@@ -93,17 +94,17 @@ async def job_page(
 async def run_page(run_id: str, request: Request, who: Viewer, notice: str | None = None,
                    fragment: str | None = None) -> HTMLResponse:
     parsed = run_id_from(run_id)
-    found = await request.app.state.runs.get(parsed, who.owner_filter) if parsed else None
+    found = await standby.runs(request).get(parsed, who.owner_filter) if parsed else None
     if found is None:
         return not_found(request, who, "run")
-    run, attempt_rows = found.run, found.attempts
+    run, attempt_rows = dict(found.run), found.attempts
     attempts: list[dict[str, Any]] = [dict(a) for a in attempt_rows]
     if run["status"] == "running":  # the attempt under way has no row until it ends
         attempts.append({"attempt": run["attempt"], "worker_id": run["worker_id"], "started_at": run["started_at"],
                          "finished_at": None, "status": "running", "error": None, "output": None})
-    job = await request.app.state.jobs.get(run["job_id"], who.owner_filter)
+    job = await standby.jobs(request).get(run["job_id"], who.owner_filter)
     spans, events = views.timeline(run, attempts, clock_of(request).now())
-    context = {
+    context: dict[str, Any] = {
         "viewer": who, "nav": "jobs", "run": run, "attempts": attempts, "job": job, "spans": spans, "events": events,
         "max_attempts": (job.definition["retryPolicy"] or {}).get("maxAttempts") if job else None,
         "final": run["status"] in views.FINAL_STATUSES, "notice": NOTICES.get(notice or ""),
@@ -115,7 +116,7 @@ async def run_page(run_id: str, request: Request, who: Viewer, notice: str | Non
 async def fleet_page(request: Request, who: Viewer, fragment: str | None = None) -> HTMLResponse:
     now = clock_of(request).now()
     # The queue is fleet-wide, so for admins only (as GET /queue); the template hides hosts and pids too.
-    fleet = await DashboardStore(request.app.state.pool).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES,
+    fleet = await DashboardStore(standby.pool(request)).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES,
                                                                with_queue=who.admin)
     context = {
         "viewer": who, "nav": "fleet", "fleet": fleet, "lag_window_min": int(LAG_WINDOW.total_seconds() // 60),

@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 
 from chimes import __version__
+from chimes.api import standby
 from chimes.api.clock import clock_of
 from chimes.dashboard import session, views
 from chimes.store.tokens import Principal
@@ -50,7 +51,8 @@ def page(request: Request, template: str, status_code: int = 200, **context: Any
     html = environment().get_template(template).render(
         request=request, now=now, ago=lambda moment: views.ago(moment, now),
         clock=lambda moment: views.clock(moment, now),
-        csrf=session.csrf_token(token) if token else "", **context,
+        csrf=session.csrf_token(token) if token else "", from_standby=standby.reading_from_standby(request),
+        **context,
     )
     return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
 

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs, quote
 
 from fastapi import Request
 
+from chimes.api import standby
 from chimes.store.tokens import Principal, authenticate
 
 COOKIE = "chimes_session"
@@ -45,7 +46,7 @@ def csrf_token(session: str) -> str:
 async def viewer(request: Request) -> Principal:
     """The signed-in principal; :class:`LoginRequired` when the cookie is missing, invalid or revoked."""
     token = session_token(request)
-    principal = await authenticate(request.app.state.pool, token) if token else None
+    principal = await authenticate(standby.pool(request), token) if token else None
     if principal is None:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise LoginRequired(target if request.method == "GET" else f"{PREFIX}/jobs")

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -42,6 +42,8 @@ class Row(Protocol):
     store hands out where converting every row to a dataclass would cost more than it tells."""
 
     def __getitem__(self, key: str, /) -> Any: ...
+
+    def keys(self) -> Iterator[str]: ...  # so that dict(row) makes a copy
 
 
 def one_row(row: asyncpg.Record | None) -> asyncpg.Record:
