@@ -10,7 +10,7 @@ import click
 from fastapi import FastAPI
 
 from chimes.api.app import create_app
-from chimes.cli.runtime import api_server, migrate_database, on_shutdown_signals
+from chimes.cli.runtime import api_server, on_shutdown_signals, prepare_role_database
 from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
@@ -28,7 +28,7 @@ log = logging.getLogger("chimes")
 
 async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
                          api: ApiSecurity | None = None, work: WorkerSecurity | None = None) -> None:
-    await migrate_database(dsn)
+    await prepare_role_database(dsn)
     await _announce_admin_token(dsn, allow_commands=bool(work and work.allow_commands))
     pool = await db.create_pool(dsn, max_size=12, command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
     if work is not None:  # before anything starts: a wrong key must not leave half the roles running
@@ -74,7 +74,7 @@ def _app(dsn: str, api: ApiSecurity | None) -> FastAPI:
 
 
 async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) -> None:
-    await migrate_database(dsn)
+    await prepare_role_database(dsn)
     server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
     on_shutdown_signals(server.stop)
     log.info("API listening on http://%s:%d", settings.host, settings.port)
@@ -84,7 +84,7 @@ async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) 
 async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = RETENTION_DAYS,
                         missed_after: float = MISSED_AFTER_SEC, outgoing: WorkerSecurity | None = None, *,
                         notify_give_up_sec: float = NOTIFY_GIVE_UP_HOURS * 3600) -> None:
-    await migrate_database(dsn)
+    await prepare_role_database(dsn)
     # A node stalled inside a fire holds its lease rows: no takeover until the session ends.
     pool = await db.create_pool(dsn, max_size=6, server_settings=db.lock_holding_limit(lease_ttl),
                                 command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
@@ -106,7 +106,7 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
 async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_sec: float,
                      shutdown_grace: float, executors: Executors | None = None,
                      work: WorkerSecurity | None = None) -> None:
-    await migrate_database(dsn)
+    await prepare_role_database(dsn)
     # A worker stalled inside a claim holds the claimed runs: nobody else starts them meanwhile.
     pool = await db.create_pool(dsn, max_size=4, server_settings=db.lock_holding_limit(lease_sec),
                                 command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))

@@ -8,9 +8,10 @@ import signal
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
+import click
 import uvicorn
 
-from chimes.store import db
+from chimes.store import db, shards
 from chimes.store.migrate import migrate
 
 T = TypeVar("T")
@@ -35,6 +36,16 @@ def on_shutdown_signals(stop: Callable[[], None]) -> None:
 async def migrate_database(dsn: str) -> list[int]:
     """Apply pending migrations; each runs in its own transaction, so a restart midway is tried again."""
     return await db.with_connection(dsn, migrate)
+
+
+async def prepare_role_database(dsn: str) -> None:
+    """Migrate, then refuse a catalog whose shard map is not empty: the roles serve one database until
+    they follow the map (docs/scaling.md, "Shards")."""
+    await migrate_database(dsn)
+    try:
+        await db.with_connection(dsn, shards.require_one_database)
+    except shards.ShardMapError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 class ApiServer(uvicorn.Server):

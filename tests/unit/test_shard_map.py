@@ -1,0 +1,54 @@
+"""The shard map's pure parts: parsing a range of partitions, finding a partition's home, the catalog's
+ranges, and URLs shown without their password."""
+
+from __future__ import annotations
+
+import pytest
+
+from chimes.store.shards import ShardMap, ShardMapError, ShardRange, parse_partitions, without_password
+
+
+def a_map(*ranges: tuple[int, int, int]) -> ShardMap:
+    return ShardMap(len(ranges), tuple(ShardRange(first, last, shard, f"postgresql://h{shard}/db", 1)
+                                       for first, last, shard in ranges))
+
+
+@pytest.mark.parametrize(("text", "expected"), [("0-1023", (0, 1023)), ("512-1023", (512, 1023)), ("7-7", (7, 7)),
+                                                (" 3 - 9 ", (3, 9))])
+def test_a_range_of_partitions_is_parsed(text: str, expected: tuple[int, int]) -> None:
+    assert parse_partitions(text) == expected
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("512", "must be FIRST-LAST"), ("512-", "must be FIRST-LAST"), ("-3-9", "must be FIRST-LAST"),
+    ("a-b", "must be FIRST-LAST"), ("1.5-3", "must be FIRST-LAST"), ("", "must be FIRST-LAST"),
+    ("9-3", "the first not after the last"), ("0-1024", "within 0-1023"), ("1024-1100", "within 0-1023"),
+    ("00000-3", "must be FIRST-LAST"),
+])
+def test_a_malformed_range_is_refused_with_what_is_wrong(text: str, says: str) -> None:
+    with pytest.raises(ShardMapError, match=says):
+        parse_partitions(text)
+
+
+def test_the_empty_map_leaves_every_partition_to_the_catalog() -> None:
+    empty = a_map()
+    assert all(empty.range_of(p) is None for p in range(1024))
+    assert empty.in_catalog() == [(0, 1023)]
+
+
+def test_each_partition_has_the_home_its_range_gives_it() -> None:
+    shard_map = a_map((100, 199, 1), (512, 1023, 2))
+    homes = [r.shard_id if (r := shard_map.range_of(p)) else 0 for p in range(1024)]
+    assert homes == [0] * 100 + [1] * 100 + [0] * 312 + [2] * 512
+    assert shard_map.in_catalog() == [(0, 99), (200, 511)]
+    assert a_map((0, 1023, 1)).in_catalog() == []
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql://chimes:s3cret@db1:5432/chimes", "postgresql://chimes:***@db1:5432/chimes"),
+    ("postgresql://chimes@db1/chimes?sslmode=require", "postgresql://chimes@db1/chimes?sslmode=require"),
+    ("postgresql://u:p@h1:5432,h2:5432/db", "postgresql://u:***@h1:5432,h2:5432/db"),
+    ("postgresql:///chimes?host=/run/postgresql", "postgresql:///chimes?host=/run/postgresql"),
+])
+def test_a_url_is_shown_without_its_password(url: str, shown: str) -> None:
+    assert without_password(url) == shown
