@@ -1,4 +1,4 @@
-"""The shard map in the catalog and its pools on real databases.
+"""The shard map in the catalog, its pools, and ``chimes shards list|add`` on real databases.
 
 The shards here are other databases of the test server: enough for the map, the migrations and the
 pools. Two servers are for the roles (docs/scaling.md, "What is built")."""
@@ -15,12 +15,14 @@ import asyncpg
 import click
 import httpx
 import pytest
+from click.testing import CliRunner, Result
 
+from chimes.cli.main import cli
 from chimes.cli.runtime import prepare_role_database
 from chimes.ids import partition_of
 from chimes.store import db
 from chimes.store.migrate import migrations
-from chimes.store.shards import ShardMapError, ShardPools, add_shard, load_map, require_one_database
+from chimes.store.shards import ShardMapError, ShardPools, add_shard, load_map, require_one_database, without_password
 from tests.conftest import with_database
 
 _numbers = iter(range(1_000_000))
@@ -180,3 +182,32 @@ async def test_roles_refuse_a_catalog_with_shards(catalog: asyncpg.Connection, d
     await add_shard(catalog, new_database, 0, 99)
     with pytest.raises(click.ClickException, match="serves one database only"):
         await prepare_role_database(database_url)
+
+
+async def shards_command(*args: str) -> Result:
+    return await asyncio.to_thread(CliRunner().invoke, cli, ["shards", *args], env={"COLUMNS": "200"})
+
+
+async def test_shards_list_and_add(database_url: str, new_database: str) -> None:
+    listed = await shards_command("list", "--database-url", database_url)
+    assert listed.exit_code == 0, listed.output
+    assert listed.output == "shard map version 0\n0-1023\tcatalog\t(the --database-url database)\n"
+
+    added = await shards_command("add", new_database, "--partitions", "256-511", "--database-url", database_url)
+    assert added.exit_code == 0, added.output
+    assert "partitions 256-511 now live in shard 1" in added.output and "shard map version 1" in added.output
+
+    listed = await shards_command("list", "--database-url", database_url)
+    assert listed.output.splitlines() == [
+        "shard map version 1", "0-255\tcatalog\t(the --database-url database)",
+        f"256-511\tshard 1\t{without_password(new_database)}", "512-1023\tcatalog\t(the --database-url database)"]
+    password = urlsplit(new_database).password
+    assert password and password not in listed.output + added.output and ":***@" in listed.output
+
+    for partitions, says in [("511-600", "overlap 256-511"), ("600", "must be FIRST-LAST"),
+                             ("0-1024", "must lie within 0-1023")]:
+        refused = await shards_command("add", new_database, "--partitions", partitions, "--database-url",
+                                       database_url)
+        assert refused.exit_code != 0 and says in refused.output, refused.output
+    after = await shards_command("list", "--database-url", database_url)
+    assert after.output == listed.output
