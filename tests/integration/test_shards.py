@@ -1,14 +1,16 @@
 """The shard map in the catalog, its pools, and ``chimes shards list|add`` on real databases.
 
-The shards here are other databases of the test server: enough for the map, the migrations and the
-pools. Two servers are for the roles (docs/scaling.md, "What is built")."""
+The shards here are other databases of the test server, and one on a server of its own."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -21,6 +23,7 @@ from chimes.cli.main import cli
 from chimes.cli.runtime import prepare_role_database
 from chimes.ids import partition_of
 from chimes.store import db
+from chimes.store.embedded import EmbeddedPostgres
 from chimes.store.migrate import migrations
 from chimes.store.shards import ShardMapError, ShardPools, add_shard, load_map, require_one_database, without_password
 from tests.conftest import with_database
@@ -211,3 +214,41 @@ async def test_shards_list_and_add(database_url: str, new_database: str) -> None
         assert refused.exit_code != 0 and says in refused.output, refused.output
     after = await shards_command("list", "--database-url", database_url)
     assert after.output == listed.output
+
+
+@pytest.fixture(scope="module")
+def second_server() -> Iterator[str]:
+    """A PostgreSQL server of its own, beside the test session's: a shard on another machine."""
+    folder = Path(tempfile.mkdtemp(prefix="chimes-test-shard-pg-"))
+    server = EmbeddedPostgres(folder)
+    try:
+        yield server.acquire()
+    finally:
+        server.release()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_a_shard_on_another_server(catalog: asyncpg.Connection, pool: asyncpg.Pool, second_server: str) -> None:
+    name = f"chimes_far_{os.getpid()}_{next(_numbers)}"
+    admin = await asyncpg.connect(second_server)
+    await admin.execute(f"CREATE DATABASE {name}")
+    far = with_database(second_server, name)
+    try:
+        assert await admin.fetchval("SELECT system_identifier FROM pg_control_system()") != \
+            await catalog.fetchval("SELECT system_identifier FROM pg_control_system()")
+        pools = ShardPools(pool, await load_map(catalog))
+        try:
+            assert await pools.refresh() is False  # nothing changed: the map is kept
+            await add_shard(catalog, far, 0, 511)
+            assert await pools.for_partition(3) is pool  # a process that has not looked yet
+            assert await pools.refresh() is True and pools.map.version == 1
+            far_pool = await pools.for_job(job_in(0, 511))
+            assert await far_pool.fetchval("SELECT system_identifier FROM pg_control_system()") == \
+                await admin.fetchval("SELECT system_identifier FROM pg_control_system()")
+            assert await far_pool.fetchval("SELECT count(*) FROM partition_leases") == 1024  # migrated there
+            assert await pools.for_job(job_in(512, 1023)) is pool
+        finally:
+            await pools.close()
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()

@@ -223,6 +223,19 @@ class ShardPools:
     async def for_job(self, job_id: uuid.UUID) -> asyncpg.Pool:
         return await self.for_partition(partition_of(job_id))
 
+    async def refresh(self) -> bool:
+        """Read the map's version from the catalog and, when it changed, the map itself; close the pools
+        of shards it no longer names. True when the map changed. A role calls it with its lease
+        renewals: one primary-key read."""
+        version = await self.catalog.fetchval(sql("shard_map_version"))
+        if version == self.map.version:
+            return False
+        self.map = await load_map(self.catalog)
+        named = {r.shard_id for r in self.map.ranges}
+        gone = [self._pools.pop(shard_id) for shard_id in list(self._pools) if shard_id not in named]
+        await asyncio.gather(*(pool.close() for pool in gone))
+        return True
+
     def opened(self) -> int:
         """How many shard pools are open (the catalog's not counted)."""
         return len(self._pools)

@@ -3,6 +3,10 @@
 -- name: shard_map_head
 SELECT version FROM shard_map;
 
+-- name: shard_map_version
+-- What a process compares with the version it holds, to reload the map only when it changed.
+SELECT version FROM shard_map;
+
 -- name: lock_shard_map
 -- Every change of the map holds this row's lock until it commits: changes run one after the other,
 -- and each one is one version.
