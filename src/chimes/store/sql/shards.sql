@@ -51,7 +51,7 @@ SELECT EXISTS (SELECT 1 FROM jobs);
 
 -- name: all_job_ids
 -- Read through a cursor: the partition of a job is crc32 of its id, which PostgreSQL before 18
--- cannot compute, so `shards add` hashes every id (about a second per million jobs).
+-- cannot compute, so `shards add` reads and hashes every job id of the catalog.
 SELECT job_id FROM jobs;
 
 -- name: partitions_with_triggers
