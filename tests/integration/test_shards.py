@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import asyncpg
-import click
 import httpx
 import pytest
 from click.testing import CliRunner, Result
@@ -23,9 +19,8 @@ from chimes.cli.main import cli
 from chimes.cli.runtime import prepare_role_database
 from chimes.ids import partition_of
 from chimes.store import db
-from chimes.store.embedded import EmbeddedPostgres
 from chimes.store.migrate import migrations
-from chimes.store.shards import ShardMapError, ShardPools, add_shard, load_map, require_one_database, without_password
+from chimes.store.shards import ShardMapError, ShardPools, add_shard, load_map, without_password
 from tests.conftest import with_database
 
 _numbers = iter(range(1_000_000))
@@ -74,7 +69,6 @@ async def test_the_empty_map_is_the_catalog(catalog: asyncpg.Connection, pool: a
     assert {await pools.for_partition(p) for p in range(1024)} == {pool}
     assert await pools.for_job(uuid.uuid4()) is pool
     assert pools.opened() == 0
-    await require_one_database(catalog)  # the roles start
 
 
 async def test_a_shard_is_migrated_and_takes_its_partitions(catalog: asyncpg.Connection, pool: asyncpg.Pool,
@@ -104,8 +98,6 @@ async def test_a_shard_is_migrated_and_takes_its_partitions(catalog: asyncpg.Con
             await catalog.fetchval("SELECT current_database()")
     finally:
         await pools.close()
-    with pytest.raises(ShardMapError, match="gives partitions 512-1023 to other databases"):
-        await require_one_database(catalog)
 
 
 async def assert_unchanged(catalog: asyncpg.Connection, version: int, shard_url: str, shard_tables: set[str]) -> None:
@@ -179,12 +171,19 @@ async def test_partitions_holding_jobs_are_not_moved(client: httpx.AsyncClient, 
     assert (await load_map(catalog)).in_catalog() == [(held, held)]
 
 
-async def test_roles_refuse_a_catalog_with_shards(catalog: asyncpg.Connection, database_url: str,
+async def test_roles_migrate_every_shard_at_start(catalog: asyncpg.Connection, database_url: str,
                                                   new_database: str) -> None:
-    await prepare_role_database(database_url)  # an empty map: as before
+    assert (await prepare_role_database(database_url)).ranges == ()  # an empty map: as before
     await add_shard(catalog, new_database, 0, 99)
-    with pytest.raises(click.ClickException, match="serves one database only"):
-        await prepare_role_database(database_url)
+    shard = await asyncpg.connect(new_database)
+    try:
+        await shard.execute("DELETE FROM schema_migrations WHERE version = 8; "
+                            "DROP TABLE shard_ranges, shards, shard_map")  # a shard one migration behind
+        shard_map = await prepare_role_database(database_url)
+        assert shard_map.urls() == [new_database]
+        assert await shard.fetchval("SELECT count(*) FROM schema_migrations") == len(migrations())
+    finally:
+        await shard.close()
 
 
 async def shards_command(*args: str) -> Result:
@@ -216,23 +215,12 @@ async def test_shards_list_and_add(database_url: str, new_database: str) -> None
     assert after.output == listed.output
 
 
-@pytest.fixture(scope="module")
-def second_server() -> Iterator[str]:
-    """A PostgreSQL server of its own, beside the test session's: a shard on another machine."""
-    folder = Path(tempfile.mkdtemp(prefix="chimes-test-shard-pg-"))
-    server = EmbeddedPostgres(folder)
-    try:
-        yield server.acquire()
-    finally:
-        server.release()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-async def test_a_shard_on_another_server(catalog: asyncpg.Connection, pool: asyncpg.Pool, second_server: str) -> None:
+async def test_a_shard_on_another_server(catalog: asyncpg.Connection, pool: asyncpg.Pool,
+                                        second_server_dsn: str) -> None:
     name = f"chimes_far_{os.getpid()}_{next(_numbers)}"
-    admin = await asyncpg.connect(second_server)
+    admin = await asyncpg.connect(second_server_dsn)
     await admin.execute(f"CREATE DATABASE {name}")
-    far = with_database(second_server, name)
+    far = with_database(second_server_dsn, name)
     try:
         assert await admin.fetchval("SELECT system_identifier FROM pg_control_system()") != \
             await catalog.fetchval("SELECT system_identifier FROM pg_control_system()")

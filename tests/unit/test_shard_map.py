@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from chimes.ids import new_job_id_in, partition_of, partition_of_key
 from chimes.store.shards import ShardMap, ShardMapError, ShardRange, parse_partitions, without_password
 
 
@@ -52,3 +53,24 @@ def test_each_partition_has_the_home_its_range_gives_it() -> None:
 ])
 def test_a_url_is_shown_without_its_password(url: str, shown: str) -> None:
     assert without_password(url) == shown
+
+
+@pytest.mark.parametrize("partition", [0, 1, 511, 512, 1023])
+def test_a_job_id_can_be_made_in_a_given_partition(partition: int) -> None:
+    ids = [new_job_id_in(partition) for _ in range(3)]
+    assert {partition_of(job_id) for job_id in ids} == {partition}
+    assert len(set(ids)) == 3 and all(job_id.version == 7 for job_id in ids)
+
+
+@pytest.mark.parametrize("partition", [-1, 1024])
+def test_no_job_id_outside_the_partitions(partition: int) -> None:
+    with pytest.raises(ValueError, match="must lie within 0-1023"):
+        new_job_id_in(partition)
+
+
+def test_an_idempotency_key_names_one_partition_per_owner() -> None:
+    assert partition_of_key("team-a", "k1") == partition_of_key("team-a", "k1")
+    spread = {partition_of_key("team-a", f"k{i}") for i in range(2000)}
+    assert len(spread) > 800  # keys spread over the partitions, so over the shards
+    # The owner counts: "team-a" + "bk" and "team-ab" + "k" are different keys.
+    assert partition_of_key("team-a", "bk") != partition_of_key("team-ab", "k")

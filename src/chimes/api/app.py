@@ -19,6 +19,7 @@ from chimes.services.jobs import JobService
 from chimes.services.owners import check_secret_key
 from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, when_ready
 from chimes.store.runs import RunStore
+from chimes.store.shards import ShardPools, load_map
 
 
 def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 10,
@@ -39,15 +40,25 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
             raise
         app.state.pool = pool
         def job_store(over: Any) -> JobService:
-            return JobService(over, keyring=ring, default_job_quota=limits.default_job_quota)
+            return JobService(over, keyring=ring, default_job_quota=limits.default_job_quota,
+                              catalog=None if over is pool else pool)
 
         app.state.jobs = job_store(pool)
         app.state.runs = RunStore(pool)
         app.state.standby = standby.Standby(dsn, job_store)  # reads while no primary is reachable
+        # With shards, job-scoped requests go to the job's shard (chimes.api.homes); the map is read once.
+        shard_map = await when_ready(lambda: load_map(pool))
+        app.state.shards = ShardPools(pool, shard_map, max_size=pool_size,
+                                      command_timeout=command_timeout(ROLE_COMMAND_TIMEOUT_SEC)) \
+            if shard_map.ranges else None
+        app.state.home_services = {}
+        app.state.job_service_for = job_store
         try:
             yield
         finally:
             await app.state.standby.close()
+            if app.state.shards is not None:
+                await app.state.shards.close()
             await pool.close()
 
     app = FastAPI(title="Chimes", version=__version__, lifespan=lifespan,

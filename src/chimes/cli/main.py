@@ -146,8 +146,11 @@ def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id
     from chimes.worker.tasks.dispatch import Executors
 
     worker_settings = worker_security(data_dir, security)
+    def executors() -> Executors:
+        return Executors(container_runtime=container_runtime, egress=worker_settings.egress)
+
     try:
-        executors = Executors(container_runtime=container_runtime, egress=worker_settings.egress)
+        executors()  # a runtime that cannot be used is a start-up error
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--container-runtime") from None
     with db.database_url(settings_from(database_url, data_dir)) as dsn:

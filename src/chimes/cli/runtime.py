@@ -8,7 +8,6 @@ import signal
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-import click
 import uvicorn
 
 from chimes.store import db, shards
@@ -38,14 +37,15 @@ async def migrate_database(dsn: str) -> list[int]:
     return await db.with_connection(dsn, migrate)
 
 
-async def prepare_role_database(dsn: str) -> None:
-    """Migrate, then refuse a catalog whose shard map is not empty: the roles serve one database until
-    they follow the map (docs/scaling.md, "Shards")."""
+async def prepare_role_database(dsn: str) -> shards.ShardMap:
+    """Migrate the catalog, read its shard map, and migrate every shard the map names (an upgrade
+    migrates them all as it migrates the one database). The map is read once: a role started before
+    ``chimes shards add`` serves the shard after a restart (docs/scaling.md, "Shards")."""
     await migrate_database(dsn)
-    try:
-        await db.with_connection(dsn, shards.require_one_database)
-    except shards.ShardMapError as exc:
-        raise click.ClickException(str(exc)) from None
+    shard_map = await db.with_connection(dsn, shards.load_map)
+    for url in shard_map.urls():
+        await migrate_database(url)
+    return shard_map
 
 
 class ApiServer(uvicorn.Server):

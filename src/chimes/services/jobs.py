@@ -48,8 +48,12 @@ def first_fire(spec: JobSpec, job_id: uuid.UUID, now: datetime, since: datetime 
 class JobService:
     """What the API and the dashboard do to jobs. ``owner=None`` means an admin: no ownership filter."""
 
-    def __init__(self, pool: Pool, *, keyring: Keyring | None = None, default_job_quota: int | None = None) -> None:
+    def __init__(self, pool: Pool, *, keyring: Keyring | None = None, default_job_quota: int | None = None,
+                 catalog: Pool | None = None) -> None:
         self._pool = pool
+        # With shards (docs/scaling.md): ``pool`` is the job's shard, and the owner's limits are read from
+        # the catalog; the quota is then counted on the shard alone (per shard, not across shards).
+        self._catalog = catalog
         self.store = JobStore(pool)
         self._keyring_given = keyring
         self._default_job_quota = default_job_quota  # for owners without a quota of their own
@@ -66,8 +70,10 @@ class JobService:
         plain = spec.fingerprint()
         return self._keyring.fingerprint(plain) if has_secrets(spec) else plain
 
-    async def create(self, owner: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None) -> CreatedJob:
-        job_id = new_job_id()
+    async def create(self, owner: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None,
+                     job_id: uuid.UUID | None = None) -> CreatedJob:
+        """``job_id``: the new job's id when the caller chose it (to route it to its shard)."""
+        job_id = job_id or new_job_id()
         fingerprint = self._fingerprint(spec) if idempotency_key else None
         stored = seal_spec(spec, self._keyring) if has_secrets(spec) else spec
         async with transaction(self._pool) as conn:
@@ -88,7 +94,11 @@ class JobService:
     async def _admit(self, conn: Conn, owner: str, spec: JobSpec) -> int | None:
         """Lock the owner's row (so concurrent creates count one after the other), refuse a task type
         the owner may not use, and return the quota that applies."""
-        limits = await lock_owner_for_job(conn, owner)
+        if self._catalog is None:
+            limits = await lock_owner_for_job(conn, owner)
+        else:
+            async with transaction(self._catalog) as catalog:
+                limits = await lock_owner_for_job(catalog, owner)
         if spec.task.type in COMMAND_TASK_TYPES and not limits.allow_commands:
             raise TaskNotAllowed(owner, spec.task.type)
         return limits.job_quota if limits.job_quota is not None else self._default_job_quota
@@ -117,7 +127,8 @@ class JobService:
             if patch.task is None:
                 stored = keep_sealed(spec, sealed)
             else:
-                if spec.task.type in COMMAND_TASK_TYPES and not await OwnerStore(conn).allows_commands(job.owner):
+                owners = OwnerStore(conn if self._catalog is None else self._catalog)
+                if spec.task.type in COMMAND_TASK_TYPES and not await owners.allows_commands(job.owner):
                     raise TaskNotAllowed(job.owner, spec.task.type)
                 stored = seal_spec(spec, self._keyring, sealed) if has_secrets(spec) else spec
             paused = job.paused if patch.paused is None else patch.paused

@@ -58,6 +58,10 @@ class ShardMap:
                 return shard_range
         return None
 
+    def urls(self) -> list[str]:
+        """The URL of each shard, once each, in the order of their first ranges."""
+        return list(dict.fromkeys(r.url for r in self.ranges))
+
     def in_catalog(self) -> list[tuple[int, int]]:
         """The ranges of partitions no shard holds (the catalog's), in order."""
         free, start = [], 0
@@ -173,16 +177,6 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
     return await load_map(catalog)
 
 
-async def require_one_database(conn: db.Conn | asyncpg.Pool) -> None:
-    """Refuse to serve a catalog whose map is not empty: the roles do not follow the map yet, and the
-    partitions given to a shard would be served by nobody (docs/scaling.md, "What is built")."""
-    shard_map = await load_map(conn)
-    if shard_map.ranges:
-        given = ", ".join(f"{r.first}-{r.last}" for r in shard_map.ranges)
-        raise ShardMapError(f"the shard map gives partitions {given} to other databases (map version "
-                            f"{shard_map.version}); this version of Chimes serves one database only")
-
-
 def _refuse_overlap(ranges: tuple[ShardRange, ...], first: int, last: int) -> None:
     overlap = _overlapping(ranges, first, last)
     if overlap:
@@ -222,6 +216,11 @@ class ShardPools:
 
     async def for_job(self, job_id: uuid.UUID) -> asyncpg.Pool:
         return await self.for_partition(partition_of(job_id))
+
+    async def homes(self) -> list[asyncpg.Pool]:
+        """The pool of every database that holds partitions: the catalog's first, then each shard's."""
+        firsts = {r.shard_id: r.first for r in self.map.ranges}
+        return [self.catalog, *[await self.for_partition(first) for first in firsts.values()]]
 
     async def refresh(self) -> bool:
         """Read the map's version from the catalog and, when it changed, the map itself; close the pools
