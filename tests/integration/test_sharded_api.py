@@ -1,0 +1,119 @@
+"""The API with a shard map: every job-scoped request reaches the job's database, whichever it is
+(the catalog holds partitions 512-1023, a shard 0-511), and lists span both (docs/scaling.md)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import httpx
+import pytest
+
+from chimes.ids import partition_of, partition_of_key
+from chimes.store import db
+from chimes.store.shards import add_shard
+from tests.conftest import with_database
+
+SIDES = {"shard": (0, 511), "catalog": (512, 1023)}
+
+
+@pytest.fixture
+async def shard_url(server_dsn: str) -> AsyncIterator[str]:
+    name = f"chimes_api_shard_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(server_dsn)
+    await admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield with_database(server_dsn, name)
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
+@pytest.fixture
+async def database_url(database_url: str, shard_url: str) -> str:
+    """The catalog, whose map gives 0-511 to the shard before the API starts."""
+    conn = await db.connect(database_url)
+    try:
+        await add_shard(conn, shard_url, *SIDES["shard"])
+    finally:
+        await conn.close()
+    return database_url
+
+
+def key_in(owner: str, first: int, last: int, skip: int = 0) -> str:
+    keys = (f"key-{i}" for i in range(100_000))
+    return [key for key in keys if first <= partition_of_key(owner, key) <= last][skip]
+
+
+async def create(client: httpx.AsyncClient, side: str, skip: int = 0) -> uuid.UUID:
+    body = {"name": f"{side}-{skip}", "schedule": {"cron": "0 * * * *"},
+            "task": {"type": "http", "url": "http://127.0.0.1:9/x"}, "concurrency": "allow"}
+    created = await client.post("/jobs", json=body, headers={"Idempotency-Key": key_in("team-a", *SIDES[side], skip)})
+    assert created.status_code == 201, created.text
+    job_id = uuid.UUID(created.json()["jobId"])
+    first, last = SIDES[side]
+    assert first <= partition_of(job_id) <= last
+    return job_id
+
+
+async def rows(url: str, query: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetch(query, *args)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("side", ["shard", "catalog"])
+async def test_every_job_request_reaches_the_jobs_database(client: httpx.AsyncClient, database_url: str,
+                                                           shard_url: str, side: str) -> None:
+    home, other = (shard_url, database_url) if side == "shard" else (database_url, shard_url)
+    job_id = await create(client, side)
+    assert [r["job_id"] for r in await rows(home, "SELECT job_id FROM jobs")] == [job_id]
+    assert await rows(other, "SELECT job_id FROM jobs") == []
+
+    paused = await client.patch(f"/jobs/{job_id}", json={"paused": True})
+    assert paused.status_code == 200 and paused.json()["paused"] is True, paused.text
+    assert [r["paused"] for r in await rows(home, "SELECT paused FROM jobs")] == [True]
+    assert (await client.get(f"/jobs/{job_id}")).json()["version"] == 2
+
+    started = await client.post(f"/jobs/{job_id}/runs")
+    assert started.status_code == 202, started.text
+    run_id = started.json()["runId"]
+    assert (await client.get(f"/runs/{run_id}")).json()["jobId"] == str(job_id)
+    cancelled = await client.post(f"/runs/{run_id}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+
+    end = datetime.now(UTC).replace(minute=30, second=0, microsecond=0) - timedelta(hours=1)
+    backfilled = await client.post(f"/jobs/{job_id}/backfill",
+                                   json={"start": (end - timedelta(hours=3)).isoformat(), "end": end.isoformat()})
+    assert backfilled.status_code == 202 and backfilled.json()["created"] == 3, backfilled.text
+    listed = (await client.get(f"/jobs/{job_id}/runs")).json()["runs"]
+    assert len(listed) == 4 and len(await rows(home, "SELECT run_id FROM runs")) == 4
+
+    assert (await client.delete(f"/jobs/{job_id}")).status_code == 204
+    gone = await client.get(f"/jobs/{job_id}")
+    assert gone.status_code == 404 and gone.json()["error"] == "job_deleted", gone.text  # its runs are kept
+    assert await rows(home, "SELECT job_id FROM jobs") == []
+
+
+async def test_lists_and_the_queue_span_both_databases(client: httpx.AsyncClient, tokens: dict[str, str]) -> None:
+    by_side = {side: [await create(client, side, skip) for skip in range(3)] for side in SIDES}
+    made = sorted(by_side["shard"] + by_side["catalog"])
+    seen: list[uuid.UUID] = []
+    cursor = None
+    while True:
+        params = {"limit": "2", **({"cursor": cursor} if cursor else {})}
+        page = (await client.get("/jobs", params=params)).json()
+        seen += [uuid.UUID(j["jobId"]) for j in page["jobs"]]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+    assert seen == made  # each job once, in creation order, across both databases
+    for job_id in (by_side["shard"][0], by_side["catalog"][0]):  # one queued run in each database
+        assert (await client.post(f"/jobs/{job_id}/runs")).status_code == 202
+    queue = (await client.get("/queue", headers={"Authorization": f"Bearer {tokens['admin']}"})).json()
+    assert sum(tier["depth"] for tier in queue["tiers"]) == 2
