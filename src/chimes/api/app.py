@@ -35,24 +35,27 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
         try:
             # Another key than the workers' fails here, not in every run.
             await when_ready(lambda: check_secret_key(pool, ring))
+            # With shards, job-scoped requests go to the job's shard (chimes.api.homes); the map is read once.
+            shard_map = await when_ready(lambda: load_map(pool))
         except BaseException:
             await pool.close()
             raise
         app.state.pool = pool
         def job_store(over: Any) -> JobService:
-            return JobService(over, keyring=ring, default_job_quota=limits.default_job_quota,
-                              catalog=None if over is pool else pool)
+            return JobService(over, keyring=ring, default_job_quota=limits.default_job_quota)
+
+        def home_job_store(home: Any) -> JobService:  # a shard's jobs, with the owners of the catalog
+            return JobService(home, keyring=ring, default_job_quota=limits.default_job_quota,
+                              catalog=None if home is pool else pool)
 
         app.state.jobs = job_store(pool)
         app.state.runs = RunStore(pool)
         app.state.standby = standby.Standby(dsn, job_store)  # reads while no primary is reachable
-        # With shards, job-scoped requests go to the job's shard (chimes.api.homes); the map is read once.
-        shard_map = await when_ready(lambda: load_map(pool))
         app.state.shards = ShardPools(pool, shard_map, max_size=pool_size,
                                       command_timeout=command_timeout(ROLE_COMMAND_TIMEOUT_SEC)) \
             if shard_map.ranges else None
         app.state.home_services = {}
-        app.state.job_service_for = job_store
+        app.state.job_service_for = home_job_store
         try:
             yield
         finally:
