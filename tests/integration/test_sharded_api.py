@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -117,3 +118,20 @@ async def test_lists_and_the_queue_span_both_databases(client: httpx.AsyncClient
         assert (await client.post(f"/jobs/{job_id}/runs")).status_code == 202
     queue = (await client.get("/queue", headers={"Authorization": f"Bearer {tokens['admin']}"})).json()
     assert sum(tier["depth"] for tier in queue["tiers"]) == 2
+
+
+async def test_healthz_names_a_shard_that_is_down_and_stays_up(api_url: str, client: httpx.AsyncClient,
+                                                                server_dsn: str, shard_url: str) -> None:
+    async with httpx.AsyncClient(base_url=api_url) as anonymous:
+        healthy = await anonymous.get("/healthz")
+        assert (healthy.status_code, healthy.json()) == (200, {"status": "ok", "shards": {"1": "ok"}})
+        admin = await asyncpg.connect(server_dsn)
+        try:
+            await admin.execute(f"DROP DATABASE {urlsplit(shard_url).path.lstrip('/')} WITH (FORCE)")
+        finally:
+            await admin.close()
+        degraded = await anonymous.get("/healthz")
+    assert degraded.status_code == 200, degraded.text  # the catalog's jobs are still served
+    assert degraded.json()["shards"]["1"].startswith("unavailable (")
+    assert "/" not in degraded.json()["shards"]["1"] and "host" not in degraded.text  # no host named
+    await create(client, "catalog")

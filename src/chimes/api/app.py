@@ -79,6 +79,8 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:
         status, body = await health.check(request.app.state.pool, dsn)
+        if request.app.state.shards is not None and status == 200:
+            body["shards"] = await health.shard_states(request.app.state.shards)
         headers = {"Retry-After": str(unavailable.RETRY_AFTER_SEC)} if status != 200 else None
         return JSONResponse(body, status_code=status, headers=headers)
 
