@@ -19,6 +19,7 @@ from chimes.cli.main import cli
 from chimes.cli.runtime import prepare_role_database
 from chimes.ids import partition_of
 from chimes.store import db
+from chimes.store.caps import Cap, list_caps, remove_cap, set_cap
 from chimes.store.migrate import migrations
 from chimes.store.shards import ShardMapError, ShardPools, add_shard, load_map, without_password
 from tests.conftest import with_database
@@ -240,3 +241,17 @@ async def test_a_shard_on_another_server(catalog: asyncpg.Connection, pool: asyn
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
+
+
+async def test_caps_and_shards_are_not_mixed_yet(catalog: asyncpg.Connection, database_url: str,
+                                                 new_database: str) -> None:
+    await set_cap(catalog, Cap("owner", "team-a", "", 5))
+    with pytest.raises(ShardMapError, match="concurrency caps are set"):
+        await add_shard(catalog, new_database, 0, 99)
+    await assert_unchanged(catalog, 0, new_database, set())
+    await remove_cap(catalog, "owner", "team-a", "")
+    await add_shard(catalog, new_database, 0, 99)
+    refused = await asyncio.to_thread(CliRunner().invoke, cli, ["cap", "set", "owner:team-a", "5", "--database-url",
+                                                                database_url])
+    assert refused.exit_code == 1 and "caps are not counted across shards yet" in refused.output, refused.output
+    assert await list_caps(catalog) == []
