@@ -135,3 +135,30 @@ async def test_healthz_names_a_shard_that_is_down_and_stays_up(api_url: str, cli
     assert degraded.json()["shards"]["1"].startswith("unavailable (")
     assert "/" not in degraded.json()["shards"]["1"] and "host" not in degraded.text  # no host named
     await create(client, "catalog")
+
+
+async def test_notifications_of_both_databases_page_newest_first(client: httpx.AsyncClient, database_url: str,
+                                                                  shard_url: str) -> None:
+    base = datetime(2026, 11, 1, tzinfo=UTC)
+    made = []  # (created_at, id, database): alternating databases, a minute apart
+    for i in range(6):
+        url = shard_url if i % 2 else database_url
+        side = "shard" if i % 2 else "catalog"
+        made.append((base + timedelta(minutes=i), uuid.uuid4(), side))
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload, "
+                               "created_at) VALUES ($1, $2, 'team-a', 'run_failed', 'http://127.0.0.1:9/', '{}', $3)",
+                               made[-1][1], uuid.uuid4(), made[-1][0])
+        finally:
+            await conn.close()
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": "4", **({"cursor": cursor} if cursor else {})}
+        page = (await client.get("/notifications", params=params)).json()
+        seen += [n["notificationId"] for n in page["notifications"]]
+        cursor = page["nextCursor"]
+        if cursor is None:
+            break
+    assert seen == [str(notification_id) for _, notification_id, _ in reversed(made)]

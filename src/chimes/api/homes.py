@@ -87,3 +87,14 @@ async def every_run_store(request: Request) -> list[RunStore]:
     if shards is None:
         return [standby.runs(request)]
     return [_services(request, pool)[1] for pool in await shards.homes()]
+
+
+async def pools_for(request: Request, job_id: uuid.UUID | None) -> list[Pool]:
+    """The pools a read goes through: the job's home when it names a job, else every home; without
+    shards the one database's (or its standby's while this request is served from it)."""
+    shards = _shards(request)
+    if shards is None:
+        return [standby.pool(request)]
+    if job_id is not None:
+        return [await shards.for_job(job_id)]
+    return await shards.homes()
