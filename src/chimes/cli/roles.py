@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import click
 from fastapi import FastAPI
@@ -125,7 +126,7 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
 
     on_shutdown_signals(stop)
     try:
-        await asyncio.gather(*(node.run() for node in nodes))
+        await _run_together([node.run() for node in nodes], stop)
     finally:
         await _close_pools(homes)
 
@@ -160,9 +161,24 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
 
     on_shutdown_signals(stop)
     try:
-        await asyncio.gather(*(worker.run() for worker in workers))
+        await _run_together([worker.run() for worker in workers], stop)
     finally:
         await _close_pools(homes)
+
+
+async def _run_together(runs: list[Coroutine[Any, Any, None]], stop: Callable[[], None]) -> None:
+    """Run one home's node or worker per coroutine until all end; when one fails, stop the others, let
+    them finish, and raise its error (one home's failure ends the process, as with one database)."""
+    tasks = [asyncio.ensure_future(run) for run in runs]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            raise error
 
 
 def _share(concurrency: int, homes: int) -> int:
