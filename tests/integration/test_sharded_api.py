@@ -17,6 +17,7 @@ from chimes.ids import partition_of, partition_of_key
 from chimes.store import db
 from chimes.store.shards import add_shard
 from tests.conftest import with_database
+from tests.integration.test_dashboard import csrf_of, signed_in
 
 SIDES = {"shard": (0, 511), "catalog": (512, 1023)}
 
@@ -162,3 +163,26 @@ async def test_notifications_of_both_databases_page_newest_first(client: httpx.A
         if cursor is None:
             break
     assert seen == [str(notification_id) for _, notification_id, _ in reversed(made)]
+
+
+async def test_the_dashboards_job_and_run_pages_and_buttons_reach_a_shards_job(
+    client: httpx.AsyncClient, api_url: str, tokens: dict[str, str], shard_url: str
+) -> None:
+    job_id = await create(client, "shard")
+    async with signed_in(api_url, tokens["team-a"]) as browser:
+        page = await browser.get(f"/ui/jobs/{job_id}")
+        assert page.status_code == 200 and "shard-0" in page.text, page.text
+        csrf = csrf_of(page.text)
+        paused = await browser.post(f"/ui/jobs/{job_id}/pause", data={"csrf": csrf})
+        assert paused.status_code == 303, paused.text
+        assert [r["paused"] for r in await rows(shard_url, "SELECT paused FROM jobs")] == [True]
+        started = await browser.post(f"/ui/jobs/{job_id}/run", data={"csrf": csrf})
+        assert started.status_code == 303, started.text
+        [run_id] = [r["run_id"] for r in await rows(shard_url, "SELECT run_id FROM runs")]
+        run_page = await browser.get(f"/ui/runs/{run_id}")
+        assert run_page.status_code == 200 and "shard-0" in run_page.text, run_page.text
+        cancelled = await browser.post(f"/ui/runs/{run_id}/cancel", data={"csrf": csrf})
+        assert cancelled.headers["location"] == f"/ui/runs/{run_id}?notice=cancelled", cancelled.text
+        rerun = await browser.post(f"/ui/runs/{run_id}/rerun", data={"csrf": csrf})
+        assert rerun.status_code == 303 and rerun.headers["location"].endswith("?notice=started"), rerun.text
+    assert len(await rows(shard_url, "SELECT run_id FROM runs")) == 2
