@@ -186,3 +186,15 @@ async def test_the_dashboards_job_and_run_pages_and_buttons_reach_a_shards_job(
         rerun = await browser.post(f"/ui/runs/{run_id}/rerun", data={"csrf": csrf})
         assert rerun.status_code == 303 and rerun.headers["location"].endswith("?notice=started"), rerun.text
     assert len(await rows(shard_url, "SELECT run_id FROM runs")) == 2
+
+
+async def test_the_dashboards_job_list_shows_both_databases_jobs_in_name_order(
+    client: httpx.AsyncClient, api_url: str, tokens: dict[str, str]
+) -> None:
+    for side in SIDES:
+        for skip in range(2):
+            await create(client, side, skip)
+    async with signed_in(api_url, tokens["team-a"]) as browser:
+        page = (await browser.get("/ui/jobs")).text
+    names = ["catalog-0", "catalog-1", "shard-0", "shard-1"]
+    assert sorted(names, key=page.index) == names  # all four, in name order

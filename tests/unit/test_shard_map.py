@@ -3,10 +3,17 @@ ranges, and URLs shown without their password."""
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
+
 import pytest
 
 from chimes.ids import new_job_id_in, partition_of, partition_of_key
+from chimes.store.dashboard import JobCursor, JobPage, merge_job_pages
+from chimes.store.jobs import JobRecord
 from chimes.store.shards import ShardMap, ShardMapError, ShardRange, parse_partitions, without_password
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def a_map(*ranges: tuple[int, int, int]) -> ShardMap:
@@ -74,3 +81,24 @@ def test_an_idempotency_key_names_one_partition_per_owner() -> None:
     assert len(spread) > 800  # keys spread over the partitions, so over the shards
     # The owner counts: "team-a" + "bk" and "team-ab" + "k" are different keys.
     assert partition_of_key("team-a", "bk") != partition_of_key("team-ab", "k")
+
+
+def _page(names: list[str], more: bool) -> JobPage:
+    keys = [JobCursor(name, uuid.UUID(int=i + 1)) for i, name in enumerate(names)]
+    jobs = [JobRecord(job_id=k.job_id, owner="team-a", definition={"name": k.name}, paused=False, version=1,
+                      created_at=EPOCH, updated_at=EPOCH, next_run_at=None, last_run=None) for k in keys]
+    return JobPage(jobs, keys[-1] if more else None, keys)
+
+
+def test_pages_of_jobs_from_several_databases_merge_in_the_index_order() -> None:
+    # "C" collation: bytes order, so "Z" < "a" < "é" (0xC3 0xA9) and "a" < "ab".
+    merged = merge_job_pages([_page(["a", "é"], more=False), _page(["Z", "ab"], more=False)], limit=3)
+    assert [k.name for k in merged.keys] == ["Z", "a", "ab"]
+    assert [j.definition["name"] for j in merged.jobs] == ["Z", "a", "ab"]
+    assert merged.next == merged.keys[-1]  # "é" is left for the next page
+    last = merge_job_pages([_page(["a"], more=False), _page(["b"], more=False)], limit=3)
+    assert last.next is None and [k.name for k in last.keys] == ["a", "b"]
+    # A database that had more than it listed: the page ends with a cursor even if all fit.
+    assert merge_job_pages([_page(["a"], more=True), _page([], more=False)], limit=3).next == JobCursor(
+        "a", uuid.UUID(int=1))
+    assert merge_job_pages([_page([], more=False)], limit=3) == JobPage([], None, [])

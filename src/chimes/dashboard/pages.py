@@ -6,6 +6,7 @@ refresh themselves with htmx: the page asks for ``?fragment=...`` and swaps in j
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
 from datetime import timedelta
@@ -20,7 +21,14 @@ from chimes.dashboard import views
 from chimes.dashboard.render import not_found, page
 from chimes.dashboard.session import viewer
 from chimes.ids import id_from, run_id_from, scheduled_at_of
-from chimes.store.dashboard import JOB_FILTERS, LAG_BOUNDS, DashboardStore, JobCursor, RunCursor
+from chimes.store.dashboard import (
+    JOB_FILTERS,
+    LAG_BOUNDS,
+    DashboardStore,
+    JobCursor,
+    RunCursor,
+    merge_job_pages,
+)
 from chimes.store.tokens import Principal
 
 router = APIRouter(include_in_schema=False)
@@ -48,8 +56,14 @@ async def jobs_page(
     if "\x00" in q:  # PostgreSQL text cannot hold it
         return _bad_request(request, who, "The search text holds a NUL character; no job name can.")
     show = show if show in JOB_FILTERS else "all"
-    found = await DashboardStore(request.app.state.pool).jobs(who.owner_filter, q.strip(), show,
-                                                              _job_cursor(after), PAGE_SIZE)
+    if request.app.state.shards is None:
+        found = await DashboardStore(request.app.state.pool).jobs(who.owner_filter, q.strip(), show,
+                                                                  _job_cursor(after), PAGE_SIZE)
+    else:  # each home's first page after the cursor, merged (docs/scaling.md, "Shards")
+        pages = await asyncio.gather(*(DashboardStore(pool).jobs(who.owner_filter, q.strip(), show,
+                                                                 _job_cursor(after), PAGE_SIZE)
+                                       for pool in await homes.pools_for(request, None)))
+        found = merge_job_pages(list(pages), PAGE_SIZE)
     next_after = _encode_job_cursor(found.next) if found.next else None
     context: dict[str, Any] = {"viewer": who, "nav": "jobs", "jobs": found.jobs, "q": q.strip(), "show": show,
                                "after": after, "next_after": next_after, "filters": JOB_FILTERS}
