@@ -198,3 +198,17 @@ async def test_the_dashboards_job_list_shows_both_databases_jobs_in_name_order(
         page = (await browser.get("/ui/jobs")).text
     names = ["catalog-0", "catalog-1", "shard-0", "shard-1"]
     assert sorted(names, key=page.index) == names  # all four, in name order
+
+
+async def test_a_run_is_found_while_another_shard_is_down(client: httpx.AsyncClient, server_dsn: str,
+                                                          shard_url: str) -> None:
+    job_id = await create(client, "catalog")
+    run_id = (await client.post(f"/jobs/{job_id}/runs")).json()["runId"]
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f"DROP DATABASE {urlsplit(shard_url).path.lstrip('/')} WITH (FORCE)")
+    finally:
+        await admin.close()
+    found = await client.get(f"/runs/{run_id}")
+    assert found.status_code == 200 and found.json()["jobId"] == str(job_id), found.text
+    assert (await client.get(f"/jobs/{job_id}")).status_code == 200

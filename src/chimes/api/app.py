@@ -51,9 +51,11 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
         app.state.jobs = job_store(pool)
         app.state.runs = RunStore(pool)
         app.state.standby = standby.Standby(dsn, job_store)  # reads while no primary is reachable
+        # A shard's pool opens at its first request, with one try: a shard that is down answers 503 at
+        # once instead of holding the request for the whole --database-wait.
         app.state.shards = ShardPools(pool, shard_map, max_size=pool_size,
-                                      command_timeout=command_timeout(ROLE_COMMAND_TIMEOUT_SEC)) \
-            if shard_map.ranges else None
+                                      command_timeout=command_timeout(ROLE_COMMAND_TIMEOUT_SEC),
+                                      connect_wait_sec=0) if shard_map.ranges else None
         app.state.home_services = {}
         app.state.job_service_for = home_job_store
         try:

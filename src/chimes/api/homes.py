@@ -47,13 +47,20 @@ async def runs_of(request: Request, job_id: uuid.UUID) -> RunStore:
 
 async def runs_of_run(request: Request, run_id: uuid.UUID) -> RunStore:
     """The run store of the home that holds ``run_id`` (a run id does not name its job): every home is
-    asked, by primary key, at once; none: the catalog's, which answers as for any unknown run."""
+    asked, by primary key, at once; none: the catalog's, which answers as for any unknown run. A home
+    that cannot be reached matters only when no other has the run: then its error is raised (503)."""
     shards = _shards(request)
     if shards is None:
         return standby.runs(request)
     stores = [_services(request, pool)[1] for pool in await shards.homes()]
-    found = await asyncio.gather(*(store.has_run(run_id) for store in stores))
-    return next((store for store, here in zip(stores, found, strict=True) if here), stores[0])
+    found = await asyncio.gather(*(store.has_run(run_id) for store in stores), return_exceptions=True)
+    for store, here in zip(stores, found, strict=True):
+        if here is True:
+            return store
+    for error in found:
+        if isinstance(error, BaseException):
+            raise error
+    return stores[0]
 
 
 def new_job_id_for(request: Request, owner: str, idempotency_key: str | None) -> uuid.UUID | None:

@@ -194,11 +194,12 @@ class ShardPools:
     catalog's pool is the caller's to close; :meth:`close` closes the shards'."""
 
     def __init__(self, catalog: asyncpg.Pool, shard_map: ShardMap, *, max_size: int = 10,
-                 command_timeout: float | None = None) -> None:
+                 command_timeout: float | None = None, connect_wait_sec: float | None = None) -> None:
         self.catalog = catalog
         self.map = shard_map
         self._max_size = max_size
         self._command_timeout = command_timeout
+        self._connect_wait_sec = connect_wait_sec  # None: the process's --database-wait
         self._pools: dict[int, asyncpg.Pool] = {}
         self._opening: dict[int, asyncio.Lock] = {}
 
@@ -214,7 +215,7 @@ class ShardPools:
             pool = self._pools.get(shard_range.shard_id)
             if pool is None:
                 pool = await db.create_pool(shard_range.url, min_size=0, max_size=self._max_size,
-                                            command_timeout=self._command_timeout)
+                                            command_timeout=self._command_timeout, wait_sec=self._connect_wait_sec)
                 self._pools[shard_range.shard_id] = pool
         return pool
 
