@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
@@ -16,8 +18,13 @@ import pytest
 from chimes.ids import partition_of, partition_of_key
 from chimes.store import db
 from chimes.store.shards import add_shard
+from chimes.worker.budget import SlotBudget
+from chimes.worker.worker import Worker
 from tests.conftest import with_database
+from tests.helpers import wait_for
+from tests.integration.fleet import FAST_WORKER
 from tests.integration.test_dashboard import csrf_of, signed_in
+from tests.target import Target
 
 SIDES = {"shard": (0, 511), "catalog": (512, 1023)}
 
@@ -212,3 +219,40 @@ async def test_a_run_is_found_while_another_shard_is_down(client: httpx.AsyncCli
     found = await client.get(f"/runs/{run_id}")
     assert found.status_code == 200 and found.json()["jobId"] == str(job_id), found.text
     assert (await client.get(f"/jobs/{job_id}")).status_code == 200
+
+
+async def test_workers_of_one_process_share_their_slots_across_databases(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, database_url: str, shard_url: str, target: Target
+) -> None:
+    target.delays["/slow"] = lambda n: 1.0
+    budget = SlotBudget(2)
+    shard_pool = await db.create_pool(shard_url, max_size=4)
+    config = replace(FAST_WORKER, concurrency=2)
+    workers = [Worker(pool, database_url, config, worker_id="w-catalog", budget=budget),
+               Worker(shard_pool, shard_url, config, worker_id="w-shard", budget=budget)]
+    tasks = [asyncio.create_task(worker.run()) for worker in workers]
+    try:
+        async def start(side: str, skip: int) -> None:
+            body = {"name": f"{side}-{skip}", "schedule": {"cron": "0 0 1 1 *"},
+                    "task": {"type": "http", "url": f"{target.url}/slow"}}
+            created = await client.post("/jobs", json=body,
+                                        headers={"Idempotency-Key": key_in("team-a", *SIDES[side], skip)})
+            assert (await client.post(f"/jobs/{created.json()['jobId']}/runs")).status_code == 202
+
+        # Two runs on the shard alone: an idle catalog lends it its slot, so both start at once.
+        await start("shard", 0)
+        await start("shard", 1)
+        await wait_for(lambda: len(target.calls) == 2, timeout=20, what="both shard runs to start")
+        assert abs(target.calls[1].received_at - target.calls[0].received_at) < 0.9
+        # Then one more on each: never more than the two slots at once, across both databases.
+        await start("shard", 2)
+        await start("catalog", 0)
+        await wait_for(lambda: len(target.calls) == 4, timeout=20, what="the next two runs to start")
+        # A slot frees when a first run's call ends, a second after it began.
+        assert min(c.received_at for c in target.calls[2:]) - min(c.received_at for c in target.calls[:2]) > 0.95
+        await wait_for(lambda: budget.in_use == 0, timeout=20, what="every slot given back")
+    finally:
+        for worker in workers:
+            worker.stop()
+        await asyncio.gather(*tasks)
+        await shard_pool.close()

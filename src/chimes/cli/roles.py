@@ -21,6 +21,7 @@ from chimes.services.owners import SigningSecrets, check_secret_key
 from chimes.settings import CONTAINER_RUNTIME, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS, Settings
 from chimes.store import db, tokens
 from chimes.store.shards import ShardMap
+from chimes.worker.budget import SlotBudget
 from chimes.worker.guard import TaskGuard
 from chimes.worker.tasks.container import remove_orphaned_env_files
 from chimes.worker.tasks.dispatch import Executors
@@ -50,10 +51,10 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", CONTAINER_RUNTIME)
     allow_commands = bool(work and work.allow_commands)
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
-    workers = [Worker(home, url, WorkerConfig(concurrency=_share(worker_concurrency, len(homes)),
-                                              allow_commands=allow_commands),
+    budget = _budget(worker_concurrency, homes)
+    workers = [Worker(home, url, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
                       executors=Executors(container_runtime=runtime, egress=work.egress if work else None),
-                      guard=guard) for home, url in homes]
+                      guard=guard, budget=budget) for home, url in homes]
 
     def stop() -> None:
         server.stop()
@@ -146,13 +147,14 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
         await pool.close()
         raise
     allow_commands = bool(work and work.allow_commands)
-    config = WorkerConfig(concurrency=_share(concurrency, len(homes)), lease_sec=lease_sec,
+    config = WorkerConfig(concurrency=concurrency, lease_sec=lease_sec,
                           heartbeat_every_sec=lease_sec / 3, shutdown_grace_sec=shutdown_grace,
                           allow_commands=allow_commands)
     # Owners, secrets and the secret key are the catalog's, whichever home a run comes from.
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
+    budget = _budget(concurrency, homes)
     workers = [Worker(home, url, config, worker_id=worker_id, executors=executors() if executors else None,
-                      guard=guard) for home, url in homes]
+                      guard=guard, budget=budget) for home, url in homes]
     _remove_orphaned_env_files()
 
     def stop() -> None:
@@ -181,10 +183,10 @@ async def _run_together(runs: list[Coroutine[Any, Any, None]], stop: Callable[[]
             raise error
 
 
-def _share(concurrency: int, homes: int) -> int:
-    """A worker's concurrency split evenly between the homes it claims from (docs/scaling.md): each
-    home's claim loop waits on its own queue, so an idle shard does not slow the others."""
-    return max(1, concurrency // homes)
+def _budget(concurrency: int, homes: list[tuple[db.Pool, str]]) -> SlotBudget | None:
+    """With shards, the process's claim loops (one per home) share ``concurrency`` slots: each waits
+    on its own queue, so an idle shard slows no other, and its slots go to the busy ones."""
+    return SlotBudget(concurrency) if len(homes) > 1 else None
 
 
 async def _shard_pools(shard_map: ShardMap, *, max_size: int,
