@@ -24,6 +24,7 @@ from tests.conftest import with_database
 from tests.helpers import wait_for
 from tests.integration.fleet import FAST_WORKER
 from tests.integration.test_dashboard import csrf_of, signed_in
+from tests.integration.test_metrics import scrape, value
 from tests.target import Target
 
 SIDES = {"shard": (0, 511), "catalog": (512, 1023)}
@@ -126,6 +127,9 @@ async def test_lists_and_the_queue_span_both_databases(client: httpx.AsyncClient
         assert (await client.post(f"/jobs/{job_id}/runs")).status_code == 202
     queue = (await client.get("/queue", headers={"Authorization": f"Bearer {tokens['admin']}"})).json()
     assert sum(tier["depth"] for tier in queue["tiers"]) == 2
+    samples = await scrape(client)
+    assert sum(v for (name, _), v in samples.items() if name == "chimes_queue_depth") == 2
+    assert value(samples, "chimes_partitions_unleased") == 2 * 1024  # no node runs: each home's rows
 
 
 async def test_healthz_names_a_shard_that_is_down_and_stays_up(api_url: str, client: httpx.AsyncClient,

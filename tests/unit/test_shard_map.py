@@ -9,7 +9,15 @@ from datetime import UTC, datetime
 import pytest
 
 from chimes.ids import new_job_id_in, partition_of, partition_of_key
-from chimes.store.dashboard import JobCursor, JobPage, merge_job_pages
+from chimes.store.dashboard import (
+    QUEUE_COUNT_CAP,
+    FleetGauges,
+    JobCursor,
+    JobPage,
+    QueueTier,
+    add_up,
+    merge_job_pages,
+)
 from chimes.store.jobs import JobRecord
 from chimes.store.shards import ShardMap, ShardMapError, ShardRange, parse_partitions, without_password
 
@@ -102,3 +110,11 @@ def test_pages_of_jobs_from_several_databases_merge_in_the_index_order() -> None
     assert merge_job_pages([_page(["a"], more=True), _page([], more=False)], limit=3).next == JobCursor(
         "a", uuid.UUID(int=1))
     assert merge_job_pages([_page([], more=False)], limit=3) == JobPage([], None, [])
+
+
+def test_the_gauges_of_several_databases_add_up() -> None:
+    catalog = FleetGauges([QueueTier("high", 3, 2.0), QueueTier("normal", 0, None)], nodes=2, workers=3, unleased=0)
+    shard = FleetGauges([QueueTier("high", 4, 5.0), QueueTier("normal", QUEUE_COUNT_CAP, 1.0)], nodes=2, workers=2,
+                        unleased=1024)
+    assert add_up([catalog, shard]) == FleetGauges(
+        [QueueTier("high", 7, 5.0), QueueTier("normal", QUEUE_COUNT_CAP, 1.0)], nodes=2, workers=3, unleased=1024)

@@ -88,7 +88,8 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
 
     @app.get("/metrics", tags=["health"])
     async def prometheus_metrics(request: Request) -> Response:
-        await metrics.collect_fleet(request.app.state.pool)
+        shards = request.app.state.shards
+        await metrics.collect_fleet(*(await shards.homes() if shards is not None else [request.app.state.pool]))
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
 

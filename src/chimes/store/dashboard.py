@@ -166,6 +166,17 @@ class FleetGauges:
     unleased: int  # partitions no live node holds
 
 
+def add_up(homes: list[FleetGauges]) -> FleetGauges:
+    """The gauges of several databases (shards) as one: queue depths added (each still capped) and
+    the longest wait; unleased partitions added (each home has its own lease rows); nodes and workers
+    the most any home counts, since every scheduler and worker process serves every home."""
+    queue = [QueueTier(tiers[0].tier, min(QUEUE_COUNT_CAP, sum(t.depth for t in tiers)),
+                       max((t.oldest_sec for t in tiers if t.oldest_sec is not None), default=None))
+             for tiers in zip(*(home.queue for home in homes), strict=True)]
+    return FleetGauges(queue, max(h.nodes for h in homes), max(h.workers for h in homes),
+                       sum(h.unleased for h in homes))
+
+
 async def fleet_gauges(pool: asyncpg.Pool) -> FleetGauges:
     async with pool.acquire() as conn:
         queue = await queue_tiers(conn)
