@@ -59,8 +59,9 @@ def add_shard(database_url: str | None, data_dir: Path, url: str, partitions: st
     shard = f"shard {added.shard_id}" if added else "a shard"
     click.echo(f"partitions {first}-{last} now live in {shard} ({shard_store.without_password(url)}); "
                f"shard map version {shard_map.version}")
-    click.echo("Restart the fleet's API, scheduler and worker processes: each reads the map when it starts.",
-               err=True)
+    click.echo("Now start, or restart, every API, scheduler and worker process: each reads the map when it "
+               "starts, and an API process started before this change would create these partitions' new jobs "
+               "in the catalog.", err=True)
 
 
 def _on_catalog(database_url: str | None, data_dir: Path,

@@ -156,7 +156,7 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
     yet), when the database is the catalog or holds jobs, or when
     any of the partitions holds a job where it lives now (the catalog): moving partitions that hold
     data is the next step (docs/scaling.md). A partition's job created in the catalog between the
-    check and the commit would stay behind: add shards before their partitions are used.
+    check and the commit would stay behind: add shards while no API process runs (docs/scaling.md).
     """
     check_range(first, last)
     if not url.strip():
@@ -229,8 +229,8 @@ class ShardPools:
 
     async def refresh(self) -> bool:
         """Read the map's version from the catalog and, when it changed, the map itself; close the pools
-        of shards it no longer names. True when the map changed. A role calls it with its lease
-        renewals: one primary-key read."""
+        of shards it no longer names. True when the map changed. One primary-key read, cheap enough
+        for a role's lease renewals (the roles read the map at start only, for now)."""
         version = await self.catalog.fetchval(sql("shard_map_version"))
         if version == self.map.version:
             return False
