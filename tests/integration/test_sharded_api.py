@@ -134,6 +134,7 @@ async def test_lists_and_the_queue_span_both_databases(client: httpx.AsyncClient
 
 async def test_healthz_names_a_shard_that_is_down_and_stays_up(api_url: str, client: httpx.AsyncClient,
                                                                 server_dsn: str, shard_url: str) -> None:
+    job_id = await create(client, "catalog")
     async with httpx.AsyncClient(base_url=api_url) as anonymous:
         healthy = await anonymous.get("/healthz")
         assert (healthy.status_code, healthy.json()) == (200, {"status": "ok", "shards": {"1": "ok"}})
@@ -146,7 +147,7 @@ async def test_healthz_names_a_shard_that_is_down_and_stays_up(api_url: str, cli
     assert degraded.status_code == 200, degraded.text  # the catalog's jobs are still served
     assert degraded.json()["shards"]["1"].startswith("unavailable (")
     assert "/" not in degraded.json()["shards"]["1"] and "host" not in degraded.text  # no host named
-    await create(client, "catalog")
+    assert (await client.get(f"/jobs/{job_id}")).status_code == 200
 
 
 async def test_notifications_of_both_databases_page_newest_first(client: httpx.AsyncClient, database_url: str,
@@ -260,3 +261,26 @@ async def test_workers_of_one_process_share_their_slots_across_databases(
             worker.stop()
         await asyncio.gather(*tasks)
         await shard_pool.close()
+
+
+async def test_a_job_quota_holds_across_both_databases(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+    await pool.execute("INSERT INTO owners (owner, job_quota) VALUES ('team-a', 3) "
+                       "ON CONFLICT (owner) DO UPDATE SET job_quota = 3")
+    # Six creates at once, three on each database: exactly three get in, whichever they are.
+    async def attempt(side: str, skip: int) -> int:
+        body = {"name": f"{side}-{skip}", "schedule": {"cron": "@hourly"},
+                "task": {"type": "http", "url": "http://127.0.0.1:9/x"}}
+        key = key_in("team-a", *SIDES[side], skip)
+        return (await client.post("/jobs", json=body, headers={"Idempotency-Key": key})).status_code
+
+    codes = await asyncio.gather(*(attempt(side, skip) for side in SIDES for skip in range(3)))
+    assert sorted(codes) == [201, 201, 201, 429, 429, 429], codes
+    listed = (await client.get("/jobs")).json()["jobs"]
+    assert len(listed) == 3
+    refused = await client.post("/jobs", json={"name": "one-more", "schedule": {"cron": "@hourly"},
+                                               "task": {"type": "http", "url": "http://127.0.0.1:9/x"}})
+    assert refused.status_code == 429 and refused.json()["error"] == "job_quota_exceeded", refused.text
+    assert (await client.delete(f"/jobs/{listed[0]['jobId']}")).status_code == 204
+    for side in SIDES:  # room for one again, on either database
+        again = await attempt(side, 5)
+        assert again == 201 if side == "shard" else again == 429, (side, again)

@@ -17,7 +17,8 @@ from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
 from chimes.services.jobs import JobService
 from chimes.services.owners import check_secret_key
-from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, when_ready
+from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, Conn, command_timeout, create_pool, when_ready
+from chimes.store.owners import count_jobs_up_to
 from chimes.store.runs import RunStore
 from chimes.store.shards import ShardPools, load_map
 
@@ -44,9 +45,17 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
         def job_store(over: Any) -> JobService:
             return JobService(over, keyring=ring, default_job_quota=limits.default_job_quota)
 
-        def home_job_store(home: Any) -> JobService:  # a shard's jobs, with the owners of the catalog
+        def home_job_store(home: Any) -> JobService:
+            """With shards, the service of one home's jobs: owners from the catalog, quotas across homes."""
+            async def jobs_elsewhere(owner: str, limit: int, catalog: Conn | None) -> int:
+                counted = 0 if catalog is None else await count_jobs_up_to(catalog, owner, limit)
+                for other in (await app.state.shards.homes())[1:]:  # the shards (the catalog comes first)
+                    if other is not home and counted < limit:
+                        counted += await count_jobs_up_to(other, owner, limit - counted)
+                return counted
+
             return JobService(home, keyring=ring, default_job_quota=limits.default_job_quota,
-                              catalog=None if home is pool else pool)
+                              catalog=None if home is pool else pool, jobs_elsewhere=jobs_elsewhere)
 
         app.state.jobs = job_store(pool)
         app.state.runs = RunStore(pool)
