@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -21,7 +24,7 @@ import pytest
 from chimes.api.app import create_app
 from chimes.cli.runtime import api_server
 from chimes.store import db
-from chimes.store.embedded import server_for_a_while
+from chimes.store.embedded import EmbeddedPostgres, server_for_a_while
 from chimes.store.migrate import migrate
 from chimes.store.tokens import create_token
 from tests.helpers import auth_as, wait_for
@@ -41,6 +44,19 @@ def with_database(dsn: str, name: str) -> str:
 def server_dsn() -> Iterator[str]:
     with server_for_a_while("chimes-test-pg-") as dsn:
         yield dsn
+
+
+@pytest.fixture(scope="session")
+def second_server_dsn() -> Iterator[str]:
+    """A PostgreSQL server of its own, beside the session's, always embedded: a shard on another
+    machine (docs/scaling.md, "Shards")."""
+    folder = Path(tempfile.mkdtemp(prefix="chimes-test-shard-pg-"))
+    server = EmbeddedPostgres(folder)
+    try:
+        yield server.acquire()
+    finally:
+        server.release()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,25 @@ def new_job_id() -> uuid.UUID:
     return _v7(int(time.time() * 1000), os.urandom(10))
 
 
+def new_job_id_in(partition: int) -> uuid.UUID:
+    """A job id as :func:`new_job_id` makes them whose partition is ``partition``: random ids are drawn
+    until one falls there (1,024 on average, a millisecond or two). Used where a job's partition must
+    follow from something else than chance (an idempotency key, with shards: docs/scaling.md)."""
+    if not 0 <= partition < PARTITION_COUNT:
+        raise ValueError(f"partition {partition}: must lie within 0-{PARTITION_COUNT - 1}")
+    millis = int(time.time() * 1000)
+    while True:
+        for job_id in new_job_ids(256, millis):
+            if partition_of(job_id) == partition:
+                return job_id
+
+
+def partition_of_key(owner: str, key: str) -> int:
+    """The partition of the jobs an owner creates with an idempotency key: retries of a create land
+    on the partition, so the shard, where the first one was made."""
+    return zlib.crc32(owner.encode() + b"\0" + key.encode()) % PARTITION_COUNT
+
+
 def new_job_ids(count: int, millis: int | None = None) -> list[uuid.UUID]:
     """``count`` ids as :func:`new_job_id` makes them (at ``millis``, default now), ascending: creation
     order, and appends to the primary key index rather than splits. One call for the random bytes of

@@ -10,6 +10,7 @@ costs memory in this process and in Prometheus for as long as they run.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
@@ -19,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, His
 from prometheus_client import start_http_server as _start_http_server
 
 from chimes.enums import RunStatus
-from chimes.store.dashboard import fleet_gauges
+from chimes.store.dashboard import add_up, fleet_gauges
 from chimes.store.db import Pool
 
 if TYPE_CHECKING:
@@ -146,9 +147,12 @@ def record_outcomes(batch: Iterable[Completion], accepted: set[Any]) -> None:
             RUNS_FINISHED.labels(status).inc()
 
 
-async def collect_fleet(pool: Pool) -> None:
-    """Read the fleet-wide gauges from the database; the API calls this on every scrape."""
+async def collect_fleet(pool: Pool, *shards: Pool) -> None:
+    """Read the fleet-wide gauges from the database, and with shards from each shard too, added up
+    (chimes.store.dashboard.add_up); the API calls this on every scrape."""
     gauges = await fleet_gauges(pool)
+    if shards:
+        gauges = add_up([gauges, *await asyncio.gather(*(fleet_gauges(shard) for shard in shards))])
     for tier in gauges.queue:
         QUEUE_DEPTH.labels(tier.tier).set(tier.depth)
         QUEUE_OLDEST.labels(tier.tier).set(tier.oldest_sec or 0.0)

@@ -17,8 +17,10 @@ from chimes.security.refusals import Refused
 from chimes.security.secrets import Keyring, default_keyring
 from chimes.services.jobs import JobService
 from chimes.services.owners import check_secret_key
-from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, command_timeout, create_pool, when_ready
+from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, Conn, command_timeout, create_pool, when_ready
+from chimes.store.owners import count_jobs_up_to
 from chimes.store.runs import RunStore
+from chimes.store.shards import ShardPools, load_map
 
 
 def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 10,
@@ -34,6 +36,8 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
         try:
             # Another key than the workers' fails here, not in every run.
             await when_ready(lambda: check_secret_key(pool, ring))
+            # With shards, job-scoped requests go to the job's shard (chimes.api.homes); the map is read once.
+            shard_map = await when_ready(lambda: load_map(pool))
         except BaseException:
             await pool.close()
             raise
@@ -41,13 +45,34 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
         def job_store(over: Any) -> JobService:
             return JobService(over, keyring=ring, default_job_quota=limits.default_job_quota)
 
+        def home_job_store(home: Any) -> JobService:
+            """With shards, the service of one home's jobs: owners from the catalog, quotas across homes."""
+            async def jobs_elsewhere(owner: str, limit: int, catalog: Conn | None) -> int:
+                counted = 0 if catalog is None else await count_jobs_up_to(catalog, owner, limit)
+                for other in (await app.state.shards.homes())[1:]:  # the shards (the catalog comes first)
+                    if other is not home and counted < limit:
+                        counted += await count_jobs_up_to(other, owner, limit - counted)
+                return counted
+
+            return JobService(home, keyring=ring, default_job_quota=limits.default_job_quota,
+                              catalog=None if home is pool else pool, jobs_elsewhere=jobs_elsewhere)
+
         app.state.jobs = job_store(pool)
         app.state.runs = RunStore(pool)
         app.state.standby = standby.Standby(dsn, job_store)  # reads while no primary is reachable
+        # A shard's pool opens at its first request, with one try: a shard that is down answers 503 at
+        # once instead of holding the request for the whole --database-wait.
+        app.state.shards = ShardPools(pool, shard_map, max_size=pool_size,
+                                      command_timeout=command_timeout(ROLE_COMMAND_TIMEOUT_SEC),
+                                      connect_wait_sec=0) if shard_map.ranges else None
+        app.state.home_services = {}
+        app.state.job_service_for = home_job_store
         try:
             yield
         finally:
             await app.state.standby.close()
+            if app.state.shards is not None:
+                await app.state.shards.close()
             await pool.close()
 
     app = FastAPI(title="Chimes", version=__version__, lifespan=lifespan,
@@ -65,12 +90,15 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:
         status, body = await health.check(request.app.state.pool, dsn)
+        if request.app.state.shards is not None and status == 200:
+            body["shards"] = await health.shard_states(request.app.state.shards)
         headers = {"Retry-After": str(unavailable.RETRY_AFTER_SEC)} if status != 200 else None
         return JSONResponse(body, status_code=status, headers=headers)
 
     @app.get("/metrics", tags=["health"])
     async def prometheus_metrics(request: Request) -> Response:
-        await metrics.collect_fleet(request.app.state.pool)
+        shards = request.app.state.shards
+        await metrics.collect_fleet(*(await shards.homes() if shards is not None else [request.app.state.pool]))
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
 

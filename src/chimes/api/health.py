@@ -16,6 +16,7 @@ from typing import Any
 
 from chimes import outage
 from chimes.store import db
+from chimes.store.shards import ShardPools
 
 PROBE_TIMEOUT_SEC = 2.0
 PROBE_CACHE_SEC = 2.0  # probes are cheap but not free: a load balancer may ask every second
@@ -31,6 +32,23 @@ async def check(pool: Any, dsn: str) -> tuple[int, dict[str, Any]]:
         outage.failed("GET /healthz", db.describe(exc))
         return 503, await _unavailable(dsn, db.describe(exc))
     return 200, {"status": "ok"}
+
+
+async def shard_states(shards: ShardPools) -> dict[str, str]:
+    """With shards: each shard's state by its id ("ok", or "unavailable" and the error's type). A shard that is
+    down leaves /healthz at 200: the API still serves every other home's jobs, and a load balancer
+    that took every API out for one shard would stop them all."""
+    ranges = {r.shard_id: r.first for r in shards.map.ranges}
+
+    async def state(first: int) -> str:
+        try:
+            await asyncio.wait_for(db.ping(await shards.for_partition(first)), PROBE_TIMEOUT_SEC)
+        except Exception as exc:  # its type only: the endpoint needs no token, and messages name hosts
+            return f"unavailable ({type(exc).__name__})"
+        return "ok"
+
+    found = await asyncio.gather(*(state(first) for first in ranges.values()))
+    return {str(shard_id): answer for shard_id, answer in zip(ranges, found, strict=True)}
 
 
 async def _unavailable(dsn: str, error: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from chimes import tracing
-from chimes.api import standby
+from chimes.api import homes, standby
 from chimes.api.auth import current_principal
 from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found
@@ -37,7 +37,9 @@ async def create_job(
 ) -> JSONResponse:
     try:
         with tracing.span("chimes.job.create", request.headers) as traced:
-            created = await _store(request).create(caller.owner, spec, clock_of(request).now(), idempotency_key)
+            new_id = homes.new_job_id_for(request, caller.owner, idempotency_key)
+            store = _store(request) if new_id is None else await homes.jobs_of(request, new_id)
+            created = await store.create(caller.owner, spec, clock_of(request).now(), idempotency_key, new_id)
             traced |= {"chimes.job_id": str(created.job_id), "chimes.owner": caller.owner}
     except IdempotencyConflict:
         raise ApiError(409, "idempotency_conflict",
@@ -54,7 +56,7 @@ async def list_jobs(
     cursor: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JSONResponse:
-    jobs = await _store(request).list(caller.owner_filter, _decode_cursor(cursor), limit + 1)
+    jobs = await homes.list_jobs(request, caller.owner_filter, _decode_cursor(cursor), limit + 1)
     page = jobs[:limit]
     next_cursor = _encode_cursor(page[-1].job_id) if len(jobs) > limit else None
     return JSONResponse({"jobs": [job_view(j) for j in page], "nextCursor": next_cursor})
@@ -63,9 +65,9 @@ async def list_jobs(
 @router.get("/jobs/{job_id}", response_class=JSONResponse)
 async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse:
     parsed = parse_id(job_id, "job")
-    job = await _store(request).get(parsed, caller.owner_filter)
+    job = await (await homes.jobs_of(request, parsed)).get(parsed, caller.owner_filter)
     if job is None:
-        if await standby.runs(request).history_visible(parsed, caller.owner_filter):
+        if await (await homes.runs_of(request, parsed)).history_visible(parsed, caller.owner_filter):
             raise ApiError(404, "job_deleted", f"job {parsed} was deleted; its runs stay listable at "
                            f"GET /jobs/{parsed}/runs until retention removes them")
         raise not_found("job")
@@ -75,9 +77,10 @@ async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse
 @router.patch("/jobs/{job_id}", response_class=JSONResponse)
 async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Caller,
                      if_match: IfMatch = None) -> JSONResponse:
+    parsed = parse_id(job_id, "job")
     try:
-        job = await _store(request).update(parse_id(job_id, "job"), caller.owner_filter, patch, clock_of(request).now(),
-                                           matching_versions(if_match))
+        job = await (await homes.jobs_of(request, parsed)).update(parsed, caller.owner_filter, patch,
+                                                                  clock_of(request).now(), matching_versions(if_match))
     except VersionMismatch as exc:
         raise precondition_failed(exc.current) from None
     if job is None:
@@ -87,9 +90,10 @@ async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Cal
 
 @router.delete("/jobs/{job_id}", status_code=204)
 async def delete_job(job_id: str, request: Request, caller: Caller, if_match: IfMatch = None) -> Response:
+    parsed = parse_id(job_id, "job")
     try:
-        deleted = await _store(request).delete(parse_id(job_id, "job"), caller.owner_filter,
-                                               matching_versions(if_match))
+        deleted = await (await homes.jobs_of(request, parsed)).delete(parsed, caller.owner_filter,
+                                                                      matching_versions(if_match))
     except VersionMismatch as exc:
         raise precondition_failed(exc.current) from None
     if not deleted:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import heapq
 import uuid
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from chimes.api import standby
+from chimes.api import homes
 from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError
 from chimes.api.jobs import parse_id
@@ -32,11 +34,18 @@ async def list_notifications(
     """The caller's notifications (an admin's: everyone's), newest first; ``status=dead`` lists those
     given up on, with the last error their webhook gave."""
     job = parse_id(job_id, "job") if job_id else None
-    rows = await NotificationStore(standby.pool(request)).list(
-        caller.owner_filter, status, job, _decode_cursor(cursor), limit + 1)
+    after = _decode_cursor(cursor)
+    # With shards, each home's first page after the cursor, merged newest first (docs/scaling.md).
+    pages = await asyncio.gather(*(NotificationStore(pool).list(caller.owner_filter, status, job, after, limit + 1)
+                                   for pool in await homes.pools_for(request, job)))
+    rows = list(heapq.merge(*pages, key=_newest_first_key, reverse=True))[:limit + 1]
     page = rows[:limit]
     next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None
     return JSONResponse({"notifications": [notification_view(r) for r in page], "nextCursor": next_cursor})
+
+
+def _newest_first_key(row: Any) -> tuple[datetime, uuid.UUID]:
+    return row["created_at"], row["notification_id"]
 
 
 def notification_view(row: Any) -> dict[str, Any]:

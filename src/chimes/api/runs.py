@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
-from chimes.api import standby
+from chimes.api import homes
 from chimes.api.auth import current_principal
 from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found
@@ -19,7 +19,7 @@ from chimes.api.responses import JSONResponse
 from chimes.api.views import run_view
 from chimes.enums import Priority, RunTrigger
 from chimes.ids import schedulable, scheduled_at_of_or_none
-from chimes.store.runs import BackfillError, RunStore
+from chimes.store.runs import BackfillError
 from chimes.store.tokens import Principal
 
 router = APIRouter(tags=["runs"])
@@ -27,10 +27,6 @@ Caller = Annotated[Principal, Depends(current_principal)]
 BACKFILL_LIMIT = 1000
 CALLBACK_LEASE_SEC = 30.0  # each heartbeat from a target extends the run's lease this far
 RunStatus = Literal["scheduled", "running", "succeeded", "failed", "skipped", "cancelled"]
-
-
-def _store(request: Request) -> RunStore:
-    return standby.runs(request)
 
 
 @router.get("/jobs/{job_id}/runs", response_class=JSONResponse)
@@ -43,7 +39,7 @@ async def list_runs(
     """A job's runs; after the job is deleted, its history stays listable (``jobDeleted: true``) until
     retention removes it."""
     job = parse_id(job_id, "job")
-    store = _store(request)
+    store = await homes.runs_of(request, job)
     deleted = not await store.job_visible(job, caller.owner_filter)
     if deleted and not await store.history_visible(job, caller.owner_filter):
         raise not_found("job")
@@ -55,8 +51,9 @@ async def list_runs(
 
 @router.post("/jobs/{job_id}/runs", status_code=202, response_class=JSONResponse)
 async def run_now(job_id: str, request: Request, caller: Caller) -> JSONResponse:
-    run_id = await _store(request).start_now(parse_id(job_id, "job"), caller.owner_filter, RunTrigger.MANUAL,
-                                             clock_of(request).now())
+    job = parse_id(job_id, "job")
+    run_id = await (await homes.runs_of(request, job)).start_now(job, caller.owner_filter, RunTrigger.MANUAL,
+                                                                 clock_of(request).now())
     if run_id is None:
         raise not_found("job")
     return JSONResponse({"runId": run_id}, status_code=202)
@@ -83,8 +80,9 @@ async def backfill(job_id: str, body: BackfillRequest, request: Request, caller:
         raise ApiError(422, "invalid_request", "end: backfill covers the past; the schedule covers the future",
                        "end")
     try:
-        result = await _store(request).backfill(parse_id(job_id, "job"), caller.owner_filter, body.start, body.end,
-                                                BACKFILL_LIMIT)
+        job = parse_id(job_id, "job")
+        result = await (await homes.runs_of(request, job)).backfill(job, caller.owner_filter, body.start, body.end,
+                                                                    BACKFILL_LIMIT)
     except BackfillError as exc:
         raise ApiError(422, "invalid_request", f"{exc.field}: {exc}", exc.field) from None
     if result is None:
@@ -110,8 +108,9 @@ STALE_LEASE = "the lease token is not current: the run ended, was cancelled, or 
 @router.post("/runs/{run_id}/heartbeat", response_class=JSONResponse)
 async def heartbeat(run_id: str, body: HeartbeatRequest, request: Request, caller: Caller) -> JSONResponse:
     """For a target that answered 202 to a `callback` task: keeps the run's lease alive."""
-    expires = await _store(request).callback_heartbeat(parse_run_id(run_id), caller.owner_filter, body.lease_token,
-                                                       CALLBACK_LEASE_SEC)
+    parsed = parse_run_id(run_id)
+    expires = await (await homes.runs_of_run(request, parsed)).callback_heartbeat(
+        parsed, caller.owner_filter, body.lease_token, CALLBACK_LEASE_SEC)
     if expires is None:
         raise ApiError(409, "stale_lease", STALE_LEASE, "leaseToken")
     return JSONResponse({"leaseExpiresAt": expires})
@@ -120,8 +119,8 @@ async def heartbeat(run_id: str, body: HeartbeatRequest, request: Request, calle
 @router.post("/runs/{run_id}/complete", response_class=JSONResponse)
 async def complete(run_id: str, body: CompleteRequest, request: Request, caller: Caller) -> JSONResponse:
     """For a target that answered 202 to a `callback` task: reports how the attempt ended."""
-    store = _store(request)
     parsed = parse_run_id(run_id)
+    store = await homes.runs_of_run(request, parsed)
     accepted = await store.callback_complete(parsed, caller.owner_filter, body.lease_token, body.status, body.error,
                                              body.output, clock_of(request).now())
     if not accepted:
@@ -137,19 +136,25 @@ async def queue(request: Request, caller: Caller) -> JSONResponse:
     if not caller.admin:
         raise ApiError(403, "forbidden", "the queue is fleet-wide: this needs an admin token")
     now = clock_of(request).now()
-    rows = {r["tier"]: r for r in await _store(request).queue_depth()}
+    depth: dict[int, int] = {}
+    oldest_of: dict[int, datetime] = {}
+    for store in await homes.every_run_store(request):  # with shards, each shard's queue, added up
+        for r in await store.queue_depth():
+            depth[r["tier"]] = depth.get(r["tier"], 0) + r["depth"]
+            if r["oldest_enqueued_at"] is not None:
+                oldest_of[r["tier"]] = min(r["oldest_enqueued_at"], oldest_of.get(r["tier"], r["oldest_enqueued_at"]))
     tiers = []
     for tier in Priority:
-        row = rows.get(tier)
-        oldest = row["oldest_enqueued_at"] if row else None
-        tiers.append({"tier": tier.label, "depth": row["depth"] if row else 0, "oldestEnqueuedAt": oldest,
+        oldest = oldest_of.get(tier)
+        tiers.append({"tier": tier.label, "depth": depth.get(tier, 0), "oldestEnqueuedAt": oldest,
                       "lagSec": round((now - oldest).total_seconds(), 3) if oldest else 0.0})
     return JSONResponse({"tiers": tiers})
 
 
 @router.get("/runs/{run_id}", response_class=JSONResponse)
 async def get_run(run_id: str, request: Request, caller: Caller) -> JSONResponse:
-    found = await _store(request).get(parse_run_id(run_id), caller.owner_filter)
+    parsed = parse_run_id(run_id)
+    found = await (await homes.runs_of_run(request, parsed)).get(parsed, caller.owner_filter)
     if found is None:
         raise not_found("run")
     return JSONResponse(run_view(found.run, found.attempts))
@@ -157,8 +162,9 @@ async def get_run(run_id: str, request: Request, caller: Caller) -> JSONResponse
 
 @router.post("/runs/{run_id}/rerun", status_code=202, response_class=JSONResponse)
 async def rerun(run_id: str, request: Request, caller: Caller) -> JSONResponse:
-    store = _store(request)
-    found = await store.get(parse_run_id(run_id), caller.owner_filter)
+    parsed = parse_run_id(run_id)
+    store = await homes.runs_of_run(request, parsed)
+    found = await store.get(parsed, caller.owner_filter)
     if found is None:
         raise not_found("run")
     new_run = await store.start_now(found.job_id, caller.owner_filter, RunTrigger.RERUN, clock_of(request).now())
@@ -169,8 +175,8 @@ async def rerun(run_id: str, request: Request, caller: Caller) -> JSONResponse:
 
 @router.post("/runs/{run_id}/cancel", response_class=JSONResponse)
 async def cancel(run_id: str, request: Request, caller: Caller) -> JSONResponse:
-    store = _store(request)
     parsed = parse_run_id(run_id)
+    store = await homes.runs_of_run(request, parsed)
     if not await store.cancel(parsed, caller.owner_filter, f"cancelled by {caller.owner}"):
         found = await store.get(parsed, caller.owner_filter)
         if found is None:

@@ -37,6 +37,7 @@ from chimes.security.secrets import Keyring, has_secrets, seal_spec
 from chimes.services.jobs import first_fire
 from chimes.store import db
 from chimes.store.bulk import Rows, copy_rows, job_rows
+from chimes.store.shards import load_map
 
 CHUNK = 5000
 # Below this a file validates in about a second here, sooner than validating processes start: unless
@@ -159,6 +160,9 @@ def import_jobs(database_url: str | None, data_dir: Path, file: Path, owner: str
 async def _import(dsn: str, file: Path, size: int, owner: str, data_dir: Path | None,
                   processes: int) -> tuple[int, float]:
     await migrate_database(dsn)
+    if (await db.with_connection(dsn, load_map)).ranges:  # one COPY per shard is the next step (docs/scaling.md)
+        raise click.ClickException("the catalog's shard map gives partitions to other databases: importing into "
+                                   "shards is not supported yet; create the jobs through the API")
     key = ImportKey(data_dir)  # secret values are sealed before they reach the database
     started = time.perf_counter()
     now = datetime.now(UTC)

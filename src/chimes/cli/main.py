@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from chimes import __version__, logs, tracing
-from chimes.cli import apply, caps, chaos, client, config, ha, owners, tokens
+from chimes.cli import apply, caps, chaos, client, config, ha, owners, shards, tokens
 from chimes.cli.importer import import_jobs
 from chimes.cli.options import database_options, listen_options, metrics_options, settings_from
 from chimes.cli.runtime import migrate_database, run_async
@@ -146,8 +146,11 @@ def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id
     from chimes.worker.tasks.dispatch import Executors
 
     worker_settings = worker_security(data_dir, security)
+    def executors() -> Executors:
+        return Executors(container_runtime=container_runtime, egress=worker_settings.egress)
+
     try:
-        executors = Executors(container_runtime=container_runtime, egress=worker_settings.egress)
+        executors()  # a runtime that cannot be used is a start-up error
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--container-runtime") from None
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
@@ -170,6 +173,7 @@ cli.add_command(caps.cap)
 cli.add_command(chaos.chaos)
 cli.add_command(ha.ha)
 cli.add_command(owners.owner)
+cli.add_command(shards.shards)
 cli.add_command(client.jobs)
 cli.add_command(client.runs)
 cli.add_command(apply.apply_jobs)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 
-from chimes.store import db
+from chimes.store import db, shards
 from chimes.store.migrate import migrate
 
 T = TypeVar("T")
@@ -35,6 +35,17 @@ def on_shutdown_signals(stop: Callable[[], None]) -> None:
 async def migrate_database(dsn: str) -> list[int]:
     """Apply pending migrations; each runs in its own transaction, so a restart midway is tried again."""
     return await db.with_connection(dsn, migrate)
+
+
+async def prepare_role_database(dsn: str) -> shards.ShardMap:
+    """Migrate the catalog, read its shard map, and migrate every shard the map names (an upgrade
+    migrates them all as it migrates the one database). The map is read once: a role started before
+    ``chimes shards add`` serves the shard after a restart (docs/scaling.md, "Shards")."""
+    await migrate_database(dsn)
+    shard_map = await db.with_connection(dsn, shards.load_map)
+    for url in shard_map.urls():
+        await migrate_database(url)
+    return shard_map
 
 
 class ApiServer(uvicorn.Server):

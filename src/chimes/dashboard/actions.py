@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from chimes.api import homes
 from chimes.api.clock import clock_of
 from chimes.dashboard import session
 from chimes.dashboard.pages import Viewer
@@ -57,8 +58,10 @@ async def logout(request: Request) -> RedirectResponse:
 async def run_now(job_id: str, request: Request, who: Viewer) -> Response:
     await session.checked_form(request, who)
     parsed = id_from(job_id)
-    run_id = parsed and await request.app.state.runs.start_now(parsed, who.owner_filter, "manual",
-                                                               clock_of(request).now())
+    if parsed is None:
+        return not_found(request, who, "job")
+    runs = await homes.runs_of(request, parsed)
+    run_id = await runs.start_now(parsed, who.owner_filter, "manual", clock_of(request).now())
     if not run_id:
         return not_found(request, who, "job")
     return RedirectResponse(f"{P}/jobs/{job_id}?notice=started&started={run_id}", status_code=303)
@@ -77,8 +80,10 @@ async def resume(job_id: str, request: Request, who: Viewer) -> Response:
 async def _set_paused(job_id: str, request: Request, who: Principal, *, paused: bool) -> Response:
     await session.checked_form(request, who)
     parsed = id_from(job_id)
-    job = parsed and await request.app.state.jobs.update(parsed, who.owner_filter, JobPatch(paused=paused),
-                                                         clock_of(request).now())
+    if parsed is None:
+        return not_found(request, who, "job")
+    jobs = await homes.jobs_of(request, parsed)
+    job = await jobs.update(parsed, who.owner_filter, JobPatch(paused=paused), clock_of(request).now())
     if not job:
         return not_found(request, who, "job")
     return RedirectResponse(f"{P}/jobs/{job_id}?notice={'paused' if paused else 'resumed'}", status_code=303)
@@ -88,10 +93,13 @@ async def _set_paused(job_id: str, request: Request, who: Principal, *, paused: 
 async def rerun(run_id: str, request: Request, who: Viewer) -> Response:
     await session.checked_form(request, who)
     parsed = run_id_from(run_id)
-    found = parsed and await request.app.state.runs.get(parsed, who.owner_filter)
+    if parsed is None:
+        return not_found(request, who, "run")
+    store = await homes.runs_of_run(request, parsed)
+    found = await store.get(parsed, who.owner_filter)
     if not found:
         return not_found(request, who, "run")
-    new_run = await request.app.state.runs.start_now(found.job_id, who.owner_filter, "rerun", clock_of(request).now())
+    new_run = await store.start_now(found.job_id, who.owner_filter, "rerun", clock_of(request).now())
     if new_run is None:
         return page(request, "not_found.html", status_code=409, viewer=who, what="job",
                     detail="The job of this run was deleted, so it cannot run again.")
@@ -102,8 +110,11 @@ async def rerun(run_id: str, request: Request, who: Viewer) -> Response:
 async def cancel(run_id: str, request: Request, who: Viewer) -> Response:
     await session.checked_form(request, who)
     parsed = run_id_from(run_id)
-    if parsed is None or await request.app.state.runs.get(parsed, who.owner_filter) is None:
+    if parsed is None:
         return not_found(request, who, "run")
-    done = await request.app.state.runs.cancel(parsed, who.owner_filter, f"cancelled by {who.owner} (dashboard)")
+    store = await homes.runs_of_run(request, parsed)
+    if await store.get(parsed, who.owner_filter) is None:
+        return not_found(request, who, "run")
+    done = await store.cancel(parsed, who.owner_filter, f"cancelled by {who.owner} (dashboard)")
     return RedirectResponse(f"{P}/runs/{run_id}?notice={'cancelled' if done else 'already-finished'}",
                             status_code=303)

@@ -6,6 +6,7 @@ refresh themselves with htmx: the page asks for ``?fragment=...`` and swaps in j
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import uuid
 from datetime import timedelta
@@ -14,13 +15,20 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
-from chimes.api import standby
+from chimes.api import homes, standby
 from chimes.api.clock import clock_of
 from chimes.dashboard import views
 from chimes.dashboard.render import not_found, page
 from chimes.dashboard.session import viewer
 from chimes.ids import id_from, run_id_from, scheduled_at_of
-from chimes.store.dashboard import JOB_FILTERS, LAG_BOUNDS, DashboardStore, JobCursor, RunCursor
+from chimes.store.dashboard import (
+    JOB_FILTERS,
+    LAG_BOUNDS,
+    DashboardStore,
+    JobCursor,
+    RunCursor,
+    merge_job_pages,
+)
 from chimes.store.tokens import Principal
 
 router = APIRouter(include_in_schema=False)
@@ -48,8 +56,14 @@ async def jobs_page(
     if "\x00" in q:  # PostgreSQL text cannot hold it
         return _bad_request(request, who, "The search text holds a NUL character; no job name can.")
     show = show if show in JOB_FILTERS else "all"
-    found = await DashboardStore(standby.pool(request)).jobs(who.owner_filter, q.strip(), show,
-                                                              _job_cursor(after), PAGE_SIZE)
+    if request.app.state.shards is None:
+        found = await DashboardStore(standby.pool(request)).jobs(who.owner_filter, q.strip(), show,
+                                                                  _job_cursor(after), PAGE_SIZE)
+    else:  # each home's first page after the cursor, merged (docs/scaling.md, "Shards")
+        pages = await asyncio.gather(*(DashboardStore(pool).jobs(who.owner_filter, q.strip(), show,
+                                                                 _job_cursor(after), PAGE_SIZE)
+                                       for pool in await homes.pools_for(request, None)))
+        found = merge_job_pages(list(pages), PAGE_SIZE)
     next_after = _encode_job_cursor(found.next) if found.next else None
     context: dict[str, Any] = {"viewer": who, "nav": "jobs", "jobs": found.jobs, "q": q.strip(), "show": show,
                                "after": after, "next_after": next_after, "filters": JOB_FILTERS}
@@ -63,9 +77,10 @@ async def job_page(
     notice: str | None = None, fragment: str | None = None,
 ) -> HTMLResponse:
     parsed = id_from(job_id)
-    job = await standby.jobs(request).get(parsed, who.owner_filter) if parsed else None
+    job = await (await homes.jobs_of(request, parsed)).get(parsed, who.owner_filter) if parsed else None
     if job is None:
         return not_found(request, who, "job")
+    store = DashboardStore((await homes.pools_for(request, job.job_id))[0])  # with shards, the job's
     status = status if status in RUN_STATUSES else None
     started_id = run_id_from(started) if started else None
     started = str(started_id) if started_id else None
@@ -74,10 +89,10 @@ async def job_page(
     except ValueError:
         return _bad_request(request, who, "The before= value of this page is not a link the dashboard made. "
                                           "Start again from the job's page.")
-    rows = await DashboardStore(standby.pool(request)).job_runs(job.job_id, status, cursor, PAGE_SIZE + 1)
+    rows = await store.job_runs(job.job_id, status, cursor, PAGE_SIZE + 1)
     runs = rows[:PAGE_SIZE]
     next_before = _encode_run_cursor(runs[-1]["run_id"]) if len(rows) > PAGE_SIZE else None
-    stall, dead_notifications = await DashboardStore(standby.pool(request)).job_alerts(job.job_id, DEAD_SHOWN)
+    stall, dead_notifications = await store.job_alerts(job.job_id, DEAD_SHOWN)
     context = {
         "stall": stall, "dead_notifications": dead_notifications,
         "viewer": who, "nav": "jobs", "job": job, "runs": runs, "status_filter": status, "statuses": RUN_STATUSES,
@@ -94,15 +109,17 @@ async def job_page(
 async def run_page(run_id: str, request: Request, who: Viewer, notice: str | None = None,
                    fragment: str | None = None) -> HTMLResponse:
     parsed = run_id_from(run_id)
-    found = await standby.runs(request).get(parsed, who.owner_filter) if parsed else None
+    found = await (await homes.runs_of_run(request, parsed)).get(parsed, who.owner_filter) if parsed else None
     if found is None:
         return not_found(request, who, "run")
-    run, attempt_rows = dict(found.run), found.attempts
+    # Rows as read: the templates look their columns up by name.
+    run: Any = found.run
+    attempt_rows: list[Any] = list(found.attempts)
     attempts: list[dict[str, Any]] = [dict(a) for a in attempt_rows]
     if run["status"] == "running":  # the attempt under way has no row until it ends
         attempts.append({"attempt": run["attempt"], "worker_id": run["worker_id"], "started_at": run["started_at"],
                          "finished_at": None, "status": "running", "error": None, "output": None})
-    job = await standby.jobs(request).get(run["job_id"], who.owner_filter)
+    job = await (await homes.jobs_of(request, run["job_id"])).get(run["job_id"], who.owner_filter)
     spans, events = views.timeline(run, attempts, clock_of(request).now())
     context: dict[str, Any] = {
         "viewer": who, "nav": "jobs", "run": run, "attempts": attempts, "job": job, "spans": spans, "events": events,

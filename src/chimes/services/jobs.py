@@ -6,7 +6,9 @@ create (so a quota holds exactly under concurrent creates) and the job's row loc
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from chimes import cron
@@ -45,11 +47,22 @@ def first_fire(spec: JobSpec, job_id: uuid.UUID, now: datetime, since: datetime 
     return None if nominal is None else nominal + jitter_offset(job_id, spec.schedule.jitter_sec)
 
 
+#: Counts an owner's jobs on the homes other than a service's own, up to a limit (with shards); the
+#: catalog's on the given connection (the one holding the owner's lock) when the service's home is a shard.
+JobsElsewhere = Callable[[str, int, Conn | None], Awaitable[int]]
+
+
 class JobService:
     """What the API and the dashboard do to jobs. ``owner=None`` means an admin: no ownership filter."""
 
-    def __init__(self, pool: Pool, *, keyring: Keyring | None = None, default_job_quota: int | None = None) -> None:
+    def __init__(self, pool: Pool, *, keyring: Keyring | None = None, default_job_quota: int | None = None,
+                 catalog: Pool | None = None, jobs_elsewhere: JobsElsewhere | None = None) -> None:
+        """With shards (docs/scaling.md, "Caps and quotas across shards"): ``pool`` is the job's home;
+        ``catalog``, when that home is a shard, holds the owners; ``jobs_elsewhere`` counts an owner's
+        jobs on the other homes, so that the quota holds across all of them."""
         self._pool = pool
+        self._catalog = catalog
+        self._jobs_elsewhere = jobs_elsewhere
         self.store = JobStore(pool)
         self._keyring_given = keyring
         self._default_job_quota = default_job_quota  # for owners without a quota of their own
@@ -66,19 +79,33 @@ class JobService:
         plain = spec.fingerprint()
         return self._keyring.fingerprint(plain) if has_secrets(spec) else plain
 
-    async def create(self, owner: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None) -> CreatedJob:
-        job_id = new_job_id()
+    async def create(self, owner: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None,
+                     job_id: uuid.UUID | None = None) -> CreatedJob:
+        """``job_id``: the new job's id when the caller chose it (to route it to its shard)."""
+        job_id = job_id or new_job_id()
         fingerprint = self._fingerprint(spec) if idempotency_key else None
         stored = seal_spec(spec, self._keyring) if has_secrets(spec) else spec
-        async with transaction(self._pool) as conn:
-            quota = await self._admit(conn, owner, spec)
+        async with contextlib.AsyncExitStack() as stack:
+            # With shards, the owner's row in the catalog stays locked until the job's home committed:
+            # creates for one owner count their jobs on every home one after the other. The other homes
+            # are counted first, before the home's connection is taken: a create never holds a shard's
+            # connection while it waits for another's, so a full pool cannot deadlock creates.
+            if self._catalog is None:
+                conn = await stack.enter_async_context(transaction(self._pool))
+                quota = await self._admit(conn, owner, spec)
+                elsewhere = await self._count_elsewhere(owner, quota, None)
+            else:
+                owners = await stack.enter_async_context(transaction(self._catalog))
+                quota = await self._admit(owners, owner, spec)
+                elsewhere = await self._count_elsewhere(owner, quota, owners)
+                conn = await stack.enter_async_context(transaction(self._pool))
             if not await job_store.insert_job(conn, job_id, owner, stored, idempotency_key, fingerprint):
                 assert idempotency_key is not None  # only a used key makes the insert write nothing
                 keyed = await job_store.job_of_key(conn, owner, idempotency_key)
                 if keyed.request_hash != fingerprint:  # the key was used before: answer with the job it created
                     raise IdempotencyConflict(idempotency_key)
                 return keyed.job
-            if quota is not None and await count_jobs_up_to(conn, owner, quota + 1) > quota:
+            if quota is not None and elsewhere + await count_jobs_up_to(conn, owner, quota + 1 - elsewhere) > quota:
                 raise JobQuotaExceeded(owner, quota)  # after the insert: the whole create is undone
             fire_at = first_fire(spec, job_id, now)
             if fire_at is not None:
@@ -86,12 +113,18 @@ class JobService:
         return CreatedJob(job_id, fire_at, created=True)
 
     async def _admit(self, conn: Conn, owner: str, spec: JobSpec) -> int | None:
-        """Lock the owner's row (so concurrent creates count one after the other), refuse a task type
-        the owner may not use, and return the quota that applies."""
+        """Lock the owner's row (on ``conn``, the catalog's with shards), so concurrent creates count one
+        after the other, refuse a task type the owner may not use, and return the quota that applies."""
         limits = await lock_owner_for_job(conn, owner)
         if spec.task.type in COMMAND_TASK_TYPES and not limits.allow_commands:
             raise TaskNotAllowed(owner, spec.task.type)
         return limits.job_quota if limits.job_quota is not None else self._default_job_quota
+
+    async def _count_elsewhere(self, owner: str, quota: int | None, catalog: Conn | None) -> int:
+        """The owner's jobs on the other homes (with shards), up to one past the quota; 0 without."""
+        if quota is None or self._jobs_elsewhere is None:
+            return 0
+        return await self._jobs_elsewhere(owner, quota + 1, catalog)
 
     async def get(self, job_id: uuid.UUID, owner: str | None) -> JobRecord | None:
         return await self.store.get(job_id, owner)
@@ -117,7 +150,8 @@ class JobService:
             if patch.task is None:
                 stored = keep_sealed(spec, sealed)
             else:
-                if spec.task.type in COMMAND_TASK_TYPES and not await OwnerStore(conn).allows_commands(job.owner):
+                owners = OwnerStore(conn if self._catalog is None else self._catalog)
+                if spec.task.type in COMMAND_TASK_TYPES and not await owners.allows_commands(job.owner):
                     raise TaskNotAllowed(job.owner, spec.task.type)
                 stored = seal_spec(spec, self._keyring, sealed) if has_secrets(spec) else spec
             paused = job.paused if patch.paused is None else patch.paused

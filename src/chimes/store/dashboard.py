@@ -43,6 +43,18 @@ class JobCursor:
 class JobPage:
     jobs: list[JobRecord]
     next: JobCursor | None  # None: this was the last page
+    keys: list[JobCursor] = field(default_factory=list)  # each job's place in the order, for merging pages
+
+
+def merge_job_pages(pages: list[JobPage], limit: int) -> JobPage:
+    """One page of jobs from the first pages of several databases (shards), each after the same
+    cursor: the first ``limit`` in the order of the index (lower-cased name as UTF-8 bytes, the
+    "C" collation's order, then id), and a cursor when any database had more."""
+    entries = sorted(((key.name.encode(), key.job_id, job, key) for page in pages
+                      for job, key in zip(page.jobs, page.keys, strict=True)), key=lambda e: (e[0], e[1]))
+    chosen = entries[:limit]
+    more = len(entries) > limit or any(page.next is not None for page in pages)
+    return JobPage([e[2] for e in chosen], chosen[-1][3] if more and chosen else None, [e[3] for e in chosen])
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +119,8 @@ class DashboardStore:
             last = await _last_runs(conn, [r["job_id"] for r in rows[:limit]])
         jobs = [_job(r, last.get(r["job_id"])) for r in rows[:limit]]
         more = len(rows) > limit
-        return JobPage(jobs, JobCursor(rows[limit - 1]["name_key"], rows[limit - 1]["job_id"]) if more else None)
+        keys = [JobCursor(r["name_key"], r["job_id"]) for r in rows[:limit]]
+        return JobPage(jobs, keys[-1] if more else None, keys)
 
     async def job_alerts(self, job_id: uuid.UUID, limit: int) -> tuple[asyncpg.Record | None, list[asyncpg.Record]]:
         """Whether the dead man's switch holds the job stalled now, and its dead-lettered notifications."""
@@ -151,6 +164,17 @@ class FleetGauges:
     nodes: int  # scheduler nodes heartbeating within 30 s
     workers: int  # workers heartbeating within 60 s
     unleased: int  # partitions no live node holds
+
+
+def add_up(homes: list[FleetGauges]) -> FleetGauges:
+    """The gauges of several databases (shards) as one: queue depths added (each still capped) and
+    the longest wait; unleased partitions added (each home has its own lease rows); nodes and workers
+    the most any home counts, since every scheduler and worker process serves every home."""
+    queue = [QueueTier(tiers[0].tier, min(QUEUE_COUNT_CAP, sum(t.depth for t in tiers)),
+                       max((t.oldest_sec for t in tiers if t.oldest_sec is not None), default=None))
+             for tiers in zip(*(home.queue for home in homes), strict=True)]
+    return FleetGauges(queue, max(h.nodes for h in homes), max(h.workers for h in homes),
+                       sum(h.unleased for h in homes))
 
 
 async def fleet_gauges(pool: asyncpg.Pool) -> FleetGauges:

@@ -12,7 +12,14 @@ import asyncpg
 from chimes import cron
 from chimes.backoff import plan_retry
 from chimes.enums import RunStatus
-from chimes.ids import new_run_id, partition_of, run_id_for, scheduled_at_of, truncate_to_millis
+from chimes.ids import (
+    new_run_id,
+    partition_of,
+    run_id_for,
+    scheduled_at_of,
+    scheduled_at_of_or_none,
+    truncate_to_millis,
+)
 from chimes.store.db import Row, one_row
 from chimes.store.queries import sql
 from chimes.store.working import runs_ended
@@ -59,6 +66,11 @@ class RunStore:
     ) -> list[asyncpg.Record]:
         at, run_id = before if before else (None, None)
         return await self._pool.fetch(sql("list_runs"), job_id, owner, status, at, run_id, limit)
+
+    async def has_run(self, run_id: uuid.UUID) -> bool:
+        """Whether this database holds the run (with shards, the API asks each: chimes.api.homes)."""
+        scheduled_at = scheduled_at_of_or_none(run_id)
+        return scheduled_at is not None and bool(await self._pool.fetchval(sql("has_run"), run_id, scheduled_at))
 
     async def get(self, run_id: uuid.UUID, owner: str | None) -> RunDetail | None:
         scheduled_at = scheduled_at_of(run_id)

@@ -221,6 +221,34 @@ CREATE TABLE public.settings (
     CONSTRAINT settings_pkey PRIMARY KEY (key)
 );
 
+CREATE TABLE public.shard_map (
+    singleton boolean DEFAULT true NOT NULL,
+    version bigint DEFAULT 0 NOT NULL,
+    CONSTRAINT shard_map_one_row CHECK (singleton),
+    CONSTRAINT shard_map_pkey PRIMARY KEY (singleton),
+    CONSTRAINT shard_map_version CHECK ((version >= 0))
+);
+
+CREATE TABLE public.shard_ranges (
+    first_partition smallint NOT NULL,
+    last_partition smallint NOT NULL,
+    shard_id integer NOT NULL,
+    since_version bigint NOT NULL,
+    CONSTRAINT shard_ranges_disjoint EXCLUDE USING gist (int4range((first_partition)::integer, (last_partition)::integer, '[]'::text) WITH &&),
+    CONSTRAINT shard_ranges_first CHECK (((first_partition >= 0) AND (first_partition <= 1023))),
+    CONSTRAINT shard_ranges_last CHECK (((last_partition >= first_partition) AND (last_partition <= 1023))),
+    CONSTRAINT shard_ranges_pkey PRIMARY KEY (first_partition)
+);
+
+CREATE TABLE public.shards (
+    shard_id integer GENERATED ALWAYS AS IDENTITY NOT NULL,
+    url text NOT NULL,
+    added_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT shards_pkey PRIMARY KEY (shard_id),
+    CONSTRAINT shards_url CHECK ((url <> ''::text)),
+    CONSTRAINT shards_url_key UNIQUE (url)
+);
+
 CREATE TABLE public.triggers (
     partition_id smallint NOT NULL,
     fire_at timestamp with time zone NOT NULL,

@@ -27,6 +27,7 @@ from chimes.settings import RUN_LEASE_SEC, RUN_TIMEOUT_SEC, SHUTDOWN_GRACE_SEC, 
 from chimes.store.db import DB_ERRORS, Pool
 from chimes.store.working import ClaimedRun, Completion, RunSignals, WorkerStore
 from chimes.timeouts import wait_event
+from chimes.worker.budget import SlotBudget
 from chimes.worker.caps import admit
 from chimes.worker.guard import TaskGuard
 from chimes.worker.reporting import report_outcomes
@@ -61,7 +62,10 @@ def new_worker_id() -> str:
 class Worker:
     def __init__(self, pool: Pool, dsn: str, config: WorkerConfig | None = None,
                  worker_id: str | None = None, executors: Executors | None = None,
-                 guard: TaskGuard | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+                 guard: TaskGuard | None = None, clock: Clock = SYSTEM_CLOCK,
+                 budget: SlotBudget | None = None) -> None:
+        """``budget``: the slots this worker shares with the process's other claim loops (one per
+        shard); without it, ``config.concurrency`` alone bounds it."""
         self.config = config or WorkerConfig()
         self.store = WorkerStore(pool, worker_id or new_worker_id())
         self.executors = executors or Executors()
@@ -75,6 +79,9 @@ class Worker:
         self._unrecordable: set[uuid.UUID] = set()  # runs whose outcome text the database refused
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
+        self._budget = budget
+        if budget is not None:
+            budget.watch(self._slot_free)
         self._stopping = asyncio.Event()
         self._drained = asyncio.Event()
         self._claim_cycles = 0
@@ -156,17 +163,24 @@ class Worker:
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():
             free = self.config.concurrency - len(self._running)
+            if self._budget is not None:
+                free = min(free, self._budget.free())
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
             self._wake.clear()
             limit = min(free, self.config.claim_batch)
+            if self._budget is not None:
+                self._budget.take(limit)  # reserved across the await: another loop cannot take them too
+            claimed: list[ClaimedRun] = []
             try:
                 claimed = await self._claim_by_tier(limit)
             except Exception as exc:
                 failures.loop_failed("worker", "claim", exc)
-                claimed = []
+            finally:
+                if self._budget is not None:
+                    self._budget.give(limit - len(claimed))
             metrics.record_claims(claimed)
             tracing.claimed(claimed, self.worker_id)
             for run in claimed:
@@ -221,6 +235,8 @@ class Worker:
         finally:
             self._running.pop(run.run_id, None)
             self._slot_free.set()
+            if self._budget is not None:
+                self._budget.give()
 
     async def _attempt(self, run: ClaimedRun) -> Outcome:
         if not run.job_exists or run.task is None:

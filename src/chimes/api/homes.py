@@ -1,0 +1,107 @@
+"""Where a request's job lives. Without shards, the one database, as always (and its standby for reads
+while it is unreachable); with shards (docs/scaling.md, "Shards"), the job's shard by its id, and every
+shard for what is not one job's."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import uuid
+
+from fastapi import Request
+
+from chimes.api import standby
+from chimes.ids import new_job_id, new_job_id_in, partition_of_key
+from chimes.services.jobs import JobService
+from chimes.store.db import Pool
+from chimes.store.jobs import JobRecord
+from chimes.store.runs import RunStore
+from chimes.store.shards import ShardPools
+
+
+def _shards(request: Request) -> ShardPools | None:
+    shards: ShardPools | None = request.app.state.shards
+    return shards
+
+
+def _services(request: Request, pool: Pool) -> tuple[JobService, RunStore]:
+    made: dict[int, tuple[JobService, RunStore]] = request.app.state.home_services
+    if id(pool) not in made:
+        made[id(pool)] = (request.app.state.job_service_for(pool), RunStore(pool))
+    return made[id(pool)]
+
+
+async def jobs_of(request: Request, job_id: uuid.UUID) -> JobService:
+    shards = _shards(request)
+    if shards is None:
+        return standby.jobs(request)
+    return _services(request, await shards.for_job(job_id))[0]
+
+
+async def runs_of(request: Request, job_id: uuid.UUID) -> RunStore:
+    shards = _shards(request)
+    if shards is None:
+        return standby.runs(request)
+    return _services(request, await shards.for_job(job_id))[1]
+
+
+async def runs_of_run(request: Request, run_id: uuid.UUID) -> RunStore:
+    """The run store of the home that holds ``run_id`` (a run id does not name its job): every home is
+    asked, by primary key, at once; none: the catalog's, which answers as for any unknown run. A home
+    that cannot be reached matters only when no other has the run: then its error is raised (503)."""
+    shards = _shards(request)
+    if shards is None:
+        return standby.runs(request)
+    stores = [_services(request, pool)[1] for pool in await shards.homes()]
+    found = await asyncio.gather(*(store.has_run(run_id) for store in stores), return_exceptions=True)
+    for store, here in zip(stores, found, strict=True):
+        if here is True:
+            return store
+    for error in found:
+        if isinstance(error, BaseException):
+            raise error
+    return stores[0]
+
+
+def new_job_id_for(request: Request, owner: str, idempotency_key: str | None) -> uuid.UUID | None:
+    """The id of a job about to be created, chosen here with shards (None: the service makes it). With
+    an idempotency key, in the key's partition: a retry goes to the shard that has the first one."""
+    if _shards(request) is None:
+        return None
+    return new_job_id_in(partition_of_key(owner, idempotency_key)) if idempotency_key else new_job_id()
+
+
+async def list_jobs(request: Request, owner: str | None, after: uuid.UUID | None, limit: int) -> list[JobRecord]:
+    """Jobs in creation order (by id) after the cursor ``after``. With shards, each home's first
+    ``limit`` after it, merged: as stable under concurrent writes as one database's list, since the
+    cursor is a key and a job created later has a greater one."""
+    shards = _shards(request)
+    if shards is None:
+        return await standby.jobs(request).list(owner, after, limit)
+    pages = await asyncio.gather(*(_services(request, pool)[0].list(owner, after, limit)
+                                   for pool in await shards.homes()))
+    merged: list[JobRecord] = list(heapq.merge(*pages, key=_job_id))[:limit]
+    return merged
+
+
+def _job_id(job: JobRecord) -> uuid.UUID:
+    return job.job_id
+
+
+async def every_run_store(request: Request) -> list[RunStore]:
+    """One run store per home: the one database's alone without shards."""
+    shards = _shards(request)
+    if shards is None:
+        return [standby.runs(request)]
+    return [_services(request, pool)[1] for pool in await shards.homes()]
+
+
+async def pools_for(request: Request, job_id: uuid.UUID | None) -> list[Pool]:
+    """The pools a read goes through: the job's home when it names a job, else every home; without
+    shards the one database's (or its standby's while this request is served from it)."""
+    shards = _shards(request)
+    if shards is None:
+        return [standby.pool(request)]
+    if job_id is not None:
+        return [await shards.for_job(job_id)]
+    return await shards.homes()

@@ -1,0 +1,37 @@
+"""The runs a worker process executes at once, shared by its claim loops when it claims from several
+databases (shards, docs/scaling.md): a home with nothing to claim leaves its slots to the busy ones,
+and no loop waits for another's database."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class SlotBudget:
+    """``total`` slots for every claim loop of the process. A loop reserves what it is about to claim
+    (so two loops claiming at once cannot both take the last slots), gives back what it did not get,
+    and gives a slot back when a run ends; every loop waiting for a slot is woken then."""
+
+    def __init__(self, total: int) -> None:
+        if total < 1:
+            raise ValueError("a slot budget needs at least one slot")
+        self.total = total
+        self.in_use = 0
+        self._waiting: list[asyncio.Event] = []
+
+    def free(self) -> int:
+        return self.total - self.in_use
+
+    def watch(self, event: asyncio.Event) -> None:
+        """``event`` is set whenever a slot is given back (a loop's own wake-up on a free slot)."""
+        self._waiting.append(event)
+
+    def take(self, count: int) -> None:
+        self.in_use += count
+
+    def give(self, count: int = 1) -> None:
+        if count <= 0:
+            return
+        self.in_use -= count
+        for event in self._waiting:
+            event.set()
