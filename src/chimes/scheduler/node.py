@@ -48,6 +48,10 @@ class SchedulerConfig:
     notify_give_up_sec: float = NOTIFY_GIVE_UP_HOURS * 3600  # a notification undelivered this long is dead-lettered
     health_every_sec: float = 10.0
     maintain_every_sec: float = 3600.0
+    # The health check, the reaper and maintenance read what grows with all jobs and runs; while the
+    # node is firing a burst they wait for it to be fired, at most this long, so they do not compete
+    # with it for the database and the node's event loop.
+    after_burst_max_wait_sec: float = 10.0
 
 
 @dataclass(slots=True)
@@ -80,6 +84,7 @@ class SchedulerNode:
         self._pool = pool
         self._clock = clock
         self._wake = asyncio.Event()
+        self._quiet = asyncio.Event()  # set when the fire loop has nothing due and no batch in flight
         self._stopping = asyncio.Event()
         self._fire_slots = asyncio.Semaphore(self.config.fire_concurrency)
         self._batches: set[asyncio.Task[None]] = set()
@@ -103,10 +108,10 @@ class SchedulerNode:
         loops = [
             self._every(self.config.lease.renew_every_sec, self._sync_leases),
             self._every(self.config.scan_every_sec, self._scan),
-            self._every(self.config.reap_every_sec, self._reap),
-            self._every(self.config.maintain_every_sec, self._maintain),
+            self._every(self.config.reap_every_sec, self.after_burst(self._reap)),
+            self._every(self.config.maintain_every_sec, self.after_burst(self._maintain)),
             self._every(self.config.notify_every_sec, self._notify),
-            self._every(self.config.health_every_sec, self._check_health),
+            self._every(self.config.health_every_sec, self.after_burst(self._check_health)),
             self._fire_loop(),
         ]
         tasks = [asyncio.create_task(loop) for loop in loops]
@@ -189,6 +194,27 @@ class SchedulerNode:
         self._scanned_until = until
         return triggers
 
+    def firing(self) -> bool:
+        """Whether the node is firing: batches in flight, or held triggers whose time has come."""
+        if self._batches:
+            return True
+        first = self.wheel.next_due()
+        return first is not None and first <= self._clock.time()
+
+    def after_burst(self, step: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """``step``, run once the node is no longer firing, or after ``after_burst_max_wait_sec``
+        however busy it is (a steady stream of fires must not starve the health check)."""
+        async def deferred() -> None:
+            loop = asyncio.get_running_loop()
+            give_up_at = loop.time() + self.config.after_burst_max_wait_sec
+            while self.firing() and loop.time() < give_up_at:
+                self._quiet.clear()  # set again by the fire loop once it has nothing due left
+                await wait_event(self._quiet, give_up_at - loop.time())
+            await step()
+
+        deferred.__name__ = step.__name__  # the loop's name in logs and metrics
+        return deferred
+
     async def _check_health(self) -> None:
         await self.health.sweep(self._now())
 
@@ -227,6 +253,8 @@ class SchedulerNode:
                 task.add_done_callback(self._batch_done)
                 continue
             self._wake.clear()
+            if not self.firing():
+                self._quiet.set()
             next_due = self.wheel.next_due()
             delay = 0.25 if next_due is None else min(0.25, max(0.0, next_due + coalesce - now))
             await wait_event(self._wake, delay)
@@ -234,6 +262,8 @@ class SchedulerNode:
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._batches.discard(task)
         self._fire_slots.release()
+        if not self.firing():
+            self._quiet.set()
 
     async def _fire_batch(self, due: list[DueTrigger]) -> None:
         fired_at = self._now()
