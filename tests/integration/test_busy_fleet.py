@@ -208,3 +208,21 @@ async def test_a_node_with_nothing_due_runs_the_health_check_at_once(pool: async
 
     await asyncio.wait_for(node.after_burst(step)(), timeout=5)
     assert ran == [False]
+
+
+async def test_a_node_behind_a_burst_does_not_reread_the_keys_it_holds_every_second(pool: asyncpg.Pool) -> None:
+    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="behind-node")
+    everything = list(range(1024))
+    late = await make_due_job(pool)  # due a second ago
+    [held] = await node._due_before(everything, datetime.now(UTC) + timedelta(seconds=3))
+    assert held.job_id == late and node.wheel.add(held)  # held, not fired: the node is behind
+    written = await make_due_job(pool)  # written since, into the part of the look-ahead already read
+    assert await node._due_before(everything, datetime.now(UTC) + timedelta(seconds=3)) == []
+    # Its partitions changed (one lost): it re-reads at once.
+    spare = next(p for p in everything if p not in {partition_of(late), partition_of(written)})
+    fewer = [p for p in everything if p != spare]
+    assert [t.job_id for t in await node._due_before(fewer, datetime.now(UTC) + timedelta(seconds=3))] == [written]
+    assert await node._due_before(fewer, datetime.now(UTC) + timedelta(seconds=3)) == []  # behind again
+    node.wheel.done(node.wheel.pop_due(datetime.now(UTC).timestamp()))  # the backlog is fired (or failed)
+    found = await node._due_before(fewer, datetime.now(UTC) + timedelta(seconds=3))
+    assert sorted(t.job_id for t in found) == sorted([late, written])  # neither is held now: both read again

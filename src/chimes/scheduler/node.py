@@ -30,6 +30,7 @@ from chimes.store.scheduling import DueTrigger, Fire, FireResult, SchedulerStore
 from chimes.timeouts import wait_event
 
 log = logging.getLogger(__name__)
+BEHIND_SEC = 1.0  # a node whose oldest held trigger is this late is firing a backlog
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,8 @@ class SchedulerNode:
         self._fire_slots = asyncio.Semaphore(self.config.fire_concurrency)
         self._batches: set[asyncio.Task[None]] = set()
         self._scanned_until: datetime | None = None  # the look-ahead the last scan read in full
+        self._keys_read_at = float("-inf")  # when the held part of the look-ahead was last re-read (loop time)
+        self._keys_read_of: frozenset[int] = frozenset()  # and for which partitions
 
     @property
     def node_id(self) -> str:
@@ -180,19 +183,38 @@ class SchedulerNode:
         """Every trigger of these partitions due before ``until``. The part of the look-ahead the last
         scan read is mostly held already, so it is re-read by key only, a few bytes a row, and only
         triggers written there since (or not held: a failed batch, a partition just gained) are read
-        in full. Rereading all of it each second cost more than firing it, at 50,000 held triggers."""
+        in full. Rereading all of it each second cost more than firing it, at 50,000 held triggers.
+
+        While the node is behind (its oldest held trigger more than ``BEHIND_SEC`` late: a burst being
+        fired) the keys are not re-read: what that finds would wait behind the backlog anyway, and
+        re-reading every held key each second of a burst made the slower burst cost more per fire. They
+        are re-read once the backlog is fired, at the latest after ``after_burst_max_wait_sec``, and at
+        once when the node's partitions change."""
         read_before, self._scanned_until = self._scanned_until, None
         limit = self.config.scan_limit
         if read_before is None or read_before >= until:
             triggers = await self.store.scan_due(partitions, until, limit)
+            self._keys_read(partitions)
         else:
             triggers = await self.store.scan_due(partitions, until, limit, after=read_before)
-            keys = await self.store.scan_due_keys(partitions, read_before, limit)
-            unknown = [key for key in keys if key not in self.wheel]
-            if unknown:
-                triggers += await self.store.due_triggers(unknown)
+            if not self._skip_key_reread(partitions):
+                keys = await self.store.scan_due_keys(partitions, read_before, limit)
+                self._keys_read(partitions)
+                unknown = [key for key in keys if key not in self.wheel]
+                if unknown:
+                    triggers += await self.store.due_triggers(unknown)
         self._scanned_until = until
         return triggers
+
+    def _keys_read(self, partitions: list[int]) -> None:
+        self._keys_read_at = asyncio.get_running_loop().time()
+        self._keys_read_of = frozenset(partitions)
+
+    def _skip_key_reread(self, partitions: list[int]) -> bool:
+        first = self.wheel.next_due()
+        behind = first is not None and first <= self._clock.time() - BEHIND_SEC
+        recent = asyncio.get_running_loop().time() - self._keys_read_at < self.config.after_burst_max_wait_sec
+        return behind and recent and self._keys_read_of == frozenset(partitions)
 
     def firing(self) -> bool:
         """Whether the node is firing: batches in flight, or held triggers whose time has come."""
