@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -135,3 +136,96 @@ async def test_triggers_due_milliseconds_apart_fire_in_one_batch(pool: asyncpg.P
 
 async def _runs(pool: asyncpg.Pool, count: int) -> bool:
     return await pool.fetchval("SELECT count(*) FROM runs") == count
+
+
+@contextlib.asynccontextmanager
+async def trigger_locked(pool: asyncpg.Pool, job_id: object) -> AsyncIterator[None]:
+    """Another transaction holds the job's trigger row: a batch that fires it waits until the block ends."""
+    async with pool.acquire() as holder:
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute("SELECT 1 FROM triggers WHERE job_id = $1 FOR UPDATE", job_id)
+        try:
+            yield
+        finally:
+            await transaction.rollback()
+
+
+YEARLY = {"cron": "0 0 1 1 *"}
+
+
+async def test_the_health_check_and_the_reaper_wait_until_a_burst_is_fired(pool: asyncpg.Pool) -> None:
+    # What they read grows with all jobs and runs: they must not compete with the fires.
+    job_id = await make_due_job(pool, YEARLY)  # its next slot must not come due while the test runs
+    node = SchedulerNode(pool, replace(FAST_SCHEDULER, after_burst_max_wait_sec=60), node_id="busy-node")
+    ran: list[bool] = []
+
+    async def step() -> None:
+        ran.append(node.firing())
+
+    running = asyncio.create_task(node.run())
+    try:
+        async with trigger_locked(pool, job_id):
+            await wait_for(lambda: _fire_waiting(pool), timeout=15, what="the node's batch to wait mid-statement")
+            assert node.firing()
+            deferred = asyncio.create_task(node.after_burst(step)())
+            await asyncio.sleep(0.5)  # the step waits for the batch, however long it takes
+            assert ran == [] and not deferred.done()
+        await wait_for(lambda: ran, timeout=15, what="the step once the batch was fired")
+        await deferred
+        assert ran == [False]
+        assert await pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1", job_id) == 1
+    finally:
+        node.stop()
+        await running
+
+
+async def test_a_burst_that_does_not_end_delays_the_health_check_by_at_most_its_limit(pool: asyncpg.Pool) -> None:
+    job_id = await make_due_job(pool, YEARLY)
+    node = SchedulerNode(pool, replace(FAST_SCHEDULER, after_burst_max_wait_sec=1.0), node_id="busy-node")
+    ran: list[bool] = []
+
+    async def step() -> None:
+        ran.append(node.firing())
+
+    running = asyncio.create_task(node.run())
+    try:
+        async with trigger_locked(pool, job_id):
+            await wait_for(lambda: _fire_waiting(pool), timeout=15, what="the node's batch to wait mid-statement")
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await asyncio.wait_for(node.after_burst(step)(), timeout=10)
+            assert loop.time() - started >= 1.0
+            assert ran == [True]  # still firing: it ran anyway
+    finally:
+        node.stop()
+        await running
+
+
+async def test_a_node_with_nothing_due_runs_the_health_check_at_once(pool: asyncpg.Pool) -> None:
+    node = SchedulerNode(pool, replace(FAST_SCHEDULER, after_burst_max_wait_sec=60), node_id="idle-node")
+    ran: list[bool] = []
+
+    async def step() -> None:
+        ran.append(node.firing())
+
+    await asyncio.wait_for(node.after_burst(step)(), timeout=5)
+    assert ran == [False]
+
+
+async def test_a_node_behind_a_burst_does_not_reread_the_keys_it_holds_every_second(pool: asyncpg.Pool) -> None:
+    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="behind-node")
+    everything = list(range(1024))
+    late = await make_due_job(pool)  # due a second ago
+    [held] = await node._due_before(everything, datetime.now(UTC) + timedelta(seconds=3))
+    assert held.job_id == late and node.wheel.add(held)  # held, not fired: the node is behind
+    written = await make_due_job(pool)  # written since, into the part of the look-ahead already read
+    assert await node._due_before(everything, datetime.now(UTC) + timedelta(seconds=3)) == []
+    # Its partitions changed (one lost): it re-reads at once.
+    spare = next(p for p in everything if p not in {partition_of(late), partition_of(written)})
+    fewer = [p for p in everything if p != spare]
+    assert [t.job_id for t in await node._due_before(fewer, datetime.now(UTC) + timedelta(seconds=3))] == [written]
+    assert await node._due_before(fewer, datetime.now(UTC) + timedelta(seconds=3)) == []  # behind again
+    node.wheel.done(node.wheel.pop_due(datetime.now(UTC).timestamp()))  # the backlog is fired (or failed)
+    found = await node._due_before(fewer, datetime.now(UTC) + timedelta(seconds=3))
+    assert sorted(t.job_id for t in found) == sorted([late, written])  # neither is held now: both read again

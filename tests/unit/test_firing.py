@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from chimes.enums import TriggerKind
 from chimes.ids import run_id_for
 from chimes.scheduler.firing import follow_up, plan_fire, plan_fires
-from chimes.store.scheduling import DueTrigger
+from chimes.store.scheduling import DueTrigger, Fire, late_slots
 
 JOB = uuid.UUID("0190a3b2-7c4d-7e5f-8a6b-9c0d1e2f3a4b")
 TRIGGER = uuid.UUID("0190a3b2-0000-7000-8000-000000000001")
@@ -82,3 +82,29 @@ def test_follow_up_keeps_key_parts() -> None:
 def test_plan_fires_keeps_order() -> None:
     triggers = [schedule_trigger(z(2026, 1, 1, 10, m), "* * * * *") for m in (3, 1, 2)]
     assert [f.scheduled_at for f in plan_fires(triggers)] == [z(2026, 1, 1, 10, m) for m in (3, 1, 2)]
+
+
+def _fired(deadline: int | None, jitter: int = 0) -> Fire:
+    trigger = DueTrigger(17, z(2026, 1, 1, 10), TRIGGER, JOB, 3, TriggerKind.SCHEDULE, "0 * * * *", "UTC",
+                         jitter_sec=jitter, start_deadline_sec=deadline)
+    return plan_fire(trigger, z(2026, 1, 1, 10))
+
+
+@pytest.mark.parametrize(
+    ("deadline", "jitter", "late_sec", "missed"),
+    [
+        (300, 0, 5, False),  # a burst seconds behind: no query for the late fires
+        (300, 0, 300, False),
+        (300, 0, 301, True),
+        (5, 10, 14, False),  # the deadline counts from the scheduled time plus the job's jitter
+        (5, 10, 16, True),
+        (None, 0, 1, False),  # not read with the trigger: anything past the smallest deadline (1 s)
+        (None, 0, 2, True),
+    ],
+)
+def test_a_fire_is_checked_for_a_missed_start_only_past_its_jobs_deadline(
+    deadline: int | None, jitter: int, late_sec: int, missed: bool
+) -> None:
+    fire = _fired(deadline, jitter)
+    late = late_slots([fire], fire.scheduled_at + timedelta(seconds=late_sec))
+    assert late == (list(fire.slots) if missed else [])

@@ -62,4 +62,4 @@ def follow_up(fire: Fire) -> DueTrigger | None:
     t = fire.trigger
     return DueTrigger(t.partition_id, fire.next_fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
                       t.cron, t.timezone, t.dst_gap, t.dst_fold, t.jitter_sec, t.catch_up, t.paused_at,
-                      t.resumed_at)
+                      t.resumed_at, t.start_deadline_sec)

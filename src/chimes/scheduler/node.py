@@ -31,6 +31,7 @@ from chimes.store.scheduling import DueTrigger, Fire, FireResult, SchedulerStore
 from chimes.timeouts import wait_event
 
 log = logging.getLogger(__name__)
+BEHIND_SEC = 1.0  # a node whose oldest held trigger is this late is firing a backlog
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,10 @@ class SchedulerConfig:
     # clock_every_sec; off, a fast host's fires are refused and fire after the next scan.
     follow_database_clock: bool = True
     clock_every_sec: float = 1.0
+    # The health check, the reaper and maintenance read what grows with all jobs and runs; while the
+    # node is firing a burst they wait for it to be fired, at most this long, so they do not compete
+    # with it for the database and the node's event loop.
+    after_burst_max_wait_sec: float = 10.0
 
 
 @dataclass(slots=True)
@@ -86,10 +91,13 @@ class SchedulerNode:
         self._pool = pool
         self.clock = DatabaseClock(clock, follow=self.config.follow_database_clock)
         self._wake = asyncio.Event()
+        self._quiet = asyncio.Event()  # set when the fire loop has nothing due and no batch in flight
         self._stopping = asyncio.Event()
         self._fire_slots = asyncio.Semaphore(self.config.fire_concurrency)
         self._batches: set[asyncio.Task[None]] = set()
         self._scanned_until: datetime | None = None  # the look-ahead the last scan read in full
+        self._keys_read_at = float("-inf")  # when the held part of the look-ahead was last re-read (loop time)
+        self._keys_read_of: frozenset[int] = frozenset()  # and for which partitions
 
     @property
     def node_id(self) -> str:
@@ -110,10 +118,10 @@ class SchedulerNode:
             self._every(self.config.clock_every_sec, self._measure_clock),
             self._every(self.config.lease.renew_every_sec, self._sync_leases),
             self._every(self.config.scan_every_sec, self._scan),
-            self._every(self.config.reap_every_sec, self._reap),
-            self._every(self.config.maintain_every_sec, self._maintain),
+            self._every(self.config.reap_every_sec, self.after_burst(self._reap)),
+            self._every(self.config.maintain_every_sec, self.after_burst(self._maintain)),
             self._every(self.config.notify_every_sec, self._notify),
-            self._every(self.config.health_every_sec, self._check_health),
+            self._every(self.config.health_every_sec, self.after_burst(self._check_health)),
             self._fire_loop(),
         ]
         tasks = [asyncio.create_task(loop) for loop in loops]
@@ -186,19 +194,59 @@ class SchedulerNode:
         """Every trigger of these partitions due before ``until``. The part of the look-ahead the last
         scan read is mostly held already, so it is re-read by key only, a few bytes a row, and only
         triggers written there since (or not held: a failed batch, a partition just gained) are read
-        in full. Rereading all of it each second cost more than firing it, at 50,000 held triggers."""
+        in full. Rereading all of it each second cost more than firing it, at 50,000 held triggers.
+
+        While the node is behind (its oldest held trigger more than ``BEHIND_SEC`` late: a burst being
+        fired) the keys are not re-read: what that finds would wait behind the backlog anyway, and
+        re-reading every held key each second of a burst made the slower burst cost more per fire. They
+        are re-read once the backlog is fired, at the latest after ``after_burst_max_wait_sec``, and at
+        once when the node's partitions change."""
         read_before, self._scanned_until = self._scanned_until, None
         limit = self.config.scan_limit
         if read_before is None or read_before >= until:
             triggers = await self.store.scan_due(partitions, until, limit)
+            self._keys_read(partitions)
         else:
             triggers = await self.store.scan_due(partitions, until, limit, after=read_before)
-            keys = await self.store.scan_due_keys(partitions, read_before, limit)
-            unknown = [key for key in keys if key not in self.wheel]
-            if unknown:
-                triggers += await self.store.due_triggers(unknown)
+            if not self._skip_key_reread(partitions):
+                keys = await self.store.scan_due_keys(partitions, read_before, limit)
+                self._keys_read(partitions)
+                unknown = [key for key in keys if key not in self.wheel]
+                if unknown:
+                    triggers += await self.store.due_triggers(unknown)
         self._scanned_until = until
         return triggers
+
+    def _keys_read(self, partitions: list[int]) -> None:
+        self._keys_read_at = asyncio.get_running_loop().time()
+        self._keys_read_of = frozenset(partitions)
+
+    def _skip_key_reread(self, partitions: list[int]) -> bool:
+        first = self.wheel.next_due()
+        behind = first is not None and first <= self.clock.time() - BEHIND_SEC
+        recent = asyncio.get_running_loop().time() - self._keys_read_at < self.config.after_burst_max_wait_sec
+        return behind and recent and self._keys_read_of == frozenset(partitions)
+
+    def firing(self) -> bool:
+        """Whether the node is firing: batches in flight, or held triggers whose time has come."""
+        if self._batches:
+            return True
+        first = self.wheel.next_due()
+        return first is not None and first <= self.clock.time()
+
+    def after_burst(self, step: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """``step``, run once the node is no longer firing, or after ``after_burst_max_wait_sec``
+        however busy it is (a steady stream of fires must not starve the health check)."""
+        async def deferred() -> None:
+            loop = asyncio.get_running_loop()
+            give_up_at = loop.time() + self.config.after_burst_max_wait_sec
+            while self.firing() and loop.time() < give_up_at:
+                self._quiet.clear()  # set again by the fire loop once it has nothing due left
+                await wait_event(self._quiet, give_up_at - loop.time())
+            await step()
+
+        deferred.__name__ = step.__name__  # the loop's name in logs and metrics
+        return deferred
 
     async def _check_health(self) -> None:
         await self.health.sweep(self._now())
@@ -238,6 +286,8 @@ class SchedulerNode:
                 task.add_done_callback(self._batch_done)
                 continue
             self._wake.clear()
+            if not self.firing():
+                self._quiet.set()
             next_due = self.wheel.next_due()
             delay = 0.25 if next_due is None else min(0.25, max(0.0, next_due + coalesce - now))
             await wait_event(self._wake, delay)
@@ -245,6 +295,8 @@ class SchedulerNode:
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._batches.discard(task)
         self._fire_slots.release()
+        if not self.firing():
+            self._quiet.set()
 
     async def _fire_batch(self, due: list[DueTrigger]) -> None:
         fired_at = self._now()

@@ -38,6 +38,7 @@ class DueTrigger:
     catch_up: dict[str, Any] | None = None
     paused_at: datetime | None = None
     resumed_at: datetime | None = None
+    start_deadline_sec: int | None = None  # the job's; None: not read (a retry trigger)
 
     @property
     def key(self) -> TriggerKey:
@@ -194,9 +195,9 @@ class SchedulerStore:
 
     async def _notify_late_fires(self, conn: Conn, fires: Sequence[Fire], fired_at: datetime) -> None:
         """A run created later than its job's start deadline has missed its start, however soon a
-        worker takes it: notified here, in the fire's transaction. On time (the usual case), no query."""
-        late = [s for f in fires for s in f.slots
-                if s.outcome != "skip" and fired_at - s.scheduled_at > MIN_START_DEADLINE]
+        worker takes it: notified here, in the fire's transaction. On time, or late but within the
+        deadline (the usual case, also in a burst that takes seconds to fire), no query."""
+        late = late_slots(fires, fired_at)
         if late:
             await conn.execute(sql("notify_late_fires"), [s.run_id for s in late], [s.scheduled_at for s in late])
 
@@ -227,6 +228,18 @@ class SchedulerStore:
         Returns how many ended runs were forgotten and how many held runs were released."""
         row = one_row(await self._pool.fetchrow(sql("reconcile_active_runs")))
         return row["forgotten"], row["released"]
+
+
+def late_slots(fires: Sequence[Fire], fired_at: datetime) -> list[Slot]:
+    """The slots fired past their job's start deadline (plus its jitter), as ``notify_late_fires``
+    judges them: the deadline is the one the scan read with the trigger, of the job version the
+    fire checks. Where it was not read, every slot more than the smallest deadline late."""
+    late = []
+    for f in fires:
+        deadline = f.trigger.start_deadline_sec
+        allowed = MIN_START_DEADLINE if deadline is None else timedelta(seconds=deadline + f.trigger.jitter_sec)
+        late += [s for s in f.slots if s.outcome != "skip" and fired_at - s.scheduled_at > allowed]
+    return late
 
 
 def _append(columns: list[list[Any]], values: tuple[Any, ...]) -> None:

@@ -47,10 +47,12 @@ RETURNING l.partition_id, l.token;
 -- plain join, a burst of 50,000 due triggers made the planner hash the whole jobs table: a read of
 -- every schedule (0.87 s at a million) that grew with the index, not with the burst.
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
-       j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at
+       j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
+       j.start_deadline_sec
 FROM triggers t
 LEFT JOIN LATERAL (
-    SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at
+    SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
+           j.start_deadline_sec
     FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
     LIMIT 1
 ) j ON true
@@ -67,11 +69,13 @@ LIMIT $3;
 
 -- name: due_triggers_by_key
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
-       j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at
+       j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
+       j.start_deadline_sec
 FROM unnest($1::smallint[], $2::timestamptz[], $3::uuid[]) AS k(partition_id, fire_at, trigger_id)
 JOIN triggers t ON t.partition_id = k.partition_id AND t.fire_at = k.fire_at AND t.trigger_id = k.trigger_id
 LEFT JOIN LATERAL (  -- by key, as in scan_due_triggers
-    SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at
+    SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
+           j.start_deadline_sec
     FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
     LIMIT 1
 ) j ON true;
@@ -285,7 +289,8 @@ LIMIT $1;
 
 -- name: notify_late_fires
 -- Runs a fire created later than their job's start deadline after their scheduled time (plus the
--- job's jitter): their start is missed however soon a worker takes them. In the fire's transaction.
+-- job's jitter): their start is missed however soon a worker takes them. In the fire's transaction,
+-- only for the slots the node found past the deadline the scan read with the trigger's job.
 -- Each run and its job by key (LATERAL ... LIMIT 1): as a plain join, a batch of 1,000 late slots
 -- was hashed against every run of the day, a read that grew with the history while a fleet was
 -- already behind.
