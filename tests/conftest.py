@@ -8,6 +8,7 @@ faster than migrating per test and keeps tests independent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import shutil
@@ -73,17 +74,24 @@ async def template_dsn(server_dsn: str) -> AsyncIterator[str]:
     await admin.close()
 
 
-@pytest.fixture
-async def database_url(server_dsn: str, template_dsn: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for this test alone."""
-    name = f"chimes_test_{os.getpid()}_{next(_numbers)}"
+@contextlib.asynccontextmanager
+async def scratch_database(server_dsn: str, prefix: str, template: str | None = None) -> AsyncIterator[str]:
+    """A database of its own on the server (a copy of ``template``, or empty), dropped afterwards."""
+    name = f"{prefix}_{os.getpid()}_{next(_numbers)}"
     admin = await asyncpg.connect(server_dsn)
-    await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    await admin.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
     try:
         yield with_database(server_dsn, name)
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
+
+
+@pytest.fixture
+async def database_url(server_dsn: str, template_dsn: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test alone."""
+    async with scratch_database(server_dsn, "chimes_test", TEMPLATE) as dsn:
+        yield dsn
 
 
 @pytest.fixture

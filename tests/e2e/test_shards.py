@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from chimes.ids import partition_of, partition_of_key
 from chimes.store import db
 from chimes.store.shards import add_shard
-from tests.conftest import with_database
+from tests.conftest import scratch_database
 from tests.e2e.processes import Processes
 from tests.e2e.test_crash_safety import soon
 from tests.e2e.test_import import run_import
@@ -28,14 +27,8 @@ SHARD_RANGE = (0, 511)  # on the second server; 512-1023 stay in the catalog
 
 @pytest.fixture
 async def shard_url(second_server_dsn: str) -> AsyncIterator[str]:
-    name = f"chimes_e2e_shard_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(second_server_dsn)
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        yield with_database(second_server_dsn, name)
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
+    async with scratch_database(second_server_dsn, "chimes_e2e_shard") as dsn:
+        yield dsn
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -20,7 +19,7 @@ from chimes.store import db
 from chimes.store.shards import add_shard
 from chimes.worker.budget import SlotBudget
 from chimes.worker.worker import Worker
-from tests.conftest import with_database
+from tests.conftest import scratch_database
 from tests.helpers import wait_for
 from tests.integration.fleet import FAST_WORKER
 from tests.integration.test_dashboard import csrf_of, signed_in
@@ -32,14 +31,8 @@ SIDES = {"shard": (0, 511), "catalog": (512, 1023)}
 
 @pytest.fixture
 async def shard_url(server_dsn: str) -> AsyncIterator[str]:
-    name = f"chimes_api_shard_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(server_dsn)
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        yield with_database(server_dsn, name)
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
+    async with scratch_database(server_dsn, "chimes_api_shard") as dsn:
+        yield dsn
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from chimes.store import db
 from chimes.store.caps import Cap, list_caps, remove_cap, set_cap
 from chimes.store.migrate import migrations
 from chimes.store.shards import ShardMapError, ShardPools, add_shard, load_map, without_password
-from tests.conftest import with_database
+from tests.conftest import scratch_database, with_database
 
 _numbers = iter(range(1_000_000))
 
@@ -30,14 +30,8 @@ _numbers = iter(range(1_000_000))
 @pytest.fixture
 async def new_database(server_dsn: str) -> AsyncIterator[str]:
     """An empty database (no Chimes tables) on the test server."""
-    name = f"chimes_shard_{os.getpid()}_{next(_numbers)}"
-    admin = await asyncpg.connect(server_dsn)
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        yield with_database(server_dsn, name)
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
+    async with scratch_database(server_dsn, "chimes_shard") as dsn:
+        yield dsn
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ wait for, and is the operator's explicit decision (docs/security.md)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import click
 
 from chimes.cli.options import database_options, settings_from
-from chimes.cli.runtime import migrate_database
+from chimes.cli.runtime import on_migrated_database
 from chimes.store import caps as cap_store
 from chimes.store import db
 from chimes.store.shards import load_map
@@ -108,13 +107,4 @@ async def _set_cap(conn: db.Connection, cap_row: cap_store.Cap) -> None:
 
 def _with_connection(database_url: str | None, data_dir: Path,
                      action: Callable[[db.Connection], Awaitable[Any]]) -> Any:
-    async def main(dsn: str) -> Any:
-        await migrate_database(dsn)
-        conn = await db.connect(dsn)
-        try:
-            return await action(conn)
-        finally:
-            await conn.close()
-
-    with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        return asyncio.run(main(dsn))
+    return on_migrated_database(settings_from(database_url, data_dir), action)

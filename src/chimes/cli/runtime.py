@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import uvicorn
 
+from chimes.settings import Settings
 from chimes.store import db, shards
 from chimes.store.migrate import migrate
 
@@ -46,6 +47,21 @@ async def prepare_role_database(dsn: str) -> shards.ShardMap:
     for url in shard_map.urls():
         await migrate_database(url)
     return shard_map
+
+
+def on_migrated_database(settings: Settings, action: Callable[[db.Connection], Awaitable[T]]) -> T:
+    """Run ``action`` once on a connection to the configured database (with shards: the catalog),
+    migrated first: what the CLI's administrative commands (caps, shards) do."""
+    async def main(dsn: str) -> T:
+        await migrate_database(dsn)
+        conn = await db.connect(dsn)
+        try:
+            return await action(conn)
+        finally:
+            await conn.close()
+
+    with db.database_url(settings) as dsn:
+        return asyncio.run(main(dsn))
 
 
 class ApiServer(uvicorn.Server):

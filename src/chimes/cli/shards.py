@@ -5,7 +5,6 @@ in the catalog itself (docs/scaling.md, "Shards")."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -13,7 +12,7 @@ from typing import TypeVar
 import click
 
 from chimes.cli.options import database_options, settings_from
-from chimes.cli.runtime import migrate_database
+from chimes.cli.runtime import on_migrated_database
 from chimes.store import db
 from chimes.store import shards as shard_store
 
@@ -66,16 +65,7 @@ def add_shard(database_url: str | None, data_dir: Path, url: str, partitions: st
 
 def _on_catalog(database_url: str | None, data_dir: Path,
                 action: Callable[[db.Connection], Awaitable[T]]) -> T:
-    async def main(dsn: str) -> T:
-        await migrate_database(dsn)
-        conn = await db.connect(dsn)
-        try:
-            return await action(conn)
-        finally:
-            await conn.close()
-
-    with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        try:
-            return asyncio.run(main(dsn))
-        except shard_store.ShardMapError as exc:
-            raise click.ClickException(str(exc)) from None
+    try:
+        return on_migrated_database(settings_from(database_url, data_dir), action)
+    except shard_store.ShardMapError as exc:
+        raise click.ClickException(str(exc)) from None
