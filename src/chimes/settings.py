@@ -15,6 +15,10 @@ import platformdirs
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+#: Seconds the API keeps an idle client connection open: longer than a load balancer's idle timeout
+#: (60 s on most) and a client's (httpx: 5 s), so that the other side closes first. A server that
+#: closes first races the next request sent on the connection, which then fails with no answer.
+API_KEEP_ALIVE_SEC = 75
 
 # --- jobs --------------------------------------------------------------------------------------
 #: Seconds an attempt may run when its job names no ``timeoutSec``. The claim function of

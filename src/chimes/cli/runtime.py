@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import uvicorn
 
-from chimes.settings import Settings
+from chimes.settings import API_KEEP_ALIVE_SEC, Settings
 from chimes.store import db, shards
 from chimes.store.migrate import migrate
 
@@ -82,6 +82,7 @@ def api_server(app: Any, host: str, port: int, trusted_proxies: Sequence[str] = 
     per request and never run out of failed logins."""
     # log_config=None: uvicorn's own lines go through our handler (JSON lines off a terminal), not its own.
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, log_config=None,
-                            lifespan="on", timeout_graceful_shutdown=10, proxy_headers=bool(trusted_proxies),
+                            lifespan="on", timeout_graceful_shutdown=10, timeout_keep_alive=API_KEEP_ALIVE_SEC,
+                            proxy_headers=bool(trusted_proxies),
                             forwarded_allow_ips=list(trusted_proxies))
     return ApiServer(config)
