@@ -61,6 +61,7 @@ class RedisServer:
                     pass
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"redis-server did not answer within {limit_sec}s:\n{self.proc.log_tail()}")
+                # The poll interval of a wait bounded by the deadline: redis-server announces nothing.
                 time.sleep(0.05)
         finally:
             client.close()
