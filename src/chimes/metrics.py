@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -107,8 +108,18 @@ def record_clock_offset(offset_sec: float) -> None:
     CLOCK_OFFSET.set(offset_sec)
 
 
-def record_lease_round(held: int, gained: int, lost: int) -> None:
-    PARTITIONS_OWNED.set(held)
+_owned_by_node: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()  # one node per home
+
+
+def record_partitions_owned(node: object, owned: int) -> None:
+    """``owned``: of the partitions ``node``'s home holds, how many it leases. The gauge adds up the
+    process's nodes: with shards it counts each partition on its own home, out of 1,024."""
+    _owned_by_node[node] = owned
+    PARTITIONS_OWNED.set(sum(_owned_by_node.values()))
+
+
+def record_lease_round(node: object, owned: int, gained: int, lost: int) -> None:
+    record_partitions_owned(node, owned)
     if gained:
         LEASE_CHANGES.labels("gained").inc(gained)
     if lost:

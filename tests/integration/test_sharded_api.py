@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -13,15 +14,17 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from chimes.ids import partition_of, partition_of_key
+from chimes.scheduler.node import SchedulerNode
 from chimes.store import db
 from chimes.store.shards import add_shard
 from chimes.worker.budget import SlotBudget
 from chimes.worker.worker import Worker
 from tests.conftest import scratch_database
 from tests.helpers import wait_for
-from tests.integration.fleet import FAST_WORKER
+from tests.integration.fleet import FAST_SCHEDULER, FAST_WORKER
 from tests.integration.test_dashboard import csrf_of, signed_in
 from tests.integration.test_metrics import scrape, value
 from tests.target import Target
@@ -277,3 +280,60 @@ async def test_a_job_quota_holds_across_both_databases(client: httpx.AsyncClient
     for side in SIDES:  # room for one again, on either database
         again = await attempt(side, 5)
         assert again == 201 if side == "shard" else again == 429, (side, again)
+
+
+async def test_the_fleet_page_shows_each_database_and_adds_them_up(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, database_url: str, shard_url: str, api_url: str,
+    server_dsn: str, tokens: dict[str, str], target: Target,
+) -> None:
+    shard_pool = await db.create_pool(shard_url, max_size=4)
+    # One process's node and worker on each home, under one id each, as `chimes scheduler` and
+    # `chimes worker` run them.
+    serves = [frozenset(range(512, 1024)), frozenset(range(512))]
+    nodes = [SchedulerNode(home, FAST_SCHEDULER, node_id="one-node", serves=partitions)
+             for home, partitions in zip((pool, shard_pool), serves, strict=True)]
+    workers = [Worker(home, url, FAST_WORKER, worker_id="one-worker")
+               for home, url in ((pool, database_url), (shard_pool, shard_url))]
+    tasks = [asyncio.create_task(role.run()) for role in (*nodes, *workers)]
+    try:
+        for side in SIDES:
+            body = {"name": f"{side}-tick", "schedule": {"cron": "* * * * * *"},
+                    "task": {"type": "http", "url": f"{target.url}/{side}"}}
+            created = await client.post("/jobs", json=body, headers={"Idempotency-Key": key_in("team-a", *SIDES[side])})
+            assert created.status_code == 201, created.text
+        await wait_for(lambda: all(len(target.calls_to(f"/{side}")) >= 2 for side in SIDES), timeout=30,
+                       what="both databases' jobs to run")
+        await wait_for(lambda: all(len(node.leases.held) == 1024 for node in nodes), timeout=10,
+                       what="every lease row held on both homes")
+        # The process's partitions gauge counts each partition on its own home: 1,024, not twice that.
+        assert REGISTRY.get_sample_value("chimes_partitions_owned") == 1024
+        async with signed_in(api_url, tokens["admin"]) as admin:
+            html = (await admin.get("/ui/fleet")).text
+        shards_card = html[html.index('id="shards"'):]
+        shards_card = shards_card[:shards_card.index("</section>")]
+        catalog_row, shard_row = re.findall(r"<tr><td>(catalog|shard \d+)</td>(.*?)</tr>", shards_card, re.DOTALL)
+        assert catalog_row[0] == "catalog" and "512\u20131023" in catalog_row[1] and "512/512" in catalog_row[1]
+        assert shard_row[0].startswith("shard") and "0\u2013511" in shard_row[1] and "512/512" in shard_row[1]
+        # Added up: the node holds all 1,024 partitions, each on the home that has it, and is listed once.
+        assert "1024/1024" in html and html.count("<code class=\"small\">one-node</code>") == 1
+        assert re.search(r"Fire lag, last 10 min.*?\(([\d,]+) runs", html, re.DOTALL).group(1) not in ("0", "1")
+
+        for role in (*nodes[1:], *workers[1:]):  # the shard's roles stop, then its database goes
+            role.stop()
+        await asyncio.gather(*tasks[1:2], *tasks[3:])
+        await shard_pool.close()
+        admin_conn = await asyncpg.connect(server_dsn)
+        try:
+            await admin_conn.execute(f"DROP DATABASE {urlsplit(shard_url).path.lstrip('/')} WITH (FORCE)")
+        finally:
+            await admin_conn.close()
+        async with signed_in(api_url, tokens["admin"]) as admin:
+            down = await admin.get("/ui/fleet")
+        assert down.status_code == 200, down.text
+        assert re.search(r"<td>shard \d+</td>.*?unavailable \(\w+\)", down.text, re.DOTALL), down.text
+        assert "512/1024</span><span class=\"label\">partitions held, 512 unheld" in down.text  # the shard's
+    finally:
+        for role in (*nodes, *workers):
+            role.stop()
+        await asyncio.gather(*tasks)
+        await shard_pool.close()

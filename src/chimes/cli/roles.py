@@ -15,7 +15,7 @@ from chimes.api.app import create_app
 from chimes.cli.runtime import api_server, on_shutdown_signals, prepare_role_database
 from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.scheduler.leases import LeaseConfig
-from chimes.scheduler.node import SchedulerConfig, SchedulerNode
+from chimes.scheduler.node import SchedulerConfig, SchedulerNode, new_node_id
 from chimes.security.secrets import Keyring, SecretKeyError
 from chimes.services.owners import SigningSecrets, check_secret_key
 from chimes.settings import CONTAINER_RUNTIME, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS, Settings
@@ -25,7 +25,7 @@ from chimes.worker.budget import SlotBudget
 from chimes.worker.guard import TaskGuard
 from chimes.worker.tasks.container import remove_orphaned_env_files
 from chimes.worker.tasks.dispatch import Executors
-from chimes.worker.worker import Worker, WorkerConfig
+from chimes.worker.worker import Worker, WorkerConfig, new_worker_id
 
 log = logging.getLogger("chimes")
 
@@ -45,14 +45,17 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
         raise
     _remove_orphaned_env_files()
     server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
-    nodes = [SchedulerNode(home, signing_secrets=SigningSecrets(pool, work.keyring if work else None),
-                           egress=work.egress if work else None) for home, _ in homes]
+    node_id, worker_id = new_node_id(), new_worker_id()  # one id each on every home
+    nodes = [SchedulerNode(home, node_id=node_id, signing_secrets=SigningSecrets(pool, work.keyring if work else None),
+                           egress=work.egress if work else None, serves=serves)
+             for (home, _), serves in zip(homes, _served(shard_map), strict=True)]
     # As for `chimes worker --container-runtime`.
     runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", CONTAINER_RUNTIME)
     allow_commands = bool(work and work.allow_commands)
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
     budget = _budget(worker_concurrency, homes)
     workers = [Worker(home, url, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
+                      worker_id=worker_id,
                       executors=Executors(container_runtime=runtime, egress=work.egress if work else None),
                       guard=guard, budget=budget) for home, url in homes]
 
@@ -117,9 +120,12 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
                              notify_give_up_sec=notify_give_up_sec)
     # One node per home (the catalog, then each shard): its leases, scans, fires and reaper on that
     # home's database; owners' signing secrets from the catalog.
+    # One id for the process on every home, so the fleet page sees one node serving every shard.
+    node_id = node_id or new_node_id()
     nodes = [SchedulerNode(home, config, node_id=node_id,
                            signing_secrets=SigningSecrets(pool, outgoing.keyring if outgoing else None),
-                           egress=outgoing.egress if outgoing else None) for home, _ in homes]
+                           egress=outgoing.egress if outgoing else None, serves=serves)
+             for (home, _), serves in zip(homes, _served(shard_map), strict=True)]
 
     def stop() -> None:
         for node in nodes:
@@ -153,6 +159,7 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
     # Owners, secrets and the secret key are the catalog's, whichever home a run comes from.
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
     budget = _budget(concurrency, homes)
+    worker_id = worker_id or new_worker_id()  # one id on every home, as the node's
     workers = [Worker(home, url, config, worker_id=worker_id, executors=executors() if executors else None,
                       guard=guard, budget=budget) for home, url in homes]
     _remove_orphaned_env_files()
@@ -181,6 +188,13 @@ async def _run_together(runs: list[Coroutine[Any, Any, None]], stop: Callable[[]
         error = None if task.cancelled() else task.exception()
         if error is not None:
             raise error
+
+
+def _served(shard_map: ShardMap) -> list[frozenset[int] | None]:
+    """What each home's node serves, in the order of the homes: None without shards (all of it)."""
+    if not shard_map.ranges:
+        return [None]
+    return [partitions for _, partitions in shard_map.homes()]
 
 
 def _budget(concurrency: int, homes: list[tuple[db.Pool, str]]) -> SlotBudget | None:

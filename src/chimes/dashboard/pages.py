@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse
 
 from chimes.api import homes, standby
 from chimes.api.clock import clock_of
+from chimes.dashboard import fleet as fleet_view
 from chimes.dashboard import views
 from chimes.dashboard.render import not_found, page
 from chimes.dashboard.session import viewer
@@ -25,10 +26,13 @@ from chimes.store.dashboard import (
     JOB_FILTERS,
     LAG_BOUNDS,
     DashboardStore,
+    Fleet,
     JobCursor,
     RunCursor,
     merge_job_pages,
 )
+from chimes.store.db import Pool
+from chimes.store.shards import ShardPools
 from chimes.store.tokens import Principal
 
 router = APIRouter(include_in_schema=False)
@@ -132,9 +136,23 @@ async def run_page(run_id: str, request: Request, who: Viewer, notice: str | Non
 @router.get("/fleet", response_class=HTMLResponse)
 async def fleet_page(request: Request, who: Viewer, fragment: str | None = None) -> HTMLResponse:
     now = clock_of(request).now()
-    # The queue is fleet-wide, so for admins only (as GET /queue); the template hides hosts and pids too.
-    fleet = await DashboardStore(standby.pool(request)).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES,
-                                                               with_queue=who.admin)
+
+    async def fleet_of(pool: Pool) -> Fleet:
+        # The queue is fleet-wide, so for admins only (as GET /queue); the template hides hosts and pids too.
+        return await DashboardStore(pool).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES,
+                                                with_queue=who.admin)
+
+    shards: ShardPools | None = request.app.state.shards
+    summaries: list[fleet_view.HomeSummary] = []
+    if shards is None:
+        fleet = await fleet_of(standby.pool(request))
+    else:  # each home read on its own and added up; one that does not answer is named, not fatal
+        owns = shards.map.homes()
+        read = await asyncio.gather(*(fleet_of(pool) for pool in await shards.homes()), return_exceptions=True)
+        summaries = [fleet_view.summarize(name, sorted(own), found, who.admin)
+                     for (name, own), found in zip(owns, read, strict=True)]
+        answered = [(found, own) for (_, own), found in zip(owns, read, strict=True) if isinstance(found, Fleet)]
+        fleet = fleet_view.add_up([f for f, _ in answered], [sorted(own) for _, own in answered])
     context = {
         "viewer": who, "nav": "fleet", "fleet": fleet, "lag_window_min": int(LAG_WINDOW.total_seconds() // 60),
         "lag_bars": views.lag_bars(LAG_BOUNDS, fleet.fire_lag.buckets),
@@ -144,6 +162,7 @@ async def fleet_page(request: Request, who: Viewer, fragment: str | None = None)
         "in_flight": sum(w["in_flight"] for w in fleet.workers),
         "capacity": sum(w["concurrency"] for w in fleet.workers),
         "queued": sum(t.depth for t in fleet.queue),
+        "shards": summaries,
     }
     return page(request, "_fleet_body.html" if fragment == "body" else "fleet.html", **context)
 

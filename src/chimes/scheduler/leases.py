@@ -29,10 +29,12 @@ class LeaseManager:
     """
 
     def __init__(self, store: SchedulerStore, config: LeaseConfig,
-                 on_lost: Callable[[set[int]], None] = lambda _: None) -> None:
+                 on_lost: Callable[[set[int]], None] = lambda _: None, serves: frozenset[int] | None = None) -> None:
         self.store = store
         self.config = config
         self.held: dict[int, int] = {}
+        # With shards: the partitions this node's home holds (the others' lease rows are empty here).
+        self._serves = serves
         self._on_lost = on_lost
         self._hostname = socket.gethostname()
 
@@ -43,7 +45,8 @@ class LeaseManager:
         lost = {p for p, token in before.items() if after.get(p) != token}
         gained = after.keys() - before.keys()
         self.held = after
-        metrics.record_lease_round(len(after), len(gained), len(lost))
+        owned = len(after) if self._serves is None else len(after.keys() & self._serves)
+        metrics.record_lease_round(self, owned, len(gained), len(lost))
         if lost:
             self._on_lost(lost)
         if lost or gained:
@@ -55,8 +58,10 @@ class LeaseManager:
         if self.held:
             lost = set(self.held)
             self.held = {}
+            metrics.record_partitions_owned(self, 0)
             self._on_lost(lost)
 
     async def release_all(self) -> None:
         held, self.held = self.held, {}
+        metrics.record_partitions_owned(self, 0)
         await self.store.leave(held)

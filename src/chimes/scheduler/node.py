@@ -76,11 +76,13 @@ def new_node_id() -> str:
 class SchedulerNode:
     def __init__(self, pool: Pool, config: SchedulerConfig | None = None,
                  node_id: str | None = None, clock: Clock = SYSTEM_CLOCK, *,
-                 signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None) -> None:
+                 signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None,
+                 serves: frozenset[int] | None = None) -> None:
+        """``serves``: with shards, the partitions ``pool``'s database holds (for the partitions gauge)."""
         self.config = config or SchedulerConfig()
         self.store = SchedulerStore(pool, node_id or new_node_id())
         self.wheel = TimerWheel()
-        self.leases = LeaseManager(self.store, self.config.lease, on_lost=self._on_partitions_lost)
+        self.leases = LeaseManager(self.store, self.config.lease, on_lost=self._on_partitions_lost, serves=serves)
         self.reaper = Reaper(self.store)
         # Webhooks go out under the operator's egress policy, signed like task calls (docs/security.md).
         self.notifier = Notifier(pool, signing_secrets or SigningSecrets(pool), NotifierConfig(

@@ -62,6 +62,15 @@ class ShardMap:
         """The URL of each shard, once each, in the order of their first ranges."""
         return list(dict.fromkeys(r.url for r in self.ranges))
 
+    def homes(self) -> list[tuple[str, frozenset[int]]]:
+        """Each home's name and partitions, in the order of :meth:`ShardPools.homes` and of
+        :meth:`urls`: the catalog first, then each shard in the order of its first range."""
+        catalog = frozenset(p for first, last in self.in_catalog() for p in range(first, last + 1))
+        shards: dict[int, set[int]] = {}
+        for shard_range in self.ranges:
+            shards.setdefault(shard_range.shard_id, set()).update(range(shard_range.first, shard_range.last + 1))
+        return [("catalog", catalog), *((f"shard {shard_id}", frozenset(held)) for shard_id, held in shards.items())]
+
     def in_catalog(self) -> list[tuple[int, int]]:
         """The ranges of partitions no shard holds (the catalog's), in order."""
         free, start = [], 0
