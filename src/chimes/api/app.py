@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 
 from chimes import __version__, dashboard, metrics
-from chimes.api import errors, health, jobs, notifications, openapi, runs, standby, unavailable, whoami
+from chimes.api import errors, health, homes, jobs, notifications, openapi, runs, standby, unavailable, whoami
 from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
 from chimes.clock import SYSTEM_CLOCK, Clock
@@ -25,8 +26,9 @@ from chimes.store.shards import ShardPools, load_map
 
 def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 10,
                limits: LimitSettings | None = None, keyring: Keyring | None = None,
-               clock: Clock | None = None) -> FastAPI:
-    """The API app; ``clock`` is the "now" its endpoints and pages read (chimes.api.clock), the host's by default."""
+               clock: Clock | None = None, follow_map_every_sec: float = homes.MAP_FOLLOW_SEC) -> FastAPI:
+    """The API app; ``clock`` is the "now" its endpoints and pages read (chimes.api.clock), the host's by default;
+    ``follow_map_every_sec``: how often it reads the shard map's version."""
     limits = limits or LimitSettings()
 
     @contextlib.asynccontextmanager
@@ -36,7 +38,8 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
         try:
             # Another key than the workers' fails here, not in every run.
             await when_ready(lambda: check_secret_key(pool, ring))
-            # With shards, job-scoped requests go to the job's shard (chimes.api.homes); the map is read once.
+            # With shards, job-scoped requests go to the job's shard (chimes.api.homes); the map is
+            # read here, then followed every second (homes.follow_map).
             shard_map = await when_ready(lambda: load_map(pool))
         except BaseException:
             await pool.close()
@@ -64,15 +67,17 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
         # once instead of holding the request for the whole --database-wait.
         app.state.shards = ShardPools(pool, shard_map, max_size=pool_size,
                                       command_timeout=command_timeout(ROLE_COMMAND_TIMEOUT_SEC),
-                                      connect_wait_sec=0) if shard_map.ranges else None
+                                      connect_wait_sec=0)
         app.state.home_services = {}
         app.state.job_service_for = home_job_store
+        following = asyncio.create_task(homes.follow_map(app.state.shards, follow_map_every_sec))
         try:
             yield
         finally:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
             await app.state.standby.close()
-            if app.state.shards is not None:
-                await app.state.shards.close()
+            await app.state.shards.close()
             await pool.close()
 
     app = FastAPI(title="Chimes", version=__version__, lifespan=lifespan,
@@ -90,14 +95,15 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:
         status, body = await health.check(request.app.state.pool, dsn)
-        if request.app.state.shards is not None and status == 200:
-            body["shards"] = await health.shard_states(request.app.state.shards)
+        shards = homes.sharded(request)
+        if shards is not None and status == 200:
+            body["shards"] = await health.shard_states(shards)
         headers = {"Retry-After": str(unavailable.RETRY_AFTER_SEC)} if status != 200 else None
         return JSONResponse(body, status_code=status, headers=headers)
 
     @app.get("/metrics", tags=["health"])
     async def prometheus_metrics(request: Request) -> Response:
-        shards = request.app.state.shards
+        shards = homes.sharded(request)
         await metrics.collect_fleet(*(await shards.homes() if shards is not None else [request.app.state.pool]))
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)

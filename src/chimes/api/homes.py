@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
 import uuid
 
 from fastapi import Request
@@ -18,10 +19,28 @@ from chimes.store.jobs import JobRecord
 from chimes.store.runs import RunStore
 from chimes.store.shards import ShardPools
 
+MAP_FOLLOW_SEC = 1.0
+log = logging.getLogger("chimes.api")
 
-def _shards(request: Request) -> ShardPools | None:
-    shards: ShardPools | None = request.app.state.shards
-    return shards
+
+def sharded(request: Request) -> ShardPools | None:
+    """The process's shard pools while the map gives partitions to shards; None while the catalog is
+    the one database (requests then take the single-database paths, standby reads included)."""
+    shards: ShardPools = request.app.state.shards
+    return shards if shards.map.ranges else None
+
+
+async def follow_map(shards: ShardPools, every_sec: float = MAP_FOLLOW_SEC) -> None:
+    """Reload the map when its version changes (one primary-key read a second): a shard added to a
+    running fleet is routed to within a second. Until then the catalog's fence refuses what this
+    process would create in the shard's partitions (``create_routed``)."""
+    while True:
+        await asyncio.sleep(every_sec)
+        try:
+            if await shards.refresh():
+                log.info("shard map version %d: %d ranges", shards.map.version, len(shards.map.ranges))
+        except Exception as exc:  # the catalog unreachable: the requests say so; try again next time
+            log.debug("could not read the shard map: %s", exc)
 
 
 def _services(request: Request, pool: Pool) -> tuple[JobService, RunStore]:
@@ -32,14 +51,14 @@ def _services(request: Request, pool: Pool) -> tuple[JobService, RunStore]:
 
 
 async def jobs_of(request: Request, job_id: uuid.UUID) -> JobService:
-    shards = _shards(request)
+    shards = sharded(request)
     if shards is None:
         return standby.jobs(request)
     return _services(request, await shards.for_job(job_id))[0]
 
 
 async def runs_of(request: Request, job_id: uuid.UUID) -> RunStore:
-    shards = _shards(request)
+    shards = sharded(request)
     if shards is None:
         return standby.runs(request)
     return _services(request, await shards.for_job(job_id))[1]
@@ -49,7 +68,7 @@ async def runs_of_run(request: Request, run_id: uuid.UUID) -> RunStore:
     """The run store of the home that holds ``run_id`` (a run id does not name its job): every home is
     asked, by primary key, at once; none: the catalog's, which answers as for any unknown run. A home
     that cannot be reached matters only when no other has the run: then its error is raised (503)."""
-    shards = _shards(request)
+    shards = sharded(request)
     if shards is None:
         return standby.runs(request)
     stores = [_services(request, pool)[1] for pool in await shards.homes()]
@@ -66,7 +85,7 @@ async def runs_of_run(request: Request, run_id: uuid.UUID) -> RunStore:
 def new_job_id_for(request: Request, owner: str, idempotency_key: str | None) -> uuid.UUID | None:
     """The id of a job about to be created, chosen here with shards (None: the service makes it). With
     an idempotency key, in the key's partition: a retry goes to the shard that has the first one."""
-    if _shards(request) is None:
+    if sharded(request) is None:
         return None
     return new_job_id_in(partition_of_key(owner, idempotency_key)) if idempotency_key else new_job_id()
 
@@ -75,7 +94,7 @@ async def list_jobs(request: Request, owner: str | None, after: uuid.UUID | None
     """Jobs in creation order (by id) after the cursor ``after``. With shards, each home's first
     ``limit`` after it, merged: as stable under concurrent writes as one database's list, since the
     cursor is a key and a job created later has a greater one."""
-    shards = _shards(request)
+    shards = sharded(request)
     if shards is None:
         return await standby.jobs(request).list(owner, after, limit)
     pages = await asyncio.gather(*(_services(request, pool)[0].list(owner, after, limit)
@@ -90,7 +109,7 @@ def _job_id(job: JobRecord) -> uuid.UUID:
 
 async def every_run_store(request: Request) -> list[RunStore]:
     """One run store per home: the one database's alone without shards."""
-    shards = _shards(request)
+    shards = sharded(request)
     if shards is None:
         return [standby.runs(request)]
     return [_services(request, pool)[1] for pool in await shards.homes()]
@@ -99,7 +118,7 @@ async def every_run_store(request: Request) -> list[RunStore]:
 async def pools_for(request: Request, job_id: uuid.UUID | None) -> list[Pool]:
     """The pools a read goes through: the job's home when it names a job, else every home; without
     shards the one database's (or its standby's while this request is served from it)."""
-    shards = _shards(request)
+    shards = sharded(request)
     if shards is None:
         return [standby.pool(request)]
     if job_id is not None:

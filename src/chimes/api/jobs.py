@@ -18,6 +18,7 @@ from chimes.api.views import job_view
 from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
 from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
+from chimes.store.shards import partition_moved
 from chimes.store.tokens import Principal
 
 router = APIRouter(tags=["jobs"])
@@ -37,9 +38,20 @@ async def create_job(
 ) -> JSONResponse:
     try:
         with tracing.span("chimes.job.create", request.headers) as traced:
-            new_id = homes.new_job_id_for(request, caller.owner, idempotency_key)
-            store = _store(request) if new_id is None else await homes.jobs_of(request, new_id)
-            created = await store.create(caller.owner, spec, clock_of(request).now(), idempotency_key, new_id)
+            for tries_left in (1, 0):
+                new_id = homes.new_job_id_for(request, caller.owner, idempotency_key)
+                store = _store(request) if new_id is None else await homes.jobs_of(request, new_id)
+                try:
+                    created = await store.create(caller.owner, spec, clock_of(request).now(), idempotency_key, new_id)
+                    break
+                except Exception as exc:
+                    # The catalog's fence: a shard was given this partition after this process read the map.
+                    if not partition_moved(exc):
+                        raise
+                    await request.app.state.shards.refresh()
+                    if not tries_left:
+                        raise ApiError(503, "shard_map_changed", "the shard map changed while the job was "
+                                       "created, and nothing was written; retry the request") from None
             traced |= {"chimes.job_id": str(created.job_id), "chimes.owner": caller.owner}
     except IdempotencyConflict:
         raise ApiError(409, "idempotency_conflict",

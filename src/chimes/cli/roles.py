@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 import click
 from fastapi import FastAPI
@@ -14,6 +13,7 @@ from fastapi import FastAPI
 from chimes.api.app import create_app
 from chimes.cli.runtime import api_server, on_shutdown_signals, prepare_role_database
 from chimes.cli.security_options import ApiSecurity, WorkerSecurity
+from chimes.cli.served_homes import Role, ServedHomes, StartHome
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode, new_node_id
 from chimes.security.secrets import Keyring, SecretKeyError
@@ -35,47 +35,51 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     shard_map = await prepare_role_database(dsn)
     await _announce_admin_token(dsn, allow_commands=bool(work and work.allow_commands))
     pool = await db.create_pool(dsn, max_size=12, command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
-    homes = [(pool, dsn)]
     try:
         if work is not None:  # before anything starts: a wrong key must not leave half the roles running
             await _require_database_key(pool, work.keyring)
-        homes += await _shard_pools(shard_map, max_size=12)
     except BaseException:
-        await _close_pools(homes)
+        await pool.close()
         raise
     _remove_orphaned_env_files()
     server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
     node_id, worker_id = new_node_id(), new_worker_id()  # one id each on every home
-    nodes = [SchedulerNode(home, node_id=node_id, signing_secrets=SigningSecrets(pool, work.keyring if work else None),
-                           egress=work.egress if work else None, serves=serves)
-             for (home, _), serves in zip(homes, _served(shard_map), strict=True)]
     # As for `chimes worker --container-runtime`.
     runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", CONTAINER_RUNTIME)
     allow_commands = bool(work and work.allow_commands)
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
-    budget = _budget(worker_concurrency, homes)
-    workers = [Worker(home, url, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
-                      worker_id=worker_id,
-                      executors=Executors(container_runtime=runtime, egress=work.egress if work else None),
-                      guard=guard, budget=budget) for home, url in homes]
+    budget = SlotBudget(worker_concurrency)  # shared by every home's claim loop, as in `chimes worker`
+
+    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None) -> list[Role]:
+        node = SchedulerNode(home, node_id=node_id, serves=serves, egress=work.egress if work else None,
+                             signing_secrets=SigningSecrets(pool, work.keyring if work else None))
+        worker = Worker(home, url, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
+                        worker_id=worker_id,
+                        executors=Executors(container_runtime=runtime, egress=work.egress if work else None),
+                        guard=guard, budget=budget)
+        return [node, worker]
+
+    homes = ServedHomes(pool, dsn, shard_map, start_home, pool_size=12, serves_changed=_nodes_serve)
+    try:
+        await homes.open()
+    except BaseException:
+        await pool.close()
+        raise
 
     def stop() -> None:
         server.stop()
-        for node in nodes:
-            node.stop()
-        for worker in workers:
-            worker.stop()
+        homes.stop()
 
     on_shutdown_signals(stop)
     click.echo(f"Chimes is up: API on http://{settings.host}:{settings.port} (Ctrl-C to stop)", err=True)
     try:
-        results = await asyncio.gather(server.serve(), *(node.run() for node in nodes),
-                                       *(worker.run() for worker in workers), return_exceptions=True)
+        results = await asyncio.gather(server.serve(), homes.run(), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
     finally:
-        await _close_pools(homes)
+        await homes.close()
+        await pool.close()
 
 
 async def _require_database_key(pool: db.Pool, keyring: Keyring) -> None:
@@ -107,35 +111,26 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
     settings = db.lock_holding_limit(lease_ttl)
     pool = await db.create_pool(dsn, max_size=6, server_settings=settings,
                                 command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
-    homes = [(pool, dsn)]
     try:
         if outgoing is not None:  # it signs webhooks: a wrong key is a start-up error, as for a worker
             await _require_database_key(pool, outgoing.keyring)
-        homes += await _shard_pools(shard_map, max_size=6, server_settings=settings)
     except BaseException:
-        await _close_pools(homes)
+        await pool.close()
         raise
     lease = LeaseConfig(ttl_sec=lease_ttl, renew_every_sec=min(1.0, lease_ttl / 4))
     config = SchedulerConfig(lease=lease, retention_days=retention_days, missed_after_sec=missed_after,
                              notify_give_up_sec=notify_give_up_sec)
-    # One node per home (the catalog, then each shard): its leases, scans, fires and reaper on that
-    # home's database; owners' signing secrets from the catalog.
     # One id for the process on every home, so the fleet page sees one node serving every shard.
     node_id = node_id or new_node_id()
-    nodes = [SchedulerNode(home, config, node_id=node_id,
-                           signing_secrets=SigningSecrets(pool, outgoing.keyring if outgoing else None),
-                           egress=outgoing.egress if outgoing else None, serves=serves)
-             for (home, _), serves in zip(homes, _served(shard_map), strict=True)]
 
-    def stop() -> None:
-        for node in nodes:
-            node.stop()
+    # One node per home (the catalog, then each shard): its leases, scans, fires and reaper on that
+    # home's database; owners' signing secrets from the catalog.
+    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None) -> list[Role]:
+        return [SchedulerNode(home, config, node_id=node_id,
+                              signing_secrets=SigningSecrets(pool, outgoing.keyring if outgoing else None),
+                              egress=outgoing.egress if outgoing else None, serves=serves)]
 
-    on_shutdown_signals(stop)
-    try:
-        await _run_together([node.run() for node in nodes], stop)
-    finally:
-        await _close_pools(homes)
+    await _serve_homes(pool, dsn, shard_map, start_home, pool_size=6, server_settings=settings)
 
 
 async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_sec: float,
@@ -147,80 +142,43 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
     settings = db.lock_holding_limit(lease_sec)
     pool = await db.create_pool(dsn, max_size=4, server_settings=settings,
                                 command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
-    try:
-        homes = [(pool, dsn), *await _shard_pools(shard_map, max_size=4, server_settings=settings)]
-    except BaseException:
-        await pool.close()
-        raise
     allow_commands = bool(work and work.allow_commands)
     config = WorkerConfig(concurrency=concurrency, lease_sec=lease_sec,
                           heartbeat_every_sec=lease_sec / 3, shutdown_grace_sec=shutdown_grace,
                           allow_commands=allow_commands)
     # Owners, secrets and the secret key are the catalog's, whichever home a run comes from.
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
-    budget = _budget(concurrency, homes)
+    # The process's claim loops (one per home) share its slots: each waits on its own queue, so an
+    # idle shard slows no other, and its slots go to the busy ones.
+    budget = SlotBudget(concurrency)
     worker_id = worker_id or new_worker_id()  # one id on every home, as the node's
-    workers = [Worker(home, url, config, worker_id=worker_id, executors=executors() if executors else None,
-                      guard=guard, budget=budget) for home, url in homes]
     _remove_orphaned_env_files()
 
-    def stop() -> None:
-        for worker in workers:
-            worker.stop()
+    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None) -> list[Role]:
+        return [Worker(home, url, config, worker_id=worker_id, executors=executors() if executors else None,
+                       guard=guard, budget=budget)]
 
-    on_shutdown_signals(stop)
+    await _serve_homes(pool, dsn, shard_map, start_home, pool_size=4, server_settings=settings)
+
+
+async def _serve_homes(pool: db.Pool, dsn: str, shard_map: ShardMap, start_home: StartHome, *, pool_size: int,
+                       server_settings: dict[str, str]) -> None:
+    """Run the roles of every home of the map, following it, until SIGTERM or SIGINT; close the pools."""
+    homes = ServedHomes(pool, dsn, shard_map, start_home, pool_size=pool_size, server_settings=server_settings,
+                        serves_changed=_nodes_serve)
     try:
-        await _run_together([worker.run() for worker in workers], stop)
+        await homes.open()
+        on_shutdown_signals(homes.stop)
+        await homes.run()
     finally:
-        await _close_pools(homes)
-
-
-async def _run_together(runs: list[Coroutine[Any, Any, None]], stop: Callable[[], None]) -> None:
-    """Run one home's node or worker per coroutine until all end; when one fails, stop the others, let
-    them finish, and raise its error (one home's failure ends the process, as with one database)."""
-    tasks = [asyncio.ensure_future(run) for run in runs]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        stop()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for task in tasks:
-        error = None if task.cancelled() else task.exception()
-        if error is not None:
-            raise error
-
-
-def _served(shard_map: ShardMap) -> list[frozenset[int] | None]:
-    """What each home's node serves, in the order of the homes: None without shards (all of it)."""
-    if not shard_map.ranges:
-        return [None]
-    return [partitions for _, partitions in shard_map.homes()]
-
-
-def _budget(concurrency: int, homes: list[tuple[db.Pool, str]]) -> SlotBudget | None:
-    """With shards, the process's claim loops (one per home) share ``concurrency`` slots: each waits
-    on its own queue, so an idle shard slows no other, and its slots go to the busy ones."""
-    return SlotBudget(concurrency) if len(homes) > 1 else None
-
-
-async def _shard_pools(shard_map: ShardMap, *, max_size: int,
-                       server_settings: dict[str, str] | None = None) -> list[tuple[db.Pool, str]]:
-    """A pool per shard of the map, with the URL it was opened on; none for the empty map."""
-    homes: list[tuple[db.Pool, str]] = []
-    try:
-        for url in shard_map.urls():
-            homes.append((await db.create_pool(url, max_size=max_size, server_settings=server_settings,
-                                               command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC)),
-                          url))
-    except BaseException:
-        await _close_pools(homes)
-        raise
-    return homes
-
-
-async def _close_pools(homes: list[tuple[db.Pool, str]]) -> None:
-    for pool, _ in homes:
+        await homes.close()
         await pool.close()
+
+
+def _nodes_serve(roles: list[Role], serves: frozenset[int] | None) -> None:
+    for role in roles:
+        if isinstance(role, SchedulerNode):
+            role.leases.serves = serves
 
 
 def _remove_orphaned_env_files() -> None:

@@ -48,7 +48,8 @@ def add_shard(database_url: str | None, data_dir: Path, url: str, partitions: st
 
     Refused, with nothing changed, when the range is malformed or overlaps another shard's, when URL is
     the catalog or a database that holds jobs, or when a partition of the range holds jobs already:
-    moving partitions that hold jobs is not supported yet."""
+    moving partitions that hold jobs is not supported yet. The fleet may run meanwhile: its processes
+    follow the map within a second."""
     try:
         first, last = shard_store.parse_partitions(partitions)
     except shard_store.ShardMapError as exc:
@@ -58,9 +59,9 @@ def add_shard(database_url: str | None, data_dir: Path, url: str, partitions: st
     shard = f"shard {added.shard_id}" if added else "a shard"
     click.echo(f"partitions {first}-{last} now live in {shard} ({shard_store.without_password(url)}); "
                f"shard map version {shard_map.version}")
-    click.echo("Now start, or restart, every API, scheduler and worker process: each reads the map when it "
-               "starts, and an API process started before this change would create these partitions' new jobs "
-               "in the catalog.", err=True)
+    click.echo("Running API, scheduler and worker processes follow the map within a second: no restart is "
+               "needed. Until an API process has read it, the catalog refuses these partitions' new jobs, and the "
+               "process reads the map and creates them on the shard.", err=True)
 
 
 def _on_catalog(database_url: str | None, data_dir: Path,

@@ -32,7 +32,6 @@ from chimes.store.dashboard import (
     merge_job_pages,
 )
 from chimes.store.db import Pool
-from chimes.store.shards import ShardPools
 from chimes.store.tokens import Principal
 
 router = APIRouter(include_in_schema=False)
@@ -60,7 +59,7 @@ async def jobs_page(
     if "\x00" in q:  # PostgreSQL text cannot hold it
         return _bad_request(request, who, "The search text holds a NUL character; no job name can.")
     show = show if show in JOB_FILTERS else "all"
-    if request.app.state.shards is None:
+    if homes.sharded(request) is None:
         found = await DashboardStore(standby.pool(request)).jobs(who.owner_filter, q.strip(), show,
                                                                   _job_cursor(after), PAGE_SIZE)
     else:  # each home's first page after the cursor, merged (docs/scaling.md, "Shards")
@@ -142,7 +141,7 @@ async def fleet_page(request: Request, who: Viewer, fragment: str | None = None)
         return await DashboardStore(pool).fleet(who.owner_filter, now, LAG_WINDOW, FAILURE_MINUTES,
                                                 with_queue=who.admin)
 
-    shards: ShardPools | None = request.app.state.shards
+    shards = homes.sharded(request)
     summaries: list[fleet_view.HomeSummary] = []
     if shards is None:
         fleet = await fleet_of(standby.pool(request))

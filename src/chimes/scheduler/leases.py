@@ -34,7 +34,7 @@ class LeaseManager:
         self.config = config
         self.held: dict[int, int] = {}
         # With shards: the partitions this node's home holds (the others' lease rows are empty here).
-        self._serves = serves
+        self.serves = serves
         self._on_lost = on_lost
         self._hostname = socket.gethostname()
 
@@ -45,7 +45,7 @@ class LeaseManager:
         lost = {p for p, token in before.items() if after.get(p) != token}
         gained = after.keys() - before.keys()
         self.held = after
-        owned = len(after) if self._serves is None else len(after.keys() & self._serves)
+        owned = len(after) if self.serves is None else len(after.keys() & self.serves)
         metrics.record_lease_round(self, owned, len(gained), len(lost))
         if lost:
             self._on_lost(lost)

@@ -396,6 +396,40 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.chimes_partition_of(job_id uuid)
+ RETURNS integer
+ LANGUAGE plpgsql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$
+DECLARE
+    bytes bytea := uuid_send(job_id);
+    crc bigint := 4294967295;
+BEGIN
+    FOR i IN 0..15 LOOP
+        crc := crc # get_byte(bytes, i);
+        FOR bit IN 1..8 LOOP
+            crc := CASE WHEN crc & 1 = 1 THEN (crc >> 1) # 3988292384 ELSE crc >> 1 END;
+        END LOOP;
+    END LOOP;
+    RETURN ((crc # 4294967295) % 1024)::integer;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_refuse_jobs_of_shards()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    partition integer := chimes_partition_of(NEW.job_id);
+BEGIN
+    IF EXISTS (SELECT 1 FROM shard_ranges WHERE partition BETWEEN first_partition AND last_partition) THEN
+        RAISE EXCEPTION 'partition % of job % is held by a shard: reload the shard map', partition, NEW.job_id
+            USING ERRCODE = 'CH001';
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.chimes_release_held(job_ids uuid[])
  RETURNS integer
  LANGUAGE plpgsql

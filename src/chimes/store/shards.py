@@ -26,6 +26,15 @@ _RANGE = re.compile(r"^\s*(\d{1,4})\s*-\s*(\d{1,4})\s*$")
 _JOB_ID_BATCH = 10_000
 
 
+PARTITION_MOVED = "CH001"  # the SQLSTATE of the catalog's fence (migration 0010)
+
+
+def partition_moved(error: BaseException) -> bool:
+    """True when ``error`` is the catalog refusing a job whose partition a shard holds: the map the
+    writer routed by is older than the catalog's."""
+    return isinstance(error, asyncpg.PostgresError) and getattr(error, "sqlstate", None) == PARTITION_MOVED
+
+
 class ShardMapError(ValueError):
     """A change of the map that was refused; the message says why, and nothing was changed."""
 
@@ -164,8 +173,9 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
     malformed or overlaps a shard's range, when concurrency caps are set (not counted across shards
     yet), when the database is the catalog or holds jobs, or when
     any of the partitions holds a job where it lives now (the catalog): moving partitions that hold
-    data is the next step (docs/scaling.md). A partition's job created in the catalog between the
-    check and the commit would stay behind: add shards while no API process runs (docs/scaling.md).
+    data is the next step (docs/scaling.md). The fleet may run meanwhile: a job created in the
+    catalog while the map changes is found before the commit (refused then), and the catalog
+    refuses the range's new jobs after it (the fence), until every router has reloaded the map.
     """
     check_range(first, last)
     if not url.strip():
@@ -175,19 +185,36 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
     if await catalog.fetchval(sql("any_cap")):
         raise ShardMapError("concurrency caps are set (chimes cap list): caps across shards are not supported "
                             "yet, and a shard would not count them; remove the caps first (docs/scaling.md)")
-    busy = await partitions_holding_jobs(catalog, first, last)
-    if busy:
-        raise ShardMapError(f"partitions {_describe_partitions(busy)} hold jobs in the catalog database: "
-                            "moving partitions that hold jobs is not supported yet (docs/scaling.md)")
+    horizon = await catalog.fetchval(sql("snapshot_horizon"))  # before the scan's snapshot
+    _refuse_busy(await partitions_holding_jobs(catalog, first, last))
     await _check_new_shard(catalog, url)
     await db.with_connection(url, migrate)
+    return await give_range(catalog, url, first, last, horizon)
+
+
+async def give_range(catalog: asyncpg.Connection, url: str, first: int, last: int, horizon: int) -> ShardMap:
+    """The last step of :func:`add_shard`, in one transaction of the catalog: the fence, the jobs
+    written since ``horizon`` (a ``snapshot_horizon`` read before the scan for jobs), the map."""
     async with catalog.transaction():
         await catalog.execute(sql("lock_shard_map"))
+        # The fence: from this commit on the catalog refuses new jobs in the range (a router that has
+        # not reloaded the map yet reloads it and goes to the shard). The creates the scan above could
+        # not see have committed once the lock is ours: they are read again, here.
+        await catalog.execute(sql("lock_catalog_jobs"))
+        await catalog.execute(sql("create_catalog_fence"))
         _refuse_overlap(await _ranges(catalog), first, last)  # a change that committed meanwhile
+        written = await catalog.fetch(sql("jobs_written_since"), horizon)
+        _refuse_busy(sorted({p for p in (partition_of(r["job_id"]) for r in written) if first <= p <= last}))
         shard_id = await catalog.fetchval(sql("add_shard"), url)
         version = await catalog.fetchval(sql("raise_shard_map_version"))
         await catalog.execute(sql("add_shard_range"), first, last, shard_id, version)
     return await load_map(catalog)
+
+
+def _refuse_busy(busy: list[int]) -> None:
+    if busy:
+        raise ShardMapError(f"partitions {_describe_partitions(busy)} hold jobs in the catalog database: "
+                            "moving partitions that hold jobs is not supported yet (docs/scaling.md)")
 
 
 def _refuse_overlap(ranges: tuple[ShardRange, ...], first: int, last: int) -> None:

@@ -60,3 +60,22 @@ SELECT job_id FROM jobs;
 -- name: partitions_with_triggers
 -- The trigger index leads with the partition: one range read.
 SELECT DISTINCT partition_id FROM triggers WHERE partition_id BETWEEN $1 AND $2 ORDER BY partition_id;
+
+-- name: snapshot_horizon
+-- Every transaction this snapshot does not see has this id or a later one (as a 64-bit xid).
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+
+-- name: lock_catalog_jobs
+-- While the map changes, no job is created, changed or deleted in the catalog: the creates that were
+-- in flight have committed (and are read below), and those after it meet the fence.
+LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: create_catalog_fence
+-- Migration 0010: the catalog refuses new jobs in partitions a shard holds (SQLSTATE CH001).
+CREATE OR REPLACE TRIGGER jobs_stay_off_shards BEFORE INSERT ON jobs
+    FOR EACH ROW EXECUTE FUNCTION chimes_refuse_jobs_of_shards();
+
+-- name: jobs_written_since
+-- The jobs written by a transaction at or after the horizon $1 (from snapshot_horizon): those a scan
+-- with that snapshot may have missed. One pass over the table, with no index: a rare, admin's read.
+SELECT job_id FROM jobs WHERE age(xmin) <= age(($1::bigint % 4294967296)::text::xid);
