@@ -97,6 +97,9 @@ async def test_every_job_lands_on_its_home_fires_and_is_found_through_the_api(
         assert names == [name for name in every if name in set(names)], f"{side}: not in the file's order"
         seen += names
     assert sorted(seen) == sorted(every)  # each line once, on one home or the other
+    counts = [len(await names_in(url)) for url in (database_url, shard_url)]
+    shard_id = (await fetch(database_url, "SELECT shard_id FROM shards"))[0]["shard_id"]
+    assert f"the catalog: {counts[0]} jobs; shard {shard_id}: {counts[1]} jobs" in output, output
 
     processes.scheduler("node-1")  # every soon job fires on its home, and the API finds its run
     soon_jobs = {r["name"]: r["job_id"] for url in (database_url, shard_url)

@@ -178,10 +178,12 @@ def import_jobs(database_url: str | None, data_dir: Path, file: Path, owner: str
     if all(home.committed for home in homes):
         click.echo(f"imported {count} jobs in {seconds:.1f}s ({count / max(seconds, 1e-9):,.0f} jobs/s)")
         if len(homes) > 1:
-            click.echo("  " + "; ".join(f"{home.name}: {home.written}" for home in homes))
+            click.echo("  " + "; ".join(f"{home.name}: {home.written} jobs" for home in homes))
         return
     if len(homes) == 1:
-        raise click.ClickException(f"{homes[0].error}; nothing was imported")
+        raise click.ClickException(f"{homes[0].error}; " + ("the connection was lost while committing: the jobs "
+                                                           "may or may not be there" if homes[0].committing
+                                                           else "nothing was imported"))
     report = _report(homes, file, owner, not_imported or _beside(file))
     if not any(home.committed for home in homes):
         raise click.ClickException(report)
