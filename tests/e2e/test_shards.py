@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import httpx
@@ -18,7 +17,6 @@ from chimes.store.shards import add_shard
 from tests.conftest import scratch_database
 from tests.e2e.processes import Processes
 from tests.e2e.test_crash_safety import soon
-from tests.e2e.test_import import run_import
 from tests.helpers import wait_for
 from tests.target import Target
 
@@ -91,12 +89,3 @@ async def test_jobs_on_two_servers_run_and_show_their_runs(
     assert [j["jobId"] for j in listed["jobs"]] == sorted(str(j) for j in jobs.values())
     assert [c.run_id for c in target.calls] and len(target.calls) == 2
 
-
-async def test_import_is_refused_while_the_map_has_shards(processes: Processes, tmp_path: Path,
-                                                          database_url: str, shard_url: str) -> None:
-    lines = tmp_path / "jobs.jsonl"
-    lines.write_text('{"name": "a", "schedule": {"cron": "@hourly"}, '
-                     '"task": {"type": "http", "url": "http://127.0.0.1:9/"}}\n')
-    code, output = await run_import(processes, lines, "team-a")
-    assert code == 1 and "importing into shards is not supported yet" in output, output
-    assert await job_ids_in(database_url) == set() and await job_ids_in(shard_url) == set()

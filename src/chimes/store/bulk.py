@@ -1,11 +1,11 @@
 """Loading many jobs at once: the rows of jobs and their first triggers, then COPY, in the caller's
-transaction."""
+transaction; with shards, the rows of a chunk split by the database that holds each job's partition."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +29,23 @@ class Rows:
 
     jobs: list[tuple[Any, ...]]
     triggers: list[tuple[Any, ...]]
+    partitions: list[int] = field(default_factory=list)  # of each job, in the order of ``jobs``
+    numbers: list[int] = field(default_factory=list)  # the file's line of each job, when read from a file
+
+    def by_home(self, home_of: Sequence[int], homes: int) -> list[Rows]:
+        """The rows split into ``homes`` parts, job ``i`` into part ``home_of[partition]`` (the shard map
+        as a list, one entry per partition), each part in the order of these rows."""
+        parts = [Rows([], [], [], []) for _ in range(homes)]
+        numbered = len(self.numbers) == len(self.jobs)
+        for i, (job, partition) in enumerate(zip(self.jobs, self.partitions, strict=True)):
+            part = parts[home_of[partition]]
+            part.jobs.append(job)
+            part.partitions.append(partition)
+            if numbered:
+                part.numbers.append(self.numbers[i])
+        for trigger in self.triggers:
+            parts[home_of[trigger[0]]].triggers.append(trigger)
+        return parts
 
 
 #: When a new job fires first (chimes.services.jobs.first_fire): the spec, the job's id, now.
@@ -36,17 +53,20 @@ FirstFire = Callable[[JobSpec, uuid.UUID, datetime], datetime | None]
 
 
 def job_rows(specs: Sequence[JobSpec], owner: str, now: datetime, first_fire: FirstFire,
-             id_millis: int | None = None) -> Rows:
+             id_millis: int | None = None, numbers: Sequence[int] = ()) -> Rows:
     """New jobs for validated specs, each with its first trigger (``first_fire``) where it has one;
-    their ids carry ``id_millis`` (default: now), which orders chunks made side by side."""
-    jobs, triggers = [], []
+    their ids carry ``id_millis`` (default: now), which orders chunks made side by side. ``numbers``:
+    the file's line of each spec, kept with its row."""
+    jobs, triggers, partitions = [], [], []
     for spec, job_id in zip(specs, new_job_ids(len(specs), id_millis), strict=True):
         text_id = str(job_id)
+        partition = partition_of(job_id)
         jobs.append((text_id, owner, *job_columns(spec)))
+        partitions.append(partition)
         fire_at = first_fire(spec, job_id, now)
         if fire_at is not None:
-            triggers.append((partition_of(job_id), fire_at, text_id, text_id, 1, TriggerKind.SCHEDULE.value))
-    return Rows(jobs, triggers)
+            triggers.append((partition, fire_at, text_id, text_id, 1, TriggerKind.SCHEDULE.value))
+    return Rows(jobs, triggers, partitions, list(numbers))
 
 
 async def copy_rows(conn: asyncpg.Connection, rows: Rows) -> int:
