@@ -398,22 +398,9 @@ $function$;
 
 CREATE OR REPLACE FUNCTION public.chimes_partition_of(job_id uuid)
  RETURNS integer
- LANGUAGE plpgsql
+ LANGUAGE sql
  IMMUTABLE PARALLEL SAFE STRICT
-AS $function$
-DECLARE
-    bytes bytea := uuid_send(job_id);
-    crc bigint := 4294967295;
-BEGIN
-    FOR i IN 0..15 LOOP
-        crc := crc # get_byte(bytes, i);
-        FOR bit IN 1..8 LOOP
-            crc := CASE WHEN crc & 1 = 1 THEN (crc >> 1) # 3988292384 ELSE crc >> 1 END;
-        END LOOP;
-    END LOOP;
-    RETURN ((crc # 4294967295) % 1024)::integer;
-END
-$function$;
+RETURN ((crc32(uuid_send(job_id)) % (1024)::bigint))::integer;
 
 CREATE OR REPLACE FUNCTION public.chimes_refuse_jobs_of_shards()
  RETURNS trigger
