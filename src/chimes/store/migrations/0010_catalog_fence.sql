@@ -5,7 +5,7 @@
 -- database without shards pays nothing per job.
 
 -- A job's partition, as chimes.ids.partition_of computes it: CRC-32 (IEEE) of the id's 16 bytes,
--- modulo 1,024. PostgreSQL 18 has crc32(); before it, the same CRC written out (about 50 µs a job:
+-- modulo 1,024. PostgreSQL 18 has crc32(); before it, the same CRC written out in PL/pgSQL (slower:
 -- it runs once per job created in a catalog with shards, never on a hot path).
 DO $migration$
 BEGIN
