@@ -14,9 +14,10 @@ databases:
   each server: sampled every second from ``pg_stat_activity``, each backend tied to its process
   by its client port (so the servers listen on 127.0.0.1, each on a port of its own, and are reached
   over TCP, as shards on other machines are);
-- **the API's routing** (the first and the last configuration only): ``--creates`` jobs created
-  through ``chimes api`` one at a time, then each read back with ``GET /jobs/{id}``: latency and CPU
-  per request of the API and of the servers;
+- **the API's routing** (the fewest and the most shards): a ``chimes api`` on each, at once, on
+  databases of their own; ``--creates`` jobs created one at a time, then each read back with
+  ``GET /jobs/{id}``: CPU per request of the API and of the servers (each API alone), and latency
+  with the APIs taking turns request by request (side by side);
 - **the blast radius** (the largest configuration with 2 or more shards): the same burst again with
   the last shard's PostgreSQL stopped (SIGSTOP, the postmaster and every backend) at the due second,
   until every run of the other shards has succeeded; then it is let go (SIGCONT) and its runs finish
@@ -181,10 +182,11 @@ class Layout:
         return {s.name: s.postmaster_pid() for s in self.servers}
 
 
-async def prepare(env: Env, all_servers: Sequence[Server], count: int, say: Say) -> Layout:
+async def prepare(env: Env, all_servers: Sequence[Server], count: int, say: Say,
+                  database: str | None = None) -> Layout:
     """Fresh databases on the first ``count`` servers, the catalog migrated, and each other server added
     as ``chimes shards add`` adds it (migrated, then its even share of the partitions in the map)."""
-    name = env.database("shards")
+    name = database or env.database("shards")
     chosen = list(all_servers[:count])
     for server in chosen:
         admin = await asyncpg.connect(server.dsn("postgres"))
@@ -454,76 +456,152 @@ def _partitions_of(layout: Layout, index: int) -> str:
 
 # --- the API's routing -----------------------------------------------------------------------------
 
-async def api_routing(env: Env, layout: Layout, *, creates: int, say: Say) -> Result:
-    """``creates`` jobs created through ``chimes api`` one at a time (due in an hour: none fires), then each
-    read back with ``GET /jobs/{id}``: latency, and CPU of the API and of every server, per request."""
-    label = f"API, {len(layout.servers)} shard{'s' * (len(layout.servers) > 1)}"
-    api = ApiProcess(layout.catalog_dsn, env.workdir, name=f"api-{len(layout.servers)}")
-    pools = [await db.create_pool(dsn, min_size=1, max_size=2) for dsn in layout.dsns]
-    sampler = ConnectionSampler(layout, pools, [api.proc])
-    figures: dict[str, Any] = {}
+class _Api:
+    """One ``chimes api`` process on one configuration, with a client holding a team token."""
+
+    def __init__(self, env: Env, layout: Layout) -> None:
+        self.layout = layout
+        self.label = f"API, {_label(len(layout.servers))}"
+        self.process = ApiProcess(layout.catalog_dsn, env.workdir, name=f"api-{len(layout.servers)}")
+        self.client: httpx.AsyncClient | None = None
+        self.numbers = iter(range(1_000_000))
+
+    async def open(self) -> None:
+        token = await team_token(self.layout.catalog_dsn)
+        self.client = httpx.AsyncClient(base_url=self.process.url, headers={"Authorization": f"Bearer {token}"},
+                                        timeout=30)
+        await self.process.ready(self.client)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+        self.process.stop()
+
+    async def create(self, due: str) -> str:
+        assert self.client is not None
+        answer = await self.client.post("/jobs", json={
+            "name": f"create-{next(self.numbers)}", "schedule": {"at": due},
+            "task": {"type": "http", "url": "http://127.0.0.1:9/never"}})
+        if answer.status_code != 201:
+            raise RuntimeError(f"{self.label}: POST /jobs answered {answer.status_code}: {answer.text[:500]}")
+        return str(answer.json()["jobId"])
+
+    async def read(self, job_id: str) -> str:
+        assert self.client is not None
+        answer = await self.client.get(f"/jobs/{job_id}")
+        if answer.status_code != 200:
+            raise RuntimeError(f"{self.label}: GET /jobs/{job_id} answered {answer.status_code}: {answer.text[:500]}")
+        return job_id
+
+
+async def api_routing(env: Env, layouts: Sequence[Layout], *, creates: int, say: Say) -> list[Result]:
+    """A ``chimes api`` per configuration, all at once, each on its own databases. First each alone, one
+    after the other, for CPU: ``creates`` jobs created one at a time (due in an hour: none fires), then
+    each read back with ``GET /jobs/{id}``, the API's CPU and every server's counted. Then the latency
+    side by side: as many creates and reads again, taking turns request by request (the first to go
+    alternating), so that a change in the machine's load falls on every configuration alike."""
+    apis = [_Api(env, layout) for layout in layouts]
+    figures: list[dict[str, Any]] = [{} for _ in apis]
+    samplers: list[ConnectionSampler] = []
+    pools: list[asyncpg.Pool] = []
     try:
-        token = await team_token(layout.catalog_dsn)
-        async with httpx.AsyncClient(base_url=api.url, headers={"Authorization": f"Bearer {token}"},
-                                     timeout=30) as client:
-            await api.ready(client)
-            due = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
-
-            async def create(i: int) -> str:
-                answer = await client.post("/jobs", json={
-                    "name": f"create-{i}", "schedule": {"at": due},
-                    "task": {"type": "http", "url": "http://127.0.0.1:9/never"}})
-                if answer.status_code != 201:
-                    raise RuntimeError(f"POST /jobs answered {answer.status_code}: {answer.text[:500]}")
-                return str(answer.json()["jobId"])
-
-            async def read(job_id: str) -> str:
-                answer = await client.get(f"/jobs/{job_id}")
-                if answer.status_code != 200:
-                    raise RuntimeError(f"GET /jobs/{job_id} answered {answer.status_code}: {answer.text[:500]}")
-                return job_id
-
-            warm = [await create(-1 - i) for i in range(WARM_UP_REQUESTS)]
-            for job_id in warm:
-                await read(job_id)
-            sampler.start()
+        for api in apis:
+            await api.open()
+        due = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+        for api in apis:  # not counted: the first requests open each API's pools, one per shard
+            for job_id in [await api.create(due) for _ in range(WARM_UP_REQUESTS)]:
+                await api.read(job_id)
+        for api, mine in zip(apis, figures, strict=True):
+            api_pools = [await db.create_pool(dsn, min_size=1, max_size=2) for dsn in api.layout.dsns]
+            pools += api_pools
+            samplers.append(ConnectionSampler(api.layout, api_pools, [api.process.proc]))
             created: list[str] = []
-            figures["create"] = await _timed(api, layout, [lambda i=i: create(i) for i in range(creates)], created)
-            figures["get"] = await _timed(api, layout, [lambda j=j: read(j) for j in created], [])
-            await sampler.sample()
-            await sampler.stop()
-        homes = [await pool.fetchval("SELECT count(*) FROM jobs WHERE owner = 'team'") for pool in pools]
+            mine["create"] = await _cpu_of(api, [lambda a=api: a.create(due)] * creates, created)
+            mine["get"] = await _cpu_of(api, [lambda a=api, j=j: a.read(j) for j in created], [])
+            await samplers[-1].sample()
+        turns: list[list[str]] = [[] for _ in apis]
+        create_lags: list[list[tuple[str, float]]] = [[] for _ in apis]
+        get_lags: list[list[tuple[str, float]]] = [[] for _ in apis]
+        for i in range(creates):
+            for k in _turn_order(len(apis), i):
+                job_id, took = await _clocked(apis[k].create(due))
+                turns[k].append(job_id)
+                create_lags[k].append((job_id, took))
+        for i in range(creates):
+            for k in _turn_order(len(apis), i):
+                job_id, took = await _clocked(apis[k].read(turns[k][i]))
+                get_lags[k].append((job_id, took))
+        homes = [[await pool.fetchval("SELECT count(*) FROM jobs WHERE owner = 'team'") for pool in api_pools]
+                 for api_pools in _split(pools, [len(a.layout.servers) for a in apis])]
     finally:
-        await sampler.stop()
+        for sampler in samplers:
+            await sampler.stop()
         for pool in pools:
             await pool.close()
-        api.stop()
-    if sum(homes) != creates + WARM_UP_REQUESTS:
-        raise RuntimeError(f"{sum(homes)} jobs found on the servers, {creates + WARM_UP_REQUESTS} created")
-    say(f"{label}: create p50 {figures['create']['latency_ms']['p50']:.1f} ms, "
-        f"GET p50 {figures['get']['latency_ms']['p50']:.1f} ms")
-    result = Result(label, "shards-api", creates, creates, None, peak_mb={"api": round(api.proc.peak_rss_mb(), 1)})
-    result.extra = {"shards": len(layout.servers), **figures, "jobs_by_server": homes,
-                    "connections": sampler.report()}
-    return result
+        for api in apis:
+            await api.close()
+    results = []
+    for k, api in enumerate(apis):
+        expected = WARM_UP_REQUESTS + 2 * creates
+        if sum(homes[k]) != expected:
+            raise RuntimeError(f"{api.label}: {sum(homes[k])} jobs found on the servers, {expected} created")
+        for what, lags in (("create", create_lags[k]), ("get", get_lags[k])):
+            figures[k][what] |= _latencies(api.layout, lags)
+        say(f"{api.label}: create p50 {figures[k]['create']['latency_ms']['p50']:.1f} ms, "
+            f"GET p50 {figures[k]['get']['latency_ms']['p50']:.1f} ms (side by side)")
+        result = Result(api.label, "shards-api", creates, creates, None,
+                        peak_mb={"api": round(api.process.proc.peak_rss_mb(), 1)})
+        result.extra = {"shards": len(api.layout.servers), **figures[k], "jobs_by_server": homes[k],
+                        "connections": samplers[k].report()}
+        results.append(result)
+    return results
 
 
-async def _timed(api: ApiProcess, layout: Layout, calls: Sequence[Callable[[], Awaitable[str]]],
-                 keep: list[str]) -> dict[str, Any]:
-    """Each call one after the other: latency percentiles (ms), and CPU ms per call of the API and of
-    the servers (all together and each)."""
-    meter = CpuMeter([api.proc], layout.server_pids())
+def _turn_order(count: int, i: int) -> list[int]:
+    """Whose turn first in round ``i``: the configurations in order, then the other way round."""
+    order = list(range(count))
+    return order if i % 2 == 0 else order[::-1]
+
+
+def _split(items: Sequence[asyncpg.Pool], sizes: Sequence[int]) -> list[list[asyncpg.Pool]]:
+    out, start = [], 0
+    for size in sizes:
+        out.append(list(items[start:start + size]))
+        start += size
+    return out
+
+
+async def _clocked(call: Awaitable[str]) -> tuple[str, float]:
+    started = time.perf_counter()
+    job_id = await call
+    return job_id, (time.perf_counter() - started) * 1000
+
+
+def _latencies(layout: Layout, lags: Sequence[tuple[str, float]]) -> dict[str, Any]:
+    """Latency percentiles (ms), of all requests and by the server holding each request's job."""
+    by_home: list[list[float]] = [[] for _ in layout.servers]
+    for job_id, took in lags:
+        by_home[layout.home_of(partition_of(uuid.UUID(job_id)))].append(took)
+    return {"latency_ms": percentiles([took for _, took in lags]),
+            "latency_ms_by_job_server": {s.name: percentiles(mine)
+                                         for s, mine in zip(layout.servers, by_home, strict=True)}}
+
+
+async def _cpu_of(api: _Api, calls: Sequence[Callable[[], Awaitable[str]]], keep: list[str]) -> dict[str, Any]:
+    """Each call one after the other, this API alone: CPU ms per call of the API and of the servers (all
+    together and each), and the latency alone (ms)."""
+    meter = CpuMeter([api.process.proc], api.layout.server_pids())
     meter.start()
-    latencies = []
+    alone = []
     for call in calls:
-        started = time.perf_counter()
-        keep.append(await call())
-        latencies.append((time.perf_counter() - started) * 1000)
+        job_id, took = await _clocked(call())
+        keep.append(job_id)
+        alone.append(took)
     cpu = meter.stop()
     n = len(calls)
-    servers = {s.name: round(cpu.get(s.name, 0.0) / n * 1000, 4) for s in layout.servers}
-    return {"requests": n, "latency_ms": percentiles(latencies),
-            "cpu_ms": {"api": round(cpu.get(api.proc.name, 0.0) / n * 1000, 4),
+    servers = {s.name: round(cpu.get(s.name, 0.0) / n * 1000, 4) for s in api.layout.servers}
+    return {"requests": n, "latency_alone_ms": percentiles(alone),
+            "cpu_ms": {"api": round(cpu.get(api.process.proc.name, 0.0) / n * 1000, 4),
                        "postgresql": round(sum(servers.values()), 4), "by_server": servers}}
 
 
@@ -534,15 +612,17 @@ async def shards(env: Env, target: TargetProcess, *, runs: int, counts: Sequence
     """Every configuration of ``counts`` (the burst; the API for the first and the last), then the
     blast radius on the largest with 2 or more shards."""
     results: list[Result] = []
-    api_counts = {counts[0], counts[-1]} if creates else set()
+    api_counts = sorted({min(counts), max(counts)})
     blast = max((n for n in counts if n >= 2), default=None)
     with servers(env.workdir, max(counts), say) as started:
         for count in counts:
             layout = await prepare(env, started, count, say)
-            if count in api_counts:  # first, on the fresh databases; its jobs are due in an hour
-                results.append(await api_routing(env, layout, creates=creates, say=say))
             results.append(await burst(env, target, layout, runs=runs, shape=shape, say=say,
                                        label=_label(count)))
+        if creates:
+            layouts = [await prepare(env, started, count, say, database=env.database(f"api{count}"))
+                       for count in api_counts]
+            results += await api_routing(env, layouts, creates=creates, say=say)
         if blast is not None:
             layout = await prepare(env, started, blast, say)
             results.append(await burst(env, target, layout, runs=runs, shape=shape, say=say,
@@ -625,6 +705,13 @@ def shards_table(results: Sequence[Result]) -> str:
                         "GET CPU ms: API, PostgreSQL", "connections held (by server)"],
                        [[r.system, _ms(r.extra["create"]), _cpu_req(r.extra["create"]), _ms(r.extra["get"]),
                          _cpu_req(r.extra["get"]), _connections_cell(r)] for r in apis])
+        for r in apis:
+            if r.extra["shards"] > 1:
+                lines.append(f"  {r.system}: p50 / p99 ms by the server holding the job: create " + ", ".join(
+                    f"{k} {_ms({'latency_ms': v})}" for k, v in r.extra["create"]["latency_ms_by_job_server"].items()
+                    if v) + "; GET " + ", ".join(
+                    f"{k} {_ms({'latency_ms': v})}" for k, v in r.extra["get"]["latency_ms_by_job_server"].items()
+                    if v))
         if len(apis) > 1:
             first, last = apis[0].extra, apis[-1].extra
             lines.append(f"  {apis[-1].system} against {apis[0].system}: create p50 "
