@@ -234,6 +234,7 @@ class ConnectionSampler:
         self.most_total: dict[str, int] = {}  # process -> all servers together
         self.samples = 0
         self.paused: set[int] = set()  # indexes of servers not to ask (stopped)
+        self.lock = asyncio.Lock()  # held by a sample: a server is stopped between samples, not during one
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -251,6 +252,10 @@ class ConnectionSampler:
             await asyncio.sleep(SAMPLE_EVERY_SEC)
 
     async def sample(self) -> None:
+        async with self.lock:
+            await self._sample()
+
+    async def _sample(self) -> None:
         owners = await asyncio.to_thread(_port_owners)
         totals: dict[str, int] = {}
         for index, (server, pool) in enumerate(zip(self.layout.servers, self.pools, strict=True)):
@@ -379,8 +384,9 @@ async def burst(env: Env, target: TargetProcess, layout: Layout, *, runs: int, s
         limit = 120 + runs / 200
         if paused is not None:
             await asyncio.sleep(max(0.0, due.timestamp() - time.time()))
-            sampler.paused.add(len(pools) - 1)
-            paused.pause()
+            async with sampler.lock:
+                sampler.paused.add(len(pools) - 1)
+                paused.pause()
             stopped_at = time.monotonic()
             say(f"{label}: {paused.name} stopped (SIGSTOP) at the due second")
             healthy = pools[:-1]
