@@ -80,9 +80,9 @@ def parse_counts(text: str) -> list[int]:
     try:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(f"--shards: comma-separated numbers of shards, e.g. 1,2,4, not {text!r}") from None
+        raise ValueError(f"comma-separated numbers of shards, e.g. 1,2,4, not {text!r}") from None
     if not counts or any(not 1 <= n <= 16 for n in counts) or len(set(counts)) != len(counts):
-        raise ValueError(f"--shards: each from 1 to 16, none twice, e.g. 1,2,4, not {text!r}")
+        raise ValueError(f"numbers of shards each from 1 to 16, none twice, e.g. 1,2,4, not {text!r}")
     return counts
 
 
