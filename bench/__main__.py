@@ -11,6 +11,8 @@ Scenarios:
   idle-wal     the WAL an idle fleet writes a second, by relation and kind of record (pg_walinspect)
   async-loss   the primary SIGKILLed while jobs are created and runs fired, asynchronous then synchronous
                standby: what a failover loses (--repeat failovers of each)
+  shards       the same burst over 1, 2 and 4 shards (an embedded PostgreSQL each), the API's routing with
+               the fewest and the most, and the burst with one shard's PostgreSQL stopped (SIGSTOP)
 
 Each prints a table; ``--json FILE`` writes the figures, ``--chart FILE.png`` the lag distributions.
 Without ``--database-url`` an embedded PostgreSQL is started in a temporary folder and removed after.
@@ -43,6 +45,15 @@ def _positive(text: str) -> int:
     return value
 
 
+def _shard_counts(text: str) -> list[int]:
+    from bench.shards import parse_counts
+
+    try:
+        return parse_counts(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _identifier(text: str) -> str:
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,39}", text):
         raise argparse.ArgumentTypeError(f"lower-case letters, digits and _ (40 at most), not {text!r}")
@@ -53,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenario", choices=["burst", "top-of-hour", "steady", "load", "peers", "ha-cost", "idle-wal",
-                                             "async-loss"])
+                                             "async-loss", "shards"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
     parser.add_argument("--database-prefix", type=_identifier, default="bench",
@@ -61,7 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, default=10_000,
                         help="runs in the burst (burst, top-of-hour, peers, ha-cost)")
     parser.add_argument("--creates", type=_positive, default=300,
-                        help="jobs created through the API one at a time, for their latency (ha-cost)")
+                        help="jobs created through the API one at a time, for their latency (ha-cost, shards)")
+    parser.add_argument("--shards", type=_shard_counts, default="1,2,4",
+                        help="shards: the configurations, comma-separated numbers of PostgreSQL servers")
     parser.add_argument("--lanes", type=_positive, default=8,
                         help="writers creating jobs through the API at once, as fast as it answers (async-loss)")
     parser.add_argument("--idle", type=int, default=0, help="idle schedules in the index (top-of-hour)")
@@ -135,6 +148,11 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
 
         return await async_loss(env, target, rounds=args.repeat, lanes=args.lanes, say=say,
                                 stall_sec=args.standby_stall)
+    if args.scenario == "shards":
+        from bench.shards import shards
+
+        return await shards(env, target, runs=args.runs, counts=args.shards, creates=args.creates, shape=shape,
+                            say=say)
     if args.scenario == "idle-wal":
         from bench.idle_wal import idle_wal
 
@@ -157,6 +175,10 @@ def _report(scenario: str, results: list[Result]) -> str:
         from bench.async_loss import loss_table, rounds_of
 
         return loss_table(rounds_of(results))
+    if scenario == "shards":
+        from bench.shards import shards_table
+
+        return shards_table(results)
     if scenario == "idle-wal":
         from bench.idle_wal import wal_table
 
@@ -177,7 +199,11 @@ def _quietness(rounds: list[quiet.Quietness]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.scenario == "shards" and args.database_url:
+        parser.error("shards starts embedded PostgreSQL servers of its own, one per shard: drop --database-url "
+                     "(and BENCH_DATABASE_URL)")
     import uvloop
 
     machine, results, rounds = uvloop.run(_run(args))

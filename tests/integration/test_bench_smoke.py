@@ -1,4 +1,5 @@
-"""The benchmark code keeps working: the burst, top-of-hour and idle-wal scenarios, tiny, on the test server.
+"""The benchmark code keeps working: the burst, top-of-hour, idle-wal and shards scenarios, tiny, on the
+test server (shards: on servers of its own).
 
 Real `chimes scheduler` and `chimes worker` processes and the benchmark's own HTTP target, as in a
 real benchmark run; no timing is asserted (the machine is shared), only that every run is accounted
@@ -11,6 +12,8 @@ procrastinate, PgQueuer, Celery) and Celery with a redis-server, none of which t
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import orjson
@@ -20,6 +23,7 @@ from bench.chimes_runs import FleetShape, end_to_end
 from bench.env import Env
 from bench.idle_wal import idle_wal, wal_table
 from bench.report import spread_table, table
+from bench.shards import cpu_ms_per_run, shards, shards_table
 from bench.target import TargetProcess
 from bench.top_of_hour import top_of_hour
 
@@ -77,3 +81,49 @@ async def test_every_round_of_a_repeated_scenario_says_how_quiet_the_machine_was
     assert "round 1: load average" in report and "round 2: load average" in report
     assert ("WARNING: the machine was busy" in report) == any(r.busy for r in rounds)
     assert spread_table(results).startswith("  chimes jobs import, 2 rounds, min / median / max: drain s ")
+
+
+async def test_shards_scenario_reports_each_configuration_the_api_and_a_stopped_shard() -> None:
+    # Its own embedded servers (one per shard, over TCP), not the session's: the scenario starts them,
+    # in a folder the servers' system user can reach (not pytest's tmp_path, which is private to root).
+    workdir = Path(tempfile.mkdtemp(prefix="chimes-bench-shards-"))
+    env = Env("postgresql://unused", workdir, None, prefix=f"bench_smoke_{os.getpid()}")
+    target = TargetProcess(workdir)
+    try:
+        results = await shards(env, target, runs=60, counts=[1, 2], creates=5, shape=FleetShape(concurrency=10),
+                               say=lambda _: None)
+    finally:
+        target.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    one, two, stalled = (r for r in results if r.scenario == "shards")
+    assert [one.system, two.system, stalled.system] == ["1 shard", "2 shards", "2 shards, pg2 stopped"]
+    for burst in (one, two, stalled):
+        assert (burst.runs, burst.completed, burst.extra["calls"], burst.extra["distinct_calls"]) == (60, 60, 60, 60)
+        assert sum(s["runs"] for s in burst.extra["by_server"]) == 60
+        assert burst.extra["wal_bytes_per_run"] > 0
+    # each server holds its half of the partitions, and its runs and WAL are its own
+    assert [(s["server"], s["partitions"]) for s in two.extra["by_server"]] == [("pg1", "0-511"), ("pg2", "512-1023")]
+    assert all(s["runs"] > 0 and s["wal_bytes_per_run"] > 0 for s in two.extra["by_server"])
+    cpu = cpu_ms_per_run(two)
+    assert {"scheduler", "workers", "pg1", "pg2", "postgresql"} <= set(cpu) and cpu["postgresql"] > 0
+    # every role holds connections on every server, the scheduler within (shards + 1) x its pool; a
+    # worker's LISTEN connection per home is outside its pool
+    held = two.extra["connections"]["by_process"]
+    assert set(held["scheduler"]["by_server"]) == set(held["worker"]["by_server"]) == {"pg1", "pg2"}
+    assert 2 <= held["scheduler"]["most_at_once"] <= held["scheduler"]["bound"] == 12
+    assert 2 <= held["worker"]["most_at_once"] <= held["worker"]["bound"] + 2
+    assert set(one.extra["connections"]["by_process"]["scheduler"]["by_server"]) == {"pg1"}
+    # the API's routing, with 1 shard and with 2: every create and read answered, the jobs in both homes
+    api_one, api_two = (r for r in results if r.scenario == "shards-api")
+    assert [api_one.system, api_two.system] == ["API, 1 shard", "API, 2 shards"]
+    assert api_one.extra["create"]["requests"] == api_two.extra["get"]["requests"] == 5
+    assert api_one.extra["jobs_by_server"] == [30] and sum(api_two.extra["jobs_by_server"]) == 30  # 20 + 2 x 5
+    assert min(api_two.extra["jobs_by_server"]) > 0
+    # the blast radius: pg2 stopped at the due second, pg1's runs against pg1's with nothing stopped
+    blast = stalled.extra["blast_radius"]
+    assert blast["stopped"]["server"] == "pg2" and blast["stopped"]["seconds"] > 0
+    assert blast["healthy_start_lag_one_stopped"] is not None and blast["healthy_start_lag_nothing_stopped"]
+    report = shards_table(results)
+    assert "2 shards, pg2 stopped" in report and "blast radius, 2 shards, pg2 stopped" in report
+    assert "GET /jobs/{id}" in report and "scheduler: pg1 " in report
+    assert orjson.loads(orjson.dumps([r.to_json() for r in results], default=str))[0]["extra"]["shards"] == 1
