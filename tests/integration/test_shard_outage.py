@@ -57,7 +57,8 @@ async def test_a_stalled_home_keeps_no_slot_from_a_home_that_answers(
         await wait_for(lambda: budget.in_use > 0, timeout=20, what="a claim on the stopped server")
         assert budget.in_use <= budget.share() == 2
 
-        body = {"name": "answering", "schedule": {"cron": "0 0 1 1 *"}, "task": {"type": "http", "url": f"{target.url}/a"}}
+        body = {"name": "answering", "schedule": {"cron": "0 0 1 1 *"},
+                "task": {"type": "http", "url": f"{target.url}/a"}}
         created = await client.post("/jobs", json=body)
         assert created.status_code == 201, created.text
         queued = time.monotonic()
