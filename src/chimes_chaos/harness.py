@@ -190,8 +190,10 @@ async def _drain_and_read(options: ChaosOptions, fleet: Fleet, job_ids: list[Any
         list[dict[str, Any]], dict[Any, list[dict[str, Any]]], list[dict[str, Any]], dict[Any, str]]:
     """Let the runs still going end (a timeout is not an error: invariant 2 judges what is left);
     then read what the checks need, the jobs that exist (and the probe's) included."""
-    homes = [await asyncpg.connect(dsn) for dsn in fleet.home_dsns]
+    homes: list[asyncpg.Connection] = []
     try:
+        for dsn in fleet.home_dsns:
+            homes.append(await asyncpg.connect(dsn))
         await _until(lambda: _drained(homes, job_ids), options.drain_timeout, "the last runs to end", fleet,
                      fail=False)
         runs, attempts, unfinished = await read_database(homes, job_ids)
