@@ -8,7 +8,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from chimes.cli.chaos import chaos
 from chimes_chaos.faults import DATABASE_COOLDOWN_SEC, PRIMARY_MOVES, FaultWindow, PlannedFault, plan_faults
 from chimes_chaos.fleet import Fleet, FleetShape, partition_ranges
 
@@ -130,3 +132,10 @@ def test_shards_are_refused_with_a_database_of_someone_else(tmp_path: Path) -> N
     for kwargs in ({"database_url": "postgresql://db/x"}, {"ha": True}):
         with pytest.raises(ValueError, match="cannot be combined"):
             Fleet(tmp_path, FleetShape(), shards=2, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("args", "named"), [(["--zones"], "--zones"), (["--ha"], "--ha"),
+                                             (["--database-url", "postgresql://db/x"], "--database-url")])
+def test_chimes_chaos_refuses_shards_with_a_database_of_someone_else(args: list[str], named: str) -> None:
+    result = CliRunner().invoke(chaos, ["--shards", "2", *args], env={"CHIMES_DATABASE_URL": None})
+    assert result.exit_code == 2 and f"cannot be combined with {named}" in result.output, result.output
