@@ -1,4 +1,8 @@
-"""What the invariant checker reads: the database after the run, plus what the harness saw during it."""
+"""What the invariant checker reads: the database after the run, plus what the harness saw during it.
+
+With shards, a job's runs, attempts, queue entries and leases live on the job's home: every read
+below is made on every home and the answers merged (a job is in one home, so nothing is counted twice).
+"""
 
 from __future__ import annotations
 
@@ -66,25 +70,38 @@ class Evidence:
     answers: list[Answer] = field(default_factory=list)  # every write the harness sent the API
     jobs_found: set[uuid.UUID] | None = None  # of ``jobs``, those in the database at the end (None: not read)
     probe: tuple[int, int | None] | None = None  # the write probe: (last N acknowledged, N found at the end)
+    home_of: list[int] | None = None  # with shards: each partition's home (0 the catalog, k shard-k)
+
+    def home(self, partition: int) -> int:
+        return self.home_of[partition] if self.home_of is not None else 0
 
 
-async def jobs_found(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
-    """Of ``job_ids``, those in the database, with their names."""
-    rows = await conn.fetch("SELECT job_id, name FROM jobs WHERE job_id = ANY($1::uuid[])", job_ids)
-    return {row["job_id"]: row["name"] for row in rows}
+async def jobs_found(homes: list[asyncpg.Connection], job_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Of ``job_ids``, those in the databases (every home), with their names."""
+    found: dict[uuid.UUID, str] = {}
+    for conn in homes:
+        rows = await conn.fetch("SELECT job_id, name FROM jobs WHERE job_id = ANY($1::uuid[])", job_ids)
+        found |= {row["job_id"]: row["name"] for row in rows}
+    return found
 
 
-async def unfinished_count(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> int:
-    count: int = await conn.fetchval("SELECT count(*) FROM runs WHERE job_id = ANY($1::uuid[]) "
+async def unfinished_count(homes: list[asyncpg.Connection], job_ids: list[uuid.UUID]) -> int:
+    count = 0
+    for conn in homes:
+        count += await conn.fetchval("SELECT count(*) FROM runs WHERE job_id = ANY($1::uuid[]) "
                                      "AND status IN ('scheduled', 'running')", job_ids)
     return count
 
 
-async def read_database(conn: asyncpg.Connection, job_ids: list[uuid.UUID]) -> tuple[
+async def read_database(homes: list[asyncpg.Connection], job_ids: list[uuid.UUID]) -> tuple[
         list[dict[str, Any]], dict[uuid.UUID, list[dict[str, Any]]], list[dict[str, Any]]]:
-    runs = [dict(r) for r in await conn.fetch(RUNS_SQL, job_ids)]
+    """The runs, attempts (by run) and unfinished runs of ``job_ids``, from every home, merged."""
+    runs: list[dict[str, Any]] = []
     attempts: dict[uuid.UUID, list[dict[str, Any]]] = defaultdict(list)
-    for row in await conn.fetch(ATTEMPTS_SQL, job_ids):
-        attempts[row["run_id"]].append(dict(row))
-    unfinished = [dict(r) for r in await conn.fetch(UNFINISHED_SQL, job_ids)]
+    unfinished: list[dict[str, Any]] = []
+    for conn in homes:
+        runs += [dict(r) for r in await conn.fetch(RUNS_SQL, job_ids)]
+        for row in await conn.fetch(ATTEMPTS_SQL, job_ids):
+            attempts[row["run_id"]].append(dict(row))
+        unfinished += [dict(r) for r in await conn.fetch(UNFINISHED_SQL, job_ids)]
     return runs, dict(attempts), unfinished

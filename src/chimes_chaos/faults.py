@@ -46,6 +46,13 @@ ZONE_WEIGHTS = {
     "cut_other_zone": 0.8,  # a zone without the primary (a standby's, or the one without PostgreSQL)
 }
 ZONE_CUT_SEC = (24.0, 32.0)
+# With --shards N > 1 (a catalog and N-1 shard servers of the harness's own), as well:
+SHARD_WEIGHTS = {
+    # One shard's PostgreSQL SIGSTOPped past the lease TTL and the run lease, then resumed: the other
+    # homes must go on firing and starting on time (the blast radius), the stopped one catch up.
+    "stop_postgres_shard": 1.2,
+}
+SHARD_STOP_PAST_LEASES_SEC = (2.0, 8.0)  # stopped this long past the lease TTL plus the run lease
 # Faults after which a new primary is expected (their windows record when it was seen).
 PRIMARY_MOVES = frozenset({"kill_postgres_primary", "switchover_postgres", "freeze_postgres_primary",
                            "cut_primary_zone"})
@@ -72,6 +79,13 @@ class FaultWindow:
     promoted: float | None = None  # a fault that moves the primary: when the new one was first seen running
 
     @property
+    def stopped_home(self) -> int | None:
+        """The home (1..N-1) a shard stop stopped; None for every other fault (they hit every home)."""
+        if self.kind == "stop_postgres_shard" and self.victim and self.victim.startswith("shard-"):
+            return int(self.victim.removeprefix("shard-"))
+        return None
+
+    @property
     def hits(self) -> str:
         """What the fault hits: ``scheduler``, ``worker``, ``postgres``, ``target``, or ``zone`` (all
         of a zone's processes and servers at once)."""
@@ -85,13 +99,15 @@ def _shares_database(kind: str) -> bool:
 
 def plan_faults(seed: int | str, duration: float, *, schedulers: Sequence[str], workers: Sequence[str],
                 lease_ttl: float, worker_lease: float, mean_gap: float, database: bool,
-                ha: bool = False, zones: bool = False) -> list[PlannedFault]:
+                ha: bool = False, zones: bool = False, shards: int = 1) -> list[PlannedFault]:
     """Faults for ``duration`` seconds, about one every ``mean_gap`` seconds. At least one scheduler
     and one worker are always left untouched; database restarts only with ``database``, failovers
-    only with ``ha``, zone cuts only with ``zones``."""
+    only with ``ha``, zone cuts only with ``zones``, shard stops only with ``shards`` > 1. Database
+    faults (a shard stop among them) never overlap."""
     rng = random.Random(f"{seed}-faults")
     table = {k: w for k, w in WEIGHTS.items() if database or "postgres" not in k} | (HA_WEIGHTS if ha else {})
     table |= ZONE_WEIGHTS if zones else {}
+    table |= SHARD_WEIGHTS if shards > 1 and database else {}
     kinds = list(table)
     weights = [table[k] for k in kinds]
     free_at: dict[str, float] = {}  # victim (or "postgres", "target") -> when it may be hit again
@@ -115,6 +131,9 @@ def _draw(rng: random.Random, kind: str, at: float, free_at: dict[str, float], s
         key = "postgres" if _shares_database(kind) else "target"
         if free_at.get(key, 0.0) > at:
             return None
+        if kind == "stop_postgres_shard":
+            return PlannedFault(at, kind, None, round(lease_ttl + worker_lease
+                                                      + rng.uniform(*SHARD_STOP_PAST_LEASES_SEC), 2))
         return PlannedFault(at, kind, None, round(_database_fault_length(rng, kind), 2))
     members = schedulers if kind.endswith("scheduler") else workers
     healthy = [m for m in members if free_at.get(m, 0.0) <= at]
@@ -164,7 +183,7 @@ class FaultRunner:
     async def _inject(self, fault: PlannedFault) -> None:
         window = FaultWindow(fault.kind, fault.victim, time.time())
         self.windows.append(window)
-        log.info("fault: %s %s for %.1fs", fault.kind, fault.victim or "", fault.duration)
+        log.info("fault: %s %s for %.1fs", fault.kind, fault.victim or self._victim_of(fault), fault.duration)
         try:
             await self._apply(fault, window)
         finally:
@@ -187,6 +206,8 @@ class FaultRunner:
             member.freeze()
             await asyncio.sleep(fault.duration)
             member.thaw()
+        elif fault.kind == "stop_postgres_shard":
+            await self._stop_shard(fault, window)
         elif fault.kind.startswith("restart_postgres"):
             mode = fault.kind.rsplit("_", 1)[1]
             try:
@@ -198,6 +219,28 @@ class FaultRunner:
             self.target.mode = fault.kind.split("_", 1)[1]
             await asyncio.sleep(fault.duration)
             self.target.mode = "normal"
+
+    def _shard_of(self, fault: PlannedFault) -> int:
+        return 1 + int(fault.at * 1000) % max(1, len(self.fleet.shard_servers))
+
+    def _victim_of(self, fault: PlannedFault) -> str:
+        return f"shard-{self._shard_of(fault)}" if fault.kind == "stop_postgres_shard" else ""
+
+    async def _stop_shard(self, fault: PlannedFault, window: FaultWindow) -> None:
+        """SIGSTOP one shard's PostgreSQL (never the catalog's: the restarts hit that one) for the
+        fault's length, then SIGCONT. Which shard follows from the plan, as the etcd member does."""
+        home = self._shard_of(fault)
+        window.victim = f"shard-{home}"
+        try:
+            self.fleet.stop_shard(home)
+        except Exception as exc:  # recorded, and the run goes on: the checker will show the damage
+            window.note = f"stopping shard-{home} failed: {exc}"
+            log.error("stopping shard-%d failed: %s", home, exc)
+            return
+        try:
+            await asyncio.sleep(fault.duration)
+        finally:
+            self.fleet.stop_shard(home, False)
 
     async def _failover(self, fault: PlannedFault, window: FaultWindow) -> None:
         """The faults of a Patroni cluster (chimes.ha): the primary killed, frozen or moved, etcd hit,

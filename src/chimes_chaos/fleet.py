@@ -8,6 +8,10 @@ With ``zones`` the cluster and the fleet are spread over three zones (network na
 bridge, chimes.ha.zones): each zone holds an etcd member, a scheduler node and a worker, zones 1 and
 2 a PostgreSQL server each; the API, the target and the harness sit on the host, as a fourth zone.
 Zone 3's processes run on a clock ``zone_clock_skew`` seconds off the host's (libfaketime).
+
+With ``shards`` N > 1 the harness starts N embedded PostgreSQL servers: the catalog and N-1 shards
+(docs/scaling.md, "Shards"), each holding an even share of the 1,024 partitions, the catalog the
+first; every role process serves every home. A shard's server can be stopped (SIGSTOP) and resumed.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from cryptography.fernet import Fernet
 
 from chimes.ha.cluster import HaCluster
 from chimes.ha.zones import Zones, skewed_clock
+from chimes.ids import PARTITION_COUNT
 from chimes.store.embedded import EmbeddedPostgres
 
 
@@ -124,7 +129,12 @@ SKEWED_ZONE = 3  # the zone without PostgreSQL
 
 class Fleet:
     def __init__(self, work_dir: Path, shape: FleetShape, database_url: str | None = None, *,
-                 ha: bool = False, zones: bool = False, zone_clock_skew: float = 0.0) -> None:
+                 ha: bool = False, zones: bool = False, zone_clock_skew: float = 0.0, shards: int = 1) -> None:
+        if shards < 1:
+            raise ValueError("a fleet needs one database at least (--shards 1)")
+        if shards > 1 and (database_url or ha or zones):
+            raise ValueError("--shards starts the harness's own embedded servers: it cannot be combined with "
+                             "--database-url, --ha or --zones")
         self.work_dir = work_dir
         self.shape = shape
         self.zones = Zones(ZONES) if zones else None
@@ -140,6 +150,11 @@ class Fleet:
             self.cluster = HaCluster(work_dir / "ha", postgres=2)
         own = database_url is None and self.cluster is None
         self.postgres = EmbeddedPostgres(work_dir / "postgres-data") if own else None
+        # Home 0 is the catalog (self.postgres), home k > 0 the shard server self.shard_servers[k - 1].
+        self.shard_servers = [EmbeddedPostgres(work_dir / f"postgres-shard-{k}") for k in range(1, shards)]
+        self.shard_dsns: list[str] = []
+        self.ranges = partition_ranges(shards)  # per home: (first, last), the catalog's first
+        self.stopped_shards: set[int] = set()
         self.dsn = database_url or ""
         self.api_url = ""
         self.members: dict[str, Member] = {}
@@ -165,6 +180,7 @@ class Fleet:
             self.zones.make()
         if self.postgres is not None:
             self.dsn = self.postgres.acquire()
+            self.shard_dsns = [server.acquire() for server in self.shard_servers]
         elif self.cluster is not None:
             self.cluster.start()
             self.dsn = self.cluster.database_url()
@@ -177,7 +193,36 @@ class Fleet:
                     f"mode, 3 etcd; zone {SKEWED_ZONE}'s clock {self.zone_clock_skew:+g} s)")
         if self.cluster is not None:
             return f"own Patroni cluster ({len(self.cluster.postgres)} PostgreSQL, synchronous mode, 3 etcd)"
+        if self.shard_servers:
+            homes = ", ".join(f"{name} {first}-{last}" for name, (first, last) in zip(self.home_names, self.ranges,
+                                                                                        strict=True))
+            return f"own embedded PostgreSQL, {len(self.ranges)} servers (partitions: {homes})"
         return "own embedded PostgreSQL" if self.postgres is not None else "database given by URL"
+
+    @property
+    def home_dsns(self) -> list[str]:
+        """The URL of each home: the catalog, then each shard."""
+        return [self.dsn, *self.shard_dsns]
+
+    @property
+    def home_names(self) -> list[str]:
+        return ["catalog", *(f"shard-{k}" for k in range(1, len(self.ranges)))]
+
+    def home_of_partitions(self) -> list[int]:
+        """For each partition, the index of its home (0: the catalog)."""
+        homes = [0] * PARTITION_COUNT
+        for home, (first, last) in enumerate(self.ranges):
+            homes[first:last + 1] = [home] * (last - first + 1)
+        return homes
+
+    def stop_shard(self, home: int, stopped: bool = True) -> None:
+        """SIGSTOP (or SIGCONT) the PostgreSQL of shard ``home`` (1..N-1): an outage in which its
+        sessions stay open and nothing answers."""
+        self.shard_servers[home - 1].freeze(stopped)
+        if stopped:
+            self.stopped_shards.add(home)
+        else:
+            self.stopped_shards.discard(home)
 
     def restart_database(self, mode: str) -> None:
         if self.postgres is None:
@@ -239,6 +284,8 @@ class Fleet:
             for pg in self.cluster.postgres:
                 pg.freeze(False)
             self.cluster.restart_dead()
+        for home in sorted(self.stopped_shards):
+            self.stop_shard(home, False)
 
     def database_crashes(self) -> list[tuple[float, float, str]]:
         """Crashes of the harness's own PostgreSQL that no fault caused (a server process killed by a
@@ -246,17 +293,18 @@ class Fleet:
         if self.postgres is None:
             return []
         crashes: list[tuple[float, float, str]] = []
-        crashed: tuple[float, str] | None = None
-        with contextlib.suppress(FileNotFoundError), (self.postgres.pgdata / "server.log").open(
-                errors="replace") as log:
-            for line in log:
-                if "was terminated by signal" in line:
-                    crashed = (_log_time(line), line.strip())
-                elif crashed is not None and "ready to accept connections" in line:
-                    crashes.append((crashed[0], _log_time(line), crashed[1]))
-                    crashed = None
-        if crashed is not None:
-            crashes.append((crashed[0], crashed[0], crashed[1]))
+        for server in [self.postgres, *self.shard_servers]:
+            crashed: tuple[float, str] | None = None
+            with contextlib.suppress(FileNotFoundError), (server.pgdata / "server.log").open(
+                    errors="replace") as log:
+                for line in log:
+                    if "was terminated by signal" in line:
+                        crashed = (_log_time(line), line.strip())
+                    elif crashed is not None and "ready to accept connections" in line:
+                        crashes.append((crashed[0], _log_time(line), crashed[1]))
+                        crashed = None
+            if crashed is not None:
+                crashes.append((crashed[0], crashed[0], crashed[1]))
         return crashes
 
     def count_in_logs(self, text: str) -> int:
@@ -272,8 +320,13 @@ class Fleet:
             member.thaw()
             if member.alive and member.proc is not None:
                 member.proc.send_signal(signal.SIGTERM)
+        for home in sorted(self.stopped_shards):
+            with contextlib.suppress(Exception):  # stopping must go on: the servers are released below
+                self.stop_shard(home, False)
         for member in self.members.values():
             member.terminate()
+        for server in self.shard_servers:
+            server.release()
         if self.postgres is not None:
             self.postgres.release()
         if self.cluster is not None:
@@ -283,6 +336,12 @@ class Fleet:
             self.cluster.stop()
         if self.zones is not None:
             self.zones.remove()
+
+
+def partition_ranges(homes: int) -> list[tuple[int, int]]:
+    """The 1,024 partitions split evenly between ``homes`` databases, in order (the catalog's first)."""
+    bounds = [home * PARTITION_COUNT // homes for home in range(homes + 1)]
+    return [(bounds[home], bounds[home + 1] - 1) for home in range(homes)]
 
 
 def _log_time(line: str) -> float:

@@ -4,6 +4,9 @@ Phases: the fleet starts (its own PostgreSQL unless a URL is given, the roles as
 the workload is created through the API; faults are injected for ``duration`` seconds while one-off
 jobs keep being created; then every process is brought back and the fleet runs healthy for a while;
 the jobs are paused, the remaining runs are left to finish, and the invariants are checked.
+
+With ``shards`` N > 1 the harness starts N servers and gives N-1 of them an even share of the
+partitions (``chimes shards add``) before any role starts; the checks read every home.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import httpx
 
 from chimes.store.db import one_row
 from chimes.store.migrate import migrate
+from chimes.store.shards import add_shard
 from chimes.store.tokens import create_token
 from chimes_chaos.evidence import Evidence, jobs_found, read_database, unfinished_count
 from chimes_chaos.faults import FaultRunner, FaultWindow, plan_faults
@@ -59,6 +63,7 @@ class ChaosOptions:
     zones: bool = False  # that cluster and the fleet in three zones (network namespaces), which the faults cut off
     zone_clock_skew: float = 2.0  # with zones: zone 3's processes run this many seconds ahead (behind if < 0)
     jobs: int = 40
+    shards: int = 1  # databases: the catalog and shards - 1 shard servers, each with an even share of partitions
     fault_every: float = 4.0  # mean seconds between faults
     one_off_every: float = 5.0
     shape: FleetShape = field(default_factory=FleetShape)
@@ -75,6 +80,8 @@ class ChaosOptions:
                 "--jobs", str(self.jobs), "--fault-every", f"{self.fault_every:g}"]
         if self.database_url:
             args += ["--database-url", "URL"]
+        if self.shards > 1:
+            args += ["--shards", str(self.shards)]
         if self.zones:
             args += ["--zones", "--zone-clock-skew", f"{self.zone_clock_skew:g}"]
         elif self.ha:
@@ -87,12 +94,13 @@ async def run_chaos(options: ChaosOptions) -> Report:
     work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="chimes-chaos-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(work_dir, options.shape, options.database_url, ha=options.ha, zones=options.zones,
-                  zone_clock_skew=options.zone_clock_skew)
+                  zone_clock_skew=options.zone_clock_skew, shards=options.shards)
     target = ChaosTarget(work_dir / "deliveries.jsonl", options.seed, fleet.target_host)
     report: Report | None = None
     try:
         await asyncio.to_thread(fleet.start_database)
         token = await _prepare_database(fleet.dsn)
+        await _add_shards(fleet)  # before the roles start: they read the map once, at start
         await target.start()
         fleet.start_roles()
         # Longer than the API's own request timeout (15 s): a write it cannot finish gets its 503, not silence.
@@ -120,10 +128,13 @@ async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: ht
     plan = plan_faults(options.seed, options.duration, schedulers=fleet.schedulers, workers=fleet.workers,
                        lease_ttl=options.shape.lease_ttl, worker_lease=options.shape.worker_lease,
                        mean_gap=options.fault_every, database=fleet.postgres is not None,
-                       ha=fleet.cluster is not None, zones=fleet.zones is not None)
+                       ha=fleet.cluster is not None, zones=fleet.zones is not None, shards=len(fleet.ranges))
     log.info("chaos: %d jobs created, %d faults planned over %g s", len(jobs), len(plan), options.duration)
-    observer, stop = LeaseObserver(fleet.dsn), asyncio.Event()
-    watchers = [asyncio.create_task(observer.run(stop)), asyncio.create_task(_supervise(fleet, stop))]
+    # One lease observer per home, each on the partitions that home holds.
+    observers = [LeaseObserver(dsn, partitions=range(first, last + 1) if len(fleet.ranges) > 1 else None)
+                 for dsn, (first, last) in zip(fleet.home_dsns, fleet.ranges, strict=True)]
+    stop = asyncio.Event()
+    watchers = [*(asyncio.create_task(o.run(stop)) for o in observers), asyncio.create_task(_supervise(fleet, stop))]
     runner = FaultRunner(plan, fleet, target)
     started = datetime.now(UTC)
     async with asyncio.TaskGroup() as phase:  # one failing cancels the other
@@ -137,13 +148,18 @@ async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: ht
                                                               probe.job_id)
     stop.set()
     await asyncio.gather(*watchers)
+    observer = LeaseObserver.merged(observers)
     # A crash of PostgreSQL itself is a fault too, one nobody injected: the checks must allow for it.
     crashes = [FaultWindow("postgres_crashed", None, start, end, note) for start, end, note in fleet.database_crashes()]
     evidence = Evidence({job.job_id: job for job in jobs}, runs, attempts, unfinished, list(target.deliveries),
                         runner.windows + crashes, fleet.exits, observer, options.shape, started, faults_ended,
                         check_end, answers=answers.log, jobs_found=set(found),
-                        probe=(probe.acknowledged, probe_number(found.get(probe.job_id, ""))))
+                        probe=(probe.acknowledged, probe_number(found.get(probe.job_id, ""))),
+                        home_of=fleet.home_of_partitions() if len(fleet.ranges) > 1 else None)
     violations = check_all(evidence)
+    if evidence.home_of is not None:  # every home ran its share: the checks read them all
+        evidence.figures["runs_by_home"] = {name: sum(1 for r in runs if evidence.home(r["partition_id"]) == home)
+                                            for home, name in enumerate(fleet.home_names)}
     return Report(
         seed=options.seed, duration_sec=options.duration, wall_sec=0.0, command=options.command(),
         work_dir=str(work_dir), database=fleet.database,
@@ -174,14 +190,17 @@ async def _drain_and_read(options: ChaosOptions, fleet: Fleet, job_ids: list[Any
         list[dict[str, Any]], dict[Any, list[dict[str, Any]]], list[dict[str, Any]], dict[Any, str]]:
     """Let the runs still going end (a timeout is not an error: invariant 2 judges what is left);
     then read what the checks need, the jobs that exist (and the probe's) included."""
-    conn = await asyncpg.connect(fleet.dsn)
+    homes: list[asyncpg.Connection] = []
     try:
-        await _until(lambda: _drained(conn, job_ids), options.drain_timeout, "the last runs to end", fleet,
+        for dsn in fleet.home_dsns:
+            homes.append(await asyncpg.connect(dsn))
+        await _until(lambda: _drained(homes, job_ids), options.drain_timeout, "the last runs to end", fleet,
                      fail=False)
-        runs, attempts, unfinished = await read_database(conn, job_ids)
-        return runs, attempts, unfinished, await jobs_found(conn, [*job_ids, probe_id])
+        runs, attempts, unfinished = await read_database(homes, job_ids)
+        return runs, attempts, unfinished, await jobs_found(homes, [*job_ids, probe_id])
     finally:
-        await conn.close()
+        for conn in homes:
+            await conn.close()
 
 
 def _fence_figures(fleet: Fleet, attempts: dict[Any, list[dict[str, Any]]]) -> dict[str, int]:
@@ -204,24 +223,41 @@ async def _prepare_database(dsn: str) -> str:
         await conn.close()
 
 
+async def _add_shards(fleet: Fleet) -> None:
+    """Give each shard server its range (``chimes shards add``); the catalog keeps the first."""
+    if not fleet.shard_dsns:
+        return
+    conn = await asyncpg.connect(fleet.dsn)
+    try:
+        for url, (first, last) in zip(fleet.shard_dsns, fleet.ranges[1:], strict=True):
+            await add_shard(conn, url, first, last)
+    finally:
+        await conn.close()
+
+
 async def _ready(fleet: Fleet, api: httpx.AsyncClient) -> bool:
+    """The API answers, and on every home each node holds leases, all 1,024 are held and each worker
+    has registered (a node and a worker serve every home)."""
     with contextlib.suppress(httpx.TransportError):
         if (await api.get("/healthz")).status_code != 200:
             return False
-        conn = await asyncpg.connect(fleet.dsn)
-        try:
-            row = one_row(await conn.fetchrow(
-                "SELECT (SELECT count(DISTINCT owner) FROM partition_leases WHERE expires_at > now()) AS nodes,"
-                " (SELECT count(*) FROM partition_leases WHERE expires_at > now()) AS held,"
-                " (SELECT count(*) FROM workers) AS workers"))
-        finally:
-            await conn.close()
-        return (row["nodes"], row["held"], row["workers"]) == (fleet.shape.schedulers, 1024, fleet.shape.workers)
+        for dsn in fleet.home_dsns:
+            conn = await asyncpg.connect(dsn)
+            try:
+                row = one_row(await conn.fetchrow(
+                    "SELECT (SELECT count(DISTINCT owner) FROM partition_leases WHERE expires_at > now()) AS nodes,"
+                    " (SELECT count(*) FROM partition_leases WHERE expires_at > now()) AS held,"
+                    " (SELECT count(*) FROM workers) AS workers"))
+            finally:
+                await conn.close()
+            if (row["nodes"], row["held"], row["workers"]) != (fleet.shape.schedulers, 1024, fleet.shape.workers):
+                return False
+        return True
     return False
 
 
-async def _drained(conn: asyncpg.Connection, job_ids: list[Any]) -> bool:
-    return await unfinished_count(conn, job_ids) == 0
+async def _drained(homes: list[asyncpg.Connection], job_ids: list[Any]) -> bool:
+    return await unfinished_count(homes, job_ids) == 0
 
 
 async def _pause(api: httpx.AsyncClient, job: ChaosJob) -> None:

@@ -30,6 +30,7 @@ INVARIANTS = {
     8: "nothing acknowledged was lost: every job answered 201 exists, the last edit answered 200 holds",
     9: "the API answered every write with 2xx, 429 or 503 (never another error, never silence)",
     10: "no run reached the target before its slot, by the host's clock",
+    11: "while a shard's PostgreSQL was stopped, the other homes' runs started on time (p99 within 2 s)",
 }
 CONCURRENCY_SKIP = "skipped: the previous run is still active"
 TERMINAL = frozenset({"succeeded", "failed", "skipped", "cancelled"})

@@ -5,6 +5,10 @@ fencing token: when it was first seen, the last time it was seen valid (owned an
 database's clock), and the first time it was seen gone for good (another token, or released). A token
 that merely expired may be renewed by its owner if nobody took it, so only a new token or a release
 ends a span.
+
+With shards every database has its own 1,024 lease rows, one set per home: one observer watches
+each home, keeping only the partitions that home holds (the others are empty there), and
+:meth:`LeaseObserver.merged` joins them into one view in which each partition is watched where it lives.
 """
 
 from __future__ import annotations
@@ -43,6 +47,17 @@ class LeaseObserver:
     spans: dict[int, list[Span]] = field(default_factory=dict)
     polls: int = 0
     failed_polls: int = 0
+    partitions: range | None = None  # only these (a shard's range); None: every partition
+
+    @classmethod
+    def merged(cls, observers: list[LeaseObserver]) -> LeaseObserver:
+        """One view of several homes' observers, whose partitions do not overlap."""
+        if len(observers) == 1:
+            return observers[0]
+        view = cls("", polls=sum(o.polls for o in observers), failed_polls=sum(o.failed_polls for o in observers))
+        for observer in observers:
+            view.spans |= observer.spans
+        return view
 
     async def run(self, stop: asyncio.Event) -> None:
         conn: asyncpg.Connection | None = None
@@ -66,6 +81,8 @@ class LeaseObserver:
         self.polls += 1
         for row in rows:
             seen, partition, owner, token = row["seen"], row["partition_id"], row["owner"], row["token"]
+            if self.partitions is not None and partition not in self.partitions:
+                continue
             history = self.spans.setdefault(partition, [])
             current = history[-1] if history and history[-1].ended_seen is None else None
             if current is not None and (current.token != token or owner is None):

@@ -11,6 +11,7 @@ from chimes_chaos.evidence import Violation
 from chimes_chaos.invariants import INVARIANTS
 
 SHOWN_PER_INVARIANT = 10
+SHARD_INVARIANT = 11  # judged only when a shard was stopped (--shards)
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Report:
             f"  fire lag inside fault windows (s): {fmt(self.figures.get('fire_lag_inside_faults_sec'))}",
             f"  start lag outside fault windows (s): {fmt(self.figures.get('start_lag_outside_faults_sec'))}",
             f"  start lag inside fault windows (s): {fmt(self.figures.get('start_lag_inside_faults_sec'))}",
+            *self._shard_lines(),
             f"  PostgreSQL crashed on its own (not injected): {len(self.database_crashes)}"
             + "".join(f"\n    {c['note'][:200]}" for c in self.database_crashes),
             f"  processes that exited on their own (restarted): {len(self.exits)}",
@@ -78,7 +80,10 @@ class Report:
         ]
         for number, name in INVARIANTS.items():
             count = by_invariant[number]
-            lines.append(f"    {number}. {name}: {'ok' if not count else f'{count} VIOLATIONS'}")
+            verdict = "ok" if not count else f"{count} VIOLATIONS"
+            if number == SHARD_INVARIANT and not count and "shard_stops" not in self.figures:
+                verdict = "not checked (no shard was stopped)"
+            lines.append(f"    {number}. {name}: {verdict}")
             shown = [v for v in self.violations if v.invariant == number][:SHOWN_PER_INVARIANT]
             lines += [f"       - {v.what}" for v in shown]
             if count > len(shown):
@@ -86,6 +91,18 @@ class Report:
         lines.append(f"  violations: {len(self.violations)}" + ("" if self.ok else f" (logs in {self.work_dir})"))
         return "\n".join(lines)
 
+    def _shard_lines(self) -> list[str]:
+        """With shards: the blast radius of a shard's outage, and how its own runs caught up."""
+        lines = []
+        if "runs_by_home" in self.figures:
+            lines.append("  runs by home: " + ", ".join(f"{home} {n}"
+                                                        for home, n in self.figures["runs_by_home"].items()))
+        stops = self.figures.get("shard_stops")
+        if not stops:
+            return lines
+        return [*lines, f"  shard stops: {stops['stops']}; start lag while one was stopped (s), other homes: "
+                f"{fmt(stops.get('start_lag_other_homes_sec'))}; the stopped home: "
+                f"{fmt(stops.get('start_lag_stopped_home_sec'))}"]
 
     def _failover_lines(self) -> list[str]:
         lines = []

@@ -3,6 +3,10 @@
 Both compare with fault windows. A window is widened by the time its fault keeps hurting after it
 ends: a scheduler that comes back makes the others shed partitions, a restarted database has to be
 reconnected to, a restarted process costs a couple of CPU-seconds on a small machine.
+
+A shard stop (``stop_postgres_shard``) is a fault window for the runs of the stopped home only: the
+other homes' runs that waited while it was stopped count as outside every fault, and are also
+measured apart, as the blast radius of one shard's outage (11).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from chimes_chaos.evidence import Evidence, Violation
 from chimes_chaos.faults import FaultWindow
 
 START_LAG_P99_SEC = 2.0
+BLAST_RADIUS_MIN_RUNS = 10  # fewer other homes' runs during shard stops: measured, not judged
 TAKEOVER_SLACK_SEC = 1.0  # a fire's own latency on a loaded machine
 LATE = timedelta(seconds=0.5)  # a fire this much after its slot waited for a takeover
 # After the window, plus the lease TTL for schedulers (a zone holds one).
@@ -26,11 +31,15 @@ def _when(epoch: float) -> datetime:
     return datetime.fromtimestamp(epoch, UTC)
 
 
-def lag_windows(ev: Evidence) -> list[tuple[datetime, datetime]]:
-    """The spans of time in which a fault may delay starts (target faults cannot: they only fail calls)."""
+def lag_windows(ev: Evidence, home: int | None = None) -> list[tuple[datetime, datetime]]:
+    """The spans of time in which a fault may delay starts (target faults cannot: they only fail calls).
+    For the runs of ``home``, a shard stop counts only when it stopped that home; ``home`` None: every
+    fault counts."""
     windows = []
     for fault in ev.faults:
         if fault.hits not in SETTLE_SEC:
+            continue
+        if home is not None and fault.stopped_home is not None and fault.stopped_home != home:
             continue
         settle = SETTLE_SEC[fault.hits] + (ev.shape.lease_ttl if fault.hits in ("scheduler", "zone") else 0.0)
         end = fault.ended if fault.ended is not None else ev.faults_ended.timestamp()
@@ -120,15 +129,26 @@ def _clean(loss: FaultWindow, ev: Evidence, bound: float) -> bool:
 
 def check_start_lag(ev: Evidence) -> list[Violation]:
     """6: start lag (first attempt start minus scheduled time) of fired slots: p99 within 2 s for runs
-    that waited while no fault was on; for the others it is measured, not bounded."""
-    windows = lag_windows(ev)
+    that waited while no fault was on; for the others it is measured, not bounded.
+
+    11: with shards, the runs of the homes that were not stopped, that waited while a shard was
+    stopped (and under no other fault): p99 within 2 s as well, the blast radius of a shard's outage."""
+    by_home: dict[int, list[tuple[datetime, datetime]]] = {}
+    stops = [(_when(f.started), _when((f.ended or ev.faults_ended.timestamp()) + SETTLE_SEC["postgres"]),
+              f.stopped_home) for f in ev.faults if f.stopped_home is not None]
     outside: list[float] = []
     inside: list[float] = []
     fired_outside: list[float] = []
     fired_inside: list[float] = []
+    healthy_during_stop: list[float] = []  # other homes' runs while a shard was stopped
+    stopped_home: list[float] = []  # the stopped home's runs that waited across its stop
     for run in ev.runs:
         if run["trigger"] not in ("schedule", "catchup"):
             continue
+        home = ev.home(run["partition_id"])
+        if home not in by_home:
+            by_home[home] = lag_windows(ev, home)
+        windows = by_home[home]
         # Fire lag by the database's clock (the run's row written), whatever the firing node's clock says.
         fire_lag = (run["created_at"] - run["scheduled_at"]).total_seconds()
         (fired_inside if _overlaps(run["scheduled_at"], run["created_at"], windows) else fired_outside).append(fire_lag)
@@ -140,15 +160,35 @@ def check_start_lag(ev: Evidence) -> list[Violation]:
             continue
         lag = (first_start - run["scheduled_at"]).total_seconds()
         # Inside when a fault was on at any time while the run waited to start.
-        (inside if _overlaps(run["scheduled_at"], first_start, windows) else outside).append(lag)
+        faulted = _overlaps(run["scheduled_at"], first_start, windows)
+        (inside if faulted else outside).append(lag)
+        for start, end, stopped in stops:
+            if start <= first_start and end >= run["scheduled_at"]:
+                if stopped == home:
+                    stopped_home.append(lag)
+                elif not faulted:
+                    healthy_during_stop.append(lag)
+                break
     ev.figures["fire_lag_outside_faults_sec"] = summary(fired_outside)
     ev.figures["fire_lag_inside_faults_sec"] = summary(fired_inside)
     ev.figures["start_lag_outside_faults_sec"] = summary(outside)
     ev.figures["start_lag_inside_faults_sec"] = summary(inside)
+    found = []
     if len(outside) >= 20 and _percentile(outside, 99) > START_LAG_P99_SEC:
-        return [Violation(6, f"start lag p99 outside fault windows was {_percentile(outside, 99):.2f} s "
-                             f"over {len(outside)} runs (bound {START_LAG_P99_SEC} s)")]
-    return []
+        found.append(Violation(6, f"start lag p99 outside fault windows was {_percentile(outside, 99):.2f} s "
+                                  f"over {len(outside)} runs (bound {START_LAG_P99_SEC} s)"))
+    if stops:
+        ev.figures["shard_stops"] = {
+            "stops": len(stops),
+            "start_lag_other_homes_sec": summary(healthy_during_stop),
+            "start_lag_stopped_home_sec": summary(stopped_home),
+        }
+        if len(healthy_during_stop) >= BLAST_RADIUS_MIN_RUNS and (
+                _percentile(healthy_during_stop, 99) > START_LAG_P99_SEC):
+            found.append(Violation(11, f"while a shard was stopped, the other homes' start lag p99 was "
+                                       f"{_percentile(healthy_during_stop, 99):.2f} s over {len(healthy_during_stop)} "
+                                       f"runs (bound {START_LAG_P99_SEC} s)"))
+    return found
 
 
 def _percentile(values: list[float], pct: float) -> float:

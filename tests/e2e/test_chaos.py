@@ -37,3 +37,35 @@ async def test_a_fleet_broken_for_90_seconds_keeps_every_invariant() -> None:
     assert report.runs.get("succeeded", 0) > 500
     assert report.figures["attempts_reaped"] > 0, "no worker fault caught a run in flight: the fences went untested"
     assert report.ok, report.text()
+
+
+SHARDED_SEED = 4
+SHARDED_DURATION = 45.0
+SHARDED_FAULT_EVERY = 4.0
+
+
+def test_the_sharded_seed_stops_a_shard() -> None:
+    planned = plan_faults(SHARDED_SEED, SHARDED_DURATION, schedulers=["scheduler-1", "scheduler-2", "scheduler-3"],
+                          workers=["worker-1", "worker-2", "worker-3"], lease_ttl=3, worker_lease=5,
+                          mean_gap=SHARDED_FAULT_EVERY, database=True, shards=2)
+    assert [f for f in planned if f.kind == "stop_postgres_shard" and f.duration > 3 + 5]
+
+
+@pytest.mark.timeout(300)
+async def test_a_sharded_fleet_keeps_every_invariant_and_one_stopped_shard_delays_only_its_own_runs() -> None:
+    """Two servers (the catalog with partitions 0-511, a shard with 512-1023), one fleet over both;
+    the shard's PostgreSQL is SIGSTOPped for 13.9 s (past the lease TTL and the run lease) among the
+    other faults. The catalog's runs that waited meanwhile must start on time (invariant 11), the
+    shard's catch up, and every other invariant hold over both databases."""
+    report = await run_chaos(ChaosOptions(duration=SHARDED_DURATION, seed=SHARDED_SEED, jobs=20, shards=2,
+                                          fault_every=SHARDED_FAULT_EVERY))
+    print(report.text())
+    assert report.faults.get("stop_postgres_shard") == 1 and report.faults_skipped == 0, report.fault_windows
+    stops = report.figures["shard_stops"]
+    healthy, stopped = stops["start_lag_other_homes_sec"], stops["start_lag_stopped_home_sec"]
+    assert healthy["n"] >= 10, stops  # enough of the catalog's runs waited during the stop to judge
+    assert healthy["p99"] <= 2.0, stops
+    assert stopped["n"] > 0 and stopped["max"] > 5.0, stops  # the shard's own runs did wait for it
+    runs_by_home = report.figures["runs_by_home"]
+    assert min(runs_by_home.values()) > 100, runs_by_home  # both homes ran their share
+    assert report.ok, report.text()

@@ -7,8 +7,12 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from chimes.cli.chaos import chaos
 from chimes_chaos.faults import DATABASE_COOLDOWN_SEC, PRIMARY_MOVES, FaultWindow, PlannedFault, plan_faults
-from chimes_chaos.fleet import Fleet, FleetShape
+from chimes_chaos.fleet import Fleet, FleetShape, partition_ranges
 
 SCHEDULERS = ["scheduler-1", "scheduler-2", "scheduler-3"]
 WORKERS = ["worker-1", "worker-2", "worker-3"]
@@ -101,3 +105,37 @@ def test_with_zones_a_long_run_cuts_zones_and_still_moves_the_primary_twenty_tim
     for earlier, later in itertools.pairwise(shared):
         assert later.at >= earlier.at + earlier.duration + DATABASE_COOLDOWN_SEC
     assert FaultWindow("cut_other_zone", "zone-3", 0.0).hits == "zone"
+
+
+def test_shard_stops_only_with_shards_outlast_both_leases_and_never_overlap_another_database_fault() -> None:
+    assert "stop_postgres_shard" not in {f.kind for f in plan(7)}  # one database: today's plan, unchanged
+    faults = plan_faults(7, 1800, schedulers=SCHEDULERS, workers=WORKERS, lease_ttl=3, worker_lease=5, mean_gap=4,
+                         database=True, shards=3)
+    stops = [f for f in faults if f.kind == "stop_postgres_shard"]
+    assert len(stops) >= 10
+    assert all(3 + 5 < f.duration < 3 + 5 + 8 for f in stops)
+    database = [f for f in faults if "postgres" in f.kind]
+    for earlier, later in itertools.pairwise(database):
+        assert later.at >= earlier.at + earlier.duration + DATABASE_COOLDOWN_SEC
+
+
+def test_a_sharded_fleet_splits_the_partitions_evenly_the_catalog_first(tmp_path: Path) -> None:
+    assert partition_ranges(1) == [(0, 1023)]
+    assert partition_ranges(3) == [(0, 340), (341, 681), (682, 1023)]
+    fleet = Fleet(tmp_path, FleetShape(), shards=3)
+    homes = fleet.home_of_partitions()
+    assert (homes[0], homes[340], homes[341], homes[1023]) == (0, 0, 1, 2)
+    assert fleet.home_names == ["catalog", "shard-1", "shard-2"] and len(fleet.shard_servers) == 2
+
+
+def test_shards_are_refused_with_a_database_of_someone_else(tmp_path: Path) -> None:
+    for kwargs in ({"database_url": "postgresql://db/x"}, {"ha": True}):
+        with pytest.raises(ValueError, match="cannot be combined"):
+            Fleet(tmp_path, FleetShape(), shards=2, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("args", "named"), [(["--zones"], "--zones"), (["--ha"], "--ha"),
+                                             (["--database-url", "postgresql://db/x"], "--database-url")])
+def test_chimes_chaos_refuses_shards_with_a_database_of_someone_else(args: list[str], named: str) -> None:
+    result = CliRunner().invoke(chaos, ["--shards", "2", *args], env={"CHIMES_DATABASE_URL": None})
+    assert result.exit_code == 2 and f"cannot be combined with {named}" in result.output, result.output

@@ -292,3 +292,29 @@ def test_failover_figures_time_each_move_of_the_primary_to_the_first_fire_claim_
     assert figures["loss_to_first_fire_sec"]["max"] == 5.006  # the slot at 6 s, written 6 ms after it
     assert figures["loss_to_first_claim_sec"]["max"] == 5.02
     assert figures["loss_to_first_write_sec"]["max"] == 4.5
+
+
+def test_a_shard_stop_excuses_only_its_own_home_and_other_homes_must_start_on_time() -> None:
+    """JOB's partition lives on the catalog (home 0); a stop of shard-1 is no fault window for it:
+    its runs that waited meanwhile are the blast radius, bounded like any healthy run (11)."""
+    history = History(slots=30)
+    homes = [0] * 1024
+    homes[PARTITION + 1:] = [1] * (1024 - PARTITION - 1)
+    stop = FaultWindow("stop_postgres_shard", "shard-1", at(10).timestamp(), at(24).timestamp())
+    ev = history.evidence(faults=[stop], check_end=at(58))
+    ev.home_of = homes
+    assert check_all(ev) == []
+    stops = ev.figures["shard_stops"]
+    assert stops["stops"] == 1 and stops["start_lag_other_homes_sec"]["n"] == 10  # slots 10..28: stop + 5 s
+    assert stops["start_lag_stopped_home_sec"]["n"] == 0
+    for run in history.runs[5:15]:  # the catalog's runs while the shard was stopped: held up by it
+        history.attempts[run["run_id"]][0]["started_at"] = run["scheduled_at"] + timedelta(seconds=8)
+        history.attempts[run["run_id"]][0]["finished_at"] = run["scheduled_at"] + timedelta(seconds=9)
+    ev = history.evidence(faults=[stop], check_end=at(58))
+    ev.home_of = homes
+    assert sorted({v.invariant for v in check_all(ev)}) == [6, 11]
+    # Had the stop hit JOB's own home, the same late starts are its catch-up, not a violation.
+    ev = history.evidence(faults=[stop], check_end=at(58))
+    ev.home_of = [1] * 1024
+    assert check_all(ev) == []
+    assert ev.figures["shard_stops"]["start_lag_stopped_home_sec"]["max"] == 8.0

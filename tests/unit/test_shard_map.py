@@ -91,6 +91,15 @@ def test_an_idempotency_key_names_one_partition_per_owner() -> None:
     assert partition_of_key("team-a", "bk") != partition_of_key("team-ab", "k")
 
 
+@pytest.mark.parametrize("pattern", ["order-{:03d}", "order-{:04d}", "k{}", "nightly-report-{}"])
+def test_numbered_idempotency_keys_spread_over_both_halves_of_the_partitions(pattern: str) -> None:
+    """Keys a client numbers: every run of 20 in a row has jobs in both halves (two shards), as a hash
+    would have them; CRC-32 put each run of 20 in one half."""
+    halves = [partition_of_key("team-a", pattern.format(i)) * 2 // 1024 for i in range(200)]
+    for start in range(0, 200, 20):
+        assert 0 < sum(halves[start:start + 20]) < 20, (pattern, start)
+
+
 def _page(names: list[str], more: bool) -> JobPage:
     keys = [JobCursor(name, uuid.UUID(int=i + 1)) for i, name in enumerate(names)]
     jobs = [JobRecord(job_id=k.job_id, owner="team-a", definition={"name": k.name}, paused=False, version=1,

@@ -25,6 +25,7 @@ import os
 import pwd
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -158,6 +159,22 @@ class EmbeddedPostgres:
         replays the WAL). Used by the fault-injection harness (chimes_chaos)."""
         _pg_ctl(["-w", "-t", "60", "-m", mode, "-l", str(self.pgdata / "server.log"), "restart"],
                   pgdata=self.pgdata, user=self._run_as, timeout=90)
+
+    def freeze(self, frozen: bool = True) -> None:
+        """SIGSTOP (or SIGCONT) the server and every process of it: a database that stalls without going
+        away, its sessions kept open and unanswered (the ``stop_postgres_shard`` fault of chimes_chaos).
+        The postmaster stops first, so it forks nobody meanwhile, and resumes last."""
+        info = PostmasterInfo.read_from_pgdata(self.pgdata) if (self.pgdata / "postmaster.pid").exists() else None
+        if info is None:
+            raise RuntimeError(f"the embedded PostgreSQL in {self.pgdata} is not running")
+        postmaster = psutil.Process(info.pid)
+        if frozen:
+            postmaster.send_signal(signal.SIGSTOP)
+        for child in postmaster.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+        if not frozen:
+            postmaster.send_signal(signal.SIGCONT)
 
     def _initdb(self) -> None:
         if self.pgdata.exists():

@@ -10,7 +10,12 @@ import asyncio
 class SlotBudget:
     """``total`` slots for every claim loop of the process. A loop reserves what it is about to claim
     (so two loops claiming at once cannot both take the last slots), gives back what it did not get,
-    and gives a slot back when a run ends; every loop waiting for a slot is woken then."""
+    and gives a slot back when a run ends; every loop waiting for a slot is woken then.
+
+    A reservation is held until the claim answers, and a home whose database hangs (stopped, cut off)
+    answers only when the statement times out. So one claim reserves at most :meth:`share` slots, and
+    a loop whose last claim failed reserves one (a probe) until a claim succeeds again: a dead home
+    never holds the slots of the homes that answer (found by ``chimes chaos --shards``)."""
 
     def __init__(self, total: int) -> None:
         if total < 1:
@@ -21,6 +26,10 @@ class SlotBudget:
 
     def free(self) -> int:
         return self.total - self.in_use
+
+    def share(self) -> int:
+        """The most one claim may reserve: the total split evenly between the loops (rounded up)."""
+        return max(1, -(-self.total // max(1, len(self._waiting))))
 
     def watch(self, event: asyncio.Event) -> None:
         """``event`` is set whenever a slot is given back (a loop's own wake-up on a free slot)."""

@@ -85,6 +85,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._drained = asyncio.Event()
         self._claim_cycles = 0
+        self._claims_answer = True  # whether this home's last claim answered (else the next reserves one slot)
         self._caps_exist = False
         self._caps_checked_at = -CAPS_RECHECK_SEC
 
@@ -172,11 +173,16 @@ class Worker:
             self._wake.clear()
             limit = min(free, self.config.claim_batch)
             if self._budget is not None:
+                # Held until the claim answers, which a hung database delays: never more than a share,
+                # and one slot while this home's claims fail (SlotBudget).
+                limit = min(limit, self._budget.share() if self._claims_answer else 1)
                 self._budget.take(limit)  # reserved across the await: another loop cannot take them too
             claimed: list[ClaimedRun] = []
             try:
                 claimed = await self._claim_by_tier(limit)
+                self._claims_answer = True
             except Exception as exc:
+                self._claims_answer = False
                 failures.loop_failed("worker", "claim", exc)
             finally:
                 if self._budget is not None:
