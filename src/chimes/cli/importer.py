@@ -32,9 +32,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import asyncpg
 import click
-from asyncpg.transaction import Transaction
 from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
@@ -206,8 +204,8 @@ class Home:
     url: str
     partitions: str  # the partitions it holds, as the report names them
     numbered: bool  # keep the line numbers of its jobs, for the file of lines not imported
-    conn: asyncpg.Connection | None = None
-    transaction: Transaction | None = None
+    conn: db.Connection | None = None
+    transaction: db.Transaction | None = None
     written: int = 0
     error: str | None = None
     committing: bool = False  # the error came while committing: the outcome is not known
@@ -244,7 +242,7 @@ class Home:
         except db.DB_ERRORS as exc:
             # A refused commit (a PostgreSQL error) left nothing; a connection lost on the way may have
             # committed or not.
-            self.committing = not isinstance(exc, asyncpg.PostgresError)
+            self.committing = not isinstance(exc, db.DatabaseError)
             self._fail(exc)
         else:
             self.committed = True

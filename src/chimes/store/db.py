@@ -29,6 +29,7 @@ T = TypeVar("T")
 Pool = asyncpg.Pool
 Connection = asyncpg.Connection
 Record = asyncpg.Record
+Transaction = asyncpg.transaction.Transaction
 DatabaseError = asyncpg.PostgresError  # an error the server answered with
 LockNotAvailable = asyncpg.LockNotAvailableError  # lock_timeout: the lock was held by someone else
 
