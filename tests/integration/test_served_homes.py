@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -102,3 +103,42 @@ async def test_a_shard_added_while_running_gets_its_roles(pool: asyncpg.Pool, da
         await asyncio.gather(running, return_exceptions=True)
         await homes.close()
     assert all(h.finished for h in started)
+
+
+async def test_a_shard_that_does_not_answer_holds_up_no_other_and_is_served_once_it_does(
+    pool: asyncpg.Pool, database_url: str, shard_url: str, server_dsn: str
+) -> None:
+    await give_half(database_url, shard_url)
+    name = urlsplit(shard_url).path.lstrip("/")
+    admin = await asyncpg.connect(server_dsn)
+    started: list[Home] = []
+
+    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None) -> list[Role]:
+        started.append(Home(url, serves))
+        return [started[-1]]
+
+    try:
+        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")  # the shard is gone (a lost server, say)
+        homes = ServedHomes(pool, database_url, await load_map(pool), start_home, pool_size=2,
+                            follow_every_sec=0.1)
+        await asyncio.wait_for(homes.open(), timeout=10)  # one try, not --database-wait
+        running = asyncio.create_task(homes.run())
+        try:
+            await wait_for(lambda: len(started) == 1, timeout=5, what="the catalog's roles")
+            assert started[0].url == database_url
+            await asyncio.sleep(0.5)  # several tries of the shard, none of them holding anything up
+            assert len(started) == 1 and not running.done()
+            await admin.execute(f"CREATE DATABASE {name}")  # back, empty: migrated before its roles start
+            await wait_for(lambda: len(started) == 2, timeout=10, what="the shard's roles once it answers")
+            assert started[1].url == shard_url
+            migrated = await asyncpg.connect(shard_url)
+            try:
+                assert await migrated.fetchval("SELECT count(*) FROM partition_leases") == 1024
+            finally:
+                await migrated.close()
+        finally:
+            homes.stop()
+            await asyncio.gather(running, return_exceptions=True)
+            await homes.close()
+    finally:
+        await admin.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
@@ -13,6 +14,8 @@ import uvicorn
 from chimes.settings import API_KEEP_ALIVE_SEC, Settings
 from chimes.store import db, shards
 from chimes.store.migrate import migrate
+
+log = logging.getLogger("chimes")
 
 T = TypeVar("T")
 
@@ -39,13 +42,17 @@ async def migrate_database(dsn: str) -> list[int]:
 
 
 async def prepare_role_database(dsn: str) -> shards.ShardMap:
-    """Migrate the catalog, read its shard map, and migrate every shard the map names (an upgrade
-    migrates them all as it migrates the one database). The map is read once: a role started before
-    ``chimes shards add`` serves the shard after a restart (docs/scaling.md, "Shards")."""
+    """Migrate the catalog and read its shard map. The shards are migrated by the roles that serve
+    them, each when it first answers (chimes.cli.served_homes), and by the API at start, those that
+    answer: a shard that is down holds up no other (docs/scaling.md, "Shards")."""
     await migrate_database(dsn)
     shard_map = await db.with_connection(dsn, shards.load_map)
     for url in shard_map.urls():
-        await migrate_database(url)
+        try:
+            await db.with_connection(url, migrate, wait_sec=0)
+        except db.DB_ERRORS as exc:
+            log.warning("shard %s does not answer (%s): its jobs are served once it does",
+                        shards.without_password(url), db.describe(exc).splitlines()[0])
     return shard_map
 
 

@@ -2,9 +2,11 @@
 map while it runs (docs/scaling.md, "Shards").
 
 A process starts with the catalog and every shard the map names. Every second it reads the map's
-version (one primary-key read on the catalog); when a shard was added it opens a pool there and
-starts that home's roles, so `chimes shards add` needs no restart of the fleet. One home's role that
-fails stops every other and the process exits with its error, as with one database.
+version (one primary-key read on the catalog); when a shard was added it migrates it, opens a pool
+there and starts that home's roles, so `chimes shards add` needs no restart of the fleet. A shard
+that does not answer (at start, or when added) does not hold up the others: it is tried again every
+second, and its roles start once it answers. One home's role that fails stops every other and the
+process exits with its error, as with one database.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from chimes.store import db
+from chimes.store.migrate import migrate
 from chimes.store.queries import sql
-from chimes.store.shards import ShardMap, load_map
+from chimes.store.shards import ShardMap, load_map, without_password
 
 log = logging.getLogger("chimes")
 FOLLOW_MAP_SEC = 1.0
@@ -57,16 +60,17 @@ class ServedHomes:
         self._follow_every_sec = follow_every_sec
         self._roles: dict[str, list[Role]] = {}  # by home: "" the catalog, else the shard's URL
         self._pools: dict[str, db.Pool] = {}  # the shards' pools, opened here
+        self._unreachable: set[str] = set()  # shards whose last try failed (logged once)
         self._tasks: list[asyncio.Future[None]] = []
         self._stopping = asyncio.Event()
         self._error: BaseException | None = None
 
     async def open(self) -> None:
-        """Open a pool on every shard of the map (before anything starts: a shard that cannot be
-        reached at start is a start-up error, as the one database is)."""
+        """Migrate every shard of the map and open a pool on it, one try each: those that do not answer
+        are tried again every second once :meth:`run` runs (the catalog answered already)."""
         try:
             for url in self._map.urls():
-                self._pools[url] = await self._open_pool(url)
+                await self._open_home(url)
         except BaseException:
             await self.close()
             raise
@@ -78,7 +82,8 @@ class ServedHomes:
         """Run every home's roles until :meth:`stop`, or until one fails: then stop the others, let
         them finish, and raise its error."""
         for key, serves in served(self._map):
-            self._start(key, serves)
+            if key == "" or key in self._pools:
+                self._start(key, serves)
         follower = asyncio.create_task(self._follow())
         try:
             await self._stopping.wait()
@@ -128,22 +133,33 @@ class ServedHomes:
                 log.warning("could not follow the shard map: %s", exc)
 
     async def _follow_once(self) -> None:
-        if await self._catalog.fetchval(sql("shard_map_version")) == self._map.version:
-            return
-        shard_map = await load_map(self._catalog)
-        for url in shard_map.urls():
-            if url not in self._pools:
-                self._pools[url] = await self._open_pool(url)
-        self._map = shard_map
-        for key, serves in served(shard_map):
+        changed = await self._catalog.fetchval(sql("shard_map_version")) != self._map.version
+        if changed:
+            self._map = await load_map(self._catalog)
+            log.info("shard map version %d: %d ranges", self._map.version, len(self._map.ranges))
+        for key, serves in served(self._map):
             if self._stopping.is_set():
                 return
             if key not in self._roles:
-                log.info("shard map version %d: serving a new shard", shard_map.version)
+                if key not in self._pools and not await self._open_home(key):
+                    continue  # not answering yet: next second
+                log.info("serving a new shard (map version %d)", self._map.version)
                 self._start(key, serves)
-            elif self._serves_changed is not None:
+            elif changed and self._serves_changed is not None:
                 self._serves_changed(self._roles[key], serves)
 
-    async def _open_pool(self, url: str) -> db.Pool:
-        return await db.create_pool(url, max_size=self._pool_size, server_settings=self._server_settings,
-                                    command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
+    async def _open_home(self, url: str) -> bool:
+        """Migrate the shard at ``url`` and open its pool, one try: False (logged) when it does not answer."""
+        try:
+            await db.with_connection(url, migrate, wait_sec=0)
+            self._pools[url] = await db.create_pool(
+                url, max_size=self._pool_size, server_settings=self._server_settings, wait_sec=0,
+                command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
+        except db.DB_ERRORS as exc:
+            if url not in self._unreachable:
+                log.warning("shard %s does not answer (%s): serving the others, trying it again every second",
+                            without_password(url), db.describe(exc).splitlines()[0])
+                self._unreachable.add(url)
+            return False
+        self._unreachable.discard(url)
+        return True
