@@ -20,6 +20,7 @@ from chimes.security.secrets import Keyring, SecretKeyError
 from chimes.services.owners import SigningSecrets, check_secret_key
 from chimes.settings import CONTAINER_RUNTIME, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS, Settings
 from chimes.store import db, tokens
+from chimes.store.cap_slots import CapSlots
 from chimes.store.shards import ShardMap
 from chimes.worker.budget import SlotBudget
 from chimes.worker.guard import TaskGuard
@@ -52,9 +53,11 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     allow_commands = bool(work and work.allow_commands)
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
     budget = _budget(worker_concurrency, homes)
+    cap_slots = _cap_slots(shard_map, pool)
     workers = [Worker(home, url, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
                       executors=Executors(container_runtime=runtime, egress=work.egress if work else None),
-                      guard=guard, budget=budget) for home, url in homes]
+                      guard=guard, budget=budget, cap_slots=cap_slots, shard_id=_shard_id(shard_map, url, i))
+               for i, (home, url) in enumerate(homes)]
 
     def stop() -> None:
         server.stop()
@@ -153,8 +156,10 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
     # Owners, secrets and the secret key are the catalog's, whichever home a run comes from.
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
     budget = _budget(concurrency, homes)
+    cap_slots = _cap_slots(shard_map, pool)
     workers = [Worker(home, url, config, worker_id=worker_id, executors=executors() if executors else None,
-                      guard=guard, budget=budget) for home, url in homes]
+                      guard=guard, budget=budget, cap_slots=cap_slots, shard_id=_shard_id(shard_map, url, i))
+               for i, (home, url) in enumerate(homes)]
     _remove_orphaned_env_files()
 
     def stop() -> None:
@@ -187,6 +192,20 @@ def _budget(concurrency: int, homes: list[tuple[db.Pool, str]]) -> SlotBudget | 
     """With shards, the process's claim loops (one per home) share ``concurrency`` slots: each waits
     on its own queue, so an idle shard slows no other, and its slots go to the busy ones."""
     return SlotBudget(concurrency) if len(homes) > 1 else None
+
+
+def _cap_slots(shard_map: ShardMap, catalog: db.Pool) -> CapSlots | None:
+    """With shards, capped runs take slots in the catalog before they are claimed, wherever they live
+    (docs/scaling.md, "Caps and quotas across shards"); with one database, caps are counted from
+    its running runs, as before."""
+    return CapSlots(catalog) if shard_map.ranges else None
+
+
+def _shard_id(shard_map: ShardMap, url: str, index: int) -> int | None:
+    """The shard a home is (None: the catalog, the first home)."""
+    if index == 0:
+        return None
+    return next(r.shard_id for r in shard_map.ranges if r.url == url)
 
 
 async def _shard_pools(shard_map: ShardMap, *, max_size: int,

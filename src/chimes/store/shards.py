@@ -152,8 +152,7 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
     """Give partitions ``first``-``last`` to the database at ``url``, migrating it first; the new map.
 
     Refused with :class:`ShardMapError`, before anything is written anywhere, when the range is
-    malformed or overlaps a shard's range, when concurrency caps are set (not counted across shards
-    yet), when the database is the catalog or holds jobs, or when
+    malformed or overlaps a shard's range, when the database is the catalog or holds jobs, or when
     any of the partitions holds a job where it lives now (the catalog): moving partitions that hold
     data is the next step (docs/scaling.md). A partition's job created in the catalog between the
     check and the commit would stay behind: add shards while no API process runs (docs/scaling.md).
@@ -163,9 +162,6 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
         raise ShardMapError("the shard's URL is empty")
     current = await load_map(catalog)
     _refuse_overlap(current.ranges, first, last)
-    if await catalog.fetchval(sql("any_cap")):
-        raise ShardMapError("concurrency caps are set (chimes cap list): caps across shards are not supported "
-                            "yet, and a shard would not count them; remove the caps first (docs/scaling.md)")
     busy = await partitions_holding_jobs(catalog, first, last)
     if busy:
         raise ShardMapError(f"partitions {_describe_partitions(busy)} hold jobs in the catalog database: "

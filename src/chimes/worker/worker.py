@@ -24,6 +24,7 @@ from chimes.enums import Priority, RunStatus
 from chimes.logs import run_fields
 from chimes.security.storable import storable_text
 from chimes.settings import RUN_LEASE_SEC, RUN_TIMEOUT_SEC, SHUTDOWN_GRACE_SEC, WORKER_CONCURRENCY
+from chimes.store.cap_slots import CapSlots
 from chimes.store.db import DB_ERRORS, Pool
 from chimes.store.working import ClaimedRun, Completion, RunSignals, WorkerStore
 from chimes.timeouts import wait_event
@@ -63,9 +64,13 @@ class Worker:
     def __init__(self, pool: Pool, dsn: str, config: WorkerConfig | None = None,
                  worker_id: str | None = None, executors: Executors | None = None,
                  guard: TaskGuard | None = None, clock: Clock = SYSTEM_CLOCK,
-                 budget: SlotBudget | None = None) -> None:
+                 budget: SlotBudget | None = None, cap_slots: CapSlots | None = None,
+                 shard_id: int | None = None) -> None:
         """``budget``: the slots this worker shares with the process's other claim loops (one per
-        shard); without it, ``config.concurrency`` alone bounds it."""
+        shard); without it, ``config.concurrency`` alone bounds it. ``cap_slots``: with a shard map
+        that has ranges, the catalog's slots that capped runs take first (docs/scaling.md), and
+        ``shard_id`` this worker's home (None: the catalog); without it, caps are counted from the
+        running runs of this worker's database, as with one database."""
         self.config = config or WorkerConfig()
         self.store = WorkerStore(pool, worker_id or new_worker_id())
         self.executors = executors or Executors()
@@ -87,6 +92,10 @@ class Worker:
         self._claim_cycles = 0
         self._caps_exist = False
         self._caps_checked_at = -CAPS_RECHECK_SEC
+        self._cap_slots = cap_slots
+        self._shard_id = shard_id
+        self._slotted: set[uuid.UUID] = set()  # runs holding slots in the catalog
+        self._slots_to_free: list[uuid.UUID] = []  # their runs left this worker's hands
 
     @property
     def worker_id(self) -> str:
@@ -197,15 +206,33 @@ class Worker:
             room = min(step.at_most, limit - len(claimed))
             if step.lowest == Priority.BATCH:
                 room = min(room, batch_room - sum(1 for run in claimed if run.priority == Priority.BATCH))
-            claimed += await self.store.claim(room, self.config.lease_sec, self.config.deadline_grace_sec,
-                                              (step.lowest, step.highest))
+            claimed += await self._claim(room, (step.lowest, step.highest))
         if await self._caps_in_force() and len(claimed) < limit:
-            claimed += await self.store.claim_capped(limit - len(claimed), self.config.lease_sec,
-                                                     self.config.deadline_grace_sec, admit)
+            claimed += await self._claim_capped(limit - len(claimed))
+        return claimed
+
+    async def _claim(self, limit: int, tiers: tuple[Priority, Priority]) -> list[ClaimedRun]:
+        """The fast path: runs under no cap. A shard's claim is told the catalog's caps."""
+        if self._cap_slots is not None and self._shard_id is not None:
+            caps = await self._cap_slots.caps()
+            if caps:
+                return await self.store.claim_given_caps(limit, self.config.lease_sec,
+                                                         self.config.deadline_grace_sec, caps, tiers)
+        return await self.store.claim(limit, self.config.lease_sec, self.config.deadline_grace_sec, tiers)
+
+    async def _claim_capped(self, limit: int) -> list[ClaimedRun]:
+        if self._cap_slots is None:
+            return await self.store.claim_capped(limit, self.config.lease_sec, self.config.deadline_grace_sec, admit)
+        claimed = await self.store.claim_capped_with_slots(limit, self.config.lease_sec,
+                                                           self.config.deadline_grace_sec, admit, self._cap_slots,
+                                                           self._shard_id)
+        self._slotted.update(run.run_id for run in claimed)
         return claimed
 
     async def _caps_in_force(self) -> bool:
         """Whether any concurrency cap exists, looked up every few seconds rather than every claim."""
+        if self._cap_slots is not None:
+            return bool(await self._cap_slots.caps())
         now = time.monotonic()
         if now >= self._caps_checked_at + CAPS_RECHECK_SEC:
             self._caps_exist = await self.store.caps_exist()
@@ -213,6 +240,7 @@ class Worker:
         return self._caps_exist
 
     async def _execute(self, run: ClaimedRun) -> None:
+        handed_on = False  # to the outcome buffer, or to the target that reports the outcome itself
         try:
             try:
                 outcome = await self._attempt(run)
@@ -220,6 +248,9 @@ class Worker:
                 failures.set_aside("worker", "run", f"run {run.run_id}", exc)
                 outcome = Outcome.failure(f"internal error: {failures.describe(exc)}"[:MAX_ERROR_CHARS])
             if outcome.pending:
+                handed_on = True
+                # Its slots are renewed no more and lapse with the lease (docs/scaling.md: left to do).
+                self._slotted.discard(run.run_id)
                 log.info("run %s accepted by its target, which reports its outcome itself", run.run_id,
                          extra={"run_id": str(run.run_id), "job_id": str(run.job_id)})
                 return
@@ -232,7 +263,11 @@ class Worker:
                     error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
             recorded = Outcome(outcome.status, storable_text(error), storable_text(outcome.output))
             self._outcomes.append(Completion(run, recorded, now, retry_at))
+            handed_on = True
         finally:
+            if not handed_on and run.run_id in self._slotted:  # cancelled, taken away or handed back
+                self._slotted.discard(run.run_id)
+                self._slots_to_free.append(run.run_id)
             self._running.pop(run.run_id, None)
             self._slot_free.set()
             if self._budget is not None:
@@ -261,6 +296,7 @@ class Worker:
                 failures.loop_failed("worker", "flush", exc)
 
     async def _flush(self) -> None:
+        await self._free_slots()
         if not self._outcomes:
             return
         batch, self._outcomes = self._outcomes, []
@@ -273,6 +309,11 @@ class Worker:
             return
         accepted = set().union(*recorded)
         self._unrecordable -= accepted
+        # Recorded, or refused because the lease was lost: either way this worker runs it no more.
+        done = {c.run.run_id for c in batch if c.run.run_id in accepted or c.run.run_id not in self._unrecordable}
+        self._slots_to_free += [run_id for run_id in done if run_id in self._slotted]
+        self._slotted -= done
+        await self._free_slots()
         self.completed += len(accepted)
         report_outcomes(batch, accepted)
         tracing.completed(batch, accepted)
@@ -280,6 +321,18 @@ class Worker:
             if outcome.run.run_id not in accepted:
                 log.warning("outcome of run %s refused: the lease was lost (reaped or cancelled)",
                             outcome.run.run_id, extra=run_fields(outcome.run))
+
+    async def _free_slots(self) -> None:
+        """Free the catalog's slots of runs that ended here. When the catalog does not answer, they
+        lapse with their lease, no longer renewed: the cap is under-used meanwhile, never exceeded."""
+        if self._cap_slots is None or not self._slots_to_free:
+            return
+        freeing, self._slots_to_free = self._slots_to_free, []
+        try:
+            await self._cap_slots.free(freeing, self.worker_id)
+        except DB_ERRORS as exc:
+            log.warning("could not free the cap slots of %d runs (%s); they lapse with their lease", len(freeing),
+                        failures.describe(exc))
 
     def _unrecordable_outcome(self, completion: Completion, exc: Exception) -> None:
         """Record the attempt without its text, saying why; an outcome refused even so is given up,
@@ -310,6 +363,9 @@ class Worker:
         held = [run for run, _ in self._running.values()] + [o.run for o in self._outcomes]
         asked = {run.run_id for run in held}
         still_held = await self.store.extend_leases(held, self.config.lease_sec)
+        if self._cap_slots is not None:  # the slots of the runs still held last as long as their leases
+            await self._cap_slots.renew([run_id for run_id in still_held if run_id in self._slotted],
+                                        self.worker_id, self.config.lease_sec)
         # Only runs this round asked about: one claimed while it waited was not, and is not lost.
         for run_id, (_run, task) in list(self._running.items()):
             if run_id in asked and run_id not in still_held:

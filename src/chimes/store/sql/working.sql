@@ -139,7 +139,7 @@ FROM concurrency_caps cap;
 -- name: capped_candidates
 -- Queued runs under some cap, in queue order, skipping those behind a cap that is already full:
 -- owners $4, fleet-wide tags $5, and the owner tag caps ($6[i]'s jobs tagged $7[i]).
-SELECT q.queue_id, q.tier, j.owner, j.tags
+SELECT q.queue_id, q.run_id, q.tier, j.owner, j.tags
 FROM run_queue q JOIN jobs j ON j.job_id = q.job_id
 WHERE q.tier BETWEEN $2 AND $3
   AND EXISTS (SELECT 1 FROM concurrency_caps cap

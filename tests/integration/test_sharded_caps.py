@@ -1,0 +1,167 @@
+"""Owner and tag caps across shards: exact, by slots in the catalog (docs/scaling.md, "Caps and quotas
+across shards").
+
+Three homes: shard A (partitions 0-339, a database of the test server), shard B (340-679, on a
+server of its own) and the catalog (680-1023). Real `chimes worker` processes claim from all three;
+the target on 127.0.0.1 counts the calls it is answering at once."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from chimes.cli.main import cli
+from chimes.ids import partition_of, partition_of_key
+from chimes.store import db
+from chimes.store.shards import add_shard
+from tests.conftest import scratch_database
+from tests.e2e.processes import Processes
+from tests.helpers import auth_as, wait_for
+from tests.target import Target
+
+HOMES = {"a": (0, 339), "b": (340, 679), "catalog": (680, 1023)}
+
+
+@pytest.fixture
+async def shard_a(server_dsn: str) -> AsyncIterator[str]:
+    async with scratch_database(server_dsn, "chimes_caps_shard_a") as dsn:
+        yield dsn
+
+
+@pytest.fixture
+async def shard_b(second_server_dsn: str) -> AsyncIterator[str]:
+    async with scratch_database(second_server_dsn, "chimes_caps_shard_b") as dsn:
+        yield dsn
+
+
+@pytest.fixture
+async def database_url(database_url: str, shard_a: str, shard_b: str) -> str:
+    """The catalog, whose map gives HOMES a and b to the shards before any role starts."""
+    conn = await db.connect(database_url)
+    try:
+        await add_shard(conn, shard_a, *HOMES["a"])
+        await add_shard(conn, shard_b, *HOMES["b"])
+    finally:
+        await conn.close()
+    return database_url
+
+
+async def set_cap(database_url: str, *args: str) -> None:
+    """`chimes cap set`, as an operator runs it against a catalog with shards."""
+    result = await asyncio.to_thread(CliRunner().invoke, cli, ["cap", "set", *args, "--database-url", database_url])
+    assert result.exit_code == 0, result.output
+
+
+async def job_in(client: httpx.AsyncClient, home: str, path: str, target: Target, *, token: str | None = None,
+                 tags: tuple[str, ...] = ()) -> str:
+    """A job of the token's owner (team-a by default) whose partition lies in ``home``, calling ``path``."""
+    owner = "team-b" if token else "team-a"
+    first, last = HOMES[home]
+    key = next(k for k in (f"{home}{path}-{i}" for i in range(100_000)) if first <= partition_of_key(owner, k) <= last)
+    body = {"name": f"{home}{path}", "schedule": {"cron": "0 0 1 1 *"}, "tags": list(tags), "concurrency": "allow",
+            "task": {"type": "http", "url": target.url + path}}
+    headers = {"Idempotency-Key": key, **(auth_as(token) if token else {})}
+    created = await client.post("/jobs", json=body, headers=headers)
+    assert created.status_code == 201, created.text
+    job_id = created.json()["jobId"]
+    assert first <= partition_of(uuid.UUID(job_id)) <= last
+    return str(job_id)
+
+
+async def run_now(client: httpx.AsyncClient, job_id: str, times: int, token: str | None = None) -> None:
+    for _ in range(times):
+        started = await client.post(f"/jobs/{job_id}/runs", headers=auth_as(token) if token else {})
+        assert started.status_code == 202, started.text
+
+
+async def slots(database_url: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await conn.fetch("SELECT * FROM cap_slots")
+    finally:
+        await conn.close()
+
+
+async def test_an_owner_cap_of_one_holds_across_two_shards(
+    processes: Processes, client: httpx.AsyncClient, tokens: dict[str, str], target: Target, database_url: str
+) -> None:
+    await set_cap(database_url, "owner:team-a", "1")
+    target.delays["/capped"] = target.delays["/free"] = lambda n: 0.4
+    on_a = await job_in(client, "a", "/capped", target)
+    on_b = await job_in(client, "b", "/capped", target)
+    on_catalog = await job_in(client, "catalog", "/capped", target)
+    free = await job_in(client, "a", "/free", target, token=tokens["team-b"])  # team-b: under no cap
+    processes.worker("worker-1", concurrency=10)
+    processes.worker("worker-2", concurrency=10)
+    for job_id in (on_a, on_b, on_catalog):
+        await run_now(client, job_id, 3)
+    await run_now(client, free, 3, tokens["team-b"])
+    await wait_for(lambda: len(target.calls) == 12, timeout=60, what="every run, in the end")
+    # Never two of team-a's runs answered at once, wherever they live: each began after the one
+    # before had ended.
+    assert target.most_in_flight["/capped"] == 1
+    starts = sorted(c.received_at for c in target.calls_to("/capped"))
+    assert all(later - earlier >= 0.39 for earlier, later in itertools.pairwise(starts)), starts
+    assert target.most_in_flight["/free"] == 3  # team-b's runs under no cap, all at once
+    await wait_for(lambda: _no_slots(database_url), timeout=10, what="every slot freed by the runs' outcomes")
+
+
+async def _no_slots(database_url: str) -> bool:
+    return not await slots(database_url)
+
+
+async def test_a_fleet_wide_tag_cap_holds_across_two_shards_and_two_owners(
+    processes: Processes, client: httpx.AsyncClient, tokens: dict[str, str], target: Target, database_url: str
+) -> None:
+    await set_cap(database_url, "tag:db-heavy", "1", "--fleet-wide")
+    target.delays["/heavy"] = lambda n: 0.4
+    on_a = await job_in(client, "a", "/heavy", target, tags=("db-heavy",))
+    on_b = await job_in(client, "b", "/heavy", target, token=tokens["team-b"], tags=("db-heavy",))
+    processes.worker("worker-1", concurrency=10)
+    processes.worker("worker-2", concurrency=10)
+    await run_now(client, on_a, 4)
+    await run_now(client, on_b, 4, tokens["team-b"])
+    await wait_for(lambda: len(target.calls) == 8, timeout=60, what="every run, in the end")
+    starts = sorted(c.received_at for c in target.calls)
+    assert all(later - earlier >= 0.39 for earlier, later in itertools.pairwise(starts)), starts
+    assert target.most_in_flight == {"/heavy": 1}
+    assert {c.headers["X-Chimes-Job-Id"] for c in target.calls} == {on_a, on_b}
+    await wait_for(lambda: _no_slots(database_url), timeout=10, what="every slot freed by the runs' outcomes")
+
+
+async def test_a_killed_workers_slot_lapses_and_the_cap_is_used_again_never_exceeded(
+    processes: Processes, client: httpx.AsyncClient, target: Target, database_url: str
+) -> None:
+    await set_cap(database_url, "owner:team-a", "1")
+    target.delays["/first"] = lambda n: 120.0  # the killed worker's call never ends by itself
+    target.delays["/second"] = lambda n: 5.0
+    first = await job_in(client, "a", "/first", target)
+    second = await job_in(client, "b", "/second", target)
+    doomed = processes.worker("worker-1", lease_sec=3.0)
+    await run_now(client, first, 1)
+    await wait_for(lambda: target.calls_to("/first"), timeout=30, what="the first run to start on worker-1")
+    [held] = await slots(database_url)
+    assert (held["holder"], held["scope"], held["name"]) == ("worker-1", "owner", "team-a")
+    assert held["shard_id"] == 1  # shard A's run
+    doomed.kill()  # SIGKILL: nothing freed, nothing handed back
+    assert doomed.proc.returncode == -signal.SIGKILL
+    killed_at = time.time()
+    [still_held] = await slots(database_url)  # as it was left: the lease lapses within 3 s of the last renewal
+    assert still_held["expires_at"].timestamp() <= killed_at + 3.0
+
+    processes.worker("worker-2", lease_sec=3.0)
+    await run_now(client, second, 1)
+    await wait_for(lambda: target.calls_to("/second"), timeout=30, what="the second run, once the slot lapsed")
+    # Not before the killed worker's slot lapsed: the cap was never exceeded meanwhile.
+    assert target.calls_to("/second")[0].received_at >= still_held["expires_at"].timestamp()
+    [taken] = await slots(database_url)
+    assert taken["holder"] == "worker-2"
