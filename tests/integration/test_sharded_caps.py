@@ -165,3 +165,39 @@ async def test_a_killed_workers_slot_lapses_and_the_cap_is_used_again_never_exce
     assert target.calls_to("/second")[0].received_at >= still_held["expires_at"].timestamp()
     [taken] = await slots(database_url)
     assert taken["holder"] == "worker-2"
+
+
+async def test_a_callback_run_keeps_its_slot_until_its_target_reports(
+    processes: Processes, client: httpx.AsyncClient, target: Target, database_url: str
+) -> None:
+    """A target that answers 202 reports the outcome itself: the run is still running, on shard A,
+    and keeps its slot past the worker's lease until the target completes it."""
+    await set_cap(database_url, "owner:team-a", "1")
+    target.responders["/accepts"] = lambda n: 202
+    accepting = await job_in(client, "a", "/accepts", target)
+    assert (await client.patch(f"/jobs/{accepting}", json={"task": {"type": "http", "url": target.url + "/accepts",
+                                                                    "callback": True}})).status_code == 200
+    later = await job_in(client, "b", "/later", target)
+    processes.worker("worker-1", lease_sec=3.0)
+    await run_now(client, accepting, 1)
+    [call] = await wait_for(lambda: target.calls_to("/accepts"), timeout=30, what="the callback run to start")
+    [first] = await wait_for(lambda: slots(database_url), timeout=10, what="its slot")
+    await run_now(client, later, 1)
+    # Well past the lease the slot was taken with: renewed all along, and the cap still full.
+    await wait_for(lambda: _catalog_past(database_url, first["expires_at"].timestamp() + 1.0), timeout=20,
+                   what="the first lease of the slot to pass")
+    assert target.calls_to("/later") == []
+    [kept] = await slots(database_url)
+    assert kept["run_id"] == uuid.UUID(call.run_id) and kept["expires_at"] > first["expires_at"]
+    done = await client.post(f"/runs/{call.run_id}/complete",
+                             json={"leaseToken": call.headers["X-Chimes-Lease-Token"], "status": "succeeded"})
+    assert done.status_code == 200, done.text
+    await wait_for(lambda: target.calls_to("/later"), timeout=20, what="the next run once the target reported")
+
+
+async def _catalog_past(database_url: str, epoch: float) -> bool:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return bool(await conn.fetchval("SELECT extract(epoch FROM now()) > $1", epoch))
+    finally:
+        await conn.close()

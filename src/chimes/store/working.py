@@ -189,6 +189,14 @@ class WorkerStore:
         )
         return {row["run_id"] for row in rows}
 
+    async def still_running(self, runs: Sequence[ClaimedRun]) -> set[uuid.UUID]:
+        """The run ids of ``runs`` still running under the lease they were claimed with."""
+        if not runs:
+            return set()
+        rows = await self._pool.fetch(sql("runs_still_running"), [r.run_id for r in runs],
+                                      [r.scheduled_at for r in runs], [r.lease_token for r in runs])
+        return {row["run_id"] for row in rows}
+
     async def complete(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
         """Record a batch of outcomes in one statement; returns the runs whose outcome was accepted."""
         if not completions:

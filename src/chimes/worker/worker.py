@@ -96,6 +96,7 @@ class Worker:
         self._shard_id = shard_id
         self._slotted: set[uuid.UUID] = set()  # runs holding slots in the catalog
         self._slots_to_free: list[uuid.UUID] = []  # their runs left this worker's hands
+        self._callbacks: dict[uuid.UUID, ClaimedRun] = {}  # holding slots, their outcome due from the target
 
     @property
     def worker_id(self) -> str:
@@ -249,8 +250,9 @@ class Worker:
                 outcome = Outcome.failure(f"internal error: {failures.describe(exc)}"[:MAX_ERROR_CHARS])
             if outcome.pending:
                 handed_on = True
-                # Its slots are renewed no more and lapse with the lease (docs/scaling.md: left to do).
-                self._slotted.discard(run.run_id)
+                if run.run_id in self._slotted:  # its slots are kept while the run is still running
+                    self._slotted.discard(run.run_id)
+                    self._callbacks[run.run_id] = run
                 log.info("run %s accepted by its target, which reports its outcome itself", run.run_id,
                          extra={"run_id": str(run.run_id), "job_id": str(run.job_id)})
                 return
@@ -363,15 +365,26 @@ class Worker:
         held = [run for run, _ in self._running.values()] + [o.run for o in self._outcomes]
         asked = {run.run_id for run in held}
         still_held = await self.store.extend_leases(held, self.config.lease_sec)
-        if self._cap_slots is not None:  # the slots of the runs still held last as long as their leases
-            await self._cap_slots.renew([run_id for run_id in still_held if run_id in self._slotted],
-                                        self.worker_id, self.config.lease_sec)
+        if self._cap_slots is not None:
+            await self._renew_slots(self._cap_slots, still_held)
         # Only runs this round asked about: one claimed while it waited was not, and is not lost.
         for run_id, (_run, task) in list(self._running.items()):
             if run_id in asked and run_id not in still_held:
                 log.warning("run %s was taken away (cancelled or reaped); stopping it", run_id,
                             extra=run_fields(_run))
                 task.cancel()
+
+    async def _renew_slots(self, slots: CapSlots, still_held: set[uuid.UUID]) -> None:
+        """The slots of the runs still held, and of those a target still runs (callback tasks), last
+        another lease; those of callback runs that ended are freed with the next flush."""
+        renewing = [run_id for run_id in still_held if run_id in self._slotted]
+        if self._callbacks:
+            running = await self.store.still_running(list(self._callbacks.values()))
+            for run_id in [run_id for run_id in self._callbacks if run_id not in running]:
+                del self._callbacks[run_id]
+                self._slots_to_free.append(run_id)
+            renewing += running
+        await slots.renew(renewing, self.worker_id, self.config.lease_sec)
 
     async def _drain(self) -> None:
         """Give in-flight runs the shutdown grace to finish, then hand the rest back to the queue."""

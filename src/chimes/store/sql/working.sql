@@ -171,3 +171,11 @@ RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.starte
 -- A worker's check of its LISTEN connection: a round trip that is a no-op on a channel already
 -- listened to (chimes.store.working.QUEUE_CHANNEL).
 LISTEN "chimes_run_queue";
+
+-- name: runs_still_running
+-- Of the runs this worker handed to a target that reports their outcome itself (callback tasks), the
+-- ones still running under the lease they were handed with: their cap slots are kept.
+SELECT r.run_id FROM runs r
+JOIN unnest($1::uuid[], $2::timestamptz[], $3::uuid[]) AS held(run_id, scheduled_at, lease_token)
+  ON r.run_id = held.run_id AND r.scheduled_at = held.scheduled_at
+WHERE r.status = 'running' AND r.lease_token = held.lease_token;
