@@ -13,6 +13,7 @@ import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import asyncpg
 import httpx
@@ -22,10 +23,13 @@ from click.testing import CliRunner
 from chimes.cli.main import cli
 from chimes.ids import partition_of, partition_of_key
 from chimes.store import db
+from chimes.store.cap_slots import CapSlots
 from chimes.store.shards import add_shard
+from chimes.worker.worker import Worker
 from tests.conftest import scratch_database
 from tests.e2e.processes import Processes
 from tests.helpers import auth_as, wait_for
+from tests.integration.fleet import FAST_WORKER
 from tests.target import Target
 
 HOMES = {"a": (0, 339), "b": (340, 679), "catalog": (680, 1023)}
@@ -201,3 +205,30 @@ async def _catalog_past(database_url: str, epoch: float) -> bool:
         return bool(await conn.fetchval("SELECT extract(epoch FROM now()) > $1", epoch))
     finally:
         await conn.close()
+
+
+async def test_a_worker_cut_off_from_the_catalog_stops_its_capped_runs_before_their_slots_lapse(
+    client: httpx.AsyncClient, target: Target, database_url: str, shard_a: str
+) -> None:
+    """The worker can still reach its shard but no longer the catalog: its slots are not renewed, so
+    it stops the run before they lapse and another worker could take them."""
+    await set_cap(database_url, "owner:team-a", "1")
+    target.delays["/long"] = lambda n: 120.0
+    long_job = await job_in(client, "a", "/long", target)
+    catalog = await db.create_pool(database_url, max_size=2)
+    shard_pool = await db.create_pool(shard_a, max_size=4)
+    config = replace(FAST_WORKER, heartbeat_every_sec=FAST_WORKER.lease_sec / 3)  # as `chimes worker` has it
+    worker = Worker(shard_pool, shard_a, config, worker_id="cut-off", cap_slots=CapSlots(catalog), shard_id=1)
+    task = asyncio.create_task(worker.run())
+    try:
+        await run_now(client, long_job, 1)
+        await wait_for(lambda: target.calls_to("/long"), timeout=30, what="the run to start")
+        catalog.terminate()  # from here on, every renewal fails
+        await wait_for(lambda: not worker._running, timeout=FAST_WORKER.lease_sec + 2, what="the run to be stopped")
+        stopped_at = time.time()
+        [left] = await slots(database_url)  # as the last renewal left it
+        assert stopped_at < left["expires_at"].timestamp(), "stopped only after its slot had lapsed"
+    finally:
+        worker.stop()
+        await asyncio.gather(task, return_exceptions=True)
+        await shard_pool.close()

@@ -97,6 +97,7 @@ class Worker:
         self._slotted: set[uuid.UUID] = set()  # runs holding slots in the catalog
         self._slots_to_free: list[uuid.UUID] = []  # their runs left this worker's hands
         self._callbacks: dict[uuid.UUID, ClaimedRun] = {}  # holding slots, their outcome due from the target
+        self._slot_deadlines: dict[uuid.UUID, float] = {}  # monotonic: when their slots lapse at the earliest
 
     @property
     def worker_id(self) -> str:
@@ -224,10 +225,12 @@ class Worker:
     async def _claim_capped(self, limit: int) -> list[ClaimedRun]:
         if self._cap_slots is None:
             return await self.store.claim_capped(limit, self.config.lease_sec, self.config.deadline_grace_sec, admit)
+        started = time.monotonic()
         claimed = await self.store.claim_capped_with_slots(limit, self.config.lease_sec,
                                                            self.config.deadline_grace_sec, admit, self._cap_slots,
                                                            self._shard_id)
         self._slotted.update(run.run_id for run in claimed)
+        self._slot_deadlines.update(dict.fromkeys((run.run_id for run in claimed), started + self.config.lease_sec))
         return claimed
 
     async def _caps_in_force(self) -> bool:
@@ -330,6 +333,8 @@ class Worker:
         if self._cap_slots is None or not self._slots_to_free:
             return
         freeing, self._slots_to_free = self._slots_to_free, []
+        for run_id in freeing:
+            self._slot_deadlines.pop(run_id, None)
         try:
             await self._cap_slots.free(freeing, self.worker_id)
         except DB_ERRORS as exc:
@@ -360,13 +365,16 @@ class Worker:
                 failures.loop_failed("worker", "heartbeat", exc)
 
     async def _heartbeat(self) -> None:
+        if self._cap_slots is not None:  # first, and whether this home's database answers or not
+            try:
+                await self._renew_slots(self._cap_slots)
+            finally:
+                self._stop_runs_losing_their_slots()
         await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, len(self._running))
         # Runs whose outcome waits in the buffer still need their lease until it is written.
         held = [run for run, _ in self._running.values()] + [o.run for o in self._outcomes]
         asked = {run.run_id for run in held}
         still_held = await self.store.extend_leases(held, self.config.lease_sec)
-        if self._cap_slots is not None:
-            await self._renew_slots(self._cap_slots, still_held)
         # Only runs this round asked about: one claimed while it waited was not, and is not lost.
         for run_id, (_run, task) in list(self._running.items()):
             if run_id in asked and run_id not in still_held:
@@ -374,17 +382,43 @@ class Worker:
                             extra=run_fields(_run))
                 task.cancel()
 
-    async def _renew_slots(self, slots: CapSlots, still_held: set[uuid.UUID]) -> None:
-        """The slots of the runs still held, and of those a target still runs (callback tasks), last
-        another lease; those of callback runs that ended are freed with the next flush."""
-        renewing = [run_id for run_id in still_held if run_id in self._slotted]
+    async def _renew_slots(self, slots: CapSlots) -> None:
+        """The slots of the runs this worker runs (or whose outcome waits to be written), and of those
+        a target still runs (callback tasks), last another lease; those of callback runs that ended
+        are freed with the next flush."""
+        renewing = list(self._slotted)
         if self._callbacks:
-            running = await self.store.still_running(list(self._callbacks.values()))
+            try:
+                running = await self.store.still_running(list(self._callbacks.values()))
+            except DB_ERRORS:  # this home does not answer: keep them while it cannot tell
+                running = set(self._callbacks)
             for run_id in [run_id for run_id in self._callbacks if run_id not in running]:
                 del self._callbacks[run_id]
                 self._slots_to_free.append(run_id)
             renewing += running
+        started = time.monotonic()
         await slots.renew(renewing, self.worker_id, self.config.lease_sec)
+        self._slot_deadlines.update(dict.fromkeys(renewing, started + self.config.lease_sec))
+
+    def _stop_runs_losing_their_slots(self) -> None:
+        """A run whose slots could not be renewed (the catalog does not answer) and could lapse before
+        the next heartbeat is done is stopped, as one whose lease was lost: after the lapse another
+        worker may take the slot, and the cap must not be exceeded. Its run is retried after its
+        lease. Half a heartbeat more than one: a heartbeat may come late, and a run may have been
+        claimed just before the last one."""
+        soon = time.monotonic() + 1.5 * self.config.heartbeat_every_sec
+        for run_id, deadline in list(self._slot_deadlines.items()):
+            if deadline > soon:
+                continue
+            del self._slot_deadlines[run_id]
+            held = self._running.get(run_id)
+            if held is not None:
+                log.warning("the cap slots of run %s could not be renewed; stopping it", run_id,
+                            extra=run_fields(held[0]))
+                held[1].cancel()
+            elif self._callbacks.pop(run_id, None) is not None:
+                log.warning("the cap slots of run %s, which its target runs, could not be renewed and lapse",
+                            run_id)
 
     async def _drain(self) -> None:
         """Give in-flight runs the shutdown grace to finish, then hand the rest back to the queue."""
