@@ -208,13 +208,15 @@ async def _catalog_past(database_url: str, epoch: float) -> bool:
 
 
 async def test_a_worker_cut_off_from_the_catalog_stops_its_capped_runs_before_their_slots_lapse(
-    client: httpx.AsyncClient, target: Target, database_url: str, shard_a: str
+    client: httpx.AsyncClient, tokens: dict[str, str], target: Target, database_url: str, shard_a: str
 ) -> None:
     """The worker can still reach its shard but no longer the catalog: its slots are not renewed, so
-    it stops the run before they lapse and another worker could take them."""
+    it stops the capped run before they lapse and another worker could take them. A run under no cap
+    goes on, its lease on the shard still extended."""
     await set_cap(database_url, "owner:team-a", "1")
-    target.delays["/long"] = lambda n: 120.0
+    target.delays["/long"] = target.delays["/uncapped"] = lambda n: 120.0
     long_job = await job_in(client, "a", "/long", target)
+    uncapped = await job_in(client, "a", "/uncapped", target, token=tokens["team-b"])
     catalog = await db.create_pool(database_url, max_size=2)
     shard_pool = await db.create_pool(shard_a, max_size=4)
     config = replace(FAST_WORKER, heartbeat_every_sec=FAST_WORKER.lease_sec / 3)  # as `chimes worker` has it
@@ -222,13 +224,29 @@ async def test_a_worker_cut_off_from_the_catalog_stops_its_capped_runs_before_th
     task = asyncio.create_task(worker.run())
     try:
         await run_now(client, long_job, 1)
-        await wait_for(lambda: target.calls_to("/long"), timeout=30, what="the run to start")
+        await run_now(client, uncapped, 1, tokens["team-b"])
+        [capped] = await wait_for(lambda: target.calls_to("/long"), timeout=30, what="the capped run to start")
+        [free] = await wait_for(lambda: target.calls_to("/uncapped"), timeout=30, what="the other run to start")
         catalog.terminate()  # from here on, every renewal fails
-        await wait_for(lambda: not worker._running, timeout=FAST_WORKER.lease_sec + 2, what="the run to be stopped")
+        cut_at = time.time()
+        await wait_for(lambda: uuid.UUID(capped.run_id) not in worker._running, timeout=FAST_WORKER.lease_sec + 2,
+                       what="the capped run to be stopped")
         stopped_at = time.time()
         [left] = await slots(database_url)  # as the last renewal left it
         assert stopped_at < left["expires_at"].timestamp(), "stopped only after its slot had lapsed"
+        # Meanwhile the heartbeat went on extending the leases on the shard, though the catalog failed.
+        assert await _lease_past(shard_a, free.run_id, cut_at + FAST_WORKER.lease_sec)
+        assert set(worker._running) == {uuid.UUID(free.run_id)}
     finally:
         worker.stop()
         await asyncio.gather(task, return_exceptions=True)
         await shard_pool.close()
+
+
+async def _lease_past(url: str, run_id: str, epoch: float) -> bool:
+    conn = await asyncpg.connect(url)
+    try:
+        return bool(await conn.fetchval("SELECT extract(epoch FROM lease_expires_at) > $2 FROM runs WHERE run_id = $1",
+                                        uuid.UUID(run_id), epoch))
+    finally:
+        await conn.close()

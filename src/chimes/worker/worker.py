@@ -368,6 +368,8 @@ class Worker:
         if self._cap_slots is not None:  # first, and whether this home's database answers or not
             try:
                 await self._renew_slots(self._cap_slots)
+            except DB_ERRORS as exc:  # this home's leases are still extended below
+                failures.loop_failed("worker", "cap slots", exc)
             finally:
                 self._stop_runs_losing_their_slots()
         await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, len(self._running))
