@@ -212,7 +212,7 @@ async def test_a_worker_cut_off_from_the_catalog_stops_its_capped_runs_before_th
 ) -> None:
     """The worker can still reach its shard but no longer the catalog: its slots are not renewed, so
     it stops the capped run before they lapse and another worker could take them. A run under no cap
-    goes on, its lease on the shard still extended."""
+    goes on, its lease on the shard still extended, and more are claimed."""
     await set_cap(database_url, "owner:team-a", "1")
     target.delays["/long"] = target.delays["/uncapped"] = lambda n: 120.0
     long_job = await job_in(client, "a", "/long", target)
@@ -237,6 +237,10 @@ async def test_a_worker_cut_off_from_the_catalog_stops_its_capped_runs_before_th
         # Meanwhile the heartbeat went on extending the leases on the shard, though the catalog failed.
         assert await _lease_past(shard_a, free.run_id, cut_at + FAST_WORKER.lease_sec)
         assert set(worker._running) == {uuid.UUID(free.run_id)}
+        # Runs under no cap are still claimed from the shard, by the caps last read from the catalog.
+        await run_now(client, uncapped, 1, tokens["team-b"])
+        await wait_for(lambda: len(target.calls_to("/uncapped")) == 2, timeout=10,
+                       what="another uncapped run, claimed while the catalog does not answer")
     finally:
         worker.stop()
         await asyncio.gather(task, return_exceptions=True)

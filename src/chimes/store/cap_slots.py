@@ -11,6 +11,7 @@ until their lease lapses: the cap is briefly under-used, never exceeded.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,8 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 import asyncpg
 
 from chimes.store.caps import Cap, CapKey, cap_key, list_caps
-from chimes.store.db import Conn
+from chimes.store.db import DB_ERRORS, Conn
 from chimes.store.queries import sql
+
+log = logging.getLogger(__name__)
 
 CAPS_RECHECK_SEC = 2.0
 
@@ -48,13 +51,22 @@ class CapSlots:
         self.catalog = catalog
         self._recheck_sec = recheck_sec
         self._caps: list[Cap] = []
-        self._read_at = -recheck_sec
+        self._read_at: float | None = None  # monotonic; None: never read
 
     async def caps(self) -> list[Cap]:
-        """The caps as the catalog held them at most a few seconds ago."""
+        """The caps as the catalog held them at most a few seconds ago. While the catalog does not
+        answer, the last ones read (asked again every few seconds): a shard's runs under no cap are
+        still claimed, those under a cap wait, as taking a slot needs the catalog. Never read yet:
+        the catalog's error."""
         now = time.monotonic()
-        if now >= self._read_at + self._recheck_sec:
-            self._caps = await list_caps(self.catalog)
+        if self._read_at is None or now >= self._read_at + self._recheck_sec:
+            known = self._read_at is not None
+            try:
+                self._caps = await list_caps(self.catalog)
+            except DB_ERRORS:
+                if not known:
+                    raise
+                log.warning("the catalog's caps could not be read; claiming by the last ones read")
             self._read_at = now
         return self._caps
 

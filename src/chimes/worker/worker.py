@@ -209,8 +209,16 @@ class Worker:
             if step.lowest == Priority.BATCH:
                 room = min(room, batch_room - sum(1 for run in claimed if run.priority == Priority.BATCH))
             claimed += await self._claim(room, (step.lowest, step.highest))
-        if await self._caps_in_force() and len(claimed) < limit:
-            claimed += await self._claim_capped(limit - len(claimed))
+        if len(claimed) < limit:
+            try:
+                if await self._caps_in_force():
+                    claimed += await self._claim_capped(limit - len(claimed))
+            except DB_ERRORS as exc:
+                if not claimed:
+                    raise
+                # With shards the caps live in the catalog, which may fail while this home answers:
+                # the runs claimed above are this worker's now, and must still run.
+                failures.loop_failed("worker", "capped claim", exc)
         return claimed
 
     async def _claim(self, limit: int, tiers: tuple[Priority, Priority]) -> list[ClaimedRun]:
