@@ -38,6 +38,9 @@ class Target:
     delays: dict[str, Callable[[int], float]] = field(default_factory=dict)
     # path -> Location: answered with the responder's status (default 307) and that Location
     redirects: dict[str, str] = field(default_factory=dict)
+    # path -> calls being answered now, and the most ever answered at once (a concurrency cap's proof)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    most_in_flight: dict[str, int] = field(default_factory=dict)
 
     def calls_to(self, path: str) -> list[Call]:
         return [c for c in self.calls if c.path == path]
@@ -66,9 +69,14 @@ async def serving_target() -> AsyncIterator[Target]:
         state.calls.append(call)
         number = len(state.calls_to(request.path))
         delay = state.delays.get(request.path)
-        if delay is not None:  # cut short when the test ends, so teardown never waits on it
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(closing.wait(), timeout=delay(number))
+        now = state.in_flight[request.path] = state.in_flight.get(request.path, 0) + 1
+        state.most_in_flight[request.path] = max(now, state.most_in_flight.get(request.path, 0))
+        try:
+            if delay is not None:  # cut short when the test ends, so teardown never waits on it
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(closing.wait(), timeout=delay(number))
+        finally:  # also when the caller went away (a worker killed mid-call)
+            state.in_flight[request.path] -= 1
         responder = state.responders.get(request.path)
         location = state.redirects.get(request.path)
         if location is not None:

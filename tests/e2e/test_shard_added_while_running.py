@@ -40,7 +40,13 @@ async def test_a_running_fleet_serves_a_shard_added_meanwhile(
     added = processes.start("shards-add", "shards", "add", shard_url, "--partitions", f"{first}-{last}")
     assert await added.exited(timeout=60) == 0, added.output()
 
-    # The API here follows the map within a second (or meets the catalog's fence); the job goes to the shard.
+    # The API follows the map within a second: /healthz lists the shard once it has read it. (A create
+    # before that makes a random id: in the catalog's half it stays there; in the shard's half the
+    # catalog's fence sends it to the shard: tests/integration/test_shard_added_while_running.py.)
+    async def api_sees_the_shard() -> bool:
+        return "shards" in (await client.get("/healthz")).json()
+
+    await wait_for(api_sees_the_shard, timeout=10, what="the API to read the new map")
     created = await client.post("/jobs", json={"name": "after", **every_second,
                                                "task": {"type": "http", "url": f"{target.url}/after"}},
                                 headers={"Idempotency-Key": key_in("team-a", *shard_range)})

@@ -59,7 +59,7 @@ async def test_one_failing_home_stops_the_others_and_its_error_ends_the_process(
     await give_half(database_url, shard_url)
     started: list[Home] = []
 
-    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None) -> list[Role]:
+    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None, shard_id: int | None) -> list[Role]:
         started.append(Home(url, serves, fails_after=0.05 if url == shard_url else None))
         return [started[-1]]
 
@@ -80,7 +80,7 @@ async def test_a_shard_added_while_running_gets_its_roles(pool: asyncpg.Pool, da
     started: list[Home] = []
     catalog_serves: list[frozenset[int] | None] = []
 
-    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None) -> list[Role]:
+    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None, shard_id: int | None) -> list[Role]:
         started.append(Home(url, serves))
         return [started[-1]]
 
@@ -113,7 +113,7 @@ async def test_a_shard_that_does_not_answer_holds_up_no_other_and_is_served_once
     admin = await asyncpg.connect(server_dsn)
     started: list[Home] = []
 
-    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None) -> list[Role]:
+    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None, shard_id: int | None) -> list[Role]:
         started.append(Home(url, serves))
         return [started[-1]]
 

@@ -237,15 +237,30 @@ async def test_a_shard_on_another_server(catalog: asyncpg.Connection, pool: asyn
         await admin.close()
 
 
-async def test_caps_and_shards_are_not_mixed_yet(catalog: asyncpg.Connection, database_url: str,
-                                                 new_database: str) -> None:
+async def test_caps_and_shards_go_together(catalog: asyncpg.Connection, database_url: str,
+                                           new_database: str) -> None:
+    """Caps are counted across shards (slots in the catalog), so neither refuses the other; a bad
+    target is still refused clearly."""
     await set_cap(catalog, Cap("owner", "team-a", "", 5))
-    with pytest.raises(ShardMapError, match="concurrency caps are set"):
-        await add_shard(catalog, new_database, 0, 99)
-    await assert_unchanged(catalog, 0, new_database, set())
-    await remove_cap(catalog, "owner", "team-a", "")
     await add_shard(catalog, new_database, 0, 99)
-    refused = await asyncio.to_thread(CliRunner().invoke, cli, ["cap", "set", "owner:team-a", "5", "--database-url",
-                                                                database_url])
-    assert refused.exit_code == 1 and "caps are not counted across shards yet" in refused.output, refused.output
-    assert await list_caps(catalog) == []
+    assert (await load_map(catalog)).version == 1
+
+    def cap(*args: str) -> Result:
+        return CliRunner().invoke(cli, ["cap", *args, "--database-url", database_url])
+
+    added = await asyncio.to_thread(cap, "set", "tag:db-heavy", "2", "--owner", "team-b")
+    assert added.exit_code == 0 and "tag:db-heavy of owner team-b: at most 2 running" in added.output, added.output
+    assert await list_caps(catalog) == [Cap("owner", "team-a", "", 5), Cap("tag", "db-heavy", "team-b", 2)]
+    for args, error in [(("set", "team-a", "5"), "must be owner:NAME or tag:NAME"),
+                        (("set", "tag:db-heavy", "2"), "a tag cap needs --owner TEAM"),
+                        (("set", "owner:team-a", "many"), "'many' is not a valid integer")]:
+        refused = await asyncio.to_thread(cap, *args)
+        assert refused.exit_code == 2 and error in refused.output, refused.output
+    await remove_cap(catalog, "owner", "team-a", "")
+    assert await list_caps(catalog) == [Cap("tag", "db-heavy", "team-b", 2)]
+    # The shard's own table of caps stays empty: only the catalog's count.
+    shard = await asyncpg.connect(new_database)
+    try:
+        assert await shard.fetchval("SELECT count(*) FROM concurrency_caps") == 0
+    finally:
+        await shard.close()

@@ -6,7 +6,10 @@ import click
 import pytest
 
 from chimes.cli.caps import cap_owner
-from chimes.worker.caps import Candidate, admit
+from chimes.store.cap_slots import full_caps
+from chimes.store.queries import sql
+from chimes.store.working import _caps_given
+from chimes.worker.caps import Candidate, admit, caps_of
 
 
 def test_admits_in_order_up_to_each_cap_without_blocking_others() -> None:
@@ -45,3 +48,24 @@ def test_a_tag_cap_names_its_owner_or_is_fleet_wide_explicitly() -> None:
             cap_owner("tag", owner, fleet_wide)
     with pytest.raises(click.UsageError, match="for tag caps"):
         cap_owner("owner", "team-a", False)
+
+
+def test_the_full_caps_filter_each_kind_of_cap() -> None:
+    rooms = {("owner", "a"): 0, ("owner", "b"): 1, ("tag", "db"): 0, ("tag", "web", "c"): 0, ("tag", "x", "d"): 2}
+    assert full_caps(rooms) == (["a"], ["db"], ["c"], ["web"])
+
+
+@pytest.mark.parametrize("name", ["claim_runs", "capped_candidates"])
+def test_a_shards_claim_reads_the_catalogs_caps_from_its_parameters(name: str) -> None:
+    """The same statement as with one database, its table of caps swapped for $8-$10 (a shard's own
+    table is empty), and nothing else changed."""
+    given = _caps_given(name)
+    assert "concurrency_caps" not in given and given.count("unnest($8::text[], $9::text[], $10::text[])") == 1
+    assert given.replace("unnest($8::text[], $9::text[], $10::text[]) AS cap(scope, name, owner)",
+                         "concurrency_caps cap") == sql(name)
+    assert "$11" not in sql(name) and "$8" not in sql(name)
+
+
+def test_a_slot_per_cap_a_run_falls_under() -> None:
+    rooms = {("owner", "a"): 1, ("tag", "db"): 1, ("tag", "web", "a"): 1, ("tag", "web", "b"): 1}
+    assert caps_of(Candidate(1, "a", ["db", "web"]), rooms) == [("owner", "a"), ("tag", "db"), ("tag", "web", "a")]

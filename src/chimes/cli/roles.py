@@ -20,6 +20,7 @@ from chimes.security.secrets import Keyring, SecretKeyError
 from chimes.services.owners import SigningSecrets, check_secret_key
 from chimes.settings import CONTAINER_RUNTIME, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS, Settings
 from chimes.store import db, tokens
+from chimes.store.cap_slots import CapSlots
 from chimes.store.shards import ShardMap
 from chimes.worker.budget import SlotBudget
 from chimes.worker.guard import TaskGuard
@@ -50,16 +51,19 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
     budget = SlotBudget(worker_concurrency)  # shared by every home's claim loop, as in `chimes worker`
 
-    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None) -> list[Role]:
+    cap_slots = CapSlots(pool)
+
+    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None, shard_id: int | None) -> list[Role]:
         node = SchedulerNode(home, node_id=node_id, serves=serves, egress=work.egress if work else None,
                              signing_secrets=SigningSecrets(pool, work.keyring if work else None))
         worker = Worker(home, url, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
                         worker_id=worker_id,
                         executors=Executors(container_runtime=runtime, egress=work.egress if work else None),
-                        guard=guard, budget=budget)
+                        guard=guard, budget=budget, cap_slots=_with_shards(cap_slots, serves), shard_id=shard_id)
         return [node, worker]
 
-    homes = ServedHomes(pool, dsn, shard_map, start_home, pool_size=12, serves_changed=_nodes_serve)
+    homes = ServedHomes(pool, dsn, shard_map, start_home, pool_size=12,
+                        serves_changed=lambda roles, serves: _serves_changed(roles, serves, cap_slots))
     try:
         await homes.open()
     except BaseException:
@@ -125,7 +129,7 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
 
     # One node per home (the catalog, then each shard): its leases, scans, fires and reaper on that
     # home's database; owners' signing secrets from the catalog.
-    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None) -> list[Role]:
+    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None, shard_id: int | None) -> list[Role]:
         return [SchedulerNode(home, config, node_id=node_id,
                               signing_secrets=SigningSecrets(pool, outgoing.keyring if outgoing else None),
                               egress=outgoing.egress if outgoing else None, serves=serves)]
@@ -154,18 +158,21 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
     worker_id = worker_id or new_worker_id()  # one id on every home, as the node's
     _remove_orphaned_env_files()
 
-    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None) -> list[Role]:
-        return [Worker(home, url, config, worker_id=worker_id, executors=executors() if executors else None,
-                       guard=guard, budget=budget)]
+    cap_slots = CapSlots(pool)
 
-    await _serve_homes(pool, dsn, shard_map, start_home, pool_size=4, server_settings=settings)
+    def start_home(home: db.Pool, url: str, serves: frozenset[int] | None, shard_id: int | None) -> list[Role]:
+        return [Worker(home, url, config, worker_id=worker_id, executors=executors() if executors else None,
+                       guard=guard, budget=budget, cap_slots=_with_shards(cap_slots, serves), shard_id=shard_id)]
+
+    await _serve_homes(pool, dsn, shard_map, start_home, pool_size=4, server_settings=settings,
+                       cap_slots=cap_slots)
 
 
 async def _serve_homes(pool: db.Pool, dsn: str, shard_map: ShardMap, start_home: StartHome, *, pool_size: int,
-                       server_settings: dict[str, str]) -> None:
+                       server_settings: dict[str, str], cap_slots: CapSlots | None = None) -> None:
     """Run the roles of every home of the map, following it, until SIGTERM or SIGINT; close the pools."""
     homes = ServedHomes(pool, dsn, shard_map, start_home, pool_size=pool_size, server_settings=server_settings,
-                        serves_changed=_nodes_serve)
+                        serves_changed=lambda roles, serves: _serves_changed(roles, serves, cap_slots))
     try:
         await homes.open()
         on_shutdown_signals(homes.stop)
@@ -175,10 +182,21 @@ async def _serve_homes(pool: db.Pool, dsn: str, shard_map: ShardMap, start_home:
         await pool.close()
 
 
-def _nodes_serve(roles: list[Role], serves: frozenset[int] | None) -> None:
+def _with_shards(cap_slots: CapSlots, serves: frozenset[int] | None) -> CapSlots | None:
+    """With shards (a home serves some partitions only), capped runs take slots in the catalog
+    (docs/scaling.md, "Caps and quotas across shards"); with one database, caps are counted from its
+    running runs, as before."""
+    return None if serves is None else cap_slots
+
+
+def _serves_changed(roles: list[Role], serves: frozenset[int] | None, cap_slots: CapSlots | None) -> None:
+    """The map changed while a home's roles ran: the node's partitions gauge, and whether the worker
+    counts caps in the catalog."""
     for role in roles:
         if isinstance(role, SchedulerNode):
             role.leases.serves = serves
+        elif isinstance(role, Worker) and cap_slots is not None:
+            role.count_caps_in(_with_shards(cap_slots, serves))
 
 
 def _remove_orphaned_env_files() -> None:

@@ -31,9 +31,9 @@ class Role(Protocol):
     def stop(self) -> None: ...
 
 
-# Makes one home's roles: its pool, its URL, and the partitions it holds (None: every partition,
-# the database of a fleet without shards).
-StartHome = Callable[[db.Pool, str, frozenset[int] | None], list[Role]]
+# Makes one home's roles: its pool, its URL, the partitions it holds (None: every partition, the
+# database of a fleet without shards), and its shard id (None: the catalog).
+StartHome = Callable[[db.Pool, str, frozenset[int] | None, int | None], list[Role]]
 # Tells a running home's roles which partitions it holds now (the map changed).
 ServesChanged = Callable[[list[Role], frozenset[int] | None], None]
 
@@ -110,8 +110,11 @@ class ServedHomes:
                 role.stop()
 
     def _start(self, key: str, serves: frozenset[int] | None) -> None:
-        pool, url = (self._catalog, self._catalog_url) if key == "" else (self._pools[key], key)
-        roles = self._start_home(pool, url, serves)
+        if key == "":
+            roles = self._start_home(self._catalog, self._catalog_url, serves, None)
+        else:
+            shard_id = next(r.shard_id for r in self._map.ranges if r.url == key)
+            roles = self._start_home(self._pools[key], key, serves, shard_id)
         self._roles[key] = roles
         for role in roles:
             task = asyncio.ensure_future(role.run())

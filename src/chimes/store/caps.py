@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -27,6 +27,14 @@ class Candidate:
     queue_id: int
     owner: str
     tags: Sequence[str]
+
+
+def caps_of(candidate: Candidate, rooms: Mapping[CapKey, int]) -> list[CapKey]:
+    """The keys of the caps in ``rooms`` that ``candidate`` falls under."""
+    keys: list[CapKey] = [("owner", candidate.owner)]
+    for tag in candidate.tags:
+        keys += [("tag", tag), ("tag", tag, candidate.owner)]
+    return [key for key in keys if key in rooms]
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,18 @@ CREATE TABLE public.api_tokens (
     CONSTRAINT api_tokens_token_hash_key UNIQUE (token_hash)
 );
 
+CREATE TABLE public.cap_slots (
+    scope text NOT NULL,
+    name text NOT NULL,
+    owner text NOT NULL,
+    run_id uuid NOT NULL,
+    shard_id integer,
+    holder text NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT cap_slots_pkey PRIMARY KEY (scope, name, owner, run_id)
+);
+CREATE INDEX cap_slots_run ON public.cap_slots USING btree (run_id);
+
 CREATE TABLE public.concurrency_caps (
     scope text NOT NULL,
     name text NOT NULL,

@@ -170,8 +170,7 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
     """Give partitions ``first``-``last`` to the database at ``url``, migrating it first; the new map.
 
     Refused with :class:`ShardMapError`, before anything is written anywhere, when the range is
-    malformed or overlaps a shard's range, when concurrency caps are set (not counted across shards
-    yet), when the database is the catalog or holds jobs, or when
+    malformed or overlaps a shard's range, when the database is the catalog or holds jobs, or when
     any of the partitions holds a job where it lives now (the catalog): moving partitions that hold
     data is the next step (docs/scaling.md). The fleet may run meanwhile: a job created in the
     catalog while the map changes is found before the commit (refused then), and the catalog
@@ -182,9 +181,6 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
         raise ShardMapError("the shard's URL is empty")
     current = await load_map(catalog)
     _refuse_overlap(current.ranges, first, last)
-    if await catalog.fetchval(sql("any_cap")):
-        raise ShardMapError("concurrency caps are set (chimes cap list): caps across shards are not supported "
-                            "yet, and a shard would not count them; remove the caps first (docs/scaling.md)")
     horizon = await catalog.fetchval(sql("snapshot_horizon"))  # before the scan's snapshot
     _refuse_busy(await partitions_holding_jobs(catalog, first, last))
     await _check_new_shard(catalog, url)

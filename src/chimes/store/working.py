@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -12,14 +13,16 @@ import asyncpg
 
 from chimes.enums import Priority, RunStatus
 from chimes.settings import RUN_TIMEOUT_SEC
-from chimes.store.caps import Candidate, CapKey, cap_key
-from chimes.store.db import Conn, open_connection
+from chimes.store.cap_slots import CapSlots, full_caps, rooms_of
+from chimes.store.caps import Candidate, Cap, CapKey, caps_of
+from chimes.store.db import DB_ERRORS, Conn, open_connection
 from chimes.store.queries import sql
 
 #: The admission policy of a capped claim (chimes.worker.caps.admit): from the candidates in queue
 #: order, the room left under each cap, and how many to take at most, the queue ids to claim.
 Admission = Callable[[Iterable[Candidate], Mapping[CapKey, int], int], list[int]]
 
+log = logging.getLogger(__name__)
 
 QUEUE_CHANNEL = "chimes_run_queue"
 CANCEL_CHANNEL = "chimes_run_cancel"  # payload: the id of a running run that was just cancelled
@@ -107,20 +110,74 @@ class WorkerStore:
             return []
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("lock_capped_claims"))
-            rooms = {cap_key(r["scope"], r["name"], r["owner"]): max(0, r["max_running"] - r["running"])
-                     for r in await conn.fetch(sql("cap_usage"))}
-            full = [key for key, room in rooms.items() if room == 0]
-            full_owners = [key[1] for key in full if key[0] == "owner"]
-            full_tags = [key[1] for key in full if key[0] == "tag" and len(key) == 2]
-            owner_tags = [key for key in full if len(key) == 3]
-            rows = await conn.fetch(sql("capped_candidates"), limit * 4, tiers[0], tiers[1], full_owners, full_tags,
-                                    [key[2] for key in owner_tags], [key[1] for key in owner_tags])
+            rooms = rooms_of(await conn.fetch(sql("cap_usage")))
+            rows = await conn.fetch(sql("capped_candidates"), limit * 4, tiers[0], tiers[1], *full_caps(rooms))
             chosen = admit((Candidate(r["queue_id"], r["owner"], r["tags"]) for r in rows), rooms, limit)
             if not chosen:
                 return []
             claimed = await conn.fetch(sql("claim_queued_runs"), self.worker_id, lease_sec, deadline_grace_sec,
                                        chosen, RUN_TIMEOUT_SEC)
         return [ClaimedRun(**dict(row)) for row in claimed]
+
+    async def claim_given_caps(self, limit: int, lease_sec: float, deadline_grace_sec: float, caps: Sequence[Cap],
+                               tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
+        """:meth:`claim` on a shard, leaving the runs under the catalog's ``caps`` (a shard's own
+        table of caps is empty) to :meth:`claim_capped_with_slots`."""
+        if limit <= 0:
+            return []
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(sql("plan_by_key"))
+            rows = await conn.fetch(_caps_given("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
+                                    tiers[0], tiers[1], RUN_TIMEOUT_SEC, *_cap_columns(caps))
+        return [ClaimedRun(**dict(row)) for row in rows]
+
+    async def claim_capped_with_slots(self, limit: int, lease_sec: float, deadline_grace_sec: float, admit: Admission,
+                                      slots: CapSlots, shard_id: int | None,
+                                      tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH),
+                                      ) -> list[ClaimedRun]:
+        """Claim capped runs with a shard map: each admitted run first takes a slot of every cap it
+        falls under in the catalog (``slots``), counted under the catalog's lock. ``shard_id`` None:
+        this store's database is the catalog, and the slots and the claim commit together;
+        otherwise the slots commit first, then the claim on the shard, and the slots of runs the
+        claim did not get are freed at once (a crash in between leaves them to lapse)."""
+        if limit <= 0:
+            return []
+        if shard_id is None:
+            async with self._pool.acquire() as conn, conn.transaction():
+                rooms = await slots.count(conn)
+                rows = await conn.fetch(sql("capped_candidates"), limit * 4, tiers[0], tiers[1], *full_caps(rooms))
+                chosen, slots_of = _admitted(rows, rooms, limit, admit)
+                if not chosen:
+                    return []
+                claimed = [ClaimedRun(**dict(row)) for row in await conn.fetch(
+                    sql("claim_queued_runs"), self.worker_id, lease_sec, deadline_grace_sec, chosen, RUN_TIMEOUT_SEC)]
+                got = {run.run_id for run in claimed}
+                await slots.take(conn, [slot for slot in slots_of if slot[1] in got], None, self.worker_id, lease_sec)
+            return claimed
+        caps = await slots.caps()
+        if not caps:
+            return []
+        async with self._pool.acquire() as conn:
+            async with conn.transaction():
+                async with slots.catalog.acquire() as catalog, catalog.transaction():
+                    rooms = await slots.count(catalog)
+                    rows = await conn.fetch(_caps_given("capped_candidates"), limit * 4, tiers[0], tiers[1],
+                                            *full_caps(rooms), *_cap_columns(caps))
+                    chosen, slots_of = _admitted(rows, rooms, limit, admit)
+                    if not chosen:
+                        return []
+                    await slots.take(catalog, slots_of, shard_id, self.worker_id, lease_sec)
+                taken = list(dict.fromkeys(run_id for _, run_id in slots_of))
+                try:
+                    claimed = [ClaimedRun(**dict(row)) for row in await conn.fetch(
+                        sql("claim_queued_runs"), self.worker_id, lease_sec, deadline_grace_sec, chosen,
+                        RUN_TIMEOUT_SEC)]
+                except BaseException:
+                    await _free_quietly(slots, taken, self.worker_id)
+                    raise
+            got = {run.run_id for run in claimed}
+            await _free_quietly(slots, [run_id for run_id in taken if run_id not in got], self.worker_id)
+        return claimed
 
     async def extend_leases(self, runs: Sequence[ClaimedRun], lease_sec: float) -> set[uuid.UUID]:
         """Extend every held lease in one statement; returns the run ids still held."""
@@ -130,6 +187,14 @@ class WorkerStore:
             sql("extend_leases"), [r.run_id for r in runs], [r.scheduled_at for r in runs],
             [r.lease_token for r in runs], lease_sec,
         )
+        return {row["run_id"] for row in rows}
+
+    async def still_running(self, runs: Sequence[ClaimedRun]) -> set[uuid.UUID]:
+        """The run ids of ``runs`` still running under the lease they were claimed with."""
+        if not runs:
+            return set()
+        rows = await self._pool.fetch(sql("runs_still_running"), [r.run_id for r in runs],
+                                      [r.scheduled_at for r in runs], [r.lease_token for r in runs])
         return {row["run_id"] for row in rows}
 
     async def complete(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
@@ -159,6 +224,38 @@ class WorkerStore:
             )
             await conn.execute(sql("notify_queue"))
         return {row["run_id"] for row in rows}
+
+
+def _caps_given(name: str) -> str:
+    """A claim statement reading the caps from parameters $8-$10 (scope, name, owner) instead of the
+    table: the same statement, so the two cannot drift apart."""
+    text = sql(name)
+    given = text.replace("concurrency_caps cap",
+                         "unnest($8::text[], $9::text[], $10::text[]) AS cap(scope, name, owner)")
+    if given.count("unnest($8") != 1:
+        raise RuntimeError(f"{name} must read concurrency_caps exactly once")
+    return given
+
+
+def _cap_columns(caps: Sequence[Cap]) -> tuple[list[str], list[str], list[str]]:
+    return [c.scope for c in caps], [c.name for c in caps], [c.owner for c in caps]
+
+
+def _admitted(rows: Sequence[asyncpg.Record], rooms: Mapping[CapKey, int], limit: int,
+              admit: Admission) -> tuple[list[int], list[tuple[CapKey, uuid.UUID]]]:
+    """The queue ids ``admit`` chose, and a slot (cap, run) for every cap each of them falls under."""
+    candidates = {r["queue_id"]: (Candidate(r["queue_id"], r["owner"], r["tags"]), r["run_id"]) for r in rows}
+    chosen = admit((candidate for candidate, _ in candidates.values()), rooms, limit)
+    slots = [(key, candidates[queue_id][1]) for queue_id in chosen for key in caps_of(candidates[queue_id][0], rooms)]
+    return chosen, slots
+
+
+async def _free_quietly(slots: CapSlots, run_ids: Sequence[uuid.UUID], holder: str) -> None:
+    """Free slots the claim did not use; when the catalog does not answer, they lapse with their lease."""
+    try:
+        await slots.free(run_ids, holder)
+    except DB_ERRORS as exc:
+        log.warning("could not free %d cap slots now (%s); they lapse with their lease", len(run_ids), exc)
 
 
 class RunSignals:

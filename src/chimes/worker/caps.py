@@ -2,22 +2,17 @@
 every owner (a fleet-wide tag cap, the operator's explicit choice), across the whole fleet.
 
 Pure admission logic; the worker runs it under an advisory lock so two workers never admit past a
-cap together, with usage counted live from the running runs.
+cap together, with usage counted live from the running runs (one database) or from the slots taken
+in the catalog (a shard map with ranges: chimes.store.cap_slots).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from chimes.store.caps import Candidate, CapKey, cap_key
+from chimes.store.caps import Candidate, CapKey, cap_key, caps_of
 
 __all__ = ["Candidate", "CapKey", "admit", "cap_key", "caps_of"]
-
-def caps_of(candidate: Candidate, rooms: Mapping[CapKey, int]) -> list[CapKey]:
-    keys: list[CapKey] = [("owner", candidate.owner)]
-    for tag in candidate.tags:
-        keys += [("tag", tag), ("tag", tag, candidate.owner)]
-    return [key for key in keys if key in rooms]
 
 
 def admit(candidates: Iterable[Candidate], rooms: Mapping[CapKey, int], limit: int) -> list[int]:

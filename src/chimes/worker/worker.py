@@ -24,6 +24,7 @@ from chimes.enums import Priority, RunStatus
 from chimes.logs import run_fields
 from chimes.security.storable import storable_text
 from chimes.settings import RUN_LEASE_SEC, RUN_TIMEOUT_SEC, SHUTDOWN_GRACE_SEC, WORKER_CONCURRENCY
+from chimes.store.cap_slots import CapSlots
 from chimes.store.db import DB_ERRORS, Pool
 from chimes.store.working import ClaimedRun, Completion, RunSignals, WorkerStore
 from chimes.timeouts import wait_event
@@ -63,9 +64,13 @@ class Worker:
     def __init__(self, pool: Pool, dsn: str, config: WorkerConfig | None = None,
                  worker_id: str | None = None, executors: Executors | None = None,
                  guard: TaskGuard | None = None, clock: Clock = SYSTEM_CLOCK,
-                 budget: SlotBudget | None = None) -> None:
+                 budget: SlotBudget | None = None, cap_slots: CapSlots | None = None,
+                 shard_id: int | None = None) -> None:
         """``budget``: the slots this worker shares with the process's other claim loops (one per
-        shard); without it, ``config.concurrency`` alone bounds it."""
+        shard); without it, ``config.concurrency`` alone bounds it. ``cap_slots``: with a shard map
+        that has ranges, the catalog's slots that capped runs take first (docs/scaling.md), and
+        ``shard_id`` this worker's home (None: the catalog); without it, caps are counted from the
+        running runs of this worker's database, as with one database."""
         self.config = config or WorkerConfig()
         self.store = WorkerStore(pool, worker_id or new_worker_id())
         self.executors = executors or Executors()
@@ -88,6 +93,18 @@ class Worker:
         self._claims_answer = True  # whether this home's last claim answered (else the next reserves one slot)
         self._caps_exist = False
         self._caps_checked_at = -CAPS_RECHECK_SEC
+        self._cap_slots = cap_slots
+        self._shard_id = shard_id
+        self._slotted: set[uuid.UUID] = set()  # runs holding slots in the catalog
+        self._slots_to_free: list[uuid.UUID] = []  # their runs left this worker's hands
+        self._callbacks: dict[uuid.UUID, ClaimedRun] = {}  # holding slots, their outcome due from the target
+        self._slot_deadlines: dict[uuid.UUID, float] = {}  # monotonic: when their slots lapse at the earliest
+
+    def count_caps_in(self, cap_slots: CapSlots | None) -> None:
+        """The shard map gained (or lost) ranges while this worker ran: from its next claim on, capped
+        runs take slots in the catalog (None: caps counted from this database's running runs). Runs
+        already running hold none, as when a cap is set while they run (docs/scaling.md)."""
+        self._cap_slots = cap_slots
 
     @property
     def worker_id(self) -> str:
@@ -203,15 +220,43 @@ class Worker:
             room = min(step.at_most, limit - len(claimed))
             if step.lowest == Priority.BATCH:
                 room = min(room, batch_room - sum(1 for run in claimed if run.priority == Priority.BATCH))
-            claimed += await self.store.claim(room, self.config.lease_sec, self.config.deadline_grace_sec,
-                                              (step.lowest, step.highest))
-        if await self._caps_in_force() and len(claimed) < limit:
-            claimed += await self.store.claim_capped(limit - len(claimed), self.config.lease_sec,
-                                                     self.config.deadline_grace_sec, admit)
+            claimed += await self._claim(room, (step.lowest, step.highest))
+        if len(claimed) < limit:
+            try:
+                if await self._caps_in_force():
+                    claimed += await self._claim_capped(limit - len(claimed))
+            except DB_ERRORS as exc:
+                if not claimed:
+                    raise
+                # With shards the caps live in the catalog, which may fail while this home answers:
+                # the runs claimed above are this worker's now, and must still run.
+                failures.loop_failed("worker", "capped claim", exc)
+        return claimed
+
+    async def _claim(self, limit: int, tiers: tuple[Priority, Priority]) -> list[ClaimedRun]:
+        """The fast path: runs under no cap. A shard's claim is told the catalog's caps."""
+        if self._cap_slots is not None and self._shard_id is not None:
+            caps = await self._cap_slots.caps()
+            if caps:
+                return await self.store.claim_given_caps(limit, self.config.lease_sec,
+                                                         self.config.deadline_grace_sec, caps, tiers)
+        return await self.store.claim(limit, self.config.lease_sec, self.config.deadline_grace_sec, tiers)
+
+    async def _claim_capped(self, limit: int) -> list[ClaimedRun]:
+        if self._cap_slots is None:
+            return await self.store.claim_capped(limit, self.config.lease_sec, self.config.deadline_grace_sec, admit)
+        started = time.monotonic()
+        claimed = await self.store.claim_capped_with_slots(limit, self.config.lease_sec,
+                                                           self.config.deadline_grace_sec, admit, self._cap_slots,
+                                                           self._shard_id)
+        self._slotted.update(run.run_id for run in claimed)
+        self._slot_deadlines.update(dict.fromkeys((run.run_id for run in claimed), started + self.config.lease_sec))
         return claimed
 
     async def _caps_in_force(self) -> bool:
         """Whether any concurrency cap exists, looked up every few seconds rather than every claim."""
+        if self._cap_slots is not None:
+            return bool(await self._cap_slots.caps())
         now = time.monotonic()
         if now >= self._caps_checked_at + CAPS_RECHECK_SEC:
             self._caps_exist = await self.store.caps_exist()
@@ -219,6 +264,7 @@ class Worker:
         return self._caps_exist
 
     async def _execute(self, run: ClaimedRun) -> None:
+        handed_on = False  # to the outcome buffer, or to the target that reports the outcome itself
         try:
             try:
                 outcome = await self._attempt(run)
@@ -226,6 +272,10 @@ class Worker:
                 failures.set_aside("worker", "run", f"run {run.run_id}", exc)
                 outcome = Outcome.failure(f"internal error: {failures.describe(exc)}"[:MAX_ERROR_CHARS])
             if outcome.pending:
+                handed_on = True
+                if run.run_id in self._slotted:  # its slots are kept while the run is still running
+                    self._slotted.discard(run.run_id)
+                    self._callbacks[run.run_id] = run
                 log.info("run %s accepted by its target, which reports its outcome itself", run.run_id,
                          extra={"run_id": str(run.run_id), "job_id": str(run.job_id)})
                 return
@@ -238,7 +288,11 @@ class Worker:
                     error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
             recorded = Outcome(outcome.status, storable_text(error), storable_text(outcome.output))
             self._outcomes.append(Completion(run, recorded, now, retry_at))
+            handed_on = True
         finally:
+            if not handed_on and run.run_id in self._slotted:  # cancelled, taken away or handed back
+                self._slotted.discard(run.run_id)
+                self._slots_to_free.append(run.run_id)
             self._running.pop(run.run_id, None)
             self._slot_free.set()
             if self._budget is not None:
@@ -267,6 +321,7 @@ class Worker:
                 failures.loop_failed("worker", "flush", exc)
 
     async def _flush(self) -> None:
+        await self._free_slots()
         if not self._outcomes:
             return
         batch, self._outcomes = self._outcomes, []
@@ -279,6 +334,11 @@ class Worker:
             return
         accepted = set().union(*recorded)
         self._unrecordable -= accepted
+        # Recorded, or refused because the lease was lost: either way this worker runs it no more.
+        done = {c.run.run_id for c in batch if c.run.run_id in accepted or c.run.run_id not in self._unrecordable}
+        self._slots_to_free += [run_id for run_id in done if run_id in self._slotted]
+        self._slotted -= done
+        await self._free_slots()
         self.completed += len(accepted)
         report_outcomes(batch, accepted)
         tracing.completed(batch, accepted)
@@ -286,6 +346,20 @@ class Worker:
             if outcome.run.run_id not in accepted:
                 log.warning("outcome of run %s refused: the lease was lost (reaped or cancelled)",
                             outcome.run.run_id, extra=run_fields(outcome.run))
+
+    async def _free_slots(self) -> None:
+        """Free the catalog's slots of runs that ended here. When the catalog does not answer, they
+        lapse with their lease, no longer renewed: the cap is under-used meanwhile, never exceeded."""
+        if self._cap_slots is None or not self._slots_to_free:
+            return
+        freeing, self._slots_to_free = self._slots_to_free, []
+        for run_id in freeing:
+            self._slot_deadlines.pop(run_id, None)
+        try:
+            await self._cap_slots.free(freeing, self.worker_id)
+        except DB_ERRORS as exc:
+            log.warning("could not free the cap slots of %d runs (%s); they lapse with their lease", len(freeing),
+                        failures.describe(exc))
 
     def _unrecordable_outcome(self, completion: Completion, exc: Exception) -> None:
         """Record the attempt without its text, saying why; an outcome refused even so is given up,
@@ -311,6 +385,13 @@ class Worker:
                 failures.loop_failed("worker", "heartbeat", exc)
 
     async def _heartbeat(self) -> None:
+        if self._cap_slots is not None:  # first, and whether this home's database answers or not
+            try:
+                await self._renew_slots(self._cap_slots)
+            except DB_ERRORS as exc:  # this home's leases are still extended below
+                failures.loop_failed("worker", "cap slots", exc)
+            finally:
+                self._stop_runs_losing_their_slots()
         await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, len(self._running))
         # Runs whose outcome waits in the buffer still need their lease until it is written.
         held = [run for run, _ in self._running.values()] + [o.run for o in self._outcomes]
@@ -322,6 +403,44 @@ class Worker:
                 log.warning("run %s was taken away (cancelled or reaped); stopping it", run_id,
                             extra=run_fields(_run))
                 task.cancel()
+
+    async def _renew_slots(self, slots: CapSlots) -> None:
+        """The slots of the runs this worker runs (or whose outcome waits to be written), and of those
+        a target still runs (callback tasks), last another lease; those of callback runs that ended
+        are freed with the next flush."""
+        renewing = list(self._slotted)
+        if self._callbacks:
+            try:
+                running = await self.store.still_running(list(self._callbacks.values()))
+            except DB_ERRORS:  # this home does not answer: keep them while it cannot tell
+                running = set(self._callbacks)
+            for run_id in [run_id for run_id in self._callbacks if run_id not in running]:
+                del self._callbacks[run_id]
+                self._slots_to_free.append(run_id)
+            renewing += running
+        started = time.monotonic()
+        await slots.renew(renewing, self.worker_id, self.config.lease_sec)
+        self._slot_deadlines.update(dict.fromkeys(renewing, started + self.config.lease_sec))
+
+    def _stop_runs_losing_their_slots(self) -> None:
+        """A run whose slots could not be renewed (the catalog does not answer) and could lapse before
+        the next heartbeat is done is stopped, as one whose lease was lost: after the lapse another
+        worker may take the slot, and the cap must not be exceeded. Its run is retried after its
+        lease. Half a heartbeat more than one: a heartbeat may come late, and a run may have been
+        claimed just before the last one."""
+        soon = time.monotonic() + 1.5 * self.config.heartbeat_every_sec
+        for run_id, deadline in list(self._slot_deadlines.items()):
+            if deadline > soon:
+                continue
+            del self._slot_deadlines[run_id]
+            held = self._running.get(run_id)
+            if held is not None:
+                log.warning("the cap slots of run %s could not be renewed; stopping it", run_id,
+                            extra=run_fields(held[0]))
+                held[1].cancel()
+            elif self._callbacks.pop(run_id, None) is not None:
+                log.warning("the cap slots of run %s, which its target runs, could not be renewed and lapse",
+                            run_id)
 
     async def _drain(self) -> None:
         """Give in-flight runs the shutdown grace to finish, then hand the rest back to the queue."""

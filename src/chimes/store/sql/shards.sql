@@ -46,8 +46,6 @@ SELECT pg_advisory_lock($1);
 -- name: release_probe_lock
 SELECT pg_advisory_unlock($1);
 
--- name: any_cap
-SELECT EXISTS (SELECT 1 FROM concurrency_caps);
 
 -- name: any_job
 SELECT EXISTS (SELECT 1 FROM jobs);

@@ -139,7 +139,7 @@ FROM concurrency_caps cap;
 -- name: capped_candidates
 -- Queued runs under some cap, in queue order, skipping those behind a cap that is already full:
 -- owners $4, fleet-wide tags $5, and the owner tag caps ($6[i]'s jobs tagged $7[i]).
-SELECT q.queue_id, q.tier, j.owner, j.tags
+SELECT q.queue_id, q.run_id, q.tier, j.owner, j.tags
 FROM run_queue q JOIN jobs j ON j.job_id = q.job_id
 WHERE q.tier BETWEEN $2 AND $3
   AND EXISTS (SELECT 1 FROM concurrency_caps cap
@@ -171,3 +171,11 @@ RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.starte
 -- A worker's check of its LISTEN connection: a round trip that is a no-op on a channel already
 -- listened to (chimes.store.working.QUEUE_CHANNEL).
 LISTEN "chimes_run_queue";
+
+-- name: runs_still_running
+-- Of the runs this worker handed to a target that reports their outcome itself (callback tasks), the
+-- ones still running under the lease they were handed with: their cap slots are kept.
+SELECT r.run_id FROM runs r
+JOIN unnest($1::uuid[], $2::timestamptz[], $3::uuid[]) AS held(run_id, scheduled_at, lease_token)
+  ON r.run_id = held.run_id AND r.scheduled_at = held.scheduled_at
+WHERE r.status = 'running' AND r.lease_token = held.lease_token;
