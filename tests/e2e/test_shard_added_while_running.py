@@ -63,3 +63,38 @@ async def test_a_running_fleet_serves_a_shard_added_meanwhile(
     for process in (scheduler, worker):
         assert "serving a new shard" in process.output(), process.output()[-3000:]
         assert process.proc.poll() is None  # never restarted
+
+
+async def test_a_cap_holds_across_a_shard_added_while_the_worker_runs(
+    processes: Processes, client: httpx.AsyncClient, target: Target, database_url: str, shard_url: str
+) -> None:
+    capped = processes.start("cap-set", "cap", "set", "owner:team-a", "1")
+    assert await capped.exited(timeout=60) == 0, capped.output()
+    worker = processes.worker("worker-1", concurrency=10)  # started with one database: caps counted there
+    first = await client.post("/jobs", json={"name": "first", "schedule": {"cron": "0 0 1 1 *"},
+                                             "task": {"type": "http", "url": f"{target.url}/capped"}})
+    assert first.status_code == 201, first.text
+    first_id = uuid.UUID(first.json()["jobId"])
+    low, high = (512, 1023) if partition_of(first_id) <= 511 else (0, 511)  # the shard takes the other half
+    added = processes.start("shards-add", "shards", "add", shard_url, "--partitions", f"{low}-{high}")
+    assert await added.exited(timeout=60) == 0, added.output()
+    await wait_for(lambda: "serving a new shard" in worker.output(), timeout=10, what="the worker to serve it")
+
+    async def api_sees_the_shard() -> bool:
+        return "shards" in (await client.get("/healthz")).json()
+
+    await wait_for(api_sees_the_shard, timeout=10, what="the API to read the new map")
+    second = await client.post("/jobs", json={"name": "second", "schedule": {"cron": "0 0 1 1 *"},
+                                              "task": {"type": "http", "url": f"{target.url}/capped"}},
+                               headers={"Idempotency-Key": key_in("team-a", low, high)})
+    assert second.status_code == 201, second.text
+    assert await job_ids_in(shard_url) == {uuid.UUID(second.json()["jobId"])}
+    target.delays["/capped"] = lambda n: 0.4
+    for job in (first, second):
+        for _ in range(3):
+            started = await client.post(f"/jobs/{job.json()['jobId']}/runs")
+            assert started.status_code == 202, started.text
+    await wait_for(lambda: len(target.calls_to("/capped")) == 6, timeout=60, what="every run, one at a time")
+    # One at a time across both databases: the catalog's claim loop, started before the shard was
+    # added, takes its runs' slots in the catalog as the new shard's does.
+    assert target.most_in_flight["/capped"] == 1
