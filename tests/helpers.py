@@ -14,6 +14,7 @@ import asyncpg
 from aiohttp import web
 
 from chimes.ids import scheduled_at_of
+from chimes.store.shards import ShardPools
 
 
 def free_port() -> int:
@@ -94,3 +95,24 @@ class FailsOnce:
         if self.calls == 1:
             raise self.error
         return await self.method(*args, **kwargs)
+
+
+class Homes(ShardPools):
+    """The pools of every database of a test's shard map (``pytest --shards N``; one database
+    otherwise), with reads that span them: rows live in their job's home."""
+
+    async def fetch(self, query: str, *args: object) -> list[asyncpg.Record]:
+        """The rows of ``query`` from every home, the catalog's first."""
+        return [row for home in await self.homes() for row in await home.fetch(query, *args)]
+
+    async def total(self, query: str, *args: object) -> int:
+        """The sum of ``query``'s single value (a count) over every home."""
+        return sum([int(await home.fetchval(query, *args) or 0) for home in await self.homes()])
+
+    async def fetchrow(self, job_id: uuid.UUID | str, query: str, *args: object) -> asyncpg.Record | None:
+        """One row of ``query`` from the home of ``job_id``."""
+        return await (await self.for_job(uuid.UUID(str(job_id)))).fetchrow(query, *args)
+
+    async def fetchval(self, job_id: uuid.UUID | str, query: str, *args: object) -> Any:
+        """One value of ``query`` from the home of ``job_id``."""
+        return await (await self.for_job(uuid.UUID(str(job_id)))).fetchval(query, *args)

@@ -28,6 +28,8 @@ from tests.target import Target
 
 SIDES = {"shard": (0, 511), "catalog": (512, 1023)}
 
+pytestmark = pytest.mark.own_shard_map  # a catalog and one shard of its own, whatever --shards says
+
 
 @pytest.fixture
 async def shard_url(server_dsn: str) -> AsyncIterator[str]:
@@ -36,14 +38,14 @@ async def shard_url(server_dsn: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def database_url(database_url: str, shard_url: str) -> str:
+async def database_url(single_database_url: str, shard_url: str) -> str:
     """The catalog, whose map gives 0-511 to the shard before the API starts."""
-    conn = await db.connect(database_url)
+    conn = await db.connect(single_database_url)
     try:
         await add_shard(conn, shard_url, *SIDES["shard"])
     finally:
         await conn.close()
-    return database_url
+    return single_database_url
 
 
 def key_in(owner: str, first: int, last: int, skip: int = 0) -> str:

@@ -25,6 +25,13 @@ from chimes.store.shards import ShardMapError, ShardPools, add_shard, load_map, 
 from tests.conftest import scratch_database, with_database
 
 _numbers = iter(range(1_000_000))
+pytestmark = pytest.mark.own_shard_map  # each test builds its map from an empty one
+
+
+@pytest.fixture
+def database_url(single_database_url: str) -> str:
+    """The catalog, its map empty whatever --shards says."""
+    return single_database_url
 
 
 @pytest.fixture
