@@ -7,17 +7,21 @@ concurrency, owners and signing secrets read from the catalog."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import asyncpg
 import pytest
 
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
+from chimes.security.ssrf import EgressPolicy
 from chimes.services.owners import SigningSecrets
 from chimes.worker.budget import SlotBudget
 from chimes.worker.guard import TaskGuard
+from chimes.worker.tasks.dispatch import Executors
 from chimes.worker.worker import Worker, WorkerConfig
 from tests.helpers import Homes
 
@@ -30,29 +34,59 @@ FAST_WORKER = WorkerConfig(concurrency=20, lease_sec=3.0, heartbeat_every_sec=0.
 
 @dataclass
 class Fleet:
-    node: SchedulerNode  # the catalog's
-    worker: Worker
-    nodes: list[SchedulerNode] = field(default_factory=list)  # one per home, the catalog's first
-    workers: list[Worker] = field(default_factory=list)
+    nodes: list[SchedulerNode]  # one per home, the catalog's first
+    workers: list[Worker]
+
+    @property
+    def node(self) -> SchedulerNode:
+        """The catalog's node (the only one with one database)."""
+        return self.nodes[0]
+
+    @property
+    def worker(self) -> Worker:
+        """The catalog's claim loop (the only one with one database)."""
+        return self.workers[0]
+
+    def running(self) -> set[uuid.UUID]:
+        """The runs the worker is running now, from every home."""
+        return {run_id for worker in self.workers for run_id in worker._running}
+
+    def listening(self) -> bool:
+        return all(worker.listening for worker in self.workers)
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(pool: asyncpg.Pool, database_url: str, homes: Homes, *,
+                        scheduler: SchedulerConfig | None = FAST_SCHEDULER, worker: WorkerConfig | None = FAST_WORKER,
+                        node_id: str = "test-node", worker_id: str = "test-worker",
+                        executors: Callable[[], Executors] | None = None, egress: EgressPolicy | None = None,
+                        guard: TaskGuard | None = None) -> AsyncIterator[Fleet]:
+    """A node (unless ``scheduler`` is None) and a worker (unless ``worker`` is None) on every home of
+    the test's map, as cli/roles.py runs them; ``executors`` makes each claim loop's own."""
+    home_pools = await homes.homes()
+    urls = [database_url, *homes.map.urls()]
+    secrets = SigningSecrets(pool)
+    nodes = [] if scheduler is None else [
+        SchedulerNode(home, scheduler, node_id=node_id, egress=egress,
+                      signing_secrets=secrets if len(home_pools) > 1 else None) for home in home_pools]
+    workers = []
+    if worker is not None:
+        shared = guard or (TaskGuard(pool, allow_commands=worker.allow_commands) if len(home_pools) > 1 else None)
+        budget = SlotBudget(worker.concurrency) if len(home_pools) > 1 else None
+        workers = [Worker(home, url, worker, worker_id=worker_id, guard=shared, budget=budget,
+                          executors=executors() if executors else None)
+                   for home, url in zip(home_pools, urls, strict=True)]
+    tasks = [asyncio.create_task(member.run()) for member in [*nodes, *workers]]
+    try:
+        yield Fleet(nodes, workers)
+    finally:
+        for member in [*nodes, *workers]:
+            member.stop()
+        for task in tasks:
+            await task
 
 
 @pytest.fixture
 async def fleet(pool: asyncpg.Pool, database_url: str, homes: Homes) -> AsyncIterator[Fleet]:
-    home_pools = await homes.homes()
-    urls = [database_url, *homes.map.urls()]
-    if len(home_pools) == 1:
-        nodes = [SchedulerNode(pool, FAST_SCHEDULER, node_id="test-node")]
-        workers = [Worker(pool, database_url, FAST_WORKER, worker_id="test-worker")]
-    else:  # as cli/roles.py runs them
-        secrets, guard = SigningSecrets(pool), TaskGuard(pool, allow_commands=FAST_WORKER.allow_commands)
-        budget = SlotBudget(FAST_WORKER.concurrency)
-        nodes = [SchedulerNode(home, FAST_SCHEDULER, node_id="test-node", signing_secrets=secrets)
-                 for home in home_pools]
-        workers = [Worker(home, url, FAST_WORKER, worker_id="test-worker", guard=guard, budget=budget)
-                   for home, url in zip(home_pools, urls, strict=True)]
-    tasks = [asyncio.create_task(member.run()) for member in [*nodes, *workers]]
-    yield Fleet(nodes[0], workers[0], nodes, workers)
-    for member in [*nodes, *workers]:
-        member.stop()
-    for task in tasks:
-        await task
+    async with running_fleet(pool, database_url, homes) as running:
+        yield running
