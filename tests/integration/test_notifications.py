@@ -16,6 +16,7 @@ from chimes.security.secrets import default_keyring
 from chimes.security.signing import SIGNATURE_HEADER, verify
 from chimes.services.owners import SigningSecrets, signing_secret
 from chimes.store.owners import OwnerStore
+from chimes.store.settings import change_everywhere
 from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
@@ -60,7 +61,8 @@ async def test_default_webhook_from_settings_and_no_notification_without_one(
     quiet = (await client.post("/jobs", json=failing_job(target, name="quiet"))).json()["jobId"]
     await wait_for(lambda: _failed(homes, quiet), timeout=30, what="the first job to fail")
     assert await homes.total("SELECT count(*) FROM notifications") == 0
-    await pool.execute("INSERT INTO settings (key, value) VALUES ('notify_url', $1)", target.url + "/default")
+    async with pool.acquire() as conn:  # as `chimes config set notify-url` does: in every home
+        await change_everywhere(conn, "notify_url", target.url + "/default")
     loud = (await client.post("/jobs", json=failing_job(target, name="loud"))).json()["jobId"]
     calls = await wait_for(lambda: target.calls_to("/default"), timeout=30, what="the default webhook")
     assert orjson.loads(calls[0].body)["jobId"] == loud

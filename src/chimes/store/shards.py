@@ -151,6 +151,8 @@ async def _check_new_shard(catalog: asyncpg.Connection, url: str) -> None:
 async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int) -> ShardMap:
     """Give partitions ``first``-``last`` to the database at ``url``, migrating it first; the new map.
 
+    The new database gets the catalog's operator settings (:func:`copy_settings`) before its range.
+
     Refused with :class:`ShardMapError`, before anything is written anywhere, when the range is
     malformed or overlaps a shard's range, when concurrency caps are set (not counted across shards
     yet), when the database is the catalog or holds jobs, or when
@@ -172,6 +174,7 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
                             "moving partitions that hold jobs is not supported yet (docs/scaling.md)")
     await _check_new_shard(catalog, url)
     await db.with_connection(url, migrate)
+    await copy_settings(catalog, url)
     async with catalog.transaction():
         await catalog.execute(sql("lock_shard_map"))
         _refuse_overlap(await _ranges(catalog), first, last)  # a change that committed meanwhile
@@ -179,6 +182,20 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
         version = await catalog.fetchval(sql("raise_shard_map_version"))
         await catalog.execute(sql("add_shard_range"), first, last, shard_id, version)
     return await load_map(catalog)
+
+
+async def copy_settings(catalog: asyncpg.Connection, url: str) -> None:
+    """Give the database at ``url`` the catalog's operator settings (``chimes config``): each home's
+    statements read their own database's copy (the default failure webhook is read where a
+    notification is queued, docs/scaling.md). Safe to repeat."""
+    rows = await catalog.fetch(sql("all_settings"))
+
+    async def write(conn: asyncpg.Connection) -> None:
+        async with conn.transaction():
+            await conn.execute("DELETE FROM settings")  # a shard keeps no setting of its own
+            await conn.executemany(sql("set_setting"), [(r["key"], r["value"]) for r in rows])
+
+    await db.with_connection(url, write)
 
 
 def _refuse_overlap(ranges: tuple[ShardRange, ...], first: int, last: int) -> None:

@@ -60,3 +60,6 @@ SELECT job_id FROM jobs;
 -- name: partitions_with_triggers
 -- The trigger index leads with the partition: one range read.
 SELECT DISTINCT partition_id FROM triggers WHERE partition_id BETWEEN $1 AND $2 ORDER BY partition_id;
+
+-- name: all_settings
+SELECT key, value FROM settings ORDER BY key;
