@@ -190,18 +190,26 @@ class Worker:
 
     async def _claim_by_tier(self, limit: int) -> list[ClaimedRun]:
         self._claim_cycles += 1
-        in_batch = sum(1 for run, _ in self._running.values() if run.priority == Priority.BATCH)
-        batch_room = max(0, self.config.tiers.batch_cap(self.config.concurrency) - in_batch)
+        batch_cap = self.config.tiers.batch_cap(self.config.concurrency)
+        if self._budget is None:
+            in_batch = sum(1 for run, _ in self._running.values() if run.priority == Priority.BATCH)
+            batch_room = max(0, batch_cap - in_batch)
+        else:  # the batch share is the process's, across the claim loops of every home
+            batch_room = self._budget.take_batch(batch_cap, limit)
         claimed: list[ClaimedRun] = []
-        for step in claim_steps(self.config.tiers, self._claim_cycles, limit, batch_room):
-            room = min(step.at_most, limit - len(claimed))
-            if step.lowest == Priority.BATCH:
-                room = min(room, batch_room - sum(1 for run in claimed if run.priority == Priority.BATCH))
-            claimed += await self.store.claim(room, self.config.lease_sec, self.config.deadline_grace_sec,
-                                              (step.lowest, step.highest))
-        if await self._caps_in_force() and len(claimed) < limit:
-            claimed += await self.store.claim_capped(limit - len(claimed), self.config.lease_sec,
-                                                     self.config.deadline_grace_sec, admit)
+        try:
+            for step in claim_steps(self.config.tiers, self._claim_cycles, limit, batch_room):
+                room = min(step.at_most, limit - len(claimed))
+                if step.lowest == Priority.BATCH:
+                    room = min(room, batch_room - sum(1 for run in claimed if run.priority == Priority.BATCH))
+                claimed += await self.store.claim(room, self.config.lease_sec, self.config.deadline_grace_sec,
+                                                  (step.lowest, step.highest))
+            if await self._caps_in_force() and len(claimed) < limit:
+                claimed += await self.store.claim_capped(limit - len(claimed), self.config.lease_sec,
+                                                         self.config.deadline_grace_sec, admit)
+        finally:
+            if self._budget is not None:  # keep the batch runs claimed, give back the rest of the room
+                self._budget.settle_batch(batch_room, sum(1 for run in claimed if run.priority == Priority.BATCH))
         return claimed
 
     async def _caps_in_force(self) -> bool:
@@ -236,6 +244,8 @@ class Worker:
             self._running.pop(run.run_id, None)
             self._slot_free.set()
             if self._budget is not None:
+                if run.priority == Priority.BATCH:
+                    self._budget.give_batch()
                 self._budget.give()
 
     async def _attempt(self, run: ClaimedRun) -> Outcome:
