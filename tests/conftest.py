@@ -3,6 +3,13 @@
 The server is the embedded one (started here, in a temporary folder) unless CHIMES_DATABASE_URL
 points at another. Each test gets its own database, copied from a migrated template, which is much
 faster than migrating per test and keeps tests independent.
+
+``pytest --shards N`` (N > 1) runs the suite sharded: ``database_url`` is then a catalog whose map
+gives the 1,024 partitions, split evenly, to itself and N-1 shard databases on other embedded
+servers, fresh for each test like the catalog. The API, the ``processes`` and the ``fleet`` see it
+through the map; tests that read rows directly use ``homes``. Tests marked ``single_database`` (about
+one database's statements or internals), tests marked ``own_shard_map`` and tests that use no database
+are deselected then.
 """
 
 from __future__ import annotations
@@ -24,16 +31,61 @@ import pytest
 
 from chimes.api.app import create_app
 from chimes.cli.runtime import api_server
+from chimes.ids import PARTITION_COUNT
 from chimes.store import db
 from chimes.store.embedded import EmbeddedPostgres, server_for_a_while
 from chimes.store.migrate import migrate
+from chimes.store.shards import add_shard, load_map
 from chimes.store.tokens import create_token
-from tests.helpers import auth_as, wait_for
+from tests.helpers import Homes, auth_as, wait_for
 
 pytest_plugins = ["tests.target", "tests.integration.fleet", "tests.e2e.processes", "tests.podman_runtime"]
 
 TEMPLATE = f"chimes_template_{os.getpid()}"
 _numbers = itertools.count()
+MAX_SHARDS = 8  # homes in all, the catalog included
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--shards", type=int, default=1, metavar="N",
+                     help="run each test's database_url as a catalog with N-1 shards on other embedded PostgreSQL "
+                          "servers, the partitions split evenly (default 1: one database); deselects tests marked "
+                          "single_database and tests that use no database")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    shards = config.getoption("--shards")
+    if not 1 <= shards <= MAX_SHARDS:
+        raise pytest.UsageError(f"--shards must be between 1 and {MAX_SHARDS}, not {shards}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under --shards N > 1, keep only the tests the map can change: those on ``database_url``
+    (directly or through the API, the processes, the fleet), not marked single_database (about one
+    database) or own_shard_map (they build their own map on one database either way)."""
+    if config.getoption("--shards") == 1:
+        return
+    kept, dropped = [], []
+    for item in items:
+        on_database = "database_url" in getattr(item, "fixturenames", ())
+        marked = any(item.get_closest_marker(name) for name in ("single_database", "own_shard_map"))
+        (kept if on_database and not marked else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture(scope="session")
+def shard_count(request: pytest.FixtureRequest) -> int:
+    """How many homes each test's ``database_url`` has: 1 (one database) unless --shards N."""
+    count: int = request.config.getoption("--shards")
+    return count
+
+
+def even_ranges(homes: int) -> list[tuple[int, int]]:
+    """The 1,024 partitions split into ``homes`` ranges as even as can be, first to last."""
+    bounds = [home * PARTITION_COUNT // homes for home in range(homes + 1)]
+    return [(bounds[home], bounds[home + 1] - 1) for home in range(homes)]
 
 
 def with_database(dsn: str, name: str) -> str:
@@ -61,7 +113,20 @@ def second_server_dsn() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-async def template_dsn(server_dsn: str) -> AsyncIterator[str]:
+def third_server_dsn() -> Iterator[str]:
+    """Another embedded PostgreSQL server, for the third home of ``--shards 3``."""
+    folder = Path(tempfile.mkdtemp(prefix="chimes-test-shard-pg-"))
+    server = EmbeddedPostgres(folder)
+    try:
+        yield server.acquire()
+    finally:
+        server.release()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def migrated_template(server_dsn: str) -> AsyncIterator[str]:
+    """A migrated template database on the server, dropped afterwards."""
     admin = await asyncpg.connect(server_dsn)
     await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
     await admin.execute(f"CREATE DATABASE {TEMPLATE}")
@@ -69,9 +134,32 @@ async def template_dsn(server_dsn: str) -> AsyncIterator[str]:
     conn = await asyncpg.connect(dsn)
     await migrate(conn)
     await conn.close()
-    yield dsn
-    await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
-    await admin.close()
+    try:
+        yield dsn
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+        await admin.close()
+
+
+@pytest.fixture(scope="session")
+async def template_dsn(server_dsn: str) -> AsyncIterator[str]:
+    async with migrated_template(server_dsn) as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="session")
+async def shard_servers(request: pytest.FixtureRequest, shard_count: int) -> AsyncIterator[list[str]]:
+    """Under --shards N, the servers the shards go on, each with a migrated template: the second
+    server, and the third when there are two shards or more (shards beyond take turns)."""
+    if shard_count == 1:
+        yield []
+        return
+    names = ["second_server_dsn", "third_server_dsn"][:shard_count - 1]
+    servers = [request.getfixturevalue(name) for name in names]
+    async with contextlib.AsyncExitStack() as stack:
+        for server in servers:
+            await stack.enter_async_context(migrated_template(server))
+        yield servers
 
 
 @contextlib.asynccontextmanager
@@ -88,10 +176,30 @@ async def scratch_database(server_dsn: str, prefix: str, template: str | None = 
 
 
 @pytest.fixture
-async def database_url(server_dsn: str, template_dsn: str) -> AsyncIterator[str]:
-    """A fresh, migrated database for this test alone."""
+async def single_database_url(server_dsn: str, template_dsn: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test alone, with an empty shard map whatever --shards says."""
     async with scratch_database(server_dsn, "chimes_test", TEMPLATE) as dsn:
         yield dsn
+
+
+@pytest.fixture
+async def database_url(single_database_url: str, shard_count: int, shard_servers: list[str]) -> AsyncIterator[str]:
+    """The test's database: with one home (the default), ``single_database_url``; under --shards N, that
+    database as the catalog, its map giving even ranges of the partitions to N-1 fresh shard
+    databases (the catalog keeps the first range), dropped after the test like the catalog."""
+    if shard_count == 1:
+        yield single_database_url
+        return
+    ranges = even_ranges(shard_count)
+    async with contextlib.AsyncExitStack() as stack:
+        catalog = await db.connect(single_database_url)
+        stack.push_async_callback(catalog.close)
+        for number, (first, last) in enumerate(ranges[1:]):
+            server = shard_servers[number % len(shard_servers)]
+            shard = await stack.enter_async_context(scratch_database(server, "chimes_test_shard", TEMPLATE))
+            await add_shard(catalog, shard, first, last)
+        await catalog.close()
+        yield single_database_url
 
 
 @pytest.fixture
@@ -101,6 +209,17 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     # A connection still checked out at the end of a test is a leak in the code under test.
     assert pool.get_size() - pool.get_idle_size() == 0, "connections left checked out"
     await pool.close()
+
+
+@pytest.fixture
+async def homes(pool: asyncpg.Pool) -> AsyncIterator[Homes]:
+    """The pools of every database of the test's map, for tests that read or write rows directly:
+    ``await homes.for_job(job_id)`` is the job's (its runs' too), ``await homes.homes()`` all of them,
+    the catalog's (``pool``) first; ``homes.fetch`` and ``homes.total`` read them all. With one
+    database, every job's home is ``pool``."""
+    pools = Homes(pool, await load_map(pool), max_size=4)
+    yield pools
+    await pools.close()
 
 
 @pytest.fixture

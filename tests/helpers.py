@@ -13,7 +13,8 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from chimes.ids import scheduled_at_of
+from chimes.ids import partition_of, partition_of_key, scheduled_at_of
+from chimes.store.shards import ShardPools
 
 
 def free_port() -> int:
@@ -43,25 +44,36 @@ async def wait_for(
         await asyncio.sleep(interval)
 
 
-async def expire_run_lease(pool: asyncpg.Pool, run_id: uuid.UUID) -> None:
+def _updated(tag: str) -> int:
+    return int(tag.split()[-1])
+
+
+async def _every_home(pool: asyncpg.Pool | Homes) -> list[asyncpg.Pool]:
+    """A run id does not name its job's home: statements by run id go to every home."""
+    return await pool.homes() if isinstance(pool, Homes) else [pool]
+
+
+async def expire_run_lease(pool: asyncpg.Pool | Homes, run_id: uuid.UUID) -> None:
     """Time control instead of a sleep: the running run's lease ends now on the database's clock, the
     clock the reaper judges by, as if its worker had stopped heartbeating. Only this run is touched."""
-    updated = await pool.execute(
+    updated = sum([_updated(await home.execute(
         "UPDATE runs SET lease_expires_at = now() - interval '1 millisecond'"
-        " WHERE run_id = $1 AND scheduled_at = $2 AND status = 'running'", run_id, scheduled_at_of(run_id))
-    assert updated == "UPDATE 1", f"run {run_id} is not running: no lease to expire"
+        " WHERE run_id = $1 AND scheduled_at = $2 AND status = 'running'", run_id, scheduled_at_of(run_id)))
+        for home in await _every_home(pool)])
+    assert updated == 1, f"run {run_id} is not running: no lease to expire"
 
 
-async def let_time_pass_for_runs(pool: asyncpg.Pool, run_ids: Iterable[uuid.UUID], seconds: float) -> None:
+async def let_time_pass_for_runs(pool: asyncpg.Pool | Homes, run_ids: Iterable[uuid.UUID], seconds: float) -> None:
     """Time control instead of a sleep: to the reaper, ``seconds`` pass for these running runs (their
     lease and deadline move that far into the past on the database's clock), and for no other."""
     ids = list(run_ids)
-    updated = await pool.execute(
+    updated = sum([_updated(await home.execute(
         "UPDATE runs SET lease_expires_at = lease_expires_at - make_interval(secs => $3),"
         " deadline_at = deadline_at - make_interval(secs => $3)"
         " WHERE (run_id, scheduled_at) IN (SELECT * FROM unnest($1::uuid[], $2::timestamptz[]))"
-        " AND status = 'running'", ids, [scheduled_at_of(i) for i in ids], seconds)
-    assert updated == f"UPDATE {len(ids)}", f"not all of {ids} are running ({updated})"
+        " AND status = 'running'", ids, [scheduled_at_of(i) for i in ids], seconds))
+        for home in await _every_home(pool)])
+    assert updated == len(ids), f"not all of {ids} are running ({updated} updated)"
 
 
 @contextlib.asynccontextmanager
@@ -94,3 +106,53 @@ class FailsOnce:
         if self.calls == 1:
             raise self.error
         return await self.method(*args, **kwargs)
+
+
+class Homes(ShardPools):
+    """The pools of every database of a test's shard map (``pytest --shards N``; one database
+    otherwise), with reads that span them: rows live in their job's home."""
+
+    async def for_job(self, job_id: uuid.UUID | str) -> asyncpg.Pool:
+        """The pool of the job's home (its runs' too); the id as a UUID or a string."""
+        return await super().for_job(uuid.UUID(str(job_id)))
+
+    async def fetch(self, query: str, *args: object) -> list[asyncpg.Record]:
+        """The rows of ``query`` from every home, the catalog's first."""
+        return [row for home in await self.homes() for row in await home.fetch(query, *args)]
+
+    async def total(self, query: str, *args: object) -> int:
+        """The sum of ``query``'s single value (a count) over every home."""
+        return sum([int(await home.fetchval(query, *args) or 0) for home in await self.homes()])
+
+    def home_of(self, job_id: uuid.UUID | str) -> int:
+        """Which home a job's partition is in: 0 for the catalog, else its shard's id."""
+        shard_range = self.map.range_of(partition_of(uuid.UUID(str(job_id))))
+        return 0 if shard_range is None else shard_range.shard_id
+
+    def key_beside(self, owner: str, job_id: uuid.UUID | str) -> str:
+        """An Idempotency-Key that puts ``owner``'s new job in the same home as ``job_id`` (and so under
+        the same scheduler node and claim loop)."""
+        home = self.home_of(job_id)
+        for number in range(100_000):
+            key = f"beside-{number}"
+            shard_range = self.map.range_of(partition_of_key(owner, key))
+            if (0 if shard_range is None else shard_range.shard_id) == home:
+                return key
+        raise AssertionError(f"no key of {owner} lands beside {job_id}")
+
+    async def fetchval_anywhere(self, query: str, *args: object) -> Any:
+        """The first non-null value of ``query`` in any home (a row found by run id, which does not name
+        its home)."""
+        for home in await self.homes():
+            value = await home.fetchval(query, *args)
+            if value is not None:
+                return value
+        return None
+
+    async def fetchrow(self, job_id: uuid.UUID | str, query: str, *args: object) -> asyncpg.Record | None:
+        """One row of ``query`` from the home of ``job_id``."""
+        return await (await self.for_job(job_id)).fetchrow(query, *args)
+
+    async def fetchval(self, job_id: uuid.UUID | str, query: str, *args: object) -> Any:
+        """One value of ``query`` from the home of ``job_id``."""
+        return await (await self.for_job(job_id)).fetchval(query, *args)

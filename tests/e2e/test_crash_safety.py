@@ -16,7 +16,7 @@ import httpx
 from chimes.store.owners import OwnerStore
 from tests.e2e.processes import Processes
 from tests.fake_container_runtime import install_fake_runtime
-from tests.helpers import wait_for
+from tests.helpers import Homes, wait_for
 from tests.target import Target
 
 
@@ -44,12 +44,13 @@ async def pause_all(client: httpx.AsyncClient, job_ids: list[str]) -> None:
         assert (await client.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
 
 
-async def assert_every_slot_ran_once(pool: asyncpg.Pool, target: Target, job_ids: list[str]) -> None:
+async def assert_every_slot_ran_once(homes: Homes, target: Target, job_ids: list[str]) -> None:
     """No fire lost: each job has a run for every second between its first and last run, exactly one,
     and every run reached the target exactly once (fast target, no retries)."""
-    await wait_for(lambda: _all_finished(pool), timeout=30, what="every run to finish")
+    await wait_for(lambda: _all_finished(homes), timeout=30, what="every run to finish")
     for job_id in job_ids:
-        rows = await pool.fetch("SELECT scheduled_at, status FROM runs WHERE job_id = $1 ORDER BY scheduled_at",
+        home = await homes.for_job(uuid.UUID(job_id))
+        rows = await home.fetch("SELECT scheduled_at, status FROM runs WHERE job_id = $1 ORDER BY scheduled_at",
                                 uuid.UUID(job_id))
         times = [r["scheduled_at"] for r in rows]
         assert len(times) >= 5, f"job {job_id} ran only {len(times)} times"
@@ -58,15 +59,15 @@ async def assert_every_slot_ran_once(pool: asyncpg.Pool, target: Target, job_ids
         assert {r["status"] for r in rows} == {"succeeded"}
     run_ids = [c.run_id for c in target.calls]
     assert len(run_ids) == len(set(run_ids)), "a run was delivered twice"
-    assert len(run_ids) == await pool.fetchval("SELECT count(*) FROM runs")
+    assert len(run_ids) == await homes.total("SELECT count(*) FROM runs")
 
 
-async def _all_finished(pool: asyncpg.Pool) -> bool:
-    return await pool.fetchval("SELECT count(*) FROM runs WHERE status IN ('scheduled', 'running')") == 0
+async def _all_finished(homes: Homes) -> bool:
+    return await homes.total("SELECT count(*) FROM runs WHERE status IN ('scheduled', 'running')") == 0
 
 
 async def test_worker_killed_mid_run_is_run_again_by_another_worker(
-    processes: Processes, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    processes: Processes, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     processes.scheduler("node-1")
     doomed = processes.worker("worker-1", lease_sec=2)
@@ -76,12 +77,12 @@ async def test_worker_killed_mid_run_is_run_again_by_another_worker(
     await wait_for(lambda: target.calls_to("/long"), timeout=20, what="the first worker to start the run")
     doomed.kill()
     processes.worker("worker-2", lease_sec=2)
-    run = await wait_for(lambda: _run_with_status(pool, job["jobId"], "succeeded"), timeout=30,
+    run = await wait_for(lambda: _run_with_status(homes, job["jobId"], "succeeded"), timeout=30,
                          what="another worker to finish the run")
     calls = target.calls_to("/long")
     assert len(calls) == 2
     assert calls[0].headers["Idempotency-Key"] == calls[1].headers["Idempotency-Key"] == str(run["run_id"])
-    attempts = await pool.fetch("SELECT attempt, worker_id, status, error FROM run_attempts ORDER BY attempt")
+    attempts = await homes.fetch("SELECT attempt, worker_id, status, error FROM run_attempts ORDER BY attempt")
     assert [(a["attempt"], a["worker_id"], a["status"]) for a in attempts] == [
         (1, "worker-1", "failed"), (2, "worker-2", "succeeded")]
     assert "stopped heartbeating" in attempts[0]["error"]
@@ -113,71 +114,76 @@ async def test_env_file_of_a_worker_killed_mid_container_run_is_removed_by_the_n
     assert os.listdir(tmp) == []
 
 
-async def _run_with_status(pool: asyncpg.Pool, job_id: str, status: str) -> asyncpg.Record | None:
-    return await pool.fetchrow("SELECT * FROM runs WHERE job_id = $1 AND status = $2", uuid.UUID(job_id), status)
+async def _run_with_status(homes: Homes, job_id: str, status: str) -> asyncpg.Record | None:
+    return await homes.fetchrow(job_id, "SELECT * FROM runs WHERE job_id = $1 AND status = $2",
+                                uuid.UUID(job_id), status)
 
 
 async def test_killed_scheduler_node_loses_no_fire(
-    processes: Processes, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    processes: Processes, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     doomed = processes.scheduler("node-a")
     processes.scheduler("node-b")
     processes.worker("worker-1")
-    await wait_for(lambda: _split_between(pool, 2), timeout=30, what="two nodes to share the partitions")
+    await wait_for(lambda: _split_between(homes, 2), timeout=30, what="two nodes to share the partitions")
     job_ids = await every_second_jobs(client, target, 16)
-    await wait_for(lambda: _runs_at_least(pool, 16 * 3), timeout=20, what="runs from both nodes")
+    await wait_for(lambda: _runs_at_least(homes, 16 * 3), timeout=20, what="runs from both nodes")
     doomed.kill()
-    await wait_for(lambda: _split_between(pool, 1), timeout=20, what="the survivor to take every partition")
+    await wait_for(lambda: _split_between(homes, 1), timeout=20, what="the survivor to take every partition")
     taken_over = datetime.now(UTC)
-    await wait_for(lambda: _every_job_ran_after(pool, job_ids, taken_over + timedelta(seconds=2)), timeout=20,
+    await wait_for(lambda: _every_job_ran_after(homes, job_ids, taken_over + timedelta(seconds=2)), timeout=20,
                    what="every job to run again after the takeover")
     await pause_all(client, job_ids)
-    await assert_every_slot_ran_once(pool, target, job_ids)
+    await assert_every_slot_ran_once(homes, target, job_ids)
     # Taken over within the lease TTL (3 s) plus a scan and a renewal: the worst fire lag shows it.
-    worst = await pool.fetchval("SELECT max(extract(epoch FROM fired_at - scheduled_at)) FROM runs")
+    worst = max(r["lag"] for r in await homes.fetch(
+        "SELECT max(extract(epoch FROM fired_at - scheduled_at)) AS lag FROM runs") if r["lag"] is not None)
     assert worst < 8, f"worst fire lag {worst}s"
 
 
-async def _every_job_ran_after(pool: asyncpg.Pool, job_ids: list[str], instant: datetime) -> bool:
-    ran = await pool.fetchval("SELECT count(DISTINCT job_id) FROM runs WHERE scheduled_at > $1 AND job_id = ANY($2)",
-                              instant, [uuid.UUID(j) for j in job_ids])
+async def _every_job_ran_after(homes: Homes, job_ids: list[str], instant: datetime) -> bool:
+    ran = await homes.total("SELECT count(DISTINCT job_id) FROM runs WHERE scheduled_at > $1 AND job_id = ANY($2)",
+                            instant, [uuid.UUID(j) for j in job_ids])
     return ran == len(job_ids)
 
 
-async def _split_between(pool: asyncpg.Pool, nodes: int) -> bool:
-    owners = await partition_owners(pool)
-    return len(owners) == nodes and sum(owners.values()) == 1024
+async def _split_between(homes: Homes, nodes: int) -> bool:
+    """In every home (a scheduler process runs a node per home, each leasing its own rows)."""
+    for home in await homes.homes():
+        owners = await partition_owners(home)
+        if not (len(owners) == nodes and sum(owners.values()) == 1024):
+            return False
+    return True
 
 
-async def _runs_at_least(pool: asyncpg.Pool, count: int) -> bool:
-    return await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'") >= count
+async def _runs_at_least(homes: Homes, count: int) -> bool:
+    return await homes.total("SELECT count(*) FROM runs WHERE status = 'succeeded'") >= count
 
 
 async def test_stopped_node_past_its_lease_is_fenced_out(
-    processes: Processes, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    processes: Processes, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     frozen = processes.scheduler("node-a")
     processes.scheduler("node-b")
     processes.worker("worker-1")
-    await wait_for(lambda: _split_between(pool, 2), timeout=30, what="two nodes to share the partitions")
+    await wait_for(lambda: _split_between(homes, 2), timeout=30, what="two nodes to share the partitions")
     job_ids = await every_second_jobs(client, target, 16)
-    await wait_for(lambda: _runs_at_least(pool, 16 * 3), timeout=20, what="runs from both nodes")
+    await wait_for(lambda: _runs_at_least(homes, 16 * 3), timeout=20, what="runs from both nodes")
     frozen.signal(signal.SIGSTOP)
-    await wait_for(lambda: _owned_only_by(pool, "node-b"), timeout=20, what="node-b to take over")
+    await wait_for(lambda: _owned_only_by(homes, "node-b"), timeout=20, what="node-b to take over")
     frozen.signal(signal.SIGCONT)
     await wait_for(lambda: "partitions: " in frozen.output() and _lost_partitions(frozen.output()), timeout=20,
                    what="the resumed node to notice it lost its partitions")
-    await wait_for(lambda: _split_between(pool, 2), timeout=30, what="the partitions to be shared again")
+    await wait_for(lambda: _split_between(homes, 2), timeout=30, what="the partitions to be shared again")
     shared_again = datetime.now(UTC)
-    await wait_for(lambda: _every_job_ran_after(pool, job_ids, shared_again + timedelta(seconds=2)), timeout=20,
+    await wait_for(lambda: _every_job_ran_after(homes, job_ids, shared_again + timedelta(seconds=2)), timeout=20,
                    what="every job to run again once both nodes share the work")
     await pause_all(client, job_ids)
-    await assert_every_slot_ran_once(pool, target, job_ids)
+    await assert_every_slot_ran_once(homes, target, job_ids)
 
 
-async def _owned_only_by(pool: asyncpg.Pool, node: str) -> bool:
-    owners = await partition_owners(pool)
-    return owners.get(node) == 1024
+async def _owned_only_by(homes: Homes, node: str) -> bool:
+    return all([(await partition_owners(home)).get(node) == 1024 for home in await homes.homes()])
 
 
 def _lost_partitions(log: str) -> bool:

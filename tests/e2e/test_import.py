@@ -7,12 +7,12 @@ import asyncio
 import sys
 from pathlib import Path
 
-import asyncpg
 import orjson
 import pytest
 
 from chimes.cli.security_options import keyring_from
 from tests.e2e.processes import Processes
+from tests.helpers import Homes
 
 
 def job_line(i: int, **overrides: object) -> bytes:
@@ -34,27 +34,27 @@ async def run_import(processes: Processes, file: Path, owner: str, *options: str
 
 @pytest.mark.parametrize("validators", ["1", "3"])
 async def test_import_loads_jobs_with_their_triggers(processes: Processes, tmp_path: Path,
-                                                     pool: asyncpg.Pool, validators: str) -> None:
+                                                     homes: Homes, validators: str) -> None:
     file = tmp_path / "jobs.jsonl"
     file.write_bytes(b"".join(job_line(i) for i in range(12_000)) + b"\n")  # spans several COPY chunks
     code, output = await run_import(processes, file, "bulk-team", "--processes", validators)
     assert code == 0, output
     assert "imported 12000 jobs" in output
-    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE owner = 'bulk-team'") == 12_000
-    assert await pool.fetchval("SELECT count(*) FROM triggers WHERE kind = 0") == 12_000
+    assert await homes.total("SELECT count(*) FROM jobs WHERE owner = 'bulk-team'") == 12_000
+    assert await homes.total("SELECT count(*) FROM triggers WHERE kind = 0") == 12_000
     # Each trigger sits in its job's partition and on the job's cron minute.
-    wrong = await pool.fetchval("""
+    wrong = await homes.total("""
         SELECT count(*) FROM triggers t JOIN jobs j USING (job_id)
         WHERE extract(minute FROM t.fire_at)::int <> split_part(j.cron, ' ', 1)::int
     """)
     assert wrong == 0
     # Job ids follow the file's order, as jobs created one by one follow the order of creation.
-    names = await pool.fetch("SELECT name FROM jobs ORDER BY job_id")
+    names = sorted(await homes.fetch("SELECT job_id, name FROM jobs"), key=lambda r: r["job_id"])
     assert [r["name"] for r in names] == [f"job-{i}" for i in range(12_000)]
 
 
 @pytest.mark.parametrize("validators", ["1", "3"])
-async def test_a_bad_line_imports_nothing(processes: Processes, tmp_path: Path, pool: asyncpg.Pool,
+async def test_a_bad_line_imports_nothing(processes: Processes, tmp_path: Path, homes: Homes,
                                           validators: str) -> None:
     file = tmp_path / "jobs.jsonl"
     lines = [job_line(i) for i in range(16_000)]
@@ -64,12 +64,12 @@ async def test_a_bad_line_imports_nothing(processes: Processes, tmp_path: Path, 
     code, output = await run_import(processes, file, "bulk-team", "--processes", validators)
     assert code == 1
     assert "line 6501: schedule.timezone: unknown time zone 'Atlantis/Capital'; nothing was imported" in output
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
-    assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
+    assert await homes.total("SELECT count(*) FROM jobs") == 0
+    assert await homes.total("SELECT count(*) FROM triggers") == 0
 
 
 async def test_secret_values_are_sealed_with_the_key_of_the_data_dir(processes: Processes, tmp_path: Path,
-                                                                     pool: asyncpg.Pool) -> None:
+                                                                     homes: Homes) -> None:
     file = tmp_path / "jobs.jsonl"
     lines = [job_line(i) for i in range(12_000)]
     lines[11_000] = job_line(11_000, task={"type": "http", "url": "http://127.0.0.1:9/s",
@@ -78,8 +78,8 @@ async def test_secret_values_are_sealed_with_the_key_of_the_data_dir(processes: 
     data_dir = tmp_path / "data"
     code, output = await run_import(processes, file, "bulk-team", "--processes", "2", "--data-dir", str(data_dir))
     assert code == 0, output
-    task = await pool.fetchval("SELECT task FROM jobs WHERE name = 'job-11000'")
+    [task] = [r["task"] for r in await homes.fetch("SELECT task FROM jobs WHERE name = 'job-11000'")]
     sealed = task["secretHeaders"]["X-Api-Key"]
     assert "s3cret" not in sealed
     assert keyring_from(data_dir, None).open(sealed) == "s3cret-value"
-    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE task ? 'secretHeaders'") == 1
+    assert await homes.total("SELECT count(*) FROM jobs WHERE task ? 'secretHeaders'") == 1

@@ -25,6 +25,8 @@ from tests.e2e.test_crash_safety import soon
 from tests.e2e.test_import import job_line, run_import
 from tests.helpers import wait_for
 
+pytestmark = pytest.mark.own_shard_map  # databases and a shard map of its own, whatever --shards says
+
 SHARD_RANGE = (0, 511)  # on the second server; 512-1023 stay in the catalog
 LINES = 6_000  # two COPY chunks
 

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.e2e.processes import Processes
 from tests.helpers import free_port, wait_for
@@ -18,6 +19,7 @@ from tests.target import Target
 TOKEN = re.compile(r"^\s+(chm_\S+)\s*$", re.MULTILINE)
 
 
+@pytest.mark.single_database("`chimes up` on the embedded server of its own data dir: no shard map")
 async def test_chimes_up_runs_everything_on_embedded_postgres(
     processes: Processes, tmp_path: Path, target: Target
 ) -> None:

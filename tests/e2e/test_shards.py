@@ -22,6 +22,8 @@ from tests.target import Target
 
 SHARD_RANGE = (0, 511)  # on the second server; 512-1023 stay in the catalog
 
+pytestmark = pytest.mark.own_shard_map  # a catalog and one shard of its own, whatever --shards says
+
 
 @pytest.fixture
 async def shard_url(second_server_dsn: str) -> AsyncIterator[str]:
@@ -30,14 +32,14 @@ async def shard_url(second_server_dsn: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def database_url(database_url: str, shard_url: str) -> str:
+async def database_url(single_database_url: str, shard_url: str) -> str:
     """The catalog, with its map giving SHARD_RANGE to the shard before any role starts."""
-    conn = await db.connect(database_url)
+    conn = await db.connect(single_database_url)
     try:
         await add_shard(conn, shard_url, *SHARD_RANGE)
     finally:
         await conn.close()
-    return database_url
+    return single_database_url
 
 
 def key_in(owner: str, first: int, last: int) -> str:

@@ -7,13 +7,13 @@ import asyncio
 import json
 from pathlib import Path
 
-import asyncpg
 import pytest
 import yaml
 from click.testing import CliRunner, Result
 
 from chimes.cli.main import cli
 from chimes.client import AsyncClient
+from tests.helpers import Homes
 
 JOBS = """
 owner: team-a
@@ -60,26 +60,26 @@ def jobs_file(tmp_path: Path) -> Path:
     return path
 
 
-async def sealed(pool: asyncpg.Pool, name: str) -> str:
-    task = await pool.fetchval("SELECT task FROM jobs WHERE name = $1", name)
+async def sealed(homes: Homes, name: str) -> str:
+    [task] = [r["task"] for r in await homes.fetch("SELECT task FROM jobs WHERE name = $1", name)]
     return (json.loads(task) if isinstance(task, str) else task)["secretHeaders"]["Authorization"]
 
 
 async def test_apply_creates_then_changes_nothing_then_one_update(
-    api_url: str, tokens: dict[str, str], jobs_file: Path, pool: asyncpg.Pool
+    api_url: str, tokens: dict[str, str], jobs_file: Path, homes: Homes
 ) -> None:
     token = tokens["team-a"]
     first = await apply(api_url, token, jobs_file)
     assert first.exit_code == 0, first.output
     assert "create    nightly-report" in first.output and "create    hourly-sync" in first.output
     assert "applied: 2 created, 0 updated, 0 deleted, 0 unchanged" in first.output
-    before, secret = await versions(api_url, token), await sealed(pool, "hourly-sync")
+    before, secret = await versions(api_url, token), await sealed(homes, "hourly-sync")
     assert before == {"nightly-report": 1, "hourly-sync": 1}
 
     again = await apply(api_url, token, jobs_file)
     assert again.exit_code == 0, again.output
     assert "applied: 0 created, 0 updated, 0 deleted, 2 unchanged" in again.output
-    assert await versions(api_url, token) == before and await sealed(pool, "hourly-sync") == secret
+    assert await versions(api_url, token) == before and await sealed(homes, "hourly-sync") == secret
 
     write(jobs_file, JOBS.replace("maxAttempts: 5", "maxAttempts: 7"))
     changed = await apply(api_url, token, jobs_file)
@@ -120,7 +120,7 @@ async def test_dry_run_and_prune(api_url: str, tokens: dict[str, str], jobs_file
 
 
 async def test_export_then_apply_is_a_no_op(api_url: str, tokens: dict[str, str], jobs_file: Path,
-                                            tmp_path: Path, pool: asyncpg.Pool) -> None:
+                                            tmp_path: Path, homes: Homes) -> None:
     token = tokens["team-a"]
     assert (await apply(api_url, token, jobs_file)).exit_code == 0
     async with AsyncClient(api_url, token) as client:
@@ -130,7 +130,7 @@ async def test_export_then_apply_is_a_no_op(api_url: str, tokens: dict[str, str]
         paused = await client.jobs.create({"name": "paused", "schedule": {"cron": "*/5 * * * *"},
                                            "task": {"type": "http", "url": "http://127.0.0.1:9/p"}})
         await client.jobs.pause(paused.job_id)
-    before, secret = await versions(api_url, token), await sealed(pool, "hourly-sync")
+    before, secret = await versions(api_url, token), await sealed(homes, "hourly-sync")
 
     exported = await chimes(api_url, token, "export")
     assert exported.exit_code == 0, exported.output
@@ -146,7 +146,7 @@ async def test_export_then_apply_is_a_no_op(api_url: str, tokens: dict[str, str]
         again = await chimes(api_url, token, "apply", "-f", str(tmp_path / name), "--prune")
         assert again.exit_code == 0, again.output
         assert "applied: 0 created, 0 updated, 0 deleted, 4 unchanged" in again.output
-    assert await versions(api_url, token) == before and await sealed(pool, "hourly-sync") == secret
+    assert await versions(api_url, token) == before and await sealed(homes, "hourly-sync") == secret
 
 
 async def test_a_bad_file_changes_nothing_and_names_job_and_field(

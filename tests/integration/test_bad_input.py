@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncpg
 import httpx
 import pytest
 
+from tests.helpers import Homes
 from tests.integration.test_jobs_api import HTTP_TASK, cron_job
 
 
@@ -54,7 +54,7 @@ BAD_JOBS = [
 
 @pytest.mark.parametrize(("case", "body", "field", "words"), BAD_JOBS, ids=[c[0] for c in BAD_JOBS])
 async def test_bad_job_is_refused_with_field_and_nothing_written(
-    client: httpx.AsyncClient, pool: asyncpg.Pool, case: str, body: dict, field: str, words: str
+    client: httpx.AsyncClient, homes: Homes, case: str, body: dict, field: str, words: str
 ) -> None:
     response = await client.post("/jobs", json=body)
     assert response.status_code == 422, response.text
@@ -63,38 +63,39 @@ async def test_bad_job_is_refused_with_field_and_nothing_written(
     assert error["field"] == field, error
     assert words.lower() in error["message"].lower(), error
     assert error["message"].startswith(f"{field}: ")
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
-    assert await pool.fetchval("SELECT count(*) FROM triggers") == 0
+    assert await homes.total("SELECT count(*) FROM jobs") == 0
+    assert await homes.total("SELECT count(*) FROM triggers") == 0
 
 
-async def test_malformed_json_is_400(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+async def test_malformed_json_is_400(client: httpx.AsyncClient, homes: Homes) -> None:
     response = await client.post("/jobs", content=b'{"name": ', headers={"Content-Type": "application/json"})
     assert response.status_code == 400
     assert "not valid JSON" in response.json()["message"]
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await homes.total("SELECT count(*) FROM jobs") == 0
 
 
-async def test_body_over_limit_is_413(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+async def test_body_over_limit_is_413(client: httpx.AsyncClient, homes: Homes) -> None:
     huge = cron_job(task={**HTTP_TASK, "body": {"blob": "x" * (2 * 1024 * 1024)}})
     response = await client.post("/jobs", json=huge)
     assert response.status_code == 413
     assert response.json()["field"] == "body"
     assert "limit" in response.json()["message"]
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await homes.total("SELECT count(*) FROM jobs") == 0
 
 
-async def test_streamed_body_over_limit_is_413(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+async def test_streamed_body_over_limit_is_413(client: httpx.AsyncClient, homes: Homes) -> None:
     async def chunks():  # no Content-Length: the limit must hold while streaming too
         for _ in range(40):
             yield b"x" * 65536
 
     response = await client.post("/jobs", content=chunks(), headers={"Content-Type": "application/json"})
     assert response.status_code == 413
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await homes.total("SELECT count(*) FROM jobs") == 0
 
 
-async def test_bad_patch_changes_nothing(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+async def test_bad_patch_changes_nothing(client: httpx.AsyncClient, homes: Homes) -> None:
     job_id = (await client.post("/jobs", json=cron_job())).json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     before = await pool.fetchrow("SELECT * FROM jobs")
     triggers_before = await pool.fetch("SELECT * FROM triggers")
     response = await client.patch(f"/jobs/{job_id}", json={"schedule": {"cron": "0 2 * * *", "timezone": "Nowhere/X"}})

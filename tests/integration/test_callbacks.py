@@ -5,10 +5,9 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import httpx
 
-from tests.helpers import let_time_pass_for_runs, wait_for
+from tests.helpers import Homes, let_time_pass_for_runs, wait_for
 from tests.integration.fleet import FAST_WORKER, Fleet
 from tests.target import Target
 
@@ -19,12 +18,12 @@ def async_job(target: Target, **extra: object) -> dict:
             "task": {"type": "http", "url": target.url + "/async", "callback": True}} | extra
 
 
-async def status_of(pool: asyncpg.Pool, job_id: str) -> str | None:
-    return await pool.fetchval("SELECT status FROM runs WHERE job_id = $1", uuid.UUID(job_id))
+async def status_of(homes: Homes, job_id: str) -> str | None:
+    return await homes.fetchval(job_id, "SELECT status FROM runs WHERE job_id = $1", uuid.UUID(job_id))
 
 
 async def test_target_keeps_the_run_alive_and_completes_it(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     target.responders["/async"] = target.responders["/silent"] = lambda n: 202
     job_id = (await client.post("/jobs", json=async_job(target))).json()["jobId"]
@@ -35,20 +34,20 @@ async def test_target_keeps_the_run_alive_and_completes_it(
     [silent] = await wait_for(lambda: target.calls_to("/silent"), timeout=10, what="the silent run to start")
     run_id, token = call.run_id, call.headers["X-Chimes-Lease-Token"]
     # The worker lets go of a run its target accepted: from then on no worker renews its lease.
-    await wait_for(lambda: not {uuid.UUID(call.run_id), uuid.UUID(silent.run_id)} & set(fleet.worker._running),
+    await wait_for(lambda: not {uuid.UUID(call.run_id), uuid.UUID(silent.run_id)} & fleet.running(),
                    timeout=10, what="the worker to hand both runs to their target")
-    assert await status_of(pool, job_id) == "running"
+    assert await status_of(homes, job_id) == "running"
     beat = await client.post(f"/runs/{run_id}/heartbeat", json={"leaseToken": token})
     assert beat.status_code == 200, beat.text
     assert datetime.fromisoformat(beat.json()["leaseExpiresAt"]) > datetime.now(UTC) + timedelta(seconds=20)
     # Outlast the worker's own lease (3 s here) on the database's clock, for both runs: the reaper
     # ends the silent one and must leave this one alone, as the target's heartbeat extended it.
-    await let_time_pass_for_runs(pool, [uuid.UUID(run_id), uuid.UUID(silent.run_id)], FAST_WORKER.lease_sec + 1.5)
-    reaped = await wait_for(lambda: pool.fetchval("SELECT error FROM run_attempts WHERE run_id = $1",
-                                                  uuid.UUID(silent.run_id)),
+    await let_time_pass_for_runs(homes, [uuid.UUID(run_id), uuid.UUID(silent.run_id)], FAST_WORKER.lease_sec + 1.5)
+    reaped = await wait_for(lambda: homes.fetchval_anywhere("SELECT error FROM run_attempts WHERE run_id = $1",
+                                                            uuid.UUID(silent.run_id)),
                             timeout=10, what="the reaper to end the run nobody heartbeats")
     assert "stopped heartbeating" in reaped
-    assert await status_of(pool, job_id) == "running"
+    assert await status_of(homes, job_id) == "running"
     done = await client.post(f"/runs/{run_id}/complete", json={"leaseToken": token, "status": "succeeded",
                                                                "output": "42 rows"})
     assert done.status_code == 200 and done.json()["status"] == "succeeded"
@@ -59,7 +58,7 @@ async def test_target_keeps_the_run_alive_and_completes_it(
 
 
 async def test_reported_failure_follows_the_retry_policy(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     target.responders["/async"] = lambda n: 202
     job = async_job(target, retryPolicy={"maxAttempts": 2, "initialBackoffSec": 0.2, "jitter": 0})
@@ -73,7 +72,7 @@ async def test_reported_failure_follows_the_retry_policy(
     assert calls[0].attempt == 2 and calls[0].headers["X-Chimes-Lease-Token"] != first.headers["X-Chimes-Lease-Token"]
     await client.post(f"/runs/{first.run_id}/complete",
                       json={"leaseToken": calls[0].headers["X-Chimes-Lease-Token"], "status": "failed"})
-    assert await status_of(pool, job_id) == "failed"
+    assert await status_of(homes, job_id) == "failed"
 
 
 async def test_callbacks_refuse_other_teams_and_bad_tokens(
@@ -92,14 +91,14 @@ async def test_callbacks_refuse_other_teams_and_bad_tokens(
 
 
 async def test_without_callback_a_202_is_plain_success(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     target.responders["/accepted"] = lambda n: 202
     at = (datetime.now(UTC) + timedelta(seconds=0.3)).isoformat()
     task = {"type": "http", "url": target.url + "/accepted"}
     job_id = (await client.post("/jobs", json={"name": "plain", "schedule": {"at": at}, "task": task})).json()["jobId"]
-    await wait_for(lambda: _is(pool, job_id, "succeeded"), timeout=10, what="the run to succeed")
+    await wait_for(lambda: _is(homes, job_id, "succeeded"), timeout=10, what="the run to succeed")
 
 
-async def _is(pool: asyncpg.Pool, job_id: str, status: str) -> bool:
-    return await status_of(pool, job_id) == status
+async def _is(homes: Homes, job_id: str, status: str) -> bool:
+    return await status_of(homes, job_id) == status

@@ -7,7 +7,6 @@ the interrupted attempt to be recorded as cancelled, by whom.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -18,13 +17,11 @@ import asyncpg
 import httpx
 import pytest
 
-from chimes.scheduler.node import SchedulerNode
 from chimes.store.owners import OwnerStore
 from chimes.worker.tasks.dispatch import Executors
-from chimes.worker.worker import Worker
 from tests.fake_container_runtime import FakeRuntime, install_fake_runtime, pid_alive
-from tests.helpers import wait_for
-from tests.integration.fleet import FAST_SCHEDULER, FAST_WORKER
+from tests.helpers import Homes, wait_for
+from tests.integration.fleet import FAST_WORKER, Fleet, running_fleet
 from tests.target import Target
 
 STOPPED_WITHIN_SEC = 2.5
@@ -32,26 +29,20 @@ STOPPED_WITHIN_SEC = 2.5
 
 @dataclass
 class SlowFleet:
-    worker: Worker
+    fleet: Fleet
     runtime: FakeRuntime
 
 
 @pytest.fixture
-async def slow_fleet(pool: asyncpg.Pool, database_url: str, tmp_path: Path) -> AsyncIterator[SlowFleet]:
+async def slow_fleet(pool: asyncpg.Pool, database_url: str, homes: Homes, tmp_path: Path) -> AsyncIterator[SlowFleet]:
     """A node and a worker whose heartbeat (10 s, the default) is far slower than a cancel must be."""
     await OwnerStore(pool).set("team-a", allow_commands=True)
     runtime = install_fake_runtime(tmp_path)
-    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="test-node")
     config = replace(FAST_WORKER, heartbeat_every_sec=10.0, lease_sec=30.0, allow_commands=True)
-    worker = Worker(pool, database_url, config, worker_id="test-worker",
-                    executors=Executors(container_runtime=str(runtime.path), kill_grace_sec=1.0))
-    tasks = [asyncio.create_task(node.run()), asyncio.create_task(worker.run())]
-    await wait_for(lambda: worker.listening, timeout=10, what="the worker to listen")
-    yield SlowFleet(worker, runtime)
-    node.stop()
-    worker.stop()
-    for task in tasks:
-        await task
+    async with running_fleet(pool, database_url, homes, worker=config, executors=lambda: Executors(
+            container_runtime=str(runtime.path), kill_grace_sec=1.0)) as fleet:
+        await wait_for(fleet.listening, timeout=10, what="the worker to listen")
+        yield SlowFleet(fleet, runtime)
 
 
 def soon() -> dict[str, str]:
@@ -73,7 +64,7 @@ async def cancel_and_check(client: httpx.AsyncClient, fleet: SlowFleet, run_id: 
     answer = await client.post(f"/runs/{run_id}/cancel")
     assert answer.status_code == 200, answer.text
     assert answer.json()["status"] == "cancelled"
-    await wait_for(lambda: not any(str(r) == run_id for r in fleet.worker._running), timeout=STOPPED_WITHIN_SEC,
+    await wait_for(lambda: not any(str(r) == run_id for r in fleet.fleet.running()), timeout=STOPPED_WITHIN_SEC,
                    what="the worker to stop the cancelled run")
     took = time.monotonic() - started
     run = (await client.get(f"/runs/{run_id}")).json()

@@ -8,7 +8,6 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import pytest
 
 from chimes.api.app import create_app
@@ -25,7 +24,7 @@ from chimes.client import (
     PreconditionFailed,
     Unauthorized,
 )
-from tests.helpers import free_port
+from tests.helpers import Homes, free_port
 from tests.integration.test_cli_real_api import serve
 
 
@@ -133,12 +132,12 @@ async def test_errors_carry_status_code_field_and_message(chimes: AsyncClient, a
 
 
 async def test_whoami_and_notifications(chimes: AsyncClient, api_url: str, tokens: dict[str, str],
-                                        pool: asyncpg.Pool) -> None:
+                                        homes: Homes) -> None:
     me = await chimes.whoami()
     assert (me.owner, me.scope, me.admin) == ("team-a", "write", False)
     job_id = uuid.uuid4()
     for owner in ("team-a", "team-a", "team-b"):
-        await pool.execute(
+        await (await homes.for_job(job_id)).execute(
             "INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload) "
             "VALUES ($1, $2, $3, 'run_failed', 'http://127.0.0.1:9/alerts', '{\"runId\": \"r\"}')",
             uuid.uuid4(), job_id, owner)

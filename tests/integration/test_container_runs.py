@@ -7,7 +7,6 @@ runtime (podman) are in ``test_container_podman.py``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -17,30 +16,21 @@ import asyncpg
 import httpx
 import pytest
 
-from chimes.scheduler.node import SchedulerNode
 from chimes.store.owners import OwnerStore
 from chimes.worker.tasks.dispatch import Executors
-from chimes.worker.worker import Worker
 from tests.fake_container_runtime import FakeRuntime, install_fake_runtime
-from tests.helpers import wait_for
-from tests.integration.fleet import FAST_SCHEDULER, FAST_WORKER
+from tests.helpers import Homes, wait_for
+from tests.integration.fleet import FAST_WORKER, running_fleet
 
 
 @pytest.fixture
-async def fake(pool: asyncpg.Pool, database_url: str, tmp_path: Path) -> AsyncIterator[FakeRuntime]:
+async def fake(pool: asyncpg.Pool, database_url: str, homes: Homes, tmp_path: Path) -> AsyncIterator[FakeRuntime]:
     """A fleet whose worker runs container tasks through the stand-in CLI; team-a may create them."""
     await OwnerStore(pool).set("team-a", allow_commands=True)
     runtime = install_fake_runtime(tmp_path)
-    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="test-node")
-    config = replace(FAST_WORKER, allow_commands=True)
-    worker = Worker(pool, database_url, config, worker_id="test-worker",
-                    executors=Executors(container_runtime=str(runtime.path)))
-    tasks = [asyncio.create_task(node.run()), asyncio.create_task(worker.run())]
-    yield runtime
-    node.stop()
-    worker.stop()
-    for task in tasks:
-        await task
+    async with running_fleet(pool, database_url, homes, worker=replace(FAST_WORKER, allow_commands=True),
+                             executors=lambda: Executors(container_runtime=str(runtime.path))):
+        yield runtime
 
 
 def container_job(name: str, script: str, **extra: object) -> dict:

@@ -6,11 +6,10 @@ import itertools
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import httpx
 
 from chimes.ids import run_id_for
-from tests.helpers import wait_for
+from tests.helpers import Homes, wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
 
@@ -119,7 +118,7 @@ async def test_manual_run_rerun_and_cancel(fleet: Fleet, client: httpx.AsyncClie
 
 
 async def test_cancel_stops_a_waiting_retry(fleet: Fleet, client: httpx.AsyncClient, target: Target,
-                                            pool: asyncpg.Pool) -> None:
+                                            homes: Homes) -> None:
     target.responders["/slow-retry"] = lambda n: 503
     policy = {"maxAttempts": 3, "initialBackoffSec": 30, "jitter": 0}
     job = (await client.post("/jobs", json=http_job(target, "/slow-retry", {"at": soon(0.3)},
@@ -129,8 +128,8 @@ async def test_cancel_stops_a_waiting_retry(fleet: Fleet, client: httpx.AsyncCli
                            what="the run to wait for its retry")
     cancelled = await client.post(f"/runs/{run['runId']}/cancel")
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-    assert await pool.fetchval("SELECT count(*) FROM triggers WHERE kind = 1") == 0
-    assert await pool.fetchval("SELECT count(*) FROM run_queue") == 0
+    assert await homes.total("SELECT count(*) FROM triggers WHERE kind = 1") == 0
+    assert await homes.total("SELECT count(*) FROM run_queue") == 0
 
 
 async def _status_is(client: httpx.AsyncClient, run_id: str, status: str) -> bool:
@@ -164,9 +163,10 @@ async def test_unknown_run_is_404(client: httpx.AsyncClient) -> None:
 
 
 async def test_edits_and_pause_stop_the_old_definition_at_once(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     job = (await client.post("/jobs", json=http_job(target, "/v1", {"cron": "* * * * * *"}))).json()
+    pool = await homes.for_job(job["jobId"])  # its runs' database
     await wait_for(lambda: _finished(client, job["jobId"], 2), timeout=15, what="runs of version 1")
     patched = await client.patch(f"/jobs/{job['jobId']}", json={"task": {"type": "http", "url": target.url + "/v2"}})
     assert patched.status_code == 200
@@ -181,8 +181,10 @@ async def test_edits_and_pause_stop_the_old_definition_at_once(
     # The node still holds the paused job's next slots in its timer wheel, due on its own clock, with
     # nothing stored to move. A job on the same schedule shows when the node has fired two more slots
     # since the pause (a condition, not a guess at how long that takes under load); by then the
-    # paused job's slots came due as well and must have fired nothing.
-    ticking = (await client.post("/jobs", json=http_job(target, "/tick", {"cron": "* * * * * *"}))).json()
+    # paused job's slots came due as well and must have fired nothing. (With shards, the job is in the
+    # paused job's home, fired by the same node.)
+    ticking = (await client.post("/jobs", json=http_job(target, "/tick", {"cron": "* * * * * *"}),
+                                 headers={"Idempotency-Key": homes.key_beside("team-a", job["jobId"])})).json()
     await wait_for(lambda: pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND scheduled_at >= $2",
                                          uuid.UUID(ticking["jobId"]), paused_at + timedelta(seconds=2)),
                    timeout=15, what="the node to fire two slots after the pause")

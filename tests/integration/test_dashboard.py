@@ -291,6 +291,7 @@ async def test_static_assets_are_served_by_chimes_itself(api_url: str) -> None:
         assert "http://" not in login.replace('xmlns="http://www.w3.org', "") and "https://" not in login
 
 
+@pytest.mark.single_database("the plan of one statement on one database")
 @pytest.mark.parametrize("query, owner, index", [
     ("dashboard_jobs_of_owner", "team-a", "jobs_owner_name"),
     ("dashboard_jobs_of_all", None, "jobs_name"),

@@ -11,11 +11,10 @@ import urllib.request
 import uuid
 from datetime import UTC, datetime
 
-import asyncpg
 import httpx
 
 from chimes.store.runs import RunStore
-from tests.helpers import auth_as, wait_for
+from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
 
@@ -52,9 +51,9 @@ async def test_concurrent_manual_runs_are_each_a_run_and_each_executed(
     assert {c.run_id for c in target.calls_to("/manual")} == run_ids
 
 
-async def test_manual_runs_in_the_same_millisecond_stay_two(client: httpx.AsyncClient, pool: asyncpg.Pool) -> None:
+async def test_manual_runs_in_the_same_millisecond_stay_two(client: httpx.AsyncClient, homes: Homes) -> None:
     job = (await client.post("/jobs", json=http_job("http://127.0.0.1:9"))).json()
-    store, now = RunStore(pool), datetime.now(UTC)
+    store, now = RunStore(await homes.for_job(uuid.UUID(job["jobId"]))), datetime.now(UTC)
     first = await store.start_now(uuid.UUID(job["jobId"]), "team-a", "manual", now)
     second = await store.start_now(uuid.UUID(job["jobId"]), "team-a", "manual", now)
     assert first != second

@@ -12,27 +12,22 @@ import orjson
 
 from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
-from tests.helpers import wait_for
-from tests.integration.fleet import FAST_SCHEDULER, Fleet
+from tests.helpers import Homes, wait_for
+from tests.integration.fleet import FAST_SCHEDULER, Fleet, running_fleet
 from tests.target import Target
 
 
 async def test_a_run_no_worker_starts_misses_its_deadline_and_is_notified(
-    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool, database_url: str, homes: Homes
 ) -> None:
     # A scheduler node and no worker at all: the run is enqueued and waits.
     config = SchedulerConfig(lease=FAST_SCHEDULER.lease, scan_every_sec=0.3, health_every_sec=0.5)
-    node = SchedulerNode(pool, config, node_id="lonely-node")
-    task = asyncio.create_task(node.run())
-    try:
+    async with running_fleet(pool, database_url, homes, scheduler=config, worker=None, node_id="lonely-node"):
         at = (datetime.now(UTC) + timedelta(seconds=0.3)).isoformat()
         job_id = (await client.post("/jobs", json={
             "name": "unattended", "schedule": {"at": at}, "startDeadlineSec": 1, "notifyUrl": target.url + "/alerts",
             "task": {"type": "http", "url": target.url + "/work"}})).json()["jobId"]
         [alert] = await wait_for(lambda: target.calls_to("/alerts"), timeout=20, what="the missed-start notification")
-    finally:
-        node.stop()
-        await task
     payload = orjson.loads(alert.body)
     assert payload["kind"] == "start_missed" and payload["jobId"] == job_id and payload["status"] == "scheduled"
     assert "are workers running" in payload["error"]
@@ -40,12 +35,13 @@ async def test_a_run_no_worker_starts_misses_its_deadline_and_is_notified(
 
 
 async def test_a_stuck_run_holding_a_skip_schedule_trips_the_dead_mans_switch(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     target.delays["/stuck"] = lambda n: 60
     job_id = (await client.post("/jobs", json={
         "name": "stuck", "schedule": {"cron": "* * * * * *"}, "concurrency": "skip",
         "notifyUrl": target.url + "/alerts", "task": {"type": "http", "url": target.url + "/stuck"}})).json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     await wait_for(lambda: target.calls_to("/stuck"), timeout=10, what="the run that hangs")
     health = HealthCheck(pool, grace=timedelta(seconds=1))
     # One-second interval plus one second of grace: a few skipped fires later, it is stalled.
@@ -72,10 +68,11 @@ async def _stall_notifications(pool: asyncpg.Pool, job_id: str) -> list[asyncpg.
 
 
 async def test_the_sweep_for_missing_triggers_counts_schedule_triggers_only(
-    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     # Answered from the indexes (jobs_pkey, triggers_job_kind): a pending retry is not a schedule.
     lost = (await client.post("/jobs", json=every_second(target, "retry-only"))).json()["jobId"]
+    pool = await homes.for_job(lost)  # the job's database
     kept = (await client.post("/jobs", json=every_second(target, "far-off", schedule={"cron": "0 0 1 1 *"}))).json()
     assert await pool.execute("UPDATE triggers SET kind = 1 WHERE job_id = $1", uuid.UUID(lost)) == "UPDATE 1"
     health = HealthCheck(pool, grace=timedelta(seconds=1))
@@ -86,9 +83,10 @@ async def test_the_sweep_for_missing_triggers_counts_schedule_triggers_only(
 
 
 async def test_a_schedule_whose_trigger_row_is_gone_trips_the_dead_mans_switch_once(
-    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool, api_url: str, tokens: dict[str, str]
+    client: httpx.AsyncClient, target: Target, homes: Homes, api_url: str, tokens: dict[str, str]
 ) -> None:
     job_id = (await client.post("/jobs", json=every_second(target, "lost-trigger"))).json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     assert await pool.execute("DELETE FROM triggers WHERE job_id = $1", uuid.UUID(job_id)) == "DELETE 1"
     health = HealthCheck(pool, grace=timedelta(seconds=1))
     # No fire since it was created: after its one-second period plus one second of grace, it is stalled.
@@ -111,10 +109,11 @@ async def test_a_schedule_whose_trigger_row_is_gone_trips_the_dead_mans_switch_o
 
 
 async def test_a_schedule_whose_partition_has_no_owner_trips_the_dead_mans_switch_until_it_fires_again(
-    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     # No scheduler node at all: no partition has an owner, the trigger stays due.
     job_id = (await client.post("/jobs", json=every_second(target, "orphaned"))).json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     health = HealthCheck(pool, grace=timedelta(seconds=1))
     assert await wait_for(lambda: health.sweep(datetime.now(UTC)), timeout=15, what="the stall to be seen") >= 1
     [alert] = await _stall_notifications(pool, job_id)
@@ -139,10 +138,11 @@ async def test_a_schedule_whose_partition_has_no_owner_trips_the_dead_mans_switc
 
 
 async def test_the_stuck_run_stall_is_shown_as_held(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     target.delays["/work"] = lambda n: 60
     job_id = (await client.post("/jobs", json=every_second(target, "held"))).json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     await wait_for(lambda: target.calls_to("/work"), timeout=10, what="the run that hangs")
     health = HealthCheck(pool, grace=timedelta(seconds=1))
     assert await wait_for(lambda: health.sweep(datetime.now(UTC)), timeout=15, what="the stall to be seen") == 1
@@ -152,7 +152,7 @@ async def test_the_stuck_run_stall_is_shown_as_held(
 
 
 async def test_a_run_fired_late_misses_its_start_deadline_even_if_a_worker_takes_it_at_once(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     # Its time passed 20 s ago (as if its partition had had no owner): fired now, started at once.
     at = (datetime.now(UTC) - timedelta(seconds=20)).isoformat()
@@ -167,13 +167,14 @@ async def test_a_run_fired_late_misses_its_start_deadline_even_if_a_worker_takes
 
 
 async def test_a_slot_never_enqueued_misses_its_start_deadline(
-    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     # No scheduler node: the trigger is never fired, so no run exists to wait in the queue.
     at = (datetime.now(UTC) + timedelta(seconds=0.2)).isoformat()
     job_id = (await client.post("/jobs", json={
         "name": "never", "schedule": {"at": at}, "startDeadlineSec": 1, "notifyUrl": target.url + "/alerts",
         "task": {"type": "http", "url": target.url + "/work"}})).json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     health = HealthCheck(pool)
     assert await wait_for(lambda: health.sweep(datetime.now(UTC)), timeout=15, what="the missed start") == 1
     assert await health.sweep(datetime.now(UTC)) == 0

@@ -15,7 +15,7 @@ import pytest
 from chimes.api.app import create_app
 from chimes.api.limits import LimitSettings
 from chimes.store.owners import OwnerStore
-from tests.helpers import auth_as
+from tests.helpers import Homes, auth_as
 from tests.integration.served import served
 from tests.integration.test_jobs_api import HTTP_TASK, cron_job
 
@@ -48,14 +48,14 @@ HOSTILE_BODIES = [
 
 @pytest.mark.parametrize(("case", "body", "status"), HOSTILE_BODIES, ids=[c[0] for c in HOSTILE_BODIES])
 async def test_hostile_bodies_get_a_clear_answer_and_never_a_5xx(
-    client: httpx.AsyncClient, pool: asyncpg.Pool, case: str, body: bytes, status: int
+    client: httpx.AsyncClient, homes: Homes, case: str, body: bytes, status: int
 ) -> None:
     response = await client.post("/jobs", content=body, headers=JSON)
     assert response.status_code == status, response.text
     if status >= 400:
         error = response.json()
         assert error["error"] and error["message"], error
-        assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+        assert await homes.total("SELECT count(*) FROM jobs") == 0
     if case in STORABLE_PROBLEMS:
         assert (response.json()["field"], response.json()["details"][0]["message"]) == STORABLE_PROBLEMS[case]
 
@@ -101,17 +101,17 @@ HOSTILE_JOBS = [
 
 @pytest.mark.parametrize(("case", "body", "field", "words"), HOSTILE_JOBS, ids=[c[0] for c in HOSTILE_JOBS])
 async def test_hostile_jobs_are_refused_naming_the_field(
-    client: httpx.AsyncClient, pool: asyncpg.Pool, case: str, body: dict, field: str, words: str
+    client: httpx.AsyncClient, homes: Homes, case: str, body: dict, field: str, words: str
 ) -> None:
     response = await client.post("/jobs", json=body)
     assert response.status_code == 422, response.text
     assert response.json()["field"].startswith(field), response.json()
     assert words in response.json()["message"], response.json()
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await homes.total("SELECT count(*) FROM jobs") == 0
 
 
 async def test_huge_bodies_are_cut_off_at_the_limit(database_url: str, tokens: dict[str, str],
-                                                    pool: asyncpg.Pool) -> None:
+                                                    homes: Homes) -> None:
     app = create_app(database_url, pool_size=2, limits=LimitSettings(max_body_bytes=64 * 1024))
     async with served(app) as url, httpx.AsyncClient(base_url=url, headers=auth_as(tokens["team-a"])) as http:
         declared = await http.post("/jobs", json=cron_job(task={**HTTP_TASK, "body": "x" * 100_000}))
@@ -126,11 +126,11 @@ async def test_huge_bodies_are_cut_off_at_the_limit(database_url: str, tokens: d
         assert response.status_code == 413
         assert response.json()["message"] == "request body is larger than the limit of 65536 bytes"
     assert fits.status_code == 201
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 1
+    assert await homes.total("SELECT count(*) FROM jobs") == 1
 
 
 async def test_writes_beyond_the_token_rate_get_429_with_retry_after(database_url: str, tokens: dict[str, str],
-                                                                     pool: asyncpg.Pool) -> None:
+                                                                     homes: Homes) -> None:
     limits = LimitSettings(writes_per_sec=0.1, write_burst=3)
     async with served(create_app(database_url, pool_size=2, limits=limits)) as url, \
             httpx.AsyncClient(base_url=url) as http:
@@ -145,7 +145,7 @@ async def test_writes_beyond_the_token_rate_get_429_with_retry_after(database_ur
     assert 1 <= int(refused.headers["retry-after"]) <= 10
     assert other_token.status_code == 201, "the limit is per token"
     assert reads.status_code == 200, "reads are not limited"
-    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE owner = 'team-a'") == 3
+    assert await homes.total("SELECT count(*) FROM jobs WHERE owner = 'team-a'") == 3
 
 
 async def test_failed_logins_are_limited_per_address_and_logged_without_the_token(
@@ -201,7 +201,7 @@ async def test_forwarded_addresses_count_only_from_trusted_proxies(
 
 
 async def test_job_quota_holds_exactly_under_concurrent_creates(database_url: str, tokens: dict[str, str],
-                                                                pool: asyncpg.Pool) -> None:
+                                                                pool: asyncpg.Pool, homes: Homes) -> None:
     await OwnerStore(pool).set("team-a", job_quota=5)
     limits = LimitSettings(default_job_quota=2, write_burst=1000)
     async with served(create_app(database_url, pool_size=8, limits=limits)) as url, \
@@ -222,8 +222,8 @@ async def test_job_quota_holds_exactly_under_concurrent_creates(database_url: st
                                   "to raise it (chimes owner set team-a --job-quota N)")
     assert [r.status_code for r in team_b] == [201, 201, 429], "team-b has the default quota of 2"
     assert after_delete.status_code == 201
-    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE owner = 'team-a'") == 5
-    assert await pool.fetchval("SELECT count(*) FROM triggers t JOIN jobs j USING (job_id)") == 7
+    assert await homes.total("SELECT count(*) FROM jobs WHERE owner = 'team-a'") == 5
+    assert await homes.total("SELECT count(*) FROM triggers t JOIN jobs j USING (job_id)") == 7
 
 
 async def test_an_idempotent_retry_at_the_quota_returns_the_job(database_url: str, tokens: dict[str, str],

@@ -20,7 +20,7 @@ from fastapi import routing
 from chimes.api.app import create_app
 from chimes.dashboard.session import COOKIE, csrf_token
 from chimes.store.tokens import create_token, hash_token
-from tests.helpers import auth_as
+from tests.helpers import Homes, auth_as
 
 AS_OTHER_TEAM, READ_ONLY, REVOKED, NO_TOKEN = "other-team", "read-only", "revoked", "no-token"
 CALLERS = (AS_OTHER_TEAM, READ_ONLY, REVOKED, NO_TOKEN)
@@ -124,7 +124,7 @@ class World:
 
 
 @pytest.fixture
-async def world(api_url: str, pool: asyncpg.Pool, tokens: dict[str, str]) -> AsyncIterator[World]:
+async def world(api_url: str, pool: asyncpg.Pool, homes: Homes, tokens: dict[str, str]) -> AsyncIterator[World]:
     """Team A's job (paused, so nothing fires) and a manual run of it; the tokens of every caller."""
     async with pool.acquire() as conn:
         read_only = await create_token(conn, "team-a", scope="read")
@@ -136,6 +136,7 @@ async def world(api_url: str, pool: asyncpg.Pool, tokens: dict[str, str]) -> Asy
         assert (await http.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
         run_id = (await http.post(f"/jobs/{job_id}/runs")).json()["runId"]
     lease_token = str(uuid.uuid4())
+    pool = await homes.for_job(job_id)  # the job's database, its runs' and notifications'
     # A dead-lettered notification of team A's job: the lists of other teams must not show it.
     await pool.execute("INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload, dead_at,"
                        " last_error) VALUES (gen_random_uuid(), $1, 'team-a', 'run_failed', 'http://127.0.0.1:9/',"
@@ -176,7 +177,8 @@ async def _call(http: httpx.AsyncClient, world: World, method: str, path: str, t
     return await http.request(method, url, json=body if method in ("POST", "PATCH") else None, headers=headers)
 
 
-async def test_every_endpoint_refuses_what_is_not_the_callers(world: World, pool: asyncpg.Pool) -> None:
+async def test_every_endpoint_refuses_what_is_not_the_callers(world: World, homes: Homes) -> None:
+    pool = await homes.for_job(world.job_id)
     before = await _snapshot(pool, world)
     wrong = []
     async with httpx.AsyncClient(base_url=world.api_url, follow_redirects=False, timeout=30) as http:

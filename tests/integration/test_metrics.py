@@ -11,13 +11,12 @@ import secrets
 import time
 from datetime import UTC, datetime, timedelta
 
-import asyncpg
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from chimes.scheduler.node import SchedulerNode
 from chimes.store.working import WorkerStore
-from tests.helpers import wait_for
+from tests.helpers import Homes, wait_for
 from tests.integration.fleet import FAST_SCHEDULER, Fleet
 from tests.target import Target
 
@@ -115,12 +114,13 @@ async def test_queue_depth_counts_waiting_runs_per_tier(client: httpx.AsyncClien
 
 
 async def test_reaper_requeue_and_lease_changes_are_counted(
-    pool: asyncpg.Pool, client: httpx.AsyncClient,
+    homes: Homes, client: httpx.AsyncClient,
 ) -> None:
     """A worker that claims a run and vanishes: the reaper hands the run back, and says so."""
     before = await scrape(client)
     job = (await client.post("/jobs", json=one_off("lost", "http://127.0.0.1:9/"))).json()["jobId"]
     assert (await client.post(f"/jobs/{job}/runs")).status_code == 202
+    pool = await homes.for_job(job)  # the run's database
     ghost = WorkerStore(pool, "ghost-worker")
     claimed = await ghost.claim(1, lease_sec=0.5, deadline_grace_sec=60)
     assert len(claimed) == 1

@@ -16,7 +16,8 @@ from chimes.security.secrets import default_keyring
 from chimes.security.signing import SIGNATURE_HEADER, verify
 from chimes.services.owners import SigningSecrets, signing_secret
 from chimes.store.owners import OwnerStore
-from tests.helpers import auth_as, wait_for
+from chimes.store.settings import change_everywhere
+from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
 
@@ -28,13 +29,13 @@ def failing_job(target: Target, **extra: object) -> dict:
 
 
 async def test_a_run_that_fails_every_attempt_notifies_once(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool, homes: Homes
 ) -> None:
     target.responders["/fail"] = lambda n: 500
     job_id = (await client.post("/jobs", json=failing_job(target, notifyUrl=target.url + "/alerts"))).json()["jobId"]
     calls = await wait_for(lambda: target.calls_to("/alerts"), timeout=30, what="the failure notification")
     assert len(target.calls_to("/fail")) == 3  # three attempts...
-    await wait_for(lambda: _all_sent(pool), timeout=10, what="the outbox to be marked sent")
+    await wait_for(lambda: _all_sent(homes), timeout=10, what="the outbox to be marked sent")
     assert len(target.calls_to("/alerts")) == 1  # ...one notification
     payload = orjson.loads(calls[0].body)
     assert payload["kind"] == "run_failed" and payload["jobId"] == job_id and payload["attempt"] == 3
@@ -49,25 +50,26 @@ async def test_a_run_that_fails_every_attempt_notifies_once(
     assert not verify(other, signed, calls[0].body, now)
 
 
-async def _all_sent(pool: asyncpg.Pool) -> bool:
-    return await pool.fetchval("SELECT count(*) FROM notifications WHERE sent_at IS NULL") == 0
+async def _all_sent(homes: Homes) -> bool:
+    return await homes.total("SELECT count(*) FROM notifications WHERE sent_at IS NULL") == 0
 
 
 async def test_default_webhook_from_settings_and_no_notification_without_one(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool, homes: Homes
 ) -> None:
     target.responders["/fail"] = lambda n: 500
     quiet = (await client.post("/jobs", json=failing_job(target, name="quiet"))).json()["jobId"]
-    await wait_for(lambda: _failed(pool, quiet), timeout=30, what="the first job to fail")
-    assert await pool.fetchval("SELECT count(*) FROM notifications") == 0
-    await pool.execute("INSERT INTO settings (key, value) VALUES ('notify_url', $1)", target.url + "/default")
+    await wait_for(lambda: _failed(homes, quiet), timeout=30, what="the first job to fail")
+    assert await homes.total("SELECT count(*) FROM notifications") == 0
+    async with pool.acquire() as conn:  # as `chimes config set notify-url` does: in every home
+        await change_everywhere(conn, "notify_url", target.url + "/default")
     loud = (await client.post("/jobs", json=failing_job(target, name="loud"))).json()["jobId"]
     calls = await wait_for(lambda: target.calls_to("/default"), timeout=30, what="the default webhook")
     assert orjson.loads(calls[0].body)["jobId"] == loud
 
 
-async def _failed(pool: asyncpg.Pool, job_id: str) -> bool:
-    return await pool.fetchval("SELECT status FROM runs WHERE job_id = $1", uuid.UUID(job_id)) == "failed"
+async def _failed(homes: Homes, job_id: str) -> bool:
+    return await homes.fetchval(job_id, "SELECT status FROM runs WHERE job_id = $1", uuid.UUID(job_id)) == "failed"
 
 
 async def test_notification_claimed_by_a_sender_that_died_is_sent_once_by_another(

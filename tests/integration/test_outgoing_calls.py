@@ -4,7 +4,6 @@ the address was reached: literally, by name, by redirect, or by a name that chan
 
 from __future__ import annotations
 
-import asyncio
 import re
 import socket
 import time
@@ -20,7 +19,6 @@ import httpx
 import pytest
 from aiohttp import web
 
-from chimes.scheduler.node import SchedulerNode
 from chimes.security.secrets import default_keyring
 from chimes.security.signing import SIGNATURE_HEADER
 from chimes.security.ssrf import EgressDenied, EgressPolicy, GuardedConnector
@@ -29,9 +27,8 @@ from chimes.store.owners import OwnerStore
 from chimes.worker.tasks.common import TaskContext
 from chimes.worker.tasks.dispatch import Executors
 from chimes.worker.tasks.http import HttpExecutor
-from chimes.worker.worker import Worker
-from tests.helpers import wait_for
-from tests.integration.fleet import FAST_SCHEDULER, FAST_WORKER, Fleet
+from tests.helpers import Homes, wait_for
+from tests.integration.fleet import Fleet, running_fleet
 from tests.target import Target
 
 SECURITY_DOC = Path(__file__).parents[2] / "docs" / "security.md"
@@ -163,18 +160,12 @@ async def test_rotating_the_signing_secret_changes_what_targets_must_check(pool:
 # --- egress (SSRF) -------------------------------------------------------------------------------
 
 @pytest.fixture
-async def guarded_fleet(pool: asyncpg.Pool, database_url: str) -> AsyncIterator[None]:
+async def guarded_fleet(pool: asyncpg.Pool, database_url: str, homes: Homes) -> AsyncIterator[None]:
     """A fleet that may not call 127.0.0.2 or anything named *.invalid, on top of the defaults: its
     worker (task calls) and its node (failure webhooks)."""
     policy = EgressPolicy.build(deny=["127.0.0.2/32", "*.invalid"])
-    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="test-node", egress=policy)
-    worker = Worker(pool, database_url, FAST_WORKER, worker_id="test-worker", executors=Executors(egress=policy))
-    tasks = [asyncio.create_task(node.run()), asyncio.create_task(worker.run())]
-    yield
-    node.stop()
-    worker.stop()
-    for task in tasks:
-        await task
+    async with running_fleet(pool, database_url, homes, egress=policy, executors=lambda: Executors(egress=policy)):
+        yield
 
 
 @pytest.fixture
@@ -210,12 +201,13 @@ async def test_a_task_pointed_at_a_denied_address_fails_clearly_and_never_connec
 
 
 async def test_a_failure_webhook_to_a_denied_address_is_refused_and_never_connects(
-    guarded_fleet: None, client: httpx.AsyncClient, target: Target, denied_target: Target, pool: asyncpg.Pool
+    guarded_fleet: None, client: httpx.AsyncClient, target: Target, denied_target: Target, homes: Homes
 ) -> None:
     target.responders["/broken"] = lambda n: 500
     job = one_off("alerting", {"type": "http", "url": f"{target.url}/broken"}, attempts=1)
     job_id = (await client.post("/jobs", json=job | {"notifyUrl": f"{denied_target.url}/hook"})).json()["jobId"]
     assert (await final_run(client, job_id))["status"] == "failed"
+    pool = await homes.for_job(job_id)  # the job's notifications' database
     error = await wait_for(lambda: pool.fetchval("SELECT last_error FROM notifications"), timeout=20,
                            what="the webhook's first try")
     assert error == "refused by egress policy: address 127.0.0.2 is in the denied network 127.0.0.2/32"

@@ -9,13 +9,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
-import asyncpg
 import httpx
 import pytest
 from aiohttp import web
 
 from chimes import metrics
-from tests.helpers import FailsOnce, http_server, wait_for
+from tests.helpers import FailsOnce, Homes, http_server, wait_for
 from tests.integration.fleet import Fleet
 from tests.integration.test_core_loop import _finished, http_job, run_of, soon
 from tests.target import Target
@@ -26,13 +25,14 @@ def set_aside(kind: str, role: str = "scheduler") -> float:
 
 
 async def test_a_trigger_with_an_impossible_time_cannot_stop_other_jobs_from_firing(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     before = set_aside("trigger")
     # Year 1 is kept by PostgreSQL as -infinity and read back as a naive datetime: the timer wheel
     # cannot order it. Before 1970 no run id can hold the time. Both stopped fires once.
     for stored in ("-infinity", "1969-12-31T23:59:59Z"):
         job = (await client.post("/jobs", json=http_job(target, "/hostile", {"at": soon(3600)}))).json()
+        pool = await homes.for_job(job["jobId"])
         changed = await pool.execute("UPDATE triggers SET fire_at = $2::text::timestamptz WHERE job_id = $1",
                                      uuid.UUID(job["jobId"]), stored)
         assert changed == "UPDATE 1"
@@ -46,8 +46,8 @@ async def test_a_trigger_with_an_impossible_time_cannot_stop_other_jobs_from_fir
     # Set aside once, not tried again on every scan.
     assert set_aside("trigger") - before == 2
     # The node keeps them in the database: nothing is dropped without a trace.
-    assert await pool.fetchval("SELECT count(*) FROM triggers t JOIN jobs j USING (job_id) "
-                               "WHERE j.task->>'url' LIKE '%/hostile'") == 2
+    assert await homes.total("SELECT count(*) FROM triggers t JOIN jobs j USING (job_id) "
+                             "WHERE j.task->>'url' LIKE '%/hostile'") == 2
 
 
 @pytest.fixture

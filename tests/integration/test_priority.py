@@ -5,22 +5,21 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-import asyncpg
 import httpx
 
-from tests.helpers import wait_for
+from tests.helpers import Homes, wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
 
 BACKLOG = 10_000
 
 
-async def queue_batch_backlog(client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool) -> str:
+async def queue_batch_backlog(client: httpx.AsyncClient, target: Target, homes: Homes) -> str:
     """10,000 batch runs waiting in the queue, written straight into the tables for speed."""
     job_id = (await client.post("/jobs", json={
         "name": "backlog", "schedule": {"cron": "0 0 1 1 *"}, "priority": "batch", "concurrency": "allow",
         "task": {"type": "http", "url": target.url + "/batch"}})).json()["jobId"]
-    await pool.execute("""
+    await (await homes.for_job(job_id)).execute("""
         WITH made AS (
             INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority)
             SELECT gen_random_uuid(), now() - make_interval(secs => n), $1, 'team-a', 0, 1, 'manual', 2
@@ -33,11 +32,11 @@ async def queue_batch_backlog(client: httpx.AsyncClient, target: Target, pool: a
 
 
 async def test_high_priority_run_starts_at_once_behind_a_batch_backlog(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     target.delays["/batch"] = lambda n: 1.0  # batch runs keep the worker busy
-    await queue_batch_backlog(client, target, pool)
-    await wait_for(lambda: _running(pool, 2, fleet.worker.config.tiers.batch_cap(fleet.worker.config.concurrency)),
+    await queue_batch_backlog(client, target, homes)
+    await wait_for(lambda: _running(homes, 2, fleet.worker.config.tiers.batch_cap(fleet.worker.config.concurrency)),
                    timeout=20, what="batch runs to fill their share of the worker")
     urgent = (await client.post("/jobs", json={"name": "urgent", "schedule": {"cron": "0 0 1 1 *"},
                                                "priority": "high",
@@ -45,33 +44,34 @@ async def test_high_priority_run_starts_at_once_behind_a_batch_backlog(
     asked_at = datetime.now(UTC)
     run_id = (await client.post(f"/jobs/{urgent['jobId']}/runs")).json()["runId"]
     [call] = await wait_for(lambda: target.calls_to("/high"), timeout=10, what="the high-priority run")
-    run = await pool.fetchrow("SELECT * FROM runs WHERE run_id = $1", uuid.UUID(run_id))
+    run = await homes.fetchrow(urgent["jobId"], "SELECT * FROM runs WHERE run_id = $1", uuid.UUID(run_id))
     assert run["status"] in ("running", "succeeded")
     assert call.received_at - asked_at.timestamp() < 2.0  # the target of the 2 s start promise
     # Batch never held every slot, and the backlog keeps moving underneath.
-    assert await pool.fetchval("SELECT count(*) FROM run_queue WHERE tier = 2") < BACKLOG
+    assert await homes.total("SELECT count(*) FROM run_queue WHERE tier = 2") < BACKLOG
 
 
-async def _running(pool: asyncpg.Pool, tier: int, count: int) -> bool:
-    return await pool.fetchval("SELECT count(*) FROM runs WHERE priority = $1 AND status = 'running'", tier) >= count
+async def _running(homes: Homes, tier: int, count: int) -> bool:
+    return await homes.total("SELECT count(*) FROM runs WHERE priority = $1 AND status = 'running'", tier) >= count
 
 
 async def test_batch_is_not_starved_by_a_stream_of_normal_runs(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     """Normal runs arrive faster than the worker finishes them; batch runs still start now and then."""
     target.delays["/normal"] = lambda n: 0.5
-    await queue_batch_backlog(client, target, pool)
+    await queue_batch_backlog(client, target, homes)
     normal = (await client.post("/jobs", json={"name": "stream", "schedule": {"cron": "0 0 1 1 *"},
                                                "concurrency": "allow",
                                                "task": {"type": "http", "url": target.url + "/normal"}})).json()
     for _ in range(100):
         assert (await client.post(f"/jobs/{normal['jobId']}/runs")).status_code == 202
-    await wait_for(lambda: _normal_done(pool, 100), timeout=30, what="the normal stream to be worked off")
-    first_batch = await pool.fetchval("SELECT min(started_at) FROM runs WHERE priority = 2")
-    last_normal = await pool.fetchval("SELECT max(started_at) FROM runs WHERE priority = 1")
+    await wait_for(lambda: _normal_done(homes, 100), timeout=30, what="the normal stream to be worked off")
+    first_batch = min((r["started_at"] for r in await homes.fetch("SELECT started_at FROM runs WHERE priority = 2")
+                       if r["started_at"] is not None), default=None)
+    last_normal = max(r["started_at"] for r in await homes.fetch("SELECT started_at FROM runs WHERE priority = 1"))
     assert first_batch is not None and first_batch < last_normal  # batch ran while normal work was waiting
 
 
-async def _normal_done(pool: asyncpg.Pool, count: int) -> bool:
-    return await pool.fetchval("SELECT count(*) FROM runs WHERE priority = 1 AND status = 'succeeded'") >= count
+async def _normal_done(homes: Homes, count: int) -> bool:
+    return await homes.total("SELECT count(*) FROM runs WHERE priority = 1 AND status = 'succeeded'") >= count

@@ -30,7 +30,7 @@ from chimes.security.secrets import default_keyring
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.services.owners import signing_secret
 from chimes.store.owners import OwnerStore
-from tests.helpers import wait_for
+from tests.helpers import Homes, wait_for
 from tests.integration.fleet import Fleet
 
 
@@ -180,15 +180,15 @@ async def test_a_replayed_call_is_deduplicated(app: App, client: httpx.AsyncClie
 
 
 async def test_long_work_answers_202_heartbeats_and_completes_the_run(
-    app: App, client: httpx.AsyncClient, pool: asyncpg.Pool
+    app: App, client: httpx.AsyncClient, homes: Homes
 ) -> None:
     ok = (await client.post("/jobs", json=job(app, "/export", callback=True))).json()["jobId"]
     failing = (await client.post("/jobs", json=job(app, "/export", callback=True, body={"fail": True}))).json()
 
     async def lease_extended(job_id: str) -> bool:
         # The worker's own lease is 3 s (FAST_WORKER); only the receiver's heartbeats make it 30 s.
-        expires = await pool.fetchval("SELECT lease_expires_at FROM runs WHERE job_id = $1 AND status = 'running'",
-                                      uuid.UUID(job_id))
+        expires = await homes.fetchval(job_id, "SELECT lease_expires_at FROM runs WHERE job_id = $1 "
+                                       "AND status = 'running'", uuid.UUID(job_id))
         return expires is not None and expires > datetime.now(UTC) + timedelta(seconds=20)
 
     await wait_for(lambda: lease_extended(ok), timeout=10, what="the receiver to heartbeat")

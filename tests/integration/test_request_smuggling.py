@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
-from tests.helpers import auth_as, wait_for
+from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import Fleet
 
 SECRET = "Bearer team-a-secret-7f3c"
@@ -115,7 +114,7 @@ async def _final_run(client: httpx.AsyncClient, job_id: str) -> dict[str, Any]:
 
 
 async def test_a_smuggled_request_never_reaches_another_owners_run(
-    fleet: Fleet, client: httpx.AsyncClient, tokens: dict[str, str], pool: asyncpg.Pool,
+    fleet: Fleet, client: httpx.AsyncClient, tokens: dict[str, str], homes: Homes,
     keep_alive_target: KeepAliveTarget,
 ) -> None:
     target = keep_alive_target
@@ -129,8 +128,8 @@ async def test_a_smuggled_request_never_reaches_another_owners_run(
         hostile = {"type": "http", "method": "POST", "url": f"{target.url}/harmless",
                    "headers": {"Transfer-Encoding": "chunked", "Connection": "keep-alive"},
                    "body": "0\r\n\r\n" + SMUGGLED}
-        await pool.execute("UPDATE jobs SET task = $1 WHERE job_id = $2", hostile,
-                           uuid.UUID(job_id))
+        await (await homes.for_job(job_id)).execute("UPDATE jobs SET task = $1 WHERE job_id = $2", hostile,
+                                                    uuid.UUID(job_id))
         attack = await _final_run(attacker, job_id)
     assert attack["status"] in ("succeeded", "failed")
 
@@ -147,7 +146,7 @@ async def test_a_smuggled_request_never_reaches_another_owners_run(
     assert run["status"] == "succeeded", run
     assert run["attempts"][-1]["output"] == "answer for /victim", "the victim got the answer to its own request"
     # No connection ever carried both owners' requests.
-    owners_by_job = {row["job_id"]: row["owner"] for row in await pool.fetch("SELECT job_id, owner FROM jobs")}
+    owners_by_job = {row["job_id"]: row["owner"] for row in await homes.fetch("SELECT job_id, owner FROM jobs")}
     seen: dict[int, set[str]] = {}
     for request in target.received:
         job = request.headers.get("x-chimes-job-id")
@@ -163,7 +162,7 @@ REFUSED_HEADERS = ["Content-Length", "transfer-encoding", "Connection", "Keep-Al
 @pytest.mark.parametrize("field_name", ["headers", "secretHeaders"])
 @pytest.mark.parametrize("header", REFUSED_HEADERS)
 async def test_the_api_refuses_framing_and_hop_by_hop_headers(
-    client: httpx.AsyncClient, pool: asyncpg.Pool, header: str, field_name: str
+    client: httpx.AsyncClient, homes: Homes, header: str, field_name: str
 ) -> None:
     task = {"type": "http", "url": "http://example.com/", field_name: {header: "chunked"}}
     response = await client.post("/jobs", json=_one_off("framing", task))
@@ -171,7 +170,7 @@ async def test_the_api_refuses_framing_and_hop_by_hop_headers(
     error = response.json()
     assert error["field"].startswith(f"task.{field_name}"), error
     assert f"header {header!r} may not be set by a task" in error["message"], error
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await homes.total("SELECT count(*) FROM jobs") == 0
 
 
 @pytest.mark.parametrize(("value", "words"), [
@@ -180,14 +179,14 @@ async def test_the_api_refuses_framing_and_hop_by_hop_headers(
 ])
 @pytest.mark.parametrize("field_name", ["headers", "secretHeaders"])
 async def test_the_api_refuses_control_characters_in_header_values(
-    client: httpx.AsyncClient, pool: asyncpg.Pool, value: str, words: str, field_name: str
+    client: httpx.AsyncClient, homes: Homes, value: str, words: str, field_name: str
 ) -> None:
     task = {"type": "http", "url": "http://example.com/", field_name: {"X-Value": value}}
     response = await client.post("/jobs", json=_one_off("controls", task))
     assert response.status_code == 422, response.text
     assert response.json()["field"].startswith(f"task.{field_name}")
     assert words in response.json()["message"], response.json()
-    assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+    assert await homes.total("SELECT count(*) FROM jobs") == 0
 
 
 async def test_a_tab_in_a_header_value_is_fine(client: httpx.AsyncClient) -> None:

@@ -17,7 +17,7 @@ from chimes.services.owners import check_secret_key
 from chimes.store.owners import OwnerStore
 from chimes.worker.guard import TaskGuard
 from chimes.worker.worker import Worker
-from tests.helpers import auth_as, wait_for
+from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import FAST_WORKER, Fleet
 from tests.integration.served import served
 from tests.integration.test_outgoing_calls import final_run, one_off
@@ -32,7 +32,7 @@ def secret_job(target: Target, path: str = "/hook") -> dict:
 
 
 async def test_secret_headers_reach_the_target_and_nothing_else(
-    fleet: Fleet, client: httpx.AsyncClient, pool: asyncpg.Pool, target: Target, caplog: pytest.LogCaptureFixture
+    fleet: Fleet, client: httpx.AsyncClient, homes: Homes, target: Target, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     created = await client.post("/jobs", json=secret_job(target))
@@ -43,7 +43,7 @@ async def test_secret_headers_reach_the_target_and_nothing_else(
     assert shown["task"]["headers"] == {"X-Plain": "p"}
     listed = (await client.get("/jobs")).json()["jobs"][0]
     assert listed["task"]["secretHeaders"] == {"Authorization": REDACTED}
-    row = await pool.fetchrow("SELECT * FROM jobs WHERE job_id = $1", created.json()["jobId"])
+    row = await homes.fetchrow(job_id, "SELECT * FROM jobs WHERE job_id = $1", created.json()["jobId"])
     assert "s3cret" not in str(dict(row)), "stored sealed"
 
     run = await final_run(client, job_id)

@@ -14,7 +14,7 @@ import pytest
 
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
 from chimes.slots import jitter_offset
-from tests.helpers import wait_for
+from tests.helpers import Homes, wait_for
 from tests.integration.fleet import FAST_SCHEDULER, Fleet
 from tests.target import Target
 
@@ -28,11 +28,12 @@ async def runs(pool: asyncpg.Pool, job_id: str) -> list[asyncpg.Record]:
 
 
 async def test_skip_never_overlaps_and_records_skipped_fires(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     target.delays["/slow"] = lambda n: 3.0  # longer than the 1 s interval
     created = await client.post("/jobs", json=job(target, "/slow", {"cron": "* * * * * *"}, concurrency="skip"))
     job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     await wait_for(lambda: _count(pool, job_id, "succeeded", 2), timeout=20, what="two finished runs")
     assert (await client.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
     await wait_for(lambda: _settled(pool, job_id), timeout=20, what="the last run to end")
@@ -64,12 +65,13 @@ async def _settled(pool: asyncpg.Pool, job_id: str) -> bool:
 
 
 async def test_queue_runs_strictly_one_after_another(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     target.delays["/queued"] = lambda n: 2.5
     created = await client.post("/jobs", json=job(target, "/queued", {"cron": "* * * * * *"}, concurrency="queue",
                                                   queueLimit=3))
     job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     await wait_for(lambda: _count(pool, job_id, "succeeded", 3), timeout=30, what="three queued runs")
     await wait_for(lambda: _count(pool, job_id, "skipped", 1), timeout=30, what="a fire past the queue limit")
     assert (await client.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
@@ -85,10 +87,11 @@ async def test_queue_runs_strictly_one_after_another(
     assert await pool.fetchval("SELECT count(*) FROM active_runs") == 0
 
 
-async def test_allow_overlaps(fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool) -> None:
+async def test_allow_overlaps(fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes) -> None:
     target.delays["/overlap"] = lambda n: 2.5
     created = await client.post("/jobs", json=job(target, "/overlap", {"cron": "* * * * * *"}, concurrency="allow"))
     job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     await wait_for(lambda: _running_at_once(pool, job_id, 2), timeout=20, what="two runs at once")
     # No policy reads the runs of an allow job, so none is tracked as active (fire_triggers).
     assert await pool.fetchval("SELECT count(*) FROM active_runs WHERE job_id = $1", uuid.UUID(job_id)) == 0
@@ -96,11 +99,12 @@ async def test_allow_overlaps(fleet: Fleet, client: httpx.AsyncClient, target: T
 
 
 async def test_a_job_changed_from_allow_to_skip_waits_for_the_runs_allow_started(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     target.delays["/changed"] = lambda n: 4.0
     created = await client.post("/jobs", json=job(target, "/changed", {"cron": "* * * * * *"}, concurrency="allow"))
     job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     await wait_for(lambda: _running_at_once(pool, job_id, 2), timeout=20, what="two runs at once")
     assert (await client.patch(f"/jobs/{job_id}", json={"concurrency": "skip"})).status_code == 200
     changed_at = await pool.fetchval("SELECT now()")
@@ -144,11 +148,12 @@ async def _node_for_catch_up(pool: asyncpg.Pool) -> tuple[SchedulerNode, asyncio
     return node, asyncio.create_task(node.run())
 
 
-async def _catch_up_records(pool: asyncpg.Pool, client: httpx.AsyncClient, target: Target, policy: dict,
+async def _catch_up_records(homes: Homes, client: httpx.AsyncClient, target: Target, policy: dict,
                             path: str) -> list[asyncpg.Record]:
     created = await client.post("/jobs", json=job(target, path, {"cron": "*/10 * * * * *"}, catchUp=policy,
                                                   concurrency="allow"))
     job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     await _outage(pool, job_id, 60)  # seven 10-second slots missed, the last one just now
     node, task = await _node_for_catch_up(pool)
     try:
@@ -170,9 +175,9 @@ async def _has_runs(pool: asyncpg.Pool, job_id: str, count: int) -> bool:
 
 
 async def test_catch_up_one_runs_once_and_records_every_missed_slot(
-    client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
-    history = await _catch_up_records(pool, client, target, {"policy": "one"}, "/one")
+    history = await _catch_up_records(homes, client, target, {"policy": "one"}, "/one")
     missed = _through_last_catch_up(history)
     assert len(missed) in (7, 8)  # 8 when a 10-second boundary passed before the node fired
     assert [r["trigger"] for r in missed] == ["schedule"] * (len(missed) - 1) + ["catchup"]
@@ -184,8 +189,8 @@ async def test_catch_up_one_runs_once_and_records_every_missed_slot(
 
 
 async def test_catch_up_all_runs_newest_up_to_max(client: httpx.AsyncClient, target: Target,
-                                                 pool: asyncpg.Pool) -> None:
-    history = await _catch_up_records(pool, client, target, {"policy": "all", "maxRuns": 3}, "/all")
+                                                 homes: Homes) -> None:
+    history = await _catch_up_records(homes, client, target, {"policy": "all", "maxRuns": 3}, "/all")
     missed = _through_last_catch_up(history)
     assert len(missed) in (7, 8)  # 8 when a 10-second boundary passed before the node fired
     assert [r["trigger"] for r in missed] == ["schedule"] * (len(missed) - 3) + ["catchup"] * 3
@@ -194,15 +199,15 @@ async def test_catch_up_all_runs_newest_up_to_max(client: httpx.AsyncClient, tar
 
 
 async def test_catch_up_none_skips_every_missed_slot(client: httpx.AsyncClient, target: Target,
-                                                    pool: asyncpg.Pool) -> None:
-    history = await _catch_up_records(pool, client, target, {"policy": "none"}, "/none")
+                                                    homes: Homes) -> None:
+    history = await _catch_up_records(homes, client, target, {"policy": "none"}, "/none")
     assert [r["status"] for r in history[:7]] == ["skipped"] * 7
     assert all("catch-up policy: none" in r["reason"] for r in history[:7])
 
 
 async def test_catch_up_window_limits_what_runs(client: httpx.AsyncClient, target: Target,
-                                               pool: asyncpg.Pool) -> None:
-    history = await _catch_up_records(pool, client, target, {"policy": "all", "maxRuns": 10, "windowSec": 25},
+                                               homes: Homes) -> None:
+    history = await _catch_up_records(homes, client, target, {"policy": "all", "maxRuns": 10, "windowSec": 25},
                                       "/window")
     missed = _through_last_catch_up(history)
     old = [r for r in missed if "older than the catch-up window" in (r["reason"] or "")]
@@ -211,10 +216,11 @@ async def test_catch_up_window_limits_what_runs(client: httpx.AsyncClient, targe
 
 
 async def test_jitter_delays_fire_but_keeps_the_nominal_slot(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     created = await client.post("/jobs", json=job(target, "/jitter", {"cron": "*/2 * * * * *", "jitterSec": 1}))
     job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     offset = jitter_offset(uuid.UUID(job_id), 1)
     assert datetime.fromisoformat(created.json()["nextRunAt"]).microsecond == offset.microseconds
     await wait_for(lambda: _count(pool, job_id, "succeeded", 2), timeout=20, what="two jittered runs")
@@ -225,11 +231,12 @@ async def test_jitter_delays_fire_but_keeps_the_nominal_slot(
 
 
 async def test_resume_after_pause_accounts_for_paused_slots(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     created = await client.post("/jobs", json=job(target, "/paused", {"cron": "*/10 * * * * *"},
                                                   catchUp={"policy": "none"}))
     job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     assert (await client.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
     # Paused two minutes ago, as far as the schedule is concerned.
     await pool.execute("UPDATE jobs SET paused_at = now() - interval '2 minutes' WHERE job_id = $1", uuid.UUID(job_id))
@@ -241,10 +248,11 @@ async def test_resume_after_pause_accounts_for_paused_slots(
 
 
 async def test_backfill_creates_past_runs_once(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
     created = await client.post("/jobs", json=job(target, "/backfill", {"cron": "0 * * * *"}, concurrency="allow"))
     job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)  # the job's database
     end = datetime.now(UTC).replace(minute=30, second=0, microsecond=0) - timedelta(hours=1)
     body = {"start": (end - timedelta(hours=5)).isoformat(), "end": end.isoformat()}
     first = await client.post(f"/jobs/{job_id}/backfill", json=body)
@@ -259,7 +267,7 @@ async def test_backfill_creates_past_runs_once(
     assert len(target.calls_to("/backfill")) == 5
 
 
-async def test_backfill_refuses_bad_ranges(client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool) -> None:
+async def test_backfill_refuses_bad_ranges(client: httpx.AsyncClient, target: Target, homes: Homes) -> None:
     cron_job = (await client.post("/jobs", json=job(target, "/b", {"cron": "* * * * *"}))).json()["jobId"]
     once = (await client.post("/jobs", json=job(target, "/o", {"at": "2030-01-01T00:00:00Z"}))).json()["jobId"]
     now = datetime.now(UTC)
@@ -276,7 +284,7 @@ async def test_backfill_refuses_bad_ranges(client: httpx.AsyncClient, target: Ta
         response = await client.post(f"/jobs/{job_id}/backfill", json=body)
         assert response.status_code == 422, (body, response.text)
         assert response.json()["field"] == field and words in response.json()["message"], response.json()
-    assert await pool.fetchval("SELECT count(*) FROM runs") == 0
+    assert await homes.total("SELECT count(*) FROM runs") == 0
 
 
 async def test_queue_depth_per_tier_is_visible_to_admins(

@@ -17,6 +17,8 @@ from chimes.store.shards import add_shard, load_map
 from tests.conftest import scratch_database
 from tests.helpers import wait_for
 
+pytestmark = pytest.mark.own_shard_map  # databases and a shard map of its own, whatever --shards says
+
 
 class Home:
     """Stands in for a home's node or worker (their own tests run them): runs until stopped, or fails."""

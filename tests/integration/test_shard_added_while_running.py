@@ -22,6 +22,8 @@ from chimes.store.shards import ShardMapError, add_shard, give_range, load_map
 from tests.conftest import scratch_database
 from tests.helpers import auth_as, wait_for
 
+pytestmark = pytest.mark.own_shard_map  # databases and a shard map of its own, whatever --shards says
+
 SHARD_RANGE = (0, 511)
 
 

@@ -23,6 +23,8 @@ from tests.helpers import wait_for
 from tests.integration.fleet import FAST_WORKER
 from tests.target import Target
 
+pytestmark = pytest.mark.own_shard_map  # databases and a shard map of its own, whatever --shards says
+
 
 @pytest.fixture
 async def stalling_server(tmp_path: Path) -> AsyncIterator[EmbeddedPostgres]:

@@ -31,6 +31,8 @@ from tests.target import Target
 
 SIDES = {"shard": (0, 511), "catalog": (512, 1023)}
 
+pytestmark = pytest.mark.own_shard_map  # a catalog and one shard of its own, whatever --shards says
+
 
 @pytest.fixture
 async def shard_url(server_dsn: str) -> AsyncIterator[str]:
@@ -39,14 +41,14 @@ async def shard_url(server_dsn: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def database_url(database_url: str, shard_url: str) -> str:
+async def database_url(single_database_url: str, shard_url: str) -> str:
     """The catalog, whose map gives 0-511 to the shard before the API starts."""
-    conn = await db.connect(database_url)
+    conn = await db.connect(single_database_url)
     try:
         await add_shard(conn, shard_url, *SIDES["shard"])
     finally:
         await conn.close()
-    return database_url
+    return single_database_url
 
 
 def key_in(owner: str, first: int, last: int, skip: int = 0) -> str:
@@ -252,6 +254,41 @@ async def test_workers_of_one_process_share_their_slots_across_databases(
         # A slot frees when a first run's call ends, a second after it began.
         assert min(c.received_at for c in target.calls[2:]) - min(c.received_at for c in target.calls[:2]) > 0.95
         await wait_for(lambda: budget.in_use == 0, timeout=20, what="every slot given back")
+    finally:
+        for worker in workers:
+            worker.stop()
+        await asyncio.gather(*tasks)
+        await shard_pool.close()
+
+
+async def test_batch_runs_keep_to_the_processs_batch_share_across_databases(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, database_url: str, shard_url: str, target: Target
+) -> None:
+    """Batch runs may fill at most the batch share of a worker process (4 of 5 slots here), so a high
+    run always finds a slot: with a backlog in both databases, each claim loop counting only its own
+    batch runs would fill all five."""
+    target.delays["/batch"] = lambda n: 2.0
+    config = replace(FAST_WORKER, concurrency=5)
+    cap = config.tiers.batch_cap(config.concurrency)
+    assert cap == 4
+    for side in SIDES:
+        body = {"name": f"batch-{side}", "schedule": {"cron": "0 0 1 1 *"}, "priority": "batch",
+                "concurrency": "allow", "task": {"type": "http", "url": f"{target.url}/batch"}}
+        created = await client.post("/jobs", json=body, headers={"Idempotency-Key": key_in("team-a", *SIDES[side])})
+        for _ in range(4):
+            assert (await client.post(f"/jobs/{created.json()['jobId']}/runs")).status_code == 202
+    budget = SlotBudget(config.concurrency)
+    shard_pool = await db.create_pool(shard_url, max_size=4)
+    workers = [Worker(pool, database_url, config, worker_id="w-catalog", budget=budget),
+               Worker(shard_pool, shard_url, config, worker_id="w-shard", budget=budget)]
+    tasks = [asyncio.create_task(worker.run()) for worker in workers]
+    try:
+        await wait_for(lambda: len(target.calls) >= cap, timeout=20, what="the first batch runs to start")
+        first = min(c.received_at for c in target.calls)
+        await wait_for(lambda: len(target.calls) > cap, timeout=20, what="a fifth batch run to start")
+        fifth = sorted(c.received_at for c in target.calls)[cap]
+        assert fifth - first > 1.5, "a fifth batch run started while four held the batch share"
+        assert budget.batch_in_use <= cap
     finally:
         for worker in workers:
             worker.stop()

@@ -25,6 +25,13 @@ from chimes.store.shards import ShardMapError, ShardPools, add_shard, load_map, 
 from tests.conftest import scratch_database, with_database
 
 _numbers = iter(range(1_000_000))
+pytestmark = pytest.mark.own_shard_map  # each test builds its map from an empty one
+
+
+@pytest.fixture
+def database_url(single_database_url: str) -> str:
+    """The catalog, its map empty whatever --shards says."""
+    return single_database_url
 
 
 @pytest.fixture
@@ -208,6 +215,36 @@ async def test_shards_list_and_add(database_url: str, new_database: str) -> None
         assert refused.exit_code != 0 and says in refused.output, refused.output
     after = await shards_command("list", "--database-url", database_url)
     assert after.output == listed.output
+
+
+async def config_command(*args: str) -> Result:
+    return await asyncio.to_thread(CliRunner().invoke, cli, ["config", *args])
+
+
+async def test_settings_are_copied_to_every_shard(catalog: asyncpg.Connection, database_url: str,
+                                                  new_database: str) -> None:
+    """The default failure webhook is read where a notification is queued, in the job's home: a shard
+    gets the catalog's settings when it is added, and `chimes config` changes them everywhere."""
+    async def on_shard() -> dict[str, object]:
+        conn = await db.connect(new_database)
+        try:
+            return {r["key"]: r["value"] for r in await conn.fetch("SELECT key, value FROM settings")}
+        finally:
+            await conn.close()
+
+    made = await config_command("set", "notify-url", "http://alerts.invalid/first", "--database-url", database_url)
+    assert made.exit_code == 0, made.output
+    await add_shard(catalog, new_database, 0, 511)
+    assert await on_shard() == {"notify_url": "http://alerts.invalid/first"}
+    changed = await config_command("set", "notify-url", "http://alerts.invalid/second", "--database-url", database_url)
+    assert changed.exit_code == 0, changed.output
+    assert await on_shard() == {"notify_url": "http://alerts.invalid/second"}
+    assert await catalog.fetchval("SELECT value FROM settings WHERE key = 'notify_url'") == \
+        "http://alerts.invalid/second"
+    removed = await config_command("unset", "notify-url", "--database-url", database_url)
+    assert removed.exit_code == 0, removed.output
+    assert await on_shard() == {}
+    assert await catalog.fetchval("SELECT count(*) FROM settings") == 0
 
 
 async def test_a_shard_on_another_server(catalog: asyncpg.Connection, pool: asyncpg.Pool,

@@ -25,3 +25,16 @@ async def test_reserved_slots_are_not_free_and_a_slot_given_back_wakes_every_loo
 def test_a_budget_has_a_slot_at_least() -> None:
     with pytest.raises(ValueError, match="at least one slot"):
         SlotBudget(0)
+
+
+def test_the_batch_share_is_the_processs_across_its_claim_loops() -> None:
+    budget = SlotBudget(10)
+    assert budget.take_batch(cap=8, wanted=5) == 5  # one home's loop reserves for a claim
+    assert budget.take_batch(cap=8, wanted=5) == 3  # another's gets what is left of the share
+    assert budget.take_batch(cap=8, wanted=5) == 0
+    budget.settle_batch(reserved=5, claimed=2)  # the first claim found two batch runs
+    assert budget.batch_in_use == 5
+    budget.settle_batch(reserved=3, claimed=4)  # a claim under a cap took one beyond: counted too
+    assert budget.batch_in_use == 6
+    budget.give_batch()
+    assert budget.take_batch(cap=8, wanted=5) == 3

@@ -1,4 +1,5 @@
-"""``chimes config``: operator settings kept in the database, read by every role."""
+"""``chimes config``: operator settings kept in the database (the catalog, copied to every shard), read
+by every role."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def set_value(database_url: str | None, data_dir: Path, name: str, value: str) -
     """Set a setting, e.g. `chimes config set notify-url https://alerts.internal/chimes`."""
     if name == "notify-url" and not value.startswith(("http://", "https://")):
         raise click.BadParameter("must be an http:// or https:// URL", param_hint="VALUE")
-    _run(database_url, data_dir, lambda conn: stored_settings.set_setting(conn, KNOWN[name], value))
+    _run(database_url, data_dir, lambda conn: stored_settings.change_everywhere(conn, KNOWN[name], value))
     click.echo(f"{name} = {value}")
 
 
@@ -38,7 +39,7 @@ def set_value(database_url: str | None, data_dir: Path, name: str, value: str) -
 @click.argument("name", type=click.Choice(sorted(KNOWN)))
 def unset(database_url: str | None, data_dir: Path, name: str) -> None:
     """Remove a setting."""
-    _run(database_url, data_dir, lambda conn: stored_settings.delete_setting(conn, KNOWN[name]))
+    _run(database_url, data_dir, lambda conn: stored_settings.change_everywhere(conn, KNOWN[name], None))
     click.echo(f"{name} unset")
 
 

@@ -53,13 +53,14 @@ class CapSlots:
         self._caps: list[Cap] = []
         self._read_at: float | None = None  # monotonic; None: never read
 
-    async def caps(self) -> list[Cap]:
-        """The caps as the catalog held them at most a few seconds ago. While the catalog does not
-        answer, the last ones read (asked again every few seconds): a shard's runs under no cap are
-        still claimed, those under a cap wait, as taking a slot needs the catalog. Never read yet:
-        the catalog's error."""
+    async def caps(self, *, fresh: bool = False) -> list[Cap]:
+        """The caps as the catalog held them at most a few seconds ago, or now (``fresh``: a shard's
+        claim, which must not take a run a cap set a moment ago now covers). While the catalog does
+        not answer, the last ones read (asked again every few seconds): a shard's runs under no cap
+        are still claimed, those under a cap wait, as taking a slot needs the catalog. Never read
+        yet: the catalog's error."""
         now = time.monotonic()
-        if self._read_at is None or now >= self._read_at + self._recheck_sec:
+        if self._read_at is None or now >= self._read_at + self._recheck_sec or (fresh and now > self._read_at):
             known = self._read_at is not None
             try:
                 self._caps = await list_caps(self.catalog)

@@ -7,6 +7,7 @@ from typing import Any
 import asyncpg
 
 from chimes.store.queries import sql
+from chimes.store.shards import copy_settings, load_map
 
 
 async def set_setting(conn: asyncpg.Connection | asyncpg.Pool, key: str, value: Any) -> None:
@@ -16,3 +17,16 @@ async def set_setting(conn: asyncpg.Connection | asyncpg.Pool, key: str, value: 
 
 async def delete_setting(conn: asyncpg.Connection | asyncpg.Pool, key: str) -> None:
     await conn.execute(sql("delete_setting"), key)
+
+
+async def change_everywhere(catalog: asyncpg.Connection, key: str, value: Any | None) -> None:
+    """Set ``key`` to ``value`` (delete it for None) in the catalog, then copy the catalog's settings
+    to every shard of its map: a notification is queued by a statement in its job's home, which reads
+    the default webhook from that database. A shard that cannot be reached raises; running the
+    command again copies what it missed."""
+    if value is None:
+        await delete_setting(catalog, key)
+    else:
+        await set_setting(catalog, key, value)
+    for url in (await load_map(catalog)).urls():
+        await copy_settings(catalog, url)

@@ -169,6 +169,8 @@ async def _check_new_shard(catalog: asyncpg.Connection, url: str) -> None:
 async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int) -> ShardMap:
     """Give partitions ``first``-``last`` to the database at ``url``, migrating it first; the new map.
 
+    The new database gets the catalog's operator settings (:func:`copy_settings`) before its range.
+
     Refused with :class:`ShardMapError`, before anything is written anywhere, when the range is
     malformed or overlaps a shard's range, when the database is the catalog or holds jobs, or when
     any of the partitions holds a job where it lives now (the catalog): moving partitions that hold
@@ -185,6 +187,7 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
     _refuse_busy(await partitions_holding_jobs(catalog, first, last))
     await _check_new_shard(catalog, url)
     await db.with_connection(url, migrate)
+    await copy_settings(catalog, url)
     return await give_range(catalog, url, first, last, horizon)
 
 
@@ -211,6 +214,20 @@ def _refuse_busy(busy: list[int]) -> None:
     if busy:
         raise ShardMapError(f"partitions {_describe_partitions(busy)} hold jobs in the catalog database: "
                             "moving partitions that hold jobs is not supported yet (docs/scaling.md)")
+
+
+async def copy_settings(catalog: asyncpg.Connection, url: str) -> None:
+    """Give the database at ``url`` the catalog's operator settings (``chimes config``): each home's
+    statements read their own database's copy (the default failure webhook is read where a
+    notification is queued, docs/scaling.md). Safe to repeat."""
+    rows = await catalog.fetch(sql("all_settings"))
+
+    async def write(conn: asyncpg.Connection) -> None:
+        async with conn.transaction():
+            await conn.execute("DELETE FROM settings")  # a shard keeps no setting of its own
+            await conn.executemany(sql("set_setting"), [(r["key"], r["value"]) for r in rows])
+
+    await db.with_connection(url, write)
 
 
 def _refuse_overlap(ranges: tuple[ShardRange, ...], first: int, last: int) -> None:

@@ -22,6 +22,7 @@ class SlotBudget:
             raise ValueError("a slot budget needs at least one slot")
         self.total = total
         self.in_use = 0
+        self.batch_in_use = 0  # of in_use, the slots of batch runs (reserved or running)
         self._waiting: list[asyncio.Event] = []
 
     def free(self) -> int:
@@ -44,3 +45,20 @@ class SlotBudget:
         self.in_use -= count
         for event in self._waiting:
             event.set()
+
+    def take_batch(self, cap: int, wanted: int) -> int:
+        """Reserve up to ``wanted`` slots for batch runs, keeping every loop's together within
+        ``cap`` (the process's batch share: each loop counting only its own runs would let batch
+        runs fill every slot of a process with several homes); how many were reserved."""
+        room = max(0, min(wanted, cap - self.batch_in_use))
+        self.batch_in_use += room
+        return room
+
+    def settle_batch(self, reserved: int, claimed: int) -> None:
+        """After a claim: ``claimed`` batch runs hold what ``reserved`` (from :meth:`take_batch`) kept
+        for them (a claim under a cap may take batch runs beyond it: they are counted too)."""
+        self.batch_in_use += claimed - reserved
+
+    def give_batch(self) -> None:
+        """A batch run ended."""
+        self.batch_in_use -= 1

@@ -25,6 +25,7 @@ from chimes.logs import run_fields
 from chimes.security.storable import storable_text
 from chimes.settings import RUN_LEASE_SEC, RUN_TIMEOUT_SEC, SHUTDOWN_GRACE_SEC, WORKER_CONCURRENCY
 from chimes.store.cap_slots import CapSlots
+from chimes.store.caps import Cap
 from chimes.store.db import DB_ERRORS, Pool
 from chimes.store.working import ClaimedRun, Completion, RunSignals, WorkerStore
 from chimes.timeouts import wait_event
@@ -213,33 +214,42 @@ class Worker:
 
     async def _claim_by_tier(self, limit: int) -> list[ClaimedRun]:
         self._claim_cycles += 1
-        in_batch = sum(1 for run, _ in self._running.values() if run.priority == Priority.BATCH)
-        batch_room = max(0, self.config.tiers.batch_cap(self.config.concurrency) - in_batch)
+        batch_cap = self.config.tiers.batch_cap(self.config.concurrency)
+        if self._budget is None:
+            in_batch = sum(1 for run, _ in self._running.values() if run.priority == Priority.BATCH)
+            batch_room = max(0, batch_cap - in_batch)
+        else:  # the batch share is the process's, across the claim loops of every home
+            batch_room = self._budget.take_batch(batch_cap, limit)
         claimed: list[ClaimedRun] = []
-        for step in claim_steps(self.config.tiers, self._claim_cycles, limit, batch_room):
-            room = min(step.at_most, limit - len(claimed))
-            if step.lowest == Priority.BATCH:
-                room = min(room, batch_room - sum(1 for run in claimed if run.priority == Priority.BATCH))
-            claimed += await self._claim(room, (step.lowest, step.highest))
-        if len(claimed) < limit:
-            try:
-                if await self._caps_in_force():
-                    claimed += await self._claim_capped(limit - len(claimed))
-            except DB_ERRORS as exc:
-                if not claimed:
-                    raise
-                # With shards the caps live in the catalog, which may fail while this home answers:
-                # the runs claimed above are this worker's now, and must still run.
-                failures.loop_failed("worker", "capped claim", exc)
+        try:
+            # A shard's claims are told the catalog's caps, read once a cycle (a round trip to the
+            # catalog): a cap set a moment ago holds for every claim after it.
+            caps = await self._cap_slots.caps(fresh=True) if self._cap_slots and self._shard_id is not None else []
+            for step in claim_steps(self.config.tiers, self._claim_cycles, limit, batch_room):
+                room = min(step.at_most, limit - len(claimed))
+                if step.lowest == Priority.BATCH:
+                    room = min(room, batch_room - sum(1 for run in claimed if run.priority == Priority.BATCH))
+                claimed += await self._claim(room, (step.lowest, step.highest), caps)
+            if len(claimed) < limit:
+                try:
+                    if await self._caps_in_force():
+                        claimed += await self._claim_capped(limit - len(claimed))
+                except DB_ERRORS as exc:
+                    if not claimed:
+                        raise
+                    # With shards the caps live in the catalog, which may fail while this home answers:
+                    # the runs claimed above are this worker's now, and must still run.
+                    failures.loop_failed("worker", "capped claim", exc)
+        finally:
+            if self._budget is not None:  # keep the batch runs claimed, give back the rest of the room
+                self._budget.settle_batch(batch_room, sum(1 for run in claimed if run.priority == Priority.BATCH))
         return claimed
 
-    async def _claim(self, limit: int, tiers: tuple[Priority, Priority]) -> list[ClaimedRun]:
+    async def _claim(self, limit: int, tiers: tuple[Priority, Priority], caps: list[Cap]) -> list[ClaimedRun]:
         """The fast path: runs under no cap. A shard's claim is told the catalog's caps."""
-        if self._cap_slots is not None and self._shard_id is not None:
-            caps = await self._cap_slots.caps()
-            if caps:
-                return await self.store.claim_given_caps(limit, self.config.lease_sec,
-                                                         self.config.deadline_grace_sec, caps, tiers)
+        if caps:
+            return await self.store.claim_given_caps(limit, self.config.lease_sec,
+                                                     self.config.deadline_grace_sec, caps, tiers)
         return await self.store.claim(limit, self.config.lease_sec, self.config.deadline_grace_sec, tiers)
 
     async def _claim_capped(self, limit: int) -> list[ClaimedRun]:
@@ -296,6 +306,8 @@ class Worker:
             self._running.pop(run.run_id, None)
             self._slot_free.set()
             if self._budget is not None:
+                if run.priority == Priority.BATCH:
+                    self._budget.give_batch()
                 self._budget.give()
 
     async def _attempt(self, run: ClaimedRun) -> Outcome:

@@ -77,3 +77,6 @@ CREATE OR REPLACE TRIGGER jobs_stay_off_shards BEFORE INSERT ON jobs
 -- The jobs written by a transaction at or after the horizon $1 (from snapshot_horizon): those a scan
 -- with that snapshot may have missed. One pass over the table, with no index: a rare, admin's read.
 SELECT job_id FROM jobs WHERE age(xmin) <= age(($1::bigint % 4294967296)::text::xid);
+
+-- name: all_settings
+SELECT key, value FROM settings ORDER BY key;
