@@ -18,11 +18,8 @@ import asyncio
 import contextlib
 import itertools
 import os
-import shutil
 import socket
-import tempfile
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -33,7 +30,7 @@ from chimes.api.app import create_app
 from chimes.cli.runtime import api_server
 from chimes.ids import PARTITION_COUNT
 from chimes.store import db
-from chimes.store.embedded import EmbeddedPostgres, server_for_a_while
+from chimes.store.embedded import embedded_server_for_a_while, server_for_a_while
 from chimes.store.migrate import migrate
 from chimes.store.shards import add_shard, load_map
 from chimes.store.tokens import create_token
@@ -103,25 +100,15 @@ def server_dsn() -> Iterator[str]:
 def second_server_dsn() -> Iterator[str]:
     """A PostgreSQL server of its own, beside the session's, always embedded: a shard on another
     machine (docs/scaling.md, "Shards")."""
-    folder = Path(tempfile.mkdtemp(prefix="chimes-test-shard-pg-"))
-    server = EmbeddedPostgres(folder)
-    try:
-        yield server.acquire()
-    finally:
-        server.release()
-        shutil.rmtree(folder, ignore_errors=True)
+    with embedded_server_for_a_while("chimes-test-shard-pg-") as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="session")
 def third_server_dsn() -> Iterator[str]:
     """Another embedded PostgreSQL server, for the third home of ``--shards 3``."""
-    folder = Path(tempfile.mkdtemp(prefix="chimes-test-shard-pg-"))
-    server = EmbeddedPostgres(folder)
-    try:
-        yield server.acquire()
-    finally:
-        server.release()
-        shutil.rmtree(folder, ignore_errors=True)
+    with embedded_server_for_a_while("chimes-test-shard-pg-") as dsn:
+        yield dsn
 
 
 @contextlib.asynccontextmanager

@@ -339,6 +339,14 @@ def server_for_a_while(prefix: str) -> Iterator[str]:
     if external:
         yield external
         return
+    with embedded_server_for_a_while(prefix) as dsn:
+        yield dsn
+
+
+@contextlib.contextmanager
+def embedded_server_for_a_while(prefix: str) -> Iterator[str]:
+    """An embedded server of its own in a temporary folder (whatever ``CHIMES_DATABASE_URL`` says),
+    stopped and removed afterwards."""
     folder = Path(tempfile.mkdtemp(prefix=prefix))
     server = EmbeddedPostgres(folder)
     try:
