@@ -14,6 +14,7 @@ from fastapi import Request
 from chimes.api import standby
 from chimes.ids import new_job_id, new_job_id_in, partition_of_key
 from chimes.services.jobs import JobService
+from chimes.store import db
 from chimes.store.db import Pool
 from chimes.store.jobs import JobRecord
 from chimes.store.runs import RunStore
@@ -40,7 +41,7 @@ async def follow_map(shards: ShardPools, every_sec: float = MAP_FOLLOW_SEC) -> N
             if await shards.refresh():
                 log.info("shard map version %d: %d ranges", shards.map.version, len(shards.map.ranges))
         except Exception as exc:  # the catalog unreachable: the requests say so; try again next time
-            log.debug("could not read the shard map: %s", exc)
+            log.debug("could not read the shard map: %s", db.describe(exc))
 
 
 def _services(request: Request, pool: Pool) -> tuple[JobService, RunStore]:

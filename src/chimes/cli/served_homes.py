@@ -61,6 +61,7 @@ class ServedHomes:
         self._roles: dict[str, list[Role]] = {}  # by home: "" the catalog, else the shard's URL
         self._pools: dict[str, db.Pool] = {}  # the shards' pools, opened here
         self._unreachable: set[str] = set()  # shards whose last try failed (logged once)
+        self._follow_failing = False  # the last read of the map failed (logged once)
         self._tasks: list[asyncio.Future[None]] = []
         self._stopping = asyncio.Event()
         self._error: BaseException | None = None
@@ -132,8 +133,14 @@ class ServedHomes:
             await asyncio.sleep(self._follow_every_sec)
             try:
                 await self._follow_once()
-            except Exception as exc:  # the catalog unreachable, a new shard not yet: try again next second
-                log.warning("could not follow the shard map: %s", exc)
+            except Exception as exc:  # the catalog unreachable, say: try again next second, say so once
+                if not self._follow_failing:
+                    log.warning("could not read the shard map: %s", db.describe(exc).splitlines()[0])
+                self._follow_failing = True
+            else:
+                if self._follow_failing:
+                    log.info("reading the shard map again")
+                self._follow_failing = False
 
     async def _follow_once(self) -> None:
         changed = await self._catalog.fetchval(sql("shard_map_version")) != self._map.version
