@@ -73,6 +73,7 @@ async def test_a_cap_holds_across_a_shard_added_while_the_worker_runs(
     capped = processes.start("cap-set", "cap", "set", "owner:team-a", "1")
     assert await capped.exited(timeout=60) == 0, capped.output()
     worker = processes.worker("worker-1", concurrency=10)  # started with one database: caps counted there
+    await wait_for(lambda: "worker worker-1 starting" in worker.output(), timeout=30, what="the worker to start")
     first = await client.post("/jobs", json={"name": "first", "schedule": {"cron": "0 0 1 1 *"},
                                              "task": {"type": "http", "url": f"{target.url}/capped"}})
     assert first.status_code == 201, first.text
@@ -80,7 +81,7 @@ async def test_a_cap_holds_across_a_shard_added_while_the_worker_runs(
     low, high = (512, 1023) if partition_of(first_id) <= 511 else (0, 511)  # the shard takes the other half
     added = processes.start("shards-add", "shards", "add", shard_url, "--partitions", f"{low}-{high}")
     assert await added.exited(timeout=60) == 0, added.output()
-    await wait_for(lambda: "serving a new shard" in worker.output(), timeout=10, what="the worker to serve it")
+    await wait_for(lambda: "serving a new shard" in worker.output(), timeout=20, what="the worker to serve it")
 
     async def api_sees_the_shard() -> bool:
         return "shards" in (await client.get("/healthz")).json()
