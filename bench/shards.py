@@ -60,8 +60,10 @@ from chimes.store.shards import ShardMap, add_shard, load_map
 Say = Callable[[str], None]
 
 # Each role's pool, per home (chimes/cli/roles.py; the API: create_app's pool_size). The design's bound
-# is (shards + 1) x this per process, the catalog counted among the homes here (docs/scaling.md).
+# is (shards + 1) x this per process, the catalog counted among the homes here, plus a worker's LISTEN
+# connection per home (docs/scaling.md).
 POOL_SIZES = {"scheduler": 6, "worker": 4, "api": 10}
+OUTSIDE_THE_POOL = {"scheduler": 0, "worker": 1, "api": 0}  # a worker's LISTEN connection, one per home
 SAMPLE_EVERY_SEC = 1.0
 WARM_UP_REQUESTS = 20  # not counted: the API's first requests open its pools, one per shard
 ACTIVITY = """
@@ -284,7 +286,7 @@ class ConnectionSampler:
             role = "scheduler" if name.startswith("scheduler") else "worker" if name.startswith("worker") \
                 else "api" if name.startswith("api") else None
             found[name] = {"by_server": self.most[name], "most_at_once": self.most_total.get(name, 0),
-                           "bound": homes * POOL_SIZES[role] if role else None}
+                           "bound": homes * (POOL_SIZES[role] + OUTSIDE_THE_POOL[role]) if role else None}
         return {"samples": self.samples, "by_process": found}
 
 
