@@ -14,7 +14,8 @@ import asyncpg
 from aiohttp import web
 
 from chimes.ids import partition_of, partition_of_key, scheduled_at_of
-from chimes.store.shards import ShardPools
+from chimes.store import db
+from chimes.store.shards import ShardPools, add_shard
 
 
 def free_port() -> int:
@@ -156,3 +157,14 @@ class Homes(ShardPools):
     async def fetchval(self, job_id: uuid.UUID | str, query: str, *args: object) -> Any:
         """One value of ``query`` from the home of ``job_id``."""
         return await (await self.for_job(job_id)).fetchval(query, *args)
+
+
+async def add_shards(catalog_url: str, *ranges: tuple[str, int, int]) -> None:
+    """What `chimes shards add URL --partitions FIRST-LAST` does, for each (URL, first, last) in turn,
+    on the catalog at ``catalog_url``."""
+    conn = await db.connect(catalog_url)
+    try:
+        for url, first, last in ranges:
+            await add_shard(conn, url, first, last)
+    finally:
+        await conn.close()

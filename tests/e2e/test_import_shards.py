@@ -17,13 +17,12 @@ import orjson
 import pytest
 
 from chimes.ids import partition_of
-from chimes.store import db
-from chimes.store.shards import add_shard, without_password
+from chimes.store.shards import without_password
 from tests.conftest import scratch_database
 from tests.e2e.processes import Processes
 from tests.e2e.test_crash_safety import soon
 from tests.e2e.test_import import job_line, run_import
-from tests.helpers import wait_for
+from tests.helpers import add_shards, wait_for
 
 pytestmark = pytest.mark.own_shard_map  # databases and a shard map of its own, whatever --shards says
 
@@ -40,11 +39,7 @@ async def shard_url(second_server_dsn: str) -> AsyncIterator[str]:
 @pytest.fixture
 async def database_url(database_url: str, shard_url: str) -> str:
     """The catalog, with its map giving SHARD_RANGE to the shard."""
-    conn = await db.connect(database_url)
-    try:
-        await add_shard(conn, shard_url, *SHARD_RANGE)
-    finally:
-        await conn.close()
+    await add_shards(database_url, (shard_url, *SHARD_RANGE))
     return database_url
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from chimes.cli.served_homes import Role, ServedHomes
 from chimes.store import db
-from chimes.store.shards import add_shard, load_map
+from chimes.store.shards import load_map
 from tests.conftest import scratch_database
-from tests.helpers import wait_for
+from tests.helpers import add_shards, wait_for
 
 pytestmark = pytest.mark.own_shard_map  # databases and a shard map of its own, whatever --shards says
 
@@ -48,11 +48,7 @@ async def shard_url(server_dsn: str) -> AsyncIterator[str]:
 
 
 async def give_half(database_url: str, shard_url: str) -> None:
-    conn = await db.connect(database_url)
-    try:
-        await add_shard(conn, shard_url, 0, 511)
-    finally:
-        await conn.close()
+    await add_shards(database_url, (shard_url, 0, 511))
 
 
 async def test_one_failing_home_stops_the_others_and_its_error_ends_the_process(

@@ -18,9 +18,9 @@ from chimes.cli.runtime import api_server
 from chimes.ids import partition_of, partition_of_key
 from chimes.store import db
 from chimes.store.queries import sql
-from chimes.store.shards import ShardMapError, add_shard, give_range, load_map
+from chimes.store.shards import ShardMapError, give_range, load_map
 from tests.conftest import scratch_database
-from tests.helpers import auth_as, wait_for
+from tests.helpers import add_shards, auth_as, wait_for
 
 pytestmark = pytest.mark.own_shard_map  # databases and a shard map of its own, whatever --shards says
 
@@ -90,11 +90,7 @@ async def test_a_router_with_the_old_map_creates_the_job_on_the_new_shard(
     stale_api: httpx.AsyncClient, database_url: str, shard_url: str
 ) -> None:
     before = await outside_the_range(stale_api)
-    conn = await db.connect(database_url)
-    try:
-        await add_shard(conn, shard_url, *SHARD_RANGE)
-    finally:
-        await conn.close()
+    await add_shards(database_url, (shard_url, *SHARD_RANGE))
     # This API still routes by the empty map, so it makes random ids and sends them to the catalog.
     # The first in the range is refused there: the API reloads the map and creates it on the shard
     # (and from then on routes by the new map).
@@ -113,11 +109,7 @@ async def test_a_router_with_the_old_map_creates_the_job_on_the_new_shard(
 
 async def test_the_catalog_refuses_a_job_of_a_shards_partition(pool: asyncpg.Pool, database_url: str,
                                                                shard_url: str) -> None:
-    conn = await db.connect(database_url)
-    try:
-        await add_shard(conn, shard_url, *SHARD_RANGE)
-    finally:
-        await conn.close()
+    await add_shards(database_url, (shard_url, *SHARD_RANGE))
     inside = next(i for i in iter(uuid.uuid4, None) if partition_of(i) <= SHARD_RANGE[1])
     with pytest.raises(asyncpg.PostgresError) as refused:
         await pool.execute("INSERT INTO jobs (job_id) VALUES ($1)", inside)  # the fence comes first

@@ -24,11 +24,10 @@ from chimes.cli.main import cli
 from chimes.ids import partition_of, partition_of_key
 from chimes.store import db
 from chimes.store.cap_slots import CapSlots
-from chimes.store.shards import add_shard
 from chimes.worker.worker import Worker
 from tests.conftest import scratch_database
 from tests.e2e.processes import Processes
-from tests.helpers import auth_as, wait_for
+from tests.helpers import add_shards, auth_as, wait_for
 from tests.integration.fleet import FAST_WORKER
 from tests.target import Target
 
@@ -52,12 +51,7 @@ async def shard_b(second_server_dsn: str) -> AsyncIterator[str]:
 @pytest.fixture
 async def database_url(database_url: str, shard_a: str, shard_b: str) -> str:
     """The catalog, whose map gives HOMES a and b to the shards before any role starts."""
-    conn = await db.connect(database_url)
-    try:
-        await add_shard(conn, shard_a, *HOMES["a"])
-        await add_shard(conn, shard_b, *HOMES["b"])
-    finally:
-        await conn.close()
+    await add_shards(database_url, (shard_a, *HOMES["a"]), (shard_b, *HOMES["b"]))
     return database_url
 
 

@@ -11,7 +11,7 @@ import click
 from fastapi import FastAPI
 
 from chimes.api.app import create_app
-from chimes.cli.runtime import api_server, on_shutdown_signals, prepare_role_database
+from chimes.cli.runtime import api_server, migrate_shards, on_shutdown_signals, prepare_role_database
 from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.cli.served_homes import Role, ServedHomes, StartHome
 from chimes.scheduler.leases import LeaseConfig
@@ -100,7 +100,7 @@ def _app(dsn: str, api: ApiSecurity | None) -> FastAPI:
 
 
 async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) -> None:
-    await prepare_role_database(dsn)
+    await migrate_shards(await prepare_role_database(dsn))
     server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
     on_shutdown_signals(server.stop)
     log.info("API listening on http://%s:%d", settings.host, settings.port)

@@ -42,18 +42,21 @@ async def migrate_database(dsn: str) -> list[int]:
 
 
 async def prepare_role_database(dsn: str) -> shards.ShardMap:
-    """Migrate the catalog and read its shard map. The shards are migrated by the roles that serve
-    them, each when it first answers (chimes.cli.served_homes), and by the API at start, those that
-    answer: a shard that is down holds up no other (docs/scaling.md, "Shards")."""
+    """Migrate the catalog and read its shard map. A scheduler or worker migrates each shard when it
+    first serves it (chimes.cli.served_homes); an API process calls :func:`migrate_shards`."""
     await migrate_database(dsn)
-    shard_map = await db.with_connection(dsn, shards.load_map)
+    return await db.with_connection(dsn, shards.load_map)
+
+
+async def migrate_shards(shard_map: shards.ShardMap) -> None:
+    """Migrate every shard of the map that answers, one try each: a shard that is down holds up no
+    other, and is migrated by the roles that serve it once it answers (docs/scaling.md, "Shards")."""
     for url in shard_map.urls():
         try:
             await db.with_connection(url, migrate, wait_sec=0)
         except db.DB_ERRORS as exc:
             log.warning("shard %s does not answer (%s): its jobs are served once it does",
                         shards.without_password(url), db.describe(exc).splitlines()[0])
-    return shard_map
 
 
 def on_migrated_database(settings: Settings, action: Callable[[db.Connection], Awaitable[T]]) -> T:
