@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -226,6 +227,7 @@ class WorkerStore:
         return {row["run_id"] for row in rows}
 
 
+@functools.cache  # the same text for every claim: made once per statement
 def _caps_given(name: str) -> str:
     """A claim statement reading the caps from parameters $8-$10 (scope, name, owner) instead of the
     table: the same statement, so the two cannot drift apart."""
