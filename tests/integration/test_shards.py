@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from chimes.cli.main import cli
-from chimes.cli.runtime import prepare_role_database
+from chimes.cli.runtime import migrate_shards, prepare_role_database
 from chimes.ids import partition_of
 from chimes.store import db
 from chimes.store.caps import Cap, list_caps, remove_cap, set_cap
@@ -173,8 +173,8 @@ async def test_partitions_holding_jobs_are_not_moved(client: httpx.AsyncClient, 
     assert (await load_map(catalog)).in_catalog() == [(held, held)]
 
 
-async def test_roles_migrate_every_shard_at_start(catalog: asyncpg.Connection, database_url: str,
-                                                  new_database: str) -> None:
+async def test_the_api_migrates_every_shard_at_start(catalog: asyncpg.Connection, database_url: str,
+                                                      new_database: str) -> None:
     assert (await prepare_role_database(database_url)).ranges == ()  # an empty map: as before
     await add_shard(catalog, new_database, 0, 99)
     shard = await asyncpg.connect(new_database)
@@ -183,6 +183,8 @@ async def test_roles_migrate_every_shard_at_start(catalog: asyncpg.Connection, d
                             "DROP TABLE shard_ranges, shards, shard_map")  # a shard one migration behind
         shard_map = await prepare_role_database(database_url)
         assert shard_map.urls() == [new_database]
+        assert await shard.fetchval("SELECT count(*) FROM schema_migrations") == len(migrations()) - 1
+        await migrate_shards(shard_map)
         assert await shard.fetchval("SELECT count(*) FROM schema_migrations") == len(migrations())
     finally:
         await shard.close()
