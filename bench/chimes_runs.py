@@ -141,7 +141,7 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
         wal_end = await pool.fetchval("SELECT pg_current_wal_lsn()")
         wal_bytes = await pool.fetchval("SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)", wal_start, wal_end)
         inspect = await wal.can_inspect(pool)
-        wal_records = await wal.by_record(pool, wal_start, wal_end, per=runs, top=16) if inspect else []
+        wal_records = await wal.by_record(pool, wal_start, wal_end, per=runs, top=30) if inspect else []
         rows = await pool.fetch(LAGS)
         times, keys = await target.arrivals()
         costs = await statement_costs(env, dsn)

@@ -169,8 +169,12 @@ created AS (
                WHEN decision = 'hold' THEN coalesce(reason || '; ', '') || 'waiting for the active run (concurrency queue)'
                ELSE reason
            END
-    FROM decided
-    ON CONFLICT DO NOTHING
+    FROM decided d
+    -- A slot fired before (the same deterministic run id) makes no second run. Not ON CONFLICT: its
+    -- speculative insertion writes a confirmation record per row, 48 bytes of WAL a run. Two fires of
+    -- one slot at the same instant, which the partition lease rules out, would fail the batch with a
+    -- unique violation, and its trigger would be fired again alone: the run is then found here.
+    WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = d.run_id AND r.scheduled_at = d.scheduled_at)
     RETURNING run_id, scheduled_at, job_id, priority
 ),
 admitted AS (
@@ -190,17 +194,22 @@ retried AS (
     FROM fired f JOIN runs r ON r.run_id = f.run_id AND r.scheduled_at = f.scheduled_at
     WHERE f.kind = 1 AND r.status = 'scheduled'
 ),
+-- A run made by this statement cannot be queued yet: a plain insert (no confirmation record). A
+-- retried run may have been queued meanwhile (by the reaper): it is queued once.
 enqueued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
     SELECT priority, run_id, scheduled_at, job_id FROM admitted WHERE decision = 'run'
-    UNION ALL
+    RETURNING 1
+),
+requeued AS (
+    INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
     SELECT priority, run_id, scheduled_at, job_id FROM retried
     ON CONFLICT (run_id) DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS leases_held,
        (SELECT count(*) FROM fired) AS fired,
-       (SELECT count(*) FROM enqueued) AS enqueued,
+       (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM requeued) AS enqueued,
        (SELECT count(*) FROM batch WHERE fire_at > (SELECT now FROM moment)) AS too_early;
 
 -- name: notify_queue

@@ -86,10 +86,11 @@ ended AS (
               o.status, o.error, o.output, GREATEST(r.started_at, LEAST(o.finished_at, now())) AS finished_at,
               o.finished_at AS reported_finish, o.retry_at
 ),
+-- One row per attempt, written only by the holder of the attempt's lease (above): a plain insert,
+-- without the confirmation record an ON CONFLICT clause writes for every row.
 attempts AS (
     INSERT INTO run_attempts (run_id, scheduled_at, attempt, worker_id, status, started_at, finished_at, error, output)
     SELECT run_id, scheduled_at, ended_attempt, $9, status, started_at, finished_at, error, output FROM ended
-    ON CONFLICT DO NOTHING
 ),
 retry_triggers AS (
     INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
