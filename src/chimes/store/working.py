@@ -211,7 +211,7 @@ class WorkerStore:
                 [c.outcome.error for c in completions], [c.outcome.output for c in completions],
                 [c.finished_at for c in completions], [c.retry_at for c in completions], self.worker_id,
             )
-            await runs_ended(conn, [r for r in rows if r["final"]])
+            await runs_ended(conn, [r for r in rows if r["final"] and r["bookkeeping"]])
         return {row["run_id"] for row in rows}
 
     async def release(self, runs: Sequence[ClaimedRun]) -> set[uuid.UUID]:

@@ -98,7 +98,12 @@ retry_triggers AS (
     FROM ended WHERE retry_at IS NOT NULL
     ON CONFLICT DO NOTHING
 )
-SELECT run_id, scheduled_at, job_id, retry_at IS NULL AS final FROM ended;
+-- bookkeeping: whether runs_ended has anything to do for the run, once final: a failure to notify,
+-- or a job whose runs are tracked in active_runs (skip and queue jobs, and a job changed from one of
+-- them whose held runs still wait). Most outcomes (allow jobs that succeeded) need no second statement.
+SELECT e.run_id, e.scheduled_at, e.job_id, e.retry_at IS NULL AS final,
+       e.status = 'failed' OR EXISTS (SELECT 1 FROM active_runs a WHERE a.job_id = e.job_id) AS bookkeeping
+FROM ended e;
 
 -- name: runs_ended
 SELECT chimes_runs_ended($1::uuid[], $2::uuid[]), chimes_notify_failed($2::uuid[], $3::timestamptz[]);
