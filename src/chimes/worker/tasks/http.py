@@ -87,7 +87,8 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *,
     headers: CIMultiDict[str] = CIMultiDict({"User-Agent": USER_AGENT})
     for name, value in (user_headers or {}).items():
         name = str(name)
-        if name.lower().startswith(_RESERVED_PREFIX) or name.lower() in ("idempotency-key", "traceparent"):
+        lowered = name.lower()
+        if lowered.startswith(_RESERVED_PREFIX) or lowered in ("idempotency-key", "traceparent"):
             continue
         if forbidden_header(name):  # refused by the API; a row written around it must not smuggle
             log.warning("dropped header %r of job %s: tasks may not set it", name, ctx.job_id,
@@ -105,11 +106,14 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *,
     return headers
 
 
-def _header_problem(headers: CIMultiDict[str]) -> str | None:
-    for name, value in headers.items():
-        problem = header_value_problem(value)
-        if problem is not None:
-            return f"header {name!r} {problem}"
+def _header_problem(headers: CIMultiDict[str], user_headers: dict[str, Any] | None) -> str | None:
+    """The first header the task set (and ``build_headers`` kept) whose value cannot be sent. Chimes'
+    own values (ids, numbers, a timestamp, hex digits) are never checked: they cannot hold one."""
+    for name in user_headers or ():
+        for value in headers.getall(str(name), ()):
+            problem = header_value_problem(value)
+            if problem is not None:
+                return f"header {str(name)!r} {problem}"
     return None
 
 
@@ -225,8 +229,9 @@ class HttpExecutor:
             return Outcome.failure(short_error(f"{type(exc).__name__}: {exc}"))
 
     async def _request(self, task: dict[str, Any], ctx: TaskContext) -> Outcome:
-        headers = build_headers(task.get("headers"), ctx, lease_token=bool(task.get("callback")))
-        problem = _header_problem(headers)
+        user_headers = task.get("headers")
+        headers = build_headers(user_headers, ctx, lease_token=bool(task.get("callback")))
+        problem = _header_problem(headers, user_headers)
         if problem is not None:  # refused by the API; a row written around it fails clearly
             return Outcome.failure(short_error(problem))
         await self._close_idle_pools()
