@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -176,6 +177,7 @@ class HttpExecutor:
         self._max_owner_pools = max_owner_pools
         self._owner_pool_idle_sec = owner_pool_idle_sec
         self._pools: OrderedDict[str, _OwnerPool] = OrderedDict()  # least recently used first
+        self._next_idle_check = math.inf  # monotonic: when a pool may be idle for long enough, at the earliest
 
     def session_of(self, owner: str) -> aiohttp.ClientSession | None:
         """The open session that carries ``owner``'s runs, if there is one."""
@@ -198,19 +200,28 @@ class HttpExecutor:
     def _release(self, pool: _OwnerPool) -> None:
         pool.in_flight -= 1
         pool.last_used = time.monotonic()
+        if not pool.in_flight:
+            self._next_idle_check = min(self._next_idle_check, pool.last_used + self._owner_pool_idle_sec)
 
     async def _close_idle_pools(self) -> None:
         """Close pools unused for ``owner_pool_idle_sec``, and the least recently used idle ones
-        beyond ``max_owner_pools``; a pool with a request in flight stays."""
+        beyond ``max_owner_pools``; a pool with a request in flight stays. The pools are only gone
+        through when one may be closed: there are too many, or one has been idle long enough (the
+        earliest such moment is kept as pools are released), not on every request."""
         now = time.monotonic()
         excess = len(self._pools) - self._max_owner_pools
+        if excess <= 0 and now <= self._next_idle_check:
+            return
         closing = []
+        self._next_idle_check = math.inf
         for owner, pool in list(self._pools.items()):
             if pool.in_flight:
                 continue
             if excess > 0 or now - pool.last_used > self._owner_pool_idle_sec:
                 closing.append(self._pools.pop(owner).session)
                 excess -= 1
+            else:
+                self._next_idle_check = min(self._next_idle_check, pool.last_used + self._owner_pool_idle_sec)
         for session in closing:
             await session.close()
 
