@@ -59,6 +59,9 @@ HTTP_READ_LIMIT_BYTES = 64 * 1024
 MAX_REDIRECTS = 10  # as aiohttp's and most clients' default
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _READ_CHUNK = 16 * 1024
+#: aiohttp's own timers, none: the run's timeout bounds each call as a whole (``asyncio.timeout`` in
+#: ``_send``), and a second timer per request, always later than that one, would never fire first.
+_BOUNDED_ABOVE = aiohttp.ClientTimeout()
 _RESERVED_PREFIX = "x-chimes-"
 #: Owners whose connection pools a worker keeps; beyond it the least recently used idle pool closes.
 MAX_OWNER_POOLS = 256
@@ -259,11 +262,10 @@ class HttpExecutor:
             headers[SIGNATURE_HEADER] = signature_header(ctx.signing_secret, int(time.time()), data or b"")
         method = str(task.get("method") or "GET").upper()
         url = URL(str(task["url"]))
-        timeout = aiohttp.ClientTimeout(total=ctx.timeout_sec)
         async with asyncio.timeout(ctx.timeout_sec):  # every hop, connect, send and body read together
             for _ in range(MAX_REDIRECTS + 1):
                 async with session.request(
-                    method, url, headers=headers, data=data, timeout=timeout, allow_redirects=False
+                    method, url, headers=headers, data=data, timeout=_BOUNDED_ABOVE, allow_redirects=False
                 ) as resp:
                     location = resp.headers.get("Location") if resp.status in _REDIRECT_STATUSES else None
                     if location is None:
