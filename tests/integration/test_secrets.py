@@ -3,6 +3,7 @@ opened only by the worker for the call itself; and one secret key for every proc
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -13,7 +14,7 @@ import pytest
 
 from chimes.api.app import create_app
 from chimes.security.secrets import REDACTED, Keyring, SecretKeyError, default_keyring
-from chimes.services.owners import check_secret_key
+from chimes.services.owners import OwnerCache, check_secret_key, signing_secret
 from chimes.store.owners import OwnerStore
 from chimes.worker.guard import TaskGuard
 from chimes.worker.worker import Worker
@@ -121,3 +122,35 @@ async def test_an_api_with_another_key_refuses_to_start(database_url: str, pool:
     async with served(create_app(database_url, pool_size=2, keyring=default_keyring())) as url:
         async with httpx.AsyncClient(base_url=url, headers=auth_as(tokens["team-a"])) as http:
             assert (await http.get("/jobs")).status_code == 200
+
+
+class CountingOwnerStore(OwnerStore):
+    """The real store, counting the reads of signing secrets."""
+
+    reads = 0
+
+    async def sealed_signing_secret(self, owner: str) -> str | None:
+        self.reads += 1
+        return await super().sealed_signing_secret(owner)
+
+
+async def test_runs_that_miss_the_owner_cache_together_share_one_read(pool: asyncpg.Pool) -> None:
+    keyring = default_keyring()
+    await check_secret_key(pool, keyring)
+    store = CountingOwnerStore(pool)
+    cache = OwnerCache(store, keyring, ttl_sec=30.0)
+    first = asyncio.ensure_future(cache.signing_secret("team-shared-read"))
+    others = [asyncio.ensure_future(cache.signing_secret("team-shared-read")) for _ in range(49)]
+    await asyncio.sleep(0)  # every caller is waiting on the read now
+    first.cancel()  # a caller cancelled meanwhile does not cancel the others' read
+    secrets = await asyncio.gather(*others)
+    assert first.cancelled()
+    assert store.reads == 1
+    assert set(secrets) == {await signing_secret(OwnerStore(pool), "team-shared-read", keyring)}
+    await cache.signing_secret("team-shared-read")
+    assert store.reads == 1  # fresh: from the cache
+
+    stale = OwnerCache(store, keyring, ttl_sec=0.0)
+    await stale.signing_secret("team-shared-read")
+    await stale.signing_secret("team-shared-read")
+    assert store.reads == 3  # an entry past its time is read again

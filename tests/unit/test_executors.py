@@ -20,6 +20,7 @@ from chimes.worker.tasks.command import BASE_ENV, CommandExecutor
 from chimes.worker.tasks.common import OUTPUT_TAIL_BYTES, Outcome, OutputTail, TaskContext, rfc3339_utc
 from chimes.worker.tasks.dispatch import Executors
 from chimes.worker.tasks.http import USER_AGENT, HttpExecutor
+from tests.helpers import wait_for
 
 SCHEDULED = datetime(2026, 12, 1, 9, 0, 0, tzinfo=UTC)
 DEADLINE_SEC = 10.0
@@ -392,6 +393,23 @@ async def test_http_owners_never_share_a_pool_and_idle_pools_close(server: Serve
         first = idle.session_of("team-a")
         await idle.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-b"))
         assert first is not None and first.closed, "an idle pool is closed"
+    finally:
+        await idle.close()
+
+
+async def test_http_pool_in_flight_during_a_sweep_is_closed_once_idle(server: Server) -> None:
+    idle = HttpExecutor(owner_pool_idle_sec=0.0)
+    try:
+        hanging = asyncio.ensure_future(idle.run({"type": "http", "url": f"{server.base}/hang"},
+                                                 make_ctx(timeout_sec=0.5, owner="team-a")))
+        await wait_for(lambda: len(server.requests) == 1, timeout=5.0, what="the hanging call to arrive")
+        busy = idle.session_of("team-a")
+        for _ in range(2):  # pools are gone through meanwhile: team-a's, in flight, stays open
+            assert (await idle.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-b"))).succeeded
+        assert busy is not None and not busy.closed
+        assert (await hanging).error == "timed out after 0.5s"
+        await idle.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-b"))
+        assert busy.closed and idle.session_of("team-a") is None, "idle once its call ended, it is closed"
     finally:
         await idle.close()
 

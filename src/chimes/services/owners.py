@@ -8,7 +8,10 @@ another key would sign with secrets nobody can verify, so it refuses to start in
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from chimes.security.secrets import Keyring, SecretKeyError, default_keyring
 from chimes.security.signing import new_signing_secret
@@ -40,26 +43,56 @@ async def signing_secret(store: OwnerStore, owner: str, keyring: Keyring, *, rot
 
 class OwnerCache:
     """What a worker needs per owner, read at most once per ``ttl_sec``: a change by the operator
-    (allowing commands, rotating the signing secret) reaches running workers within that time."""
+    (allowing commands, rotating the signing secret) reaches running workers within that time.
+
+    Runs of one owner that find its entry missing or stale at the same moment (a worker's first
+    claim of a burst, or every ``ttl_sec`` under load) wait for one read, not one read each; a
+    caller cancelled meanwhile does not cancel the read the others wait for."""
 
     def __init__(self, store: OwnerStore, keyring: Keyring, ttl_sec: float = 30.0) -> None:
         self._store, self._keyring, self._ttl = store, keyring, ttl_sec
         self._commands: dict[str, tuple[float, bool]] = {}
         self._secrets: dict[str, tuple[float, str]] = {}
+        self._reading: dict[tuple[str, str], asyncio.Task[Any]] = {}
 
     async def allows_commands(self, owner: str) -> bool:
         cached = self._commands.get(owner)
-        if cached is None or cached[0] < time.monotonic():
-            cached = (time.monotonic() + self._ttl, await self._store.allows_commands(owner))
-            self._commands[owner] = cached
-        return cached[1]
+        if cached is not None and cached[0] >= time.monotonic():
+            return cached[1]
+        allowed: bool = await self._read_once("commands", owner, self._read_commands)
+        return allowed
 
     async def signing_secret(self, owner: str) -> str:
         cached = self._secrets.get(owner)
-        if cached is None or cached[0] < time.monotonic():
-            cached = (time.monotonic() + self._ttl, await signing_secret(self._store, owner, self._keyring))
-            self._secrets[owner] = cached
-        return cached[1]
+        if cached is not None and cached[0] >= time.monotonic():
+            return cached[1]
+        secret: str = await self._read_once("secret", owner, self._read_secret)
+        return secret
+
+    async def _read_commands(self, owner: str) -> bool:
+        allowed = await self._store.allows_commands(owner)
+        self._commands[owner] = (time.monotonic() + self._ttl, allowed)
+        return allowed
+
+    async def _read_secret(self, owner: str) -> str:
+        secret = await signing_secret(self._store, owner, self._keyring)
+        self._secrets[owner] = (time.monotonic() + self._ttl, secret)
+        return secret
+
+    async def _read_once(self, kind: str, owner: str, read: Callable[[str], Awaitable[Any]]) -> Any:
+        key = (kind, owner)
+        reading = self._reading.get(key)
+        if reading is None:
+            reading = asyncio.ensure_future(read(owner))
+            self._reading[key] = reading
+            reading.add_done_callback(lambda done: self._read_done(key, done))
+        return await asyncio.shield(reading)
+
+    def _read_done(self, key: tuple[str, str], done: asyncio.Task[Any]) -> None:
+        if self._reading.get(key) is done:
+            del self._reading[key]
+        if not done.cancelled():
+            done.exception()  # retrieved: every waiter may have been cancelled, and each caller is told anyway
 
 
 class SigningSecrets:

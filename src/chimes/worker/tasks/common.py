@@ -8,6 +8,7 @@ cancellation keep working. This module imports no executor: each executor import
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -82,6 +83,7 @@ class Outcome:
         return self.status is RunStatus.RUNNING
 
 
+@functools.lru_cache(maxsize=1024)  # the runs of a burst, or of a cron minute, share one due instant
 def rfc3339_utc(moment: datetime) -> str:
     """Format ``moment`` as RFC 3339 in UTC with ``Z`` (milliseconds only when nonzero).
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -58,6 +59,9 @@ HTTP_READ_LIMIT_BYTES = 64 * 1024
 MAX_REDIRECTS = 10  # as aiohttp's and most clients' default
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _READ_CHUNK = 16 * 1024
+#: aiohttp's own timers, none: the run's timeout bounds each call as a whole (``asyncio.timeout`` in
+#: ``_send``), and a second timer per request, always later than that one, would never fire first.
+_BOUNDED_ABOVE = aiohttp.ClientTimeout()
 _RESERVED_PREFIX = "x-chimes-"
 #: Owners whose connection pools a worker keeps; beyond it the least recently used idle pool closes.
 MAX_OWNER_POOLS = 256
@@ -87,7 +91,8 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *,
     headers: CIMultiDict[str] = CIMultiDict({"User-Agent": USER_AGENT})
     for name, value in (user_headers or {}).items():
         name = str(name)
-        if name.lower().startswith(_RESERVED_PREFIX) or name.lower() in ("idempotency-key", "traceparent"):
+        lowered = name.lower()
+        if lowered.startswith(_RESERVED_PREFIX) or lowered in ("idempotency-key", "traceparent"):
             continue
         if forbidden_header(name):  # refused by the API; a row written around it must not smuggle
             log.warning("dropped header %r of job %s: tasks may not set it", name, ctx.job_id,
@@ -105,11 +110,14 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *,
     return headers
 
 
-def _header_problem(headers: CIMultiDict[str]) -> str | None:
-    for name, value in headers.items():
-        problem = header_value_problem(value)
-        if problem is not None:
-            return f"header {name!r} {problem}"
+def _header_problem(headers: CIMultiDict[str], user_headers: dict[str, Any] | None) -> str | None:
+    """The first header the task set (and ``build_headers`` kept) whose value cannot be sent. Chimes'
+    own values (ids, numbers, a timestamp, hex digits) are never checked: they cannot hold one."""
+    for name in user_headers or ():
+        for value in headers.getall(str(name), ()):
+            problem = header_value_problem(value)
+            if problem is not None:
+                return f"header {str(name)!r} {problem}"
     return None
 
 
@@ -172,6 +180,7 @@ class HttpExecutor:
         self._max_owner_pools = max_owner_pools
         self._owner_pool_idle_sec = owner_pool_idle_sec
         self._pools: OrderedDict[str, _OwnerPool] = OrderedDict()  # least recently used first
+        self._next_idle_check = math.inf  # monotonic: when a pool may be idle for long enough, at the earliest
 
     def session_of(self, owner: str) -> aiohttp.ClientSession | None:
         """The open session that carries ``owner``'s runs, if there is one."""
@@ -194,19 +203,28 @@ class HttpExecutor:
     def _release(self, pool: _OwnerPool) -> None:
         pool.in_flight -= 1
         pool.last_used = time.monotonic()
+        if not pool.in_flight:
+            self._next_idle_check = min(self._next_idle_check, pool.last_used + self._owner_pool_idle_sec)
 
     async def _close_idle_pools(self) -> None:
         """Close pools unused for ``owner_pool_idle_sec``, and the least recently used idle ones
-        beyond ``max_owner_pools``; a pool with a request in flight stays."""
+        beyond ``max_owner_pools``; a pool with a request in flight stays. The pools are only gone
+        through when one may be closed: there are too many, or one has been idle long enough (the
+        earliest such moment is kept as pools are released), not on every request."""
         now = time.monotonic()
         excess = len(self._pools) - self._max_owner_pools
+        if excess <= 0 and now <= self._next_idle_check:
+            return
         closing = []
+        self._next_idle_check = math.inf
         for owner, pool in list(self._pools.items()):
             if pool.in_flight:
                 continue
             if excess > 0 or now - pool.last_used > self._owner_pool_idle_sec:
                 closing.append(self._pools.pop(owner).session)
                 excess -= 1
+            else:
+                self._next_idle_check = min(self._next_idle_check, pool.last_used + self._owner_pool_idle_sec)
         for session in closing:
             await session.close()
 
@@ -225,8 +243,9 @@ class HttpExecutor:
             return Outcome.failure(short_error(f"{type(exc).__name__}: {exc}"))
 
     async def _request(self, task: dict[str, Any], ctx: TaskContext) -> Outcome:
-        headers = build_headers(task.get("headers"), ctx, lease_token=bool(task.get("callback")))
-        problem = _header_problem(headers)
+        user_headers = task.get("headers")
+        headers = build_headers(user_headers, ctx, lease_token=bool(task.get("callback")))
+        problem = _header_problem(headers, user_headers)
         if problem is not None:  # refused by the API; a row written around it fails clearly
             return Outcome.failure(short_error(problem))
         await self._close_idle_pools()
@@ -243,11 +262,10 @@ class HttpExecutor:
             headers[SIGNATURE_HEADER] = signature_header(ctx.signing_secret, int(time.time()), data or b"")
         method = str(task.get("method") or "GET").upper()
         url = URL(str(task["url"]))
-        timeout = aiohttp.ClientTimeout(total=ctx.timeout_sec)
         async with asyncio.timeout(ctx.timeout_sec):  # every hop, connect, send and body read together
             for _ in range(MAX_REDIRECTS + 1):
                 async with session.request(
-                    method, url, headers=headers, data=data, timeout=timeout, allow_redirects=False
+                    method, url, headers=headers, data=data, timeout=_BOUNDED_ABOVE, allow_redirects=False
                 ) as resp:
                     location = resp.headers.get("Location") if resp.status in _REDIRECT_STATUSES else None
                     if location is None:
