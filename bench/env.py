@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -168,6 +169,16 @@ SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0') AS lsn, w.wal_records, w.wal
 FROM pg_stat_wal w, pg_stat_database d WHERE d.datname = current_database()
 """
 CHECKPOINTS = "SELECT num_timed + num_requested AS checkpoints, num_done FROM pg_stat_checkpointer"
+# Autovacuum and autoanalyze of each table: the server's background work that a burst sets off (the
+# trigger table is vacuumed every 10,000 changes), counted as PostgreSQL's CPU. The times are
+# PostgreSQL 18's; the counts alone before it.
+AUTOVACUUM = """
+SELECT coalesce(jsonb_object_agg(relname, jsonb_build_array(autovacuum_count + autoanalyze_count,
+                                                            total_autovacuum_time + total_autoanalyze_time)),
+                '{}') AS autovacuum,
+       (SELECT count(*) FROM pg_stat_progress_vacuum) AS vacuums_running
+FROM pg_stat_user_tables
+"""
 STATS_FLUSH_SEC = 1.5
 
 
@@ -178,6 +189,13 @@ async def server_counters(pool: asyncpg.Pool) -> dict[str, object]:
         try:
             values.update(await conn.fetchrow(CHECKPOINTS))
         except asyncpg.UndefinedTableError:  # before PostgreSQL 17
+            pass
+        try:
+            row = await conn.fetchrow(AUTOVACUUM)
+            tables = row["autovacuum"]
+            values["autovacuum"] = json.loads(tables) if isinstance(tables, str) else tables
+            values["vacuums_running"] = row["vacuums_running"]
+        except asyncpg.UndefinedColumnError:  # before PostgreSQL 18
             pass
     return values
 
@@ -196,6 +214,14 @@ def counters_since(before: dict[str, object], after: dict[str, object], fires: i
         "trigger_blocks_hit_per_fire": per_fire("trigger_blks_hit", 1)}
     if "checkpoints" in after and "checkpoints" in before:
         spent["checkpoints_begun"] = int(after["checkpoints"]) - int(before["checkpoints"])  # type: ignore[call-overload]
+    if "autovacuum" in after and "autovacuum" in before:
+        earlier: dict[str, list[float]] = before["autovacuum"]  # type: ignore[assignment]
+        later: dict[str, list[float]] = after["autovacuum"]  # type: ignore[assignment]
+        spent["autovacuum"] = {
+            table: {"runs": int(count - earlier.get(table, [0, 0])[0]),
+                    "ms": round(ms - earlier.get(table, [0, 0])[1])}
+            for table, (count, ms) in sorted(later.items()) if count > earlier.get(table, [0, 0])[0]}
+        spent["vacuums_running_after"] = after["vacuums_running"]
     return spent
 
 
@@ -206,4 +232,9 @@ def describe_counters(spent: dict[str, object]) -> str:
             f"(triggers {spent['trigger_blocks_hit_per_fire']})")
     if "checkpoints_begun" in spent:
         text += f"; checkpoints begun: {spent['checkpoints_begun']}"
+    if "autovacuum" in spent:
+        done: dict[str, dict[str, int]] = spent["autovacuum"]  # type: ignore[assignment]
+        text += "; autovacuum and autoanalyze done meanwhile: " + (
+            ", ".join(f"{table} {v['runs']} ({v['ms']} ms)" for table, v in done.items()) or "none")
+        text += f", still running at the end: {spent['vacuums_running_after']}"
     return text
