@@ -8,6 +8,7 @@ is fires per second from the due second to the last run created, read from ``run
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -95,6 +96,11 @@ async def _round(env: Env, dsn: str, pool: asyncpg.Pool, fleet: Fleet, runs: int
     async with pool.acquire() as conn:
         await conn.execute(FINISH_EARLIER_RUNS)
         await conn.execute("VACUUM ANALYZE runs, run_queue, active_runs")
+    # What the seeding and the rounds before wrote is still in the kernel's page cache, and its
+    # writeback (800 MB after a million idle schedules) fell into the round at a moment that varied
+    # from one command to the next, slowing PostgreSQL's commits by a varying amount. A fleet's
+    # schedules were written long before its burst: flushed first.
+    dirty_mb = await asyncio.to_thread(_flush_page_cache)
     # Creating the jobs and analyzing the tables takes longer the bigger the index.
     due = seed.due_instant(MEASURED_BEFORE_DUE_SEC + 3.0 + STATS_FLUSH_SEC + runs / 10_000 + idle / 500_000)
     # Every job: a 6-field cron whose next fire is the due second, daily; all share it.
@@ -130,7 +136,7 @@ async def _round(env: Env, dsn: str, pool: asyncpg.Pool, fleet: Fleet, runs: int
     result = Result("chimes scheduler", "top-of-hour", runs, len(rows), max(fired) - due.timestamp(),
                     fire_lag=percentiles(lags), cpu_sec=cpu, start_lags=lags)
     spread = max(fired) - min(fired)
-    result.extra = {"idle_schedules": idle, "triggers_in_index": index,
+    result.extra = {"idle_schedules": idle, "triggers_in_index": index, "flushed_before_mb": dirty_mb,
                     "fires_per_sec_while_firing": round(len(rows) / spread, 1) if spread > 0 else None,
                     "cpu_ms_per_fire": {name: round(sec / runs * 1000, 3) for name, sec in cpu.items()},
                     **spent}
@@ -139,5 +145,17 @@ async def _round(env: Env, dsn: str, pool: asyncpg.Pool, fleet: Fleet, runs: int
     per_fire = ", ".join(f"{name} {ms:.3f}" for name, ms in result.extra["cpu_ms_per_fire"].items())
     result.notes = (f"{idle:,} idle schedules; runs/s = fires/s from the due second; lags are fire lags; "
                     f"{result.extra['fires_per_sec_while_firing']} fires/s from first to last fire; "
-                    f"CPU ms per fire: {per_fire}; {describe_counters(spent)}")
+                    f"CPU ms per fire: {per_fire}; {describe_counters(spent)}; "
+                    f"{dirty_mb} MB of the kernel's dirty pages flushed before the round")
     return result
+
+
+def _flush_page_cache() -> int:
+    """Write the kernel's dirty pages to disk (``sync``); returns how many MB were dirty before."""
+    dirty_kb = 0
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("Dirty:"):
+                dirty_kb = int(line.split()[1])
+    os.sync()
+    return dirty_kb // 1024
