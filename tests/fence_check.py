@@ -35,8 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "chimes"
 FENCES_TESTS = "tests/integration/test_fences.py"
-MUTANTS_AT_ONCE = 2
 FENCING_TESTS = "tests/integration/test_fencing.py"
+MUTANTS_AT_ONCE = 2  # mutated copies tested at once (check())
 
 
 @dataclass(frozen=True)

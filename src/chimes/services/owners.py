@@ -51,42 +51,34 @@ class OwnerCache:
 
     def __init__(self, store: OwnerStore, keyring: Keyring, ttl_sec: float = 30.0) -> None:
         self._store, self._keyring, self._ttl = store, keyring, ttl_sec
-        self._commands: dict[str, tuple[float, bool]] = {}
-        self._secrets: dict[str, tuple[float, str]] = {}
+        self._entries: dict[tuple[str, str], tuple[float, Any]] = {}  # (what, owner): (fresh until, value)
         self._reading: dict[tuple[str, str], asyncio.Task[Any]] = {}
 
     async def allows_commands(self, owner: str) -> bool:
-        cached = self._commands.get(owner)
-        if cached is not None and cached[0] >= time.monotonic():
-            return cached[1]
-        allowed: bool = await self._read_once("commands", owner, self._read_commands)
+        allowed: bool = await self._cached("commands", owner, self._store.allows_commands)
         return allowed
 
     async def signing_secret(self, owner: str) -> str:
-        cached = self._secrets.get(owner)
-        if cached is not None and cached[0] >= time.monotonic():
-            return cached[1]
-        secret: str = await self._read_once("secret", owner, self._read_secret)
+        secret: str = await self._cached(
+            "secret", owner, lambda owner: signing_secret(self._store, owner, self._keyring))
         return secret
 
-    async def _read_commands(self, owner: str) -> bool:
-        allowed = await self._store.allows_commands(owner)
-        self._commands[owner] = (time.monotonic() + self._ttl, allowed)
-        return allowed
-
-    async def _read_secret(self, owner: str) -> str:
-        secret = await signing_secret(self._store, owner, self._keyring)
-        self._secrets[owner] = (time.monotonic() + self._ttl, secret)
-        return secret
-
-    async def _read_once(self, kind: str, owner: str, read: Callable[[str], Awaitable[Any]]) -> Any:
-        key = (kind, owner)
+    async def _cached(self, what: str, owner: str, read: Callable[[str], Awaitable[Any]]) -> Any:
+        key = (what, owner)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] >= time.monotonic():
+            return entry[1]
         reading = self._reading.get(key)
         if reading is None:
-            reading = asyncio.ensure_future(read(owner))
+            reading = asyncio.ensure_future(self._read(key, read(owner)))
             self._reading[key] = reading
             reading.add_done_callback(lambda done: self._read_done(key, done))
         return await asyncio.shield(reading)
+
+    async def _read(self, key: tuple[str, str], value: Awaitable[Any]) -> Any:
+        read = await value
+        self._entries[key] = (time.monotonic() + self._ttl, read)  # fresh for ttl_sec from when it came
+        return read
 
     def _read_done(self, key: tuple[str, str], done: asyncio.Task[Any]) -> None:
         if self._reading.get(key) is done:
