@@ -97,9 +97,9 @@ async def _round(env: Env, dsn: str, pool: asyncpg.Pool, fleet: Fleet, runs: int
         await conn.execute(FINISH_EARLIER_RUNS)
         await conn.execute("VACUUM ANALYZE runs, run_queue, active_runs")
     # What the seeding and the rounds before wrote is still in the kernel's page cache, and its
-    # writeback (800 MB after a million idle schedules) fell into the round at a moment that varied
-    # from one command to the next, slowing PostgreSQL's commits by a varying amount. A fleet's
-    # schedules were written long before its burst: flushed first.
+    # writeback (768 MB after seeding a million idle schedules) fell into the round at a moment that
+    # varied from one command to the next, slowing PostgreSQL's commits by a varying amount. A
+    # fleet's schedules were written long before its burst: flushed first.
     dirty_mb = await asyncio.to_thread(_flush_page_cache)
     # Creating the jobs and analyzing the tables takes longer the bigger the index.
     due = seed.due_instant(MEASURED_BEFORE_DUE_SEC + 3.0 + STATS_FLUSH_SEC + runs / 10_000 + idle / 500_000)
