@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import pytest
 
 from chimes.ids import partition_of
 from chimes.scheduler.firing import plan_fires
@@ -229,3 +231,47 @@ async def test_a_node_behind_a_burst_does_not_reread_the_keys_it_holds_every_sec
     node.wheel.done(node.wheel.pop_due(datetime.now(UTC).timestamp()))  # the backlog is fired (or failed)
     found = await node._due_before(fewer, datetime.now(UTC) + timedelta(seconds=3))
     assert sorted(t.job_id for t in found) == sorted([late, written])  # neither is held now: both read again
+
+
+async def job_due_at(pool: asyncpg.Pool, at: datetime) -> tuple[uuid.UUID, int]:
+    created = await JobService(pool).create("team-a", spec({"cron": "0 0 1 1 *"}), datetime.now(UTC))
+    await pool.execute("UPDATE triggers SET fire_at = $2 WHERE job_id = $1", created.job_id, at)
+    return created.job_id, partition_of(created.job_id)
+
+
+async def test_a_node_reads_again_only_the_keys_of_partitions_whose_sums_changed(
+        pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="sums-node")
+    everything = list(range(1024))
+    soon = datetime.now(UTC) + timedelta(seconds=30)  # due within the look-ahead, so the node is not behind
+    first, first_partition = await job_due_at(pool, soon + timedelta(microseconds=123_457))
+    await job_due_at(pool, soon + timedelta(seconds=7, microseconds=654_321))
+    read_keys_of: list[list[int]] = []
+    scan_due_keys = node.store.scan_due_keys
+
+    async def recorded(partitions: list[int], before: datetime, limit: int) -> list:
+        read_keys_of.append(sorted(partitions))
+        return await scan_due_keys(partitions, before, limit)
+
+    monkeypatch.setattr(node.store, "scan_due_keys", recorded)
+
+    def until() -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=60)
+
+    node.wheel.add_all(await node._due_before(everything, until()))
+    assert len(node.wheel) == 2
+    # Nothing written since: the sums match to the microsecond and no key is read again.
+    assert await node._due_before(everything, until()) == []
+    assert read_keys_of == []
+    # A job written into the part already read: only its partition's keys are read.
+    written, written_partition = await job_due_at(pool, soon + timedelta(seconds=1))
+    found = await node._due_before(everything, until())
+    assert [t.job_id for t in found] == [written]
+    assert read_keys_of == [[written_partition]]
+    node.wheel.add_all(found)
+    # A trigger moved by a microsecond: its partition's sums change, and the moved trigger is read.
+    await pool.execute("UPDATE triggers SET fire_at = fire_at + interval '1 microsecond' WHERE job_id = $1", first)
+    read_keys_of.clear()
+    moved = await node._due_before(everything, until())
+    assert [(t.job_id, t.fire_at) for t in moved] == [(first, soon + timedelta(microseconds=123_458))]
+    assert read_keys_of == [[first_partition]]

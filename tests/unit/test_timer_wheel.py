@@ -131,3 +131,37 @@ def test_a_time_that_is_no_time_changes_nothing() -> None:
     with pytest.raises((OverflowError, ValueError, OSError)):
         wheel.add(naive)
     assert len(wheel) == 0 and wheel.next_due() is None
+
+
+def expected_sums(triggers: list[DueTrigger]) -> dict[int, tuple[int, int]]:
+    sums: dict[int, tuple[int, int]] = {}
+    for t in triggers:
+        count, total = sums.get(t.partition_id, (0, 0))
+        sums[t.partition_id] = (count + 1, total + timer_wheel.micros(t.fire_at))
+    return sums
+
+
+def test_the_sums_count_what_is_held_or_in_flight_through_every_change() -> None:
+    wheel = TimerWheel()
+    a, b, c, d = trig(1, 1.5, partition=7), trig(2, 2.000001, partition=7), trig(3, 3, partition=8), trig(4, 4, 9)
+    wheel.add_all([a, b, c, d, a])  # a twice: counted once
+    assert wheel.sums() == expected_sums([a, b, c, d])
+    popped = wheel.pop_due(at(2.5))  # a, b in flight: still counted (still in the database until fired)
+    assert wheel.sums() == expected_sums([a, b, c, d])
+    wheel.done(popped[:1])
+    wheel.done(popped[:1])  # twice: taken off once
+    assert wheel.sums() == expected_sums([b, c, d])
+    wheel.set_aside(b)  # in flight, then set aside
+    wheel.set_aside(c)  # held, then set aside
+    wheel.done([b])  # its batch ends after it was set aside: not taken off again
+    assert wheel.sums() == expected_sums([d])
+    wheel.add(trig(5, 5, partition=9))
+    assert wheel.drop_partitions({9}) == 2
+    assert wheel.sums() == {}
+
+
+def test_the_sums_are_exact_to_the_microsecond() -> None:
+    wheel = TimerWheel()
+    late = replace(trig(1, 0), fire_at=datetime(2999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC))
+    wheel.add_all([late, trig(2, 0.000001)])
+    assert wheel.sums() == {1: (2, 32_503_679_999_999_999 + timer_wheel.micros(T0) + 1)}

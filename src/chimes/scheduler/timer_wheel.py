@@ -4,6 +4,10 @@ A min-heap ordered by fire time: inserting is O(log n) and the node only ever as
 now?". It holds just the look-ahead window (a few seconds of triggers), never the whole index, and
 it is only a cache: every trigger it holds is still in the database until fired, so losing it (a
 crash, a lost partition) delays fires by one scan and loses none.
+
+It also keeps, per partition, how many triggers it holds or has in flight and the sum of their fire
+times: compared with the same sums over the database's triggers, they say which partitions gained or
+lost a trigger since the node read them, without reading every key again (chimes.scheduler.node).
 """
 
 from __future__ import annotations
@@ -14,13 +18,18 @@ import time
 from collections.abc import Collection, Iterable
 from datetime import datetime
 
-from chimes.store.scheduling import DueTrigger
+from chimes.store.scheduling import EPOCH, MICROSECOND, DueTrigger, TriggerSums
 
 Key = tuple[int, datetime, object]
 SET_ASIDE_LIMIT = 10_000  # keys remembered; past this the oldest are forgotten (and tried once more)
 # A trigger set aside is tried again after this long: if what failed was not the trigger after all
 # (a fault of the code that a restart or a fix ends), it fires late, not never.
 SET_ASIDE_SEC = 600.0
+
+
+def micros(at: datetime) -> int:
+    """Microseconds since the epoch, exactly (as the database sums them)."""
+    return (at - EPOCH) // MICROSECOND
 
 
 class TimerWheel:
@@ -31,6 +40,7 @@ class TimerWheel:
         # key -> (job version, monotonic time it may be tried again); insertion order: oldest first
         self._set_aside: dict[Key, tuple[int, float]] = {}
         self._order = itertools.count()
+        self._sums: dict[int, list[int]] = {}  # partition -> [triggers held or in flight, sum of micros(fire_at)]
 
     def __len__(self) -> int:
         return len(self._held)
@@ -44,7 +54,9 @@ class TimerWheel:
         if key in self or self._is_set_aside(trigger):
             return False
         due = trigger.fire_at.timestamp()  # first: a time that cannot be one raises before anything changes
+        fire_micros = micros(trigger.fire_at)
         self._held[key] = trigger
+        self._count(key[0], 1, fire_micros)
         heapq.heappush(self._heap, (due, next(self._order), key))
         return True
 
@@ -68,14 +80,32 @@ class TimerWheel:
 
     def done(self, triggers: Iterable[DueTrigger]) -> None:
         for trigger in triggers:
-            self._in_flight.discard(trigger.key)
+            key = trigger.key
+            if key in self._in_flight:
+                self._in_flight.remove(key)
+                self._count(key[0], -1, micros(key[1]))
+
+    def sums(self) -> TriggerSums:
+        """Per partition: how many triggers are held or in flight, and the sum of their fire times in
+        microseconds since the epoch. Partitions with none are left out."""
+        return {partition: (count, total) for partition, (count, total) in self._sums.items()}
+
+    def _count(self, partition: int, sign: int, fire_micros: int) -> None:
+        sums = self._sums.get(partition)
+        if sums is None:
+            sums = self._sums[partition] = [0, 0]
+        sums[0] += sign
+        sums[1] += sign * fire_micros
+        if not sums[0]:
+            del self._sums[partition]
 
     def set_aside(self, trigger: DueTrigger) -> None:
         """Do not hold this trigger again (poison: handling it failed) for SET_ASIDE_SEC, or until its
         job is edited."""
         key = trigger.key
-        self._held.pop(key, None)
-        self._in_flight.discard(key)
+        if self._held.pop(key, None) is not None or key in self._in_flight:
+            self._in_flight.discard(key)
+            self._count(key[0], -1, micros(key[1]))
         self._set_aside.pop(key, None)
         self._set_aside[key] = (trigger.job_version, time.monotonic() + SET_ASIDE_SEC)
         if len(self._set_aside) > SET_ASIDE_LIMIT:
@@ -96,4 +126,5 @@ class TimerWheel:
         lost = [key for key in self._held if key[0] in partitions]
         for key in lost:
             del self._held[key]
+            self._count(key[0], -1, micros(key[1]))
         return len(lost)
