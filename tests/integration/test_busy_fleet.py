@@ -275,3 +275,39 @@ async def test_a_node_reads_again_only_the_keys_of_partitions_whose_sums_changed
     moved = await node._due_before(everything, until())
     assert [(t.job_id, t.fire_at) for t in moved] == [(first, soon + timedelta(microseconds=123_458))]
     assert read_keys_of == [[first_partition]]
+
+
+async def test_a_batch_that_ends_while_the_database_counts_leaves_its_partitions_for_the_next_check(
+        pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="counting-node")
+    everything = list(range(1024))
+    until = datetime.now(UTC) + timedelta(seconds=60)
+    fired_job, fired_partition = await job_due_at(pool, datetime.now(UTC) + timedelta(seconds=30))
+    [held] = await node._due_before(everything, until)
+    node.wheel.add(held)
+    read_keys_of: list[list[int]] = []
+    scan_due_keys, due_trigger_sums = node.store.scan_due_keys, node.store.due_trigger_sums
+
+    async def recorded(partitions: list[int], before: datetime, limit: int) -> list:
+        read_keys_of.append(sorted(partitions))
+        return await scan_due_keys(partitions, before, limit)
+
+    async def counted_as_a_batch_ends(partitions: list[int], before: datetime) -> dict:
+        # The batch firing the trigger committed before the count, and ends before the count is back.
+        in_flight = node.wheel.pop_due(until.timestamp())
+        await pool.execute("DELETE FROM triggers WHERE job_id = $1", fired_job)
+        sums = await due_trigger_sums(partitions, before)
+        node._batch_ended(in_flight)
+        return sums
+
+    monkeypatch.setattr(node.store, "scan_due_keys", recorded)
+    monkeypatch.setattr(node.store, "due_trigger_sums", counted_as_a_batch_ends)
+    assert await node._due_before(everything, until + timedelta(seconds=1)) == []
+    assert read_keys_of == []  # its partition's sums differed, but only because of the batch
+    # Had the last whole check been too long ago, that partition's keys would have been read.
+    written, _ = await job_due_at(pool, datetime.now(UTC) + timedelta(seconds=30))
+    await pool.execute("UPDATE triggers SET partition_id = $2 WHERE job_id = $1", written, fired_partition)
+    node.wheel.add(held)
+    node._keys_read_at -= FAST_SCHEDULER.after_burst_max_wait_sec
+    assert [t.job_id for t in await node._due_before(everything, until + timedelta(seconds=2))] == [written]
+    assert read_keys_of == [[fired_partition]]

@@ -103,6 +103,7 @@ class SchedulerNode:
         self._held_until: datetime | None = None
         self._keys_read_at = float("-inf")  # when the held part of the look-ahead was last re-read (loop time)
         self._keys_read_of: frozenset[int] = frozenset()  # and for which partitions
+        self._ended_while_counting: set[int] | None = None  # partitions of batches that end meanwhile
 
     @property
     def node_id(self) -> str:
@@ -217,24 +218,40 @@ class SchedulerNode:
         else:
             triggers = await self.store.scan_due(partitions, until, limit, after=read_before)
             if not self._skip_key_reread(partitions):
-                triggers += await self._written_since_read(partitions, read_before)
-                self._keys_read(partitions)
+                written, whole = await self._written_since_read(partitions, read_before)
+                triggers += written
+                if whole:
+                    self._keys_read(partitions)
         self._scanned_until = until
         return triggers
 
-    async def _written_since_read(self, partitions: list[int], before: datetime) -> list[DueTrigger]:
-        """The triggers due before ``before`` that the wheel does not hold. A partition whose sums
-        differ only because a batch ended while they were read is read by key for nothing; one that
-        gained and lost a trigger with the same fire time is missed until the one it lost is fired."""
+    async def _written_since_read(self, partitions: list[int], before: datetime) -> tuple[list[DueTrigger], bool]:
+        """The triggers due before ``before`` that the wheel does not hold, and whether every partition
+        was checked. A partition that gained and lost a trigger with the same fire time keeps its sums:
+        what it gained is found once what it lost is fired.
+
+        A batch that ends while the database counts may be counted on one side and not on the other
+        (fired in the database's count, still in flight in the wheel's): the partitions of such
+        batches are left for the next check, unless the last whole check is older than
+        ``after_burst_max_wait_sec``. Reading their keys mid-burst cost the node 0.2 s."""
         held = self.wheel.sums()
-        found = await self.store.due_trigger_sums(partitions, before)
+        self._ended_while_counting = set()
+        try:
+            found = await self.store.due_trigger_sums(partitions, before)
+        finally:
+            ended, self._ended_while_counting = self._ended_while_counting, None
         wanted = set(partitions)
         changed = [p for p in found.keys() | held.keys() if p in wanted and found.get(p) != held.get(p)]
+        unsure = ended.intersection(changed)
+        overdue = asyncio.get_running_loop().time() - self._keys_read_at >= self.config.after_burst_max_wait_sec
+        if unsure and not overdue:
+            changed = [p for p in changed if p not in unsure]
+        whole = overdue or not unsure
         if not changed:
-            return []
+            return [], whole
         keys = await self.store.scan_due_keys(changed, before, self.config.scan_limit)
         unknown = [key for key in keys if key not in self.wheel]
-        return await self.store.due_triggers(unknown) if unknown else []
+        return (await self.store.due_triggers(unknown) if unknown else []), whole
 
     def _keys_read(self, partitions: list[int]) -> None:
         self._keys_read_at = asyncio.get_running_loop().time()
@@ -335,13 +352,18 @@ class SchedulerNode:
             failures.loop_failed("scheduler", "fire_batch", exc)
             return
         finally:
-            self.wheel.done(due)
+            self._batch_ended(due)
         if done:
             lost = sum(partitions_lost for _, partitions_lost in done)
             fired = [f.trigger for f in fires]
             result = FireResult(len({t.partition_id for t in fired}) - lost, sum(r.fired for r, _ in done),
                                 sum(r.enqueued for r, _ in done), sum(r.too_early for r, _ in done))
             self._fired(fired, fires, fired_at, result)
+
+    def _batch_ended(self, due: list[DueTrigger]) -> None:
+        self.wheel.done(due)
+        if self._ended_while_counting is not None:
+            self._ended_while_counting.update(t.partition_id for t in due)
 
     def _plan(self, due: list[DueTrigger], fired_at: datetime) -> list[Fire]:
         missed_after = timedelta(seconds=self.config.missed_after_sec)
