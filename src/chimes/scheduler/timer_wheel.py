@@ -16,15 +16,17 @@ import heapq
 import itertools
 import time
 from collections.abc import Collection, Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
-from chimes.store.scheduling import EPOCH, MICROSECOND, DueTrigger, TriggerSums
+from chimes.store.scheduling import DueTrigger, TriggerSums
 
 Key = tuple[int, datetime, object]
 SET_ASIDE_LIMIT = 10_000  # keys remembered; past this the oldest are forgotten (and tried once more)
 # A trigger set aside is tried again after this long: if what failed was not the trigger after all
 # (a fault of the code that a restart or a fix ends), it fires late, not never.
 SET_ASIDE_SEC = 600.0
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
 
 
 def micros(at: datetime) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -17,8 +17,6 @@ from chimes.store.queries import sql
 from chimes.store.working import runs_ended
 
 MIN_START_DEADLINE = timedelta(seconds=1)  # the smallest startDeadlineSec a job may have
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-MICROSECOND = timedelta(microseconds=1)
 TriggerKey = tuple[int, datetime, uuid.UUID]  # (partition_id, fire_at, trigger_id): the primary key
 # partition -> (how many triggers, the sum of their fire times in microseconds since the epoch)
 TriggerSums = dict[int, tuple[int, int]]
@@ -173,8 +171,7 @@ class SchedulerStore:
         """Per partition, how many triggers are due before ``before`` and the sum of their fire times
         in microseconds since the epoch."""
         rows = await self._pool.fetch(sql("due_trigger_sums"), list(partitions), before)
-        before_micros = (before - EPOCH) // MICROSECOND
-        return {row[0]: (row[1], row[1] * before_micros - row[2] // MICROSECOND) for row in rows}
+        return {row[0]: (row[1], int(row[2] * 1_000_000)) for row in rows}
 
     async def due_triggers(self, keys: Sequence[TriggerKey]) -> list[DueTrigger]:
         """The triggers with these keys that still exist, with their jobs."""

@@ -69,12 +69,11 @@ WHERE partition_id = ANY($1::smallint[]) AND fire_at < $2
 LIMIT $3;
 
 -- name: due_trigger_sums
--- Per partition, how many triggers are due before $2 and the sum of how long before $2 each is due
--- (an index-only scan that sends a row per partition): the node compares them with what it holds
--- (chimes.scheduler.timer_wheel) and reads the keys only of partitions that differ. Intervals from
--- $2, not epochs: adding intervals is integer arithmetic (extract(epoch) is numeric, 1.6 times the
--- cost), and short ones cannot overflow an interval's 32-bit count of days.
-SELECT partition_id, count(*), sum($2 - fire_at)
+-- Per partition, how many triggers are due before $2 and the sum of their fire times in seconds
+-- since the epoch (numeric: exact to the microsecond, and no sum overflows it), an index-only scan
+-- that sends a row per partition: the node compares them with what it holds
+-- (chimes.scheduler.timer_wheel) and reads the keys only of partitions that differ.
+SELECT partition_id, count(*), sum(extract(epoch FROM fire_at))
 FROM triggers
 WHERE partition_id = ANY($1::smallint[]) AND fire_at < $2
 GROUP BY partition_id;
