@@ -202,8 +202,8 @@ class SchedulerNode:
         scan read is mostly held already: only partitions where the database's count and sum of fire
         times there differ from the wheel's are re-read, by key, and only triggers written there since
         (or not held: a failed batch, a partition just gained) are read in full. Re-reading every held
-        key each second cost more than firing them, at 50,000 held triggers (0.2 to 0.4 s of the node's
-        event loop a second, most of it receiving the keys).
+        key each second cost a third of the node's CPU per fire at the top of the hour, most of it
+        receiving the keys (docs/benchmarks.md).
 
         While the node is behind (its oldest held trigger more than ``BEHIND_SEC`` late: a burst being
         fired) that check waits: what it would find waits behind the backlog anyway. It runs once the
@@ -232,7 +232,7 @@ class SchedulerNode:
         A batch that ends while the database counts may be counted on one side and not on the other
         (fired in the database's count, still in flight in the wheel's): the partitions of such
         batches are left for the next check, unless the last whole check is older than
-        ``after_burst_max_wait_sec``. Reading their keys mid-burst cost the node 0.2 s."""
+        ``after_burst_max_wait_sec``. Reading their keys instead read 644 partitions' keys mid-burst."""
         held = self.wheel.sums()
         self._ended_while_counting = set()
         try:
