@@ -58,8 +58,8 @@ async def expire_run_lease(pool: asyncpg.Pool | Homes, run_id: uuid.UUID) -> Non
     """Time control instead of a sleep: the running run's lease ends now on the database's clock, the
     clock the reaper judges by, as if its worker had stopped heartbeating. Only this run is touched."""
     updated = sum([_updated(await home.execute(
-        "UPDATE runs SET lease_expires_at = now() - interval '1 millisecond'"
-        " WHERE run_id = $1 AND scheduled_at = $2 AND status = 'running'", run_id, scheduled_at_of(run_id)))
+        "UPDATE run_leases SET expires_at = now() - interval '1 millisecond'"
+        " WHERE run_id = $1 AND scheduled_at = $2", run_id, scheduled_at_of(run_id)))
         for home in await _every_home(pool)])
     assert updated == 1, f"run {run_id} is not running: no lease to expire"
 
@@ -69,10 +69,10 @@ async def let_time_pass_for_runs(pool: asyncpg.Pool | Homes, run_ids: Iterable[u
     lease and deadline move that far into the past on the database's clock), and for no other."""
     ids = list(run_ids)
     updated = sum([_updated(await home.execute(
-        "UPDATE runs SET lease_expires_at = lease_expires_at - make_interval(secs => $3),"
+        "UPDATE run_leases SET expires_at = expires_at - make_interval(secs => $3),"
         " deadline_at = deadline_at - make_interval(secs => $3)"
-        " WHERE (run_id, scheduled_at) IN (SELECT * FROM unnest($1::uuid[], $2::timestamptz[]))"
-        " AND status = 'running'", ids, [scheduled_at_of(i) for i in ids], seconds))
+        " WHERE (run_id, scheduled_at) IN (SELECT * FROM unnest($1::uuid[], $2::timestamptz[]))",
+        ids, [scheduled_at_of(i) for i in ids], seconds))
         for home in await _every_home(pool)])
     assert updated == len(ids), f"not all of {ids} are running ({updated} updated)"
 

@@ -58,7 +58,7 @@ async def running_run(pool: asyncpg.Pool, worker: str = "worker-1"
 
 async def expire_run_lease(pool: asyncpg.Pool) -> None:
     """The worker holding the run stops heartbeating (killed, frozen, cut off): its lease runs out."""
-    await pool.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE status = 'running'")
+    await pool.execute("UPDATE run_leases SET expires_at = now() - interval '1 second'")
 
 
 async def lost_and_claimed_again(pool: asyncpg.Pool) -> tuple[ClaimedRun, ClaimedRun]:
@@ -76,10 +76,17 @@ async def run_row(pool: asyncpg.Pool, run_id: uuid.UUID) -> asyncpg.Record:
     return await pool.fetchrow("SELECT * FROM runs WHERE run_id = $1", run_id)
 
 
+async def lease_row(pool: asyncpg.Pool, run_id: uuid.UUID) -> asyncpg.Record | None:
+    return await pool.fetchrow("SELECT * FROM run_leases WHERE run_id = $1", run_id)
+
+
 async def still_with_worker_2(pool: asyncpg.Pool, second: ClaimedRun) -> None:
+    """Worker-2's attempt is untouched: the run and its lease row (which the reaper reads) both."""
     run = await run_row(pool, second.run_id)
     assert (run["status"], run["worker_id"], run["lease_token"], run["attempt"]) == (
         "running", "worker-2", second.lease_token, 2)
+    lease = await lease_row(pool, second.run_id)
+    assert lease is not None and lease["token"] == second.lease_token
     assert await pool.fetchval("SELECT count(*) FROM run_queue") == 0
 
 
@@ -336,8 +343,9 @@ async def test_edit_racing_a_fire_keeps_the_job_scheduled(pool: asyncpg.Pool) ->
 # --- run lease: complete, extend, release, reap, claim -----------------------------------------
 
 async def test_complete_fence_run_lease_token(pool: asyncpg.Pool) -> None:
-    """complete_runs: ``r.lease_token = o.lease_token``. Worker-1 reports after worker-2 claimed the
-    run again: refused, whatever it reports; worker-2's attempt is untouched and its outcome counts."""
+    """complete_runs: ``r.lease_token = o.lease_token`` for the run, ``l.token = o.lease_token`` for its
+    lease row. Worker-1 reports after worker-2 claimed the run again: refused, whatever it reports;
+    worker-2's attempt is untouched and its outcome counts."""
     first, second = await lost_and_claimed_again(pool)
     late = Completion(first, Outcome.success("worker-1's answer"), now(), None)
     assert await WorkerStore(pool, "worker-1").complete([late]) == set()
@@ -361,28 +369,29 @@ async def test_complete_fence_run_lease_token_for_a_retry(pool: asyncpg.Pool) ->
 
 
 async def test_extend_fence_run_lease_token(pool: asyncpg.Pool) -> None:
-    """extend_leases: ``r.lease_token = held.lease_token``. Worker-1's heartbeat must not keep
-    worker-2's lease alive, and must tell worker-1 that the run is gone, so it stops its task."""
+    """extend_leases: ``l.token = held.lease_token``. Worker-1's heartbeat must not keep worker-2's
+    lease alive, and must tell worker-1 that the run is gone, so it stops its task."""
     first, second = await lost_and_claimed_again(pool)
-    expires = (await run_row(pool, second.run_id))["lease_expires_at"]
+    expires = (await lease_row(pool, second.run_id))["expires_at"]
     assert await WorkerStore(pool, "worker-1").extend_leases([first], 3600) == set()
-    assert (await run_row(pool, second.run_id))["lease_expires_at"] == expires
+    assert (await lease_row(pool, second.run_id))["expires_at"] == expires
     await still_with_worker_2(pool, second)
 
 
 async def test_release_fence_run_lease_token(pool: asyncpg.Pool) -> None:
-    """release_runs: ``r.lease_token = held.lease_token``. Worker-1 shutting down hands back only
-    what it holds: not worker-2's run, which would be queued again and run twice at once."""
+    """release_runs: ``r.lease_token = held.lease_token`` for the run, ``l.token = held.lease_token``
+    for its lease row. Worker-1 shutting down hands back only what it holds: not worker-2's run,
+    which would be queued again and run twice at once, nor its lease."""
     first, second = await lost_and_claimed_again(pool)
     assert await WorkerStore(pool, "worker-1").release([first]) == set()
     await still_with_worker_2(pool, second)
 
 
 async def test_reap_fence_run_lease_token(pool: asyncpg.Pool) -> None:
-    """reap_runs: ``r.lease_token = d.lease_token``. The reaper judged worker-1's expired attempt and
+    """reap_runs: ``l.token = d.lease_token``. The reaper judged worker-1's expired attempt and
     stalled; meanwhile worker-1 handed the run back, worker-2 claimed it and died too. The stale
-    judgement (worker-1's attempt, worker-1's start) must not end worker-2's attempt; the next sweep
-    judges that attempt itself."""
+    judgement (worker-1's attempt, worker-1's start) must not end worker-2's attempt nor take its
+    lease row; the next sweep judges that attempt itself."""
     store, leases, first = await running_run(pool, "worker-1")
     await expire_run_lease(pool)
     lost = [judge(r, now()) for r in await store.expired_runs(list(leases), 1000)]
@@ -391,13 +400,14 @@ async def test_reap_fence_run_lease_token(pool: asyncpg.Pool) -> None:
     await expire_run_lease(pool)
     assert await store.reap(leases, lost, now()) == []
     assert (await run_row(pool, second.run_id))["lease_token"] == second.lease_token
+    assert (await lease_row(pool, second.run_id))["token"] == second.lease_token
     assert await Reaper(store).sweep(leases, now()) == 1
     [attempt] = await pool.fetch("SELECT * FROM run_attempts")
     assert attempt["worker_id"] == "worker-2" and "worker worker-2 stopped heartbeating" in attempt["error"]
 
 
 async def test_reap_fence_lease_still_expired(pool: asyncpg.Pool) -> None:
-    """reap_runs: ``(r.lease_expires_at < now() OR r.deadline_at < now())``. The reaper read an
+    """reap_runs: ``(l.expires_at < now() OR l.deadline_at < now())``. The reaper read an
     expired lease; before it wrote, the worker (paused, not dead) heartbeat and renewed it under the
     same token. The reap must be refused, or the run is queued again while worker-1 still runs it."""
     store, leases, first = await running_run(pool, "worker-1")
@@ -407,11 +417,12 @@ async def test_reap_fence_lease_still_expired(pool: asyncpg.Pool) -> None:
     assert await store.reap(leases, lost, now()) == []
     run = await run_row(pool, first.run_id)
     assert (run["status"], run["lease_token"]) == ("running", first.lease_token)
+    assert (await lease_row(pool, first.run_id))["token"] == first.lease_token
     assert await pool.fetchval("SELECT count(*) FROM run_queue") == 0
 
 
 async def test_claim_fence_run_still_scheduled(pool: asyncpg.Pool) -> None:
-    """chimes_start_runs: ``r.status = 'scheduled'``. A cancel races the fire of a retry trigger:
+    """claim_runs: ``r.status = 'scheduled'``. A cancel races the fire of a retry trigger:
     the fire read the run as waiting and queues it; the cancel, waiting on the fire's lock on the
     trigger, does not see that queue row. The run is cancelled with a queue row left behind, and a
     worker claiming that row must not start it."""
@@ -430,17 +441,18 @@ async def test_claim_fence_run_still_scheduled(pool: asyncpg.Pool) -> None:
     run = await run_row(pool, claimed.run_id)
     assert (run["status"], run["worker_id"], run["lease_token"]) == ("cancelled", None, None)
     assert await pool.fetchval("SELECT count(*) FROM run_queue") == 0
+    assert await pool.fetchval("SELECT count(*) FROM run_leases") == 0
 
 
 # --- run lease: the callbacks of asynchronous tasks --------------------------------------------
 
 async def test_callback_heartbeat_fence_run_lease_token(pool: asyncpg.Pool) -> None:
-    """callback_heartbeat: ``lease_token = $4``. The target of attempt 1 heartbeats after the run was
+    """callback_heartbeat: ``l.token = $4``. The target of attempt 1 heartbeats after the run was
     reaped and claimed again: refused (409), and worker-2's lease is not extended by it."""
     first, second = await lost_and_claimed_again(pool)
-    expires = (await run_row(pool, second.run_id))["lease_expires_at"]
+    expires = (await lease_row(pool, second.run_id))["expires_at"]
     assert await RunStore(pool).callback_heartbeat(first.run_id, "team-a", first.lease_token, 3600) is None
-    assert (await run_row(pool, second.run_id))["lease_expires_at"] == expires
+    assert (await lease_row(pool, second.run_id))["expires_at"] == expires
     assert await RunStore(pool).callback_heartbeat(second.run_id, "team-a", second.lease_token, 30) is not None
 
 
@@ -544,9 +556,9 @@ async def test_owner_fence_backfill(pool: asyncpg.Pool) -> None:
 async def test_owner_fence_callback_heartbeat(pool: asyncpg.Pool) -> None:
     """callback_heartbeat: the right lease token presented by another team is refused."""
     _, _, claimed = await running_run(pool)
-    expires = (await run_row(pool, claimed.run_id))["lease_expires_at"]
+    expires = (await lease_row(pool, claimed.run_id))["expires_at"]
     assert await RunStore(pool).callback_heartbeat(claimed.run_id, "team-b", claimed.lease_token, 3600) is None
-    assert (await run_row(pool, claimed.run_id))["lease_expires_at"] == expires
+    assert (await lease_row(pool, claimed.run_id))["expires_at"] == expires
 
 
 async def test_owner_fence_callback_complete(pool: asyncpg.Pool) -> None:
@@ -572,8 +584,9 @@ async def test_owner_fence_dashboard_paused_jobs(pool: asyncpg.Pool) -> None:
 
 
 async def failed_run_of_team_a(pool: asyncpg.Pool) -> None:
-    await team_a_job_with_run(pool)
-    await pool.execute("UPDATE runs SET status = 'failed', finished_at = now(), error = 'HTTP 500'")
+    _, _, claimed = await running_run(pool)
+    failed = Completion(claimed, Outcome.failure("HTTP 500"), now(), None)
+    assert await WorkerStore(pool, "worker-1").complete([failed]) == {claimed.run_id}
 
 
 async def test_owner_fence_dashboard_failing_jobs(pool: asyncpg.Pool) -> None:

@@ -142,8 +142,11 @@ async def world(api_url: str, pool: asyncpg.Pool, homes: Homes, tokens: dict[str
                        " last_error) VALUES (gen_random_uuid(), $1, 'team-a', 'run_failed', 'http://127.0.0.1:9/',"
                        " '{}', now(), 'HTTP 500')", uuid.UUID(job_id))
     await pool.execute("DELETE FROM run_queue WHERE run_id = $1", uuid.UUID(run_id))
-    await pool.execute("UPDATE runs SET status = 'running', lease_token = $2, lease_expires_at = now() + "
-                       "interval '1 hour', started_at = now() WHERE run_id = $1", uuid.UUID(run_id), lease_token)
+    await pool.execute("UPDATE runs SET status = 'running', lease_token = $2, started_at = now() WHERE run_id = $1",
+                       uuid.UUID(run_id), lease_token)
+    await pool.execute("INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)"
+                       " SELECT run_id, scheduled_at, partition_id, lease_token, now() + interval '1 hour',"
+                       " now() + interval '2 hours' FROM runs WHERE run_id = $1", uuid.UUID(run_id))
     yield World(api_url, job_id, run_id, lease_token, {AS_OTHER_TEAM: tokens["team-b"], READ_ONLY: read_only,
                                                        REVOKED: revoked, NO_TOKEN: None})
 
@@ -225,8 +228,8 @@ async def test_the_owner_and_an_admin_do_get_through(world: World, tokens: dict[
 
 async def _snapshot(pool: asyncpg.Pool, world: World) -> tuple:
     job = await pool.fetchrow("SELECT name, paused, version FROM jobs WHERE job_id = $1", world.job_id)
-    runs = await pool.fetch("SELECT run_id, status, lease_expires_at FROM runs WHERE job_id = $1 ORDER BY run_id",
-                            world.job_id)
+    runs = await pool.fetch("SELECT r.run_id, r.status, l.expires_at FROM runs r LEFT JOIN run_leases l"
+                            " ON l.run_id = r.run_id WHERE r.job_id = $1 ORDER BY r.run_id", world.job_id)
     return tuple(job), tuple(tuple(r) for r in runs)
 
 

@@ -187,8 +187,8 @@ async def test_long_work_answers_202_heartbeats_and_completes_the_run(
 
     async def lease_extended(job_id: str) -> bool:
         # The worker's own lease is 3 s (FAST_WORKER); only the receiver's heartbeats make it 30 s.
-        expires = await homes.fetchval(job_id, "SELECT lease_expires_at FROM runs WHERE job_id = $1 "
-                                       "AND status = 'running'", uuid.UUID(job_id))
+        expires = await homes.fetchval(job_id, "SELECT l.expires_at FROM run_leases l JOIN runs r ON r.run_id ="
+                                       " l.run_id WHERE r.job_id = $1", uuid.UUID(job_id))
         return expires is not None and expires > datetime.now(UTC) + timedelta(seconds=20)
 
     await wait_for(lambda: lease_extended(ok), timeout=10, what="the receiver to heartbeat")

@@ -143,8 +143,19 @@ CREATE TABLE public.run_attempts (
     output text,
     CONSTRAINT run_attempts_pkey PRIMARY KEY (run_id, scheduled_at, attempt)
 ) PARTITION BY RANGE (scheduled_at);
+CREATE INDEX run_attempts_failed ON ONLY public.run_attempts USING btree (finished_at) WHERE (status = 'failed'::text);
 
 CREATE TABLE public.run_attempts_default PARTITION OF public.run_attempts DEFAULT;
+
+CREATE TABLE public.run_leases (
+    run_id uuid NOT NULL,
+    scheduled_at timestamp with time zone NOT NULL,
+    partition_id smallint NOT NULL,
+    token uuid NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    deadline_at timestamp with time zone NOT NULL,
+    CONSTRAINT run_leases_pkey PRIMARY KEY (run_id)
+) WITH (fillfactor=50, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_cost_delay=0);
 
 CREATE TABLE public.run_queue (
     queue_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -171,8 +182,6 @@ CREATE TABLE public.runs (
     fired_at timestamp with time zone,
     worker_id text,
     lease_token uuid,
-    lease_expires_at timestamp with time zone,
-    deadline_at timestamp with time zone,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
     error text,
@@ -183,12 +192,9 @@ CREATE TABLE public.runs (
     CONSTRAINT runs_status CHECK ((status = ANY (ARRAY['scheduled'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
     CONSTRAINT runs_trigger CHECK ((trigger = ANY (ARRAY['schedule'::text, 'manual'::text, 'rerun'::text, 'catchup'::text])))
 ) PARTITION BY RANGE (scheduled_at);
-CREATE INDEX runs_failed ON ONLY public.runs USING btree (finished_at) INCLUDE (job_id, owner) WHERE (status = 'failed'::text);
 CREATE INDEX runs_job_history ON ONLY public.runs USING btree (job_id, scheduled_at DESC);
-CREATE INDEX runs_running ON ONLY public.runs USING btree (lease_expires_at) WHERE (status = 'running'::text);
-CREATE INDEX runs_unstarted ON ONLY public.runs USING btree (scheduled_at) WHERE ((status = 'scheduled'::text) AND (started_at IS NULL));
 
-CREATE TABLE public.runs_default PARTITION OF public.runs DEFAULT;
+CREATE TABLE public.runs_default PARTITION OF public.runs DEFAULT WITH (fillfactor=80);
 
 CREATE TABLE public.schedule_stalls (
     job_id uuid NOT NULL,
@@ -324,9 +330,10 @@ BEGIN
         day := start + i;
         FOREACH parent IN ARRAY ARRAY['runs', 'run_attempts'] LOOP
             IF to_regclass(format('%s_%s', parent, to_char(day, 'YYYYMMDD'))) IS NULL THEN
-                EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)',
+                EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L) %s',
                                format('%s_%s', parent, to_char(day, 'YYYYMMDD')), parent,
-                               day::timestamp AT TIME ZONE 'UTC', (day + 1)::timestamp AT TIME ZONE 'UTC');
+                               day::timestamp AT TIME ZONE 'UTC', (day + 1)::timestamp AT TIME ZONE 'UTC',
+                               CASE parent WHEN 'runs' THEN 'WITH (fillfactor = 80)' ELSE '' END);
                 created := created + 1;
             END IF;
         END LOOP;
@@ -478,19 +485,4 @@ BEGIN
     SELECT chimes_release_held(ended_jobs) INTO released;
     RETURN released;
 END
-$function$;
-
-CREATE OR REPLACE FUNCTION public.chimes_start_runs(run_ids uuid[], scheduled_ats timestamp with time zone[], job_ids uuid[], worker text, lease_sec double precision, deadline_grace_sec double precision)
- RETURNS TABLE(run_id uuid, scheduled_at timestamp with time zone, job_id uuid, attempt integer, lease_token uuid, started_at timestamp with time zone, trigger text, task jsonb, retry_policy jsonb, timeout_sec integer, job_exists boolean, owner text, priority smallint)
- LANGUAGE sql
-AS $function$
-    UPDATE runs r
-    SET status = 'running', worker_id = worker, lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => lease_sec), started_at = now(),
-        deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, 3600) + deadline_grace_sec)
-    FROM unnest(run_ids, scheduled_ats, job_ids) AS p(run_id, scheduled_at, job_id)
-    LEFT JOIN jobs j ON j.job_id = p.job_id
-    WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
-    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger,
-              j.task, j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL, r.owner, r.priority
 $function$;

@@ -55,11 +55,14 @@ FROM notifications WHERE dead_at IS NOT NULL AND job_id = $1
 ORDER BY created_at DESC LIMIT $2;
 
 -- name: dashboard_failing_jobs
--- Jobs whose latest finished run failed, among the jobs with a failure in the last day
--- (runs_failed index): bounded by the day's failures, not by the number of jobs.
+-- Jobs whose latest finished run failed, among the jobs with a failure in the last day, found
+-- through its attempts (run_attempts_failed index): bounded by the day's failures, not by the number
+-- of jobs.
 WITH failed_lately AS (
-    SELECT DISTINCT job_id FROM runs
-    WHERE status = 'failed' AND finished_at > now() - interval '1 day' AND ($1::text IS NULL OR owner = $1)
+    SELECT DISTINCT r.job_id FROM run_attempts a
+    JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at
+    WHERE a.status = 'failed' AND a.finished_at > now() - interval '1 day'
+      AND r.status = 'failed' AND ($1::text IS NULL OR r.owner = $1)
 )
 SELECT j.*, lower(j.name) AS name_key, (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM failed_lately f
@@ -112,9 +115,11 @@ SELECT worker_id, hostname, pid, concurrency, in_flight, started_at, heartbeat_a
 FROM workers ORDER BY worker_id;
 
 -- name: dashboard_running_runs
--- Runs in flight (runs_running index), oldest first, at most $2.
+-- Runs in flight (their lease rows), oldest first, at most $2.
 SELECT r.run_id, r.job_id, r.worker_id, r.attempt, r.started_at, j.name AS job_name
-FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id
+FROM run_leases l
+JOIN runs r ON r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at
+LEFT JOIN jobs j ON j.job_id = r.job_id
 WHERE r.status = 'running' AND ($1::text IS NULL OR r.owner = $1)
 ORDER BY r.started_at
 LIMIT $2;
@@ -136,7 +141,10 @@ SELECT width_bucket(lag, $6::float8[]) AS bucket, count(*) AS runs,
 FROM recent GROUP BY ROLLUP (1) ORDER BY 1 NULLS LAST;
 
 -- name: dashboard_failures_per_minute
-SELECT date_trunc('minute', finished_at) AS minute, count(*) AS failed
-FROM runs
-WHERE status = 'failed' AND finished_at > now() - make_interval(mins => $1) AND ($2::text IS NULL OR owner = $2)
+-- Runs that failed for good, by the minute their last attempt ended (run_attempts_failed index).
+SELECT date_trunc('minute', a.finished_at) AS minute, count(*) AS failed
+FROM run_attempts a
+JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at AND r.attempt = a.attempt
+WHERE a.status = 'failed' AND a.finished_at > now() - make_interval(mins => $1)
+  AND r.status = 'failed' AND ($2::text IS NULL OR r.owner = $2)
 GROUP BY 1 ORDER BY 1;

@@ -60,8 +60,7 @@ WITH target AS (
     FOR UPDATE
 ),
 cancelled AS (
-    UPDATE runs r SET status = 'cancelled', finished_at = now(), error = $4,
-                      lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL
+    UPDATE runs r SET status = 'cancelled', finished_at = now(), error = $4, lease_token = NULL
     FROM target t
     WHERE r.run_id = t.run_id AND r.scheduled_at = t.scheduled_at
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, t.was, t.worker_id, t.attempt, t.started_at
@@ -74,6 +73,9 @@ interrupted AS (
 ),
 dequeued AS (
     DELETE FROM run_queue WHERE run_id IN (SELECT run_id FROM cancelled)
+),
+unleased AS (
+    DELETE FROM run_leases WHERE run_id IN (SELECT run_id FROM cancelled)
 ),
 untriggered AS (
     DELETE FROM triggers t USING cancelled c
@@ -116,10 +118,12 @@ SELECT tier, count(*) AS depth, min(enqueued_at) AS oldest_enqueued_at
 FROM run_queue GROUP BY tier ORDER BY tier;
 
 -- name: callback_heartbeat
-UPDATE runs SET lease_expires_at = now() + make_interval(secs => $5)
-WHERE run_id = $1 AND scheduled_at = $2 AND ($3::text IS NULL OR owner = $3)
-  AND status = 'running' AND lease_token = $4
-RETURNING lease_expires_at;
+UPDATE run_leases l SET expires_at = now() + make_interval(secs => $5)
+FROM runs r
+WHERE l.run_id = $1 AND l.token = $4
+  AND r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at AND r.scheduled_at = $2
+  AND ($3::text IS NULL OR r.owner = $3)
+RETURNING l.expires_at;
 
 -- name: running_with_token
 SELECT r.attempt, r.job_id, j.retry_policy FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id

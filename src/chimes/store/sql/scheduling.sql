@@ -227,13 +227,16 @@ SELECT (SELECT count(*) FROM lease) AS leases_held,
 SELECT pg_notify('chimes_run_queue', '');
 
 -- name: expired_runs
--- Running runs of these partitions whose worker stopped heartbeating, or that ran past their deadline.
+-- Running runs of these partitions whose worker stopped heartbeating, or that ran past their deadline:
+-- a read of run_leases, which holds only the runs in flight.
 SELECT r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.partition_id, r.priority,
-       r.worker_id, r.started_at, r.job_version, r.deadline_at, r.lease_losses,
-       r.lease_expires_at < now() AS lease_expired, j.retry_policy
-FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id
-WHERE r.status = 'running' AND r.partition_id = ANY($1::smallint[])
-  AND (r.lease_expires_at < now() OR r.deadline_at < now())
+       r.worker_id, r.started_at, r.job_version, l.deadline_at, r.lease_losses,
+       l.expires_at < now() AS lease_expired, j.retry_policy
+FROM run_leases l
+JOIN runs r ON r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at
+LEFT JOIN jobs j ON j.job_id = r.job_id
+WHERE l.partition_id = ANY($1::smallint[]) AND (l.expires_at < now() OR l.deadline_at < now())
+  AND r.status = 'running' AND r.lease_token = l.token
 LIMIT $2;
 
 -- name: reap_runs
@@ -253,17 +256,24 @@ lost AS (
     SELECT * FROM unnest($4::uuid[], $5::timestamptz[], $6::uuid[], $7::text[], $8::timestamptz[], $11::boolean[])
         AS d(run_id, scheduled_at, lease_token, error, retry_at, lease_lost)
 ),
+-- The lease rows go first: deleting one waits for a heartbeat writing it, and then finds it expired
+-- no longer; a run whose lease row is gone already was ended by someone else.
+unleased AS (
+    DELETE FROM run_leases l USING lost d
+    WHERE l.run_id = d.run_id AND l.token = d.lease_token AND (l.expires_at < now() OR l.deadline_at < now())
+      AND l.partition_id IN (SELECT partition_id FROM lease)
+    RETURNING l.run_id, l.scheduled_at, l.token
+),
 ended AS (
     UPDATE runs r
     SET status = CASE WHEN d.retry_at IS NULL THEN 'failed' ELSE 'scheduled' END,
         attempt = r.attempt + (d.retry_at IS NOT NULL)::integer,
         finished_at = CASE WHEN d.retry_at IS NULL THEN now() END,
-        error = d.error, lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL, worker_id = NULL,
+        error = d.error, lease_token = NULL, worker_id = NULL,
         lease_losses = r.lease_losses + d.lease_lost::integer
-    FROM lost d
+    FROM lost d JOIN unleased u ON u.run_id = d.run_id
     WHERE r.run_id = d.run_id AND r.scheduled_at = d.scheduled_at AND r.status = 'running'
-      AND r.lease_token = d.lease_token AND (r.lease_expires_at < now() OR r.deadline_at < now())
-      AND r.partition_id IN (SELECT partition_id FROM lease)
+      AND r.lease_token = d.lease_token
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.priority,
               r.attempt - (d.retry_at IS NOT NULL)::integer AS ended_attempt, d.retry_at, d.error
 ),
@@ -292,17 +302,17 @@ SELECT chimes_forget_ended_runs() AS forgotten, chimes_release_held(NULL) AS rel
 
 -- name: late_unstarted_runs
 -- Runs not started by their job's start deadline, counted from the scheduled time (plus the job's
--- jitter): waiting in the queue, fired late, or scheduled and never enqueued. Runs held by their
--- job's concurrency policy wait by design (the dead man's switch watches those). Oldest first from
--- runs_unstarted, skipping those notified already, at most $1.
+-- jitter): the queue's rows, oldest first, skipping those notified already, at most $1. A run waiting
+-- to start is in the queue: the statement that makes it due queues it (a fire, a backfill, a release
+-- of runs held by their job's concurrency policy, which wait out of the queue by design: the dead
+-- man's switch watches those).
 SELECT r.run_id, r.scheduled_at, r.fired_at, q.enqueued_at, j.start_deadline_sec
-FROM runs r
+FROM run_queue q
+JOIN runs r ON r.run_id = q.run_id AND r.scheduled_at = q.scheduled_at
 JOIN jobs j ON j.job_id = r.job_id
-LEFT JOIN run_queue q ON q.run_id = r.run_id
 WHERE r.status = 'scheduled' AND r.started_at IS NULL
   AND r.scheduled_at < now() - interval '1 second'
   AND r.scheduled_at < now() - make_interval(secs => j.start_deadline_sec + j.jitter_sec)
-  AND NOT EXISTS (SELECT 1 FROM active_runs a WHERE a.job_id = r.job_id AND a.run_id = r.run_id AND a.held)
   AND NOT EXISTS (SELECT 1 FROM notifications n WHERE n.notification_id = md5(r.run_id::text || ':start_missed')::uuid)
 ORDER BY r.scheduled_at
 LIMIT $1;

@@ -36,27 +36,35 @@ WITH picked AS (
         ORDER BY c.tier, c.queue_id LIMIT $1 FOR UPDATE SKIP LOCKED
     )
     RETURNING q.run_id, q.scheduled_at, q.job_id
-)
+),
 -- Each picked run becomes running under a new lease token, if it is still waiting (one cancelled
--- meanwhile is left alone); what the worker needs to run it comes back. (Migration 0002's function
--- chimes_start_runs did this before; it stays, unused, for workers of the previous version during a
--- rolling upgrade, and goes with a later migration.)
-UPDATE runs r
-SET status = 'running', worker_id = $2, lease_token = gen_random_uuid(),
-    lease_expires_at = now() + make_interval(secs => $3::float8), started_at = now(),
-    deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, $7::integer) + $4::float8)
-FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
-WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
-RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
-          j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority;
+-- meanwhile is left alone), and its lease row is written; what the worker needs to run it comes back.
+-- The run's update changes no indexed column, so it stays on its page (migration 0012).
+claimed AS (
+    UPDATE runs r
+    SET status = 'running', worker_id = $2, lease_token = gen_random_uuid(), started_at = now()
+    FROM picked p
+    WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, r.owner,
+              r.priority, r.partition_id
+),
+leased AS (
+    INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
+    SELECT c.run_id, c.scheduled_at, c.partition_id, c.lease_token, now() + make_interval(secs => $3::float8),
+           now() + make_interval(secs => coalesce(j.timeout_sec, $7::integer) + $4::float8)
+    FROM claimed c LEFT JOIN jobs j ON j.job_id = c.job_id
+)
+SELECT c.run_id, c.scheduled_at, c.job_id, c.attempt, c.lease_token, c.started_at, c.trigger, j.task,
+       j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, c.owner, c.priority
+FROM claimed c LEFT JOIN jobs j ON j.job_id = c.job_id;
 
 -- name: extend_leases
--- Returns the runs this worker still holds; a run missing from the answer was cancelled or reaped.
-UPDATE runs r SET lease_expires_at = now() + make_interval(secs => $4)
+-- Returns the runs this worker still holds; a run missing from the answer was cancelled or reaped
+-- (whatever ends an attempt deletes its lease row). Only the lease row changes, in place.
+UPDATE run_leases l SET expires_at = now() + make_interval(secs => $4)
 FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[]) AS held(run_id, scheduled_at, lease_token)
-WHERE r.run_id = held.run_id AND r.scheduled_at = held.scheduled_at
-  AND r.status = 'running' AND r.lease_token = held.lease_token
-RETURNING r.run_id;
+WHERE l.run_id = held.run_id AND l.token = held.lease_token
+RETURNING l.run_id;
 
 -- name: complete_runs
 -- Records a batch of outcomes, each only if the worker still holds the run's lease (a worker that
@@ -71,12 +79,15 @@ WITH outcome AS (
                          $7::timestamptz[], $8::timestamptz[])
         AS o(run_id, scheduled_at, lease_token, status, error, output, finished_at, retry_at)
 ),
+released AS (
+    DELETE FROM run_leases l USING outcome o WHERE l.run_id = o.run_id AND l.token = o.lease_token
+),
 ended AS (
     UPDATE runs r
     SET status = CASE WHEN o.retry_at IS NULL THEN o.status ELSE 'scheduled' END,
         attempt = r.attempt + (o.retry_at IS NOT NULL)::integer,
         finished_at = CASE WHEN o.retry_at IS NULL THEN GREATEST(r.started_at, LEAST(o.finished_at, now())) END,
-        error = o.error, lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL,
+        error = o.error, lease_token = NULL,
         worker_id = CASE WHEN o.retry_at IS NULL THEN r.worker_id END
     FROM outcome o
     WHERE r.run_id = o.run_id AND r.scheduled_at = o.scheduled_at
@@ -111,11 +122,16 @@ SELECT chimes_runs_ended($1::uuid[], $2::uuid[]), chimes_notify_failed($2::uuid[
 -- name: release_runs
 -- Hands runs back to the queue untouched (a worker shutting down): same attempt, no attempt row,
 -- since the attempt was interrupted by the fleet and not by the task.
-WITH released AS (
+WITH held AS (
+    SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[]) AS held(run_id, scheduled_at, lease_token)
+),
+unleased AS (
+    DELETE FROM run_leases l USING held WHERE l.run_id = held.run_id AND l.token = held.lease_token
+),
+released AS (
     UPDATE runs r
-    SET status = 'scheduled', lease_token = NULL, lease_expires_at = NULL, deadline_at = NULL,
-        worker_id = NULL, started_at = NULL
-    FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[]) AS held(run_id, scheduled_at, lease_token)
+    SET status = 'scheduled', lease_token = NULL, worker_id = NULL, started_at = NULL
+    FROM held
     WHERE r.run_id = held.run_id AND r.scheduled_at = held.scheduled_at
       AND r.status = 'running' AND r.lease_token = held.lease_token
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.priority
@@ -135,7 +151,9 @@ SELECT pg_advisory_xact_lock(hashtext('chimes_capped_claims'));
 
 -- name: cap_usage
 SELECT cap.scope, cap.name, cap.owner, cap.max_running,
-       (SELECT count(*) FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id
+       (SELECT count(*) FROM run_leases l
+        JOIN runs r ON r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at
+        LEFT JOIN jobs j ON j.job_id = r.job_id
         WHERE r.status = 'running'
           AND ((cap.scope = 'owner' AND r.owner = cap.name)
                OR (cap.scope = 'tag' AND cap.name = ANY(j.tags) AND cap.owner IN ('', r.owner))))
@@ -159,19 +177,28 @@ LIMIT $1
 FOR UPDATE OF q SKIP LOCKED;
 
 -- name: claim_queued_runs
--- Claims the given queue entries (capped runs admitted under the cap lock).
+-- Claims the given queue entries (capped runs admitted under the cap lock), as claim_runs does.
 WITH picked AS (
     DELETE FROM run_queue q WHERE q.queue_id = ANY($4::bigint[])
     RETURNING q.run_id, q.scheduled_at, q.job_id
+),
+claimed AS (
+    UPDATE runs r
+    SET status = 'running', worker_id = $1, lease_token = gen_random_uuid(), started_at = now()
+    FROM picked p
+    WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, r.owner,
+              r.priority, r.partition_id
+),
+leased AS (
+    INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
+    SELECT c.run_id, c.scheduled_at, c.partition_id, c.lease_token, now() + make_interval(secs => $2::float8),
+           now() + make_interval(secs => coalesce(j.timeout_sec, $5::integer) + $3::float8)
+    FROM claimed c LEFT JOIN jobs j ON j.job_id = c.job_id
 )
-UPDATE runs r
-SET status = 'running', worker_id = $1, lease_token = gen_random_uuid(),
-    lease_expires_at = now() + make_interval(secs => $2::float8), started_at = now(),
-    deadline_at = now() + make_interval(secs => coalesce(j.timeout_sec, $5::integer) + $3::float8)
-FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
-WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
-RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
-          j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority;
+SELECT c.run_id, c.scheduled_at, c.job_id, c.attempt, c.lease_token, c.started_at, c.trigger, j.task,
+       j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, c.owner, c.priority
+FROM claimed c LEFT JOIN jobs j ON j.job_id = c.job_id;
 
 -- name: listen_queue
 -- A worker's check of its LISTEN connection: a round trip that is a no-op on a channel already
