@@ -23,6 +23,13 @@ from chimes.store import db
 
 Say = Callable[[str], None]
 
+# What the burst's runs take on disk, kept for the retention period: every partition of the two
+# history tables, with their indexes.
+HISTORY_BYTES = """
+SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0)
+FROM pg_inherits i WHERE i.inhparent IN ('runs'::regclass, 'run_attempts'::regclass)
+"""
+
 LAGS = """
 SELECT extract(epoch FROM fired_at - scheduled_at) AS fire_lag,
        extract(epoch FROM started_at - scheduled_at) AS start_lag,
@@ -143,6 +150,7 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
         inspect = await wal.can_inspect(pool)
         wal_records = await wal.by_record(pool, wal_start, wal_end, per=runs, top=30) if inspect else []
         rows = await pool.fetch(LAGS)
+        history_bytes = await pool.fetchval(HISTORY_BYTES)
         times, keys = await target.arrivals()
         costs = await statement_costs(env, dsn)
     finally:
@@ -151,6 +159,9 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
         await drop_database(env, env.database("chimes"))
     result = _result(system, scenario, runs, due, spread_sec, rows, times, keys, cpu, fleet)
     result.extra["wal_bytes_per_run"] = round(float(wal_bytes) / runs)  # includes the polling and idle loops
+    result.extra["history_bytes_per_run"] = round(float(history_bytes) / runs)
+    say(f"{system}: run history {result.extra['history_bytes_per_run']:,} bytes per run on disk "
+        "(the pages of runs and run_attempts, indexes included)")
     if wal_records:  # which rows and index entries a run writes (bench.wal)
         result.extra["wal_by_record_per_run"] = wal_records
         say(f"{system}: WAL per run {result.extra['wal_bytes_per_run']:,} bytes; the heaviest relations and records:")

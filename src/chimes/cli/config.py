@@ -14,7 +14,11 @@ from chimes.cli.runtime import migrate_database
 from chimes.store import db
 from chimes.store import settings as stored_settings
 
-KNOWN = {"notify-url": "notify_url"}  # the webhook for failures of jobs that name none
+KNOWN = {
+    "notify-url": "notify_url",  # the webhook for failures of jobs that name none
+    "runs-fillfactor": "runs_fillfactor",  # how full a page of run history is written (docs/operations.md)
+}
+FILLFACTOR_RANGE = (10, 100)  # PostgreSQL's bounds for a table
 
 
 @click.group()
@@ -28,10 +32,22 @@ def config() -> None:
 @click.argument("value")
 def set_value(database_url: str | None, data_dir: Path, name: str, value: str) -> None:
     """Set a setting, e.g. `chimes config set notify-url https://alerts.internal/chimes`."""
+    stored = _checked(name, value)
+    _run(database_url, data_dir, lambda conn: stored_settings.change_everywhere(conn, KNOWN[name], stored))
+    click.echo(f"{name} = {value}")
+
+
+def _checked(name: str, value: str) -> str | int:
+    """The value as it is stored, or a clear error before anything is written."""
     if name == "notify-url" and not value.startswith(("http://", "https://")):
         raise click.BadParameter("must be an http:// or https:// URL", param_hint="VALUE")
-    _run(database_url, data_dir, lambda conn: stored_settings.change_everywhere(conn, KNOWN[name], value))
-    click.echo(f"{name} = {value}")
+    if name == "runs-fillfactor":
+        low, high = FILLFACTOR_RANGE
+        if not value.isdigit() or not low <= int(value) <= high:
+            raise click.BadParameter(f"must be a whole number from {low} to {high} (percent of a page)",
+                                     param_hint="VALUE")
+        return int(value)
+    return value
 
 
 @config.command("unset")

@@ -6,6 +6,8 @@ from typing import Any
 
 import asyncpg
 
+from chimes.store import db
+from chimes.store.migrate import ensure_run_partitions
 from chimes.store.queries import sql
 from chimes.store.shards import copy_settings, load_map
 
@@ -28,5 +30,8 @@ async def change_everywhere(catalog: asyncpg.Connection, key: str, value: Any | 
         await delete_setting(catalog, key)
     else:
         await set_setting(catalog, key, value)
+    # The day partitions of runs take a new `runs_fillfactor` at once, not at the next hourly check.
+    await ensure_run_partitions(catalog)
     for url in (await load_map(catalog)).urls():
         await copy_settings(catalog, url)
+        await db.with_connection(url, ensure_run_partitions)

@@ -13,8 +13,8 @@
 --   check reads `run_queue`); failures are found through their last attempt (`run_attempts_failed`:
 --   attempt rows are only ever inserted, so the partial index costs nothing to an attempt that
 --   succeeded).
--- * The day partitions of `runs` leave a fifth of each page free for the two new versions of its
---   rows; the old versions are pruned as the page is read again.
+-- * The day partitions of `runs` leave room on each page for the new versions of its rows (below);
+--   the old versions are pruned as the page is read again.
 --
 -- A cut-over: workers and scheduler nodes of earlier versions name `lease_expires_at`, which is gone,
 -- so their claims, heartbeats, outcomes and reaps fail (and say so in their logs) until they are
@@ -47,38 +47,39 @@ ALTER TABLE runs DROP COLUMN lease_expires_at, DROP COLUMN deadline_at;
 
 CREATE INDEX run_attempts_failed ON run_attempts (finished_at) WHERE status = 'failed';
 
--- Room on the pages of every day partition of runs, those to come and those already made (for the
--- pages they have yet to fill).
+-- Room on the pages of the day partitions of runs (the setting `runs_fillfactor`, `chimes config set
+-- runs-fillfactor N`, 40 by default): made with it, and set again on today's and the coming days'
+-- partitions when it changes (for the pages they have yet to fill), each time partitions are ensured
+-- (at start-up and hourly). A claim updates runs of a page together, in one transaction, and each
+-- update needs room on the page for a new version of its row: with 40% of a page filled at insert,
+-- every run's two updates stay in place (docs/benchmarks.md, "What a run writes to the WAL").
 CREATE OR REPLACE FUNCTION chimes_ensure_run_partitions(start date, days integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     day date;
     created integer := 0;
     parent text;
+    part text;
+    fill integer := coalesce((SELECT (value #>> '{}')::integer FROM settings WHERE key = 'runs_fillfactor'), 40);
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('chimes_run_partitions'));
     FOR i IN 0 .. days - 1 LOOP
         day := start + i;
         FOREACH parent IN ARRAY ARRAY['runs', 'run_attempts'] LOOP
-            IF to_regclass(format('%s_%s', parent, to_char(day, 'YYYYMMDD'))) IS NULL THEN
-                EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L) %s',
-                               format('%s_%s', parent, to_char(day, 'YYYYMMDD')), parent,
-                               day::timestamp AT TIME ZONE 'UTC', (day + 1)::timestamp AT TIME ZONE 'UTC',
-                               CASE parent WHEN 'runs' THEN 'WITH (fillfactor = 80)' ELSE '' END);
+            part := format('%s_%s', parent, to_char(day, 'YYYYMMDD'));
+            IF to_regclass(part) IS NULL THEN
+                EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)', part, parent,
+                               day::timestamp AT TIME ZONE 'UTC', (day + 1)::timestamp AT TIME ZONE 'UTC');
                 created := created + 1;
             END IF;
         END LOOP;
+        part := format('runs_%s', to_char(day, 'YYYYMMDD'));
+        IF day >= (now() AT TIME ZONE 'UTC')::date AND NOT EXISTS (
+            SELECT 1 FROM pg_class WHERE oid = part::regclass AND reloptions @> ARRAY[format('fillfactor=%s', fill)]
+        ) THEN
+            EXECUTE format('ALTER TABLE %I SET (fillfactor = %s)', part, fill);
+        END IF;
     END LOOP;
     RETURN created;
-END
-$$;
-
-DO $$
-DECLARE
-    part regclass;
-BEGIN
-    FOR part IN SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = 'runs'::regclass LOOP
-        EXECUTE format('ALTER TABLE %s SET (fillfactor = 80)', part);
-    END LOOP;
 END
 $$;
