@@ -43,20 +43,21 @@ WITH picked AS (
 claimed AS (
     UPDATE runs r
     SET status = 'running', worker_id = $2, lease_token = gen_random_uuid(), started_at = now()
-    FROM picked p
+    FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
     WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
-    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, r.owner,
-              r.priority, r.partition_id
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
+              j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority,
+              r.partition_id
 ),
 leased AS (
     INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
-    SELECT c.run_id, c.scheduled_at, c.partition_id, c.lease_token, now() + make_interval(secs => $3::float8),
-           now() + make_interval(secs => coalesce(j.timeout_sec, $7::integer) + $4::float8)
-    FROM claimed c LEFT JOIN jobs j ON j.job_id = c.job_id
+    SELECT run_id, scheduled_at, partition_id, lease_token, now() + make_interval(secs => $3::float8),
+           now() + make_interval(secs => coalesce(timeout_sec, $7::integer) + $4::float8)
+    FROM claimed
 )
-SELECT c.run_id, c.scheduled_at, c.job_id, c.attempt, c.lease_token, c.started_at, c.trigger, j.task,
-       j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, c.owner, c.priority
-FROM claimed c LEFT JOIN jobs j ON j.job_id = c.job_id;
+SELECT run_id, scheduled_at, job_id, attempt, lease_token, started_at, trigger, task, retry_policy, timeout_sec,
+       job_exists, owner, priority
+FROM claimed;
 
 -- name: extend_leases
 -- Returns the runs this worker still holds; a run missing from the answer was cancelled or reaped
@@ -185,20 +186,21 @@ WITH picked AS (
 claimed AS (
     UPDATE runs r
     SET status = 'running', worker_id = $1, lease_token = gen_random_uuid(), started_at = now()
-    FROM picked p
+    FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
     WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
-    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, r.owner,
-              r.priority, r.partition_id
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
+              j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority,
+              r.partition_id
 ),
 leased AS (
     INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
-    SELECT c.run_id, c.scheduled_at, c.partition_id, c.lease_token, now() + make_interval(secs => $2::float8),
-           now() + make_interval(secs => coalesce(j.timeout_sec, $5::integer) + $3::float8)
-    FROM claimed c LEFT JOIN jobs j ON j.job_id = c.job_id
+    SELECT run_id, scheduled_at, partition_id, lease_token, now() + make_interval(secs => $2::float8),
+           now() + make_interval(secs => coalesce(timeout_sec, $5::integer) + $3::float8)
+    FROM claimed
 )
-SELECT c.run_id, c.scheduled_at, c.job_id, c.attempt, c.lease_token, c.started_at, c.trigger, j.task,
-       j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, c.owner, c.priority
-FROM claimed c LEFT JOIN jobs j ON j.job_id = c.job_id;
+SELECT run_id, scheduled_at, job_id, attempt, lease_token, started_at, trigger, task, retry_policy, timeout_sec,
+       job_exists, owner, priority
+FROM claimed;
 
 -- name: listen_queue
 -- A worker's check of its LISTEN connection: a round trip that is a no-op on a channel already
