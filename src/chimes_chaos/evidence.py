@@ -36,7 +36,8 @@ ORDER BY a.run_id, a.attempt
 # held runs. A run waiting longer than that after the drain is stuck, not in flight.
 UNFINISHED_SQL = """
 SELECT r.run_id, r.status, r.attempt,
-       r.lease_expires_at > now() AND r.deadline_at > now() AS lease_live,
+       EXISTS (SELECT 1 FROM run_leases l WHERE l.run_id = r.run_id AND l.token = r.lease_token
+               AND l.expires_at > now() AND l.deadline_at > now()) AS lease_live,
        EXISTS (SELECT 1 FROM run_queue q WHERE q.run_id = r.run_id
                AND q.enqueued_at > now() - interval '10 seconds') AS queued,
        EXISTS (SELECT 1 FROM triggers t WHERE t.trigger_id = r.run_id AND t.kind = 1
