@@ -194,7 +194,7 @@ CREATE TABLE public.runs (
 ) PARTITION BY RANGE (scheduled_at);
 CREATE INDEX runs_job_history ON ONLY public.runs USING btree (job_id, scheduled_at DESC);
 
-CREATE TABLE public.runs_default PARTITION OF public.runs DEFAULT WITH (fillfactor=80);
+CREATE TABLE public.runs_default PARTITION OF public.runs DEFAULT;
 
 CREATE TABLE public.schedule_stalls (
     job_id uuid NOT NULL,
@@ -324,19 +324,26 @@ DECLARE
     day date;
     created integer := 0;
     parent text;
+    part text;
+    fill integer := coalesce((SELECT (value #>> '{}')::integer FROM settings WHERE key = 'runs_fillfactor'), 40);
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('chimes_run_partitions'));
     FOR i IN 0 .. days - 1 LOOP
         day := start + i;
         FOREACH parent IN ARRAY ARRAY['runs', 'run_attempts'] LOOP
-            IF to_regclass(format('%s_%s', parent, to_char(day, 'YYYYMMDD'))) IS NULL THEN
-                EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L) %s',
-                               format('%s_%s', parent, to_char(day, 'YYYYMMDD')), parent,
-                               day::timestamp AT TIME ZONE 'UTC', (day + 1)::timestamp AT TIME ZONE 'UTC',
-                               CASE parent WHEN 'runs' THEN 'WITH (fillfactor = 80)' ELSE '' END);
+            part := format('%s_%s', parent, to_char(day, 'YYYYMMDD'));
+            IF to_regclass(part) IS NULL THEN
+                EXECUTE format('CREATE TABLE %I PARTITION OF %I FOR VALUES FROM (%L) TO (%L)', part, parent,
+                               day::timestamp AT TIME ZONE 'UTC', (day + 1)::timestamp AT TIME ZONE 'UTC');
                 created := created + 1;
             END IF;
         END LOOP;
+        part := format('runs_%s', to_char(day, 'YYYYMMDD'));
+        IF day >= (now() AT TIME ZONE 'UTC')::date AND NOT EXISTS (
+            SELECT 1 FROM pg_class WHERE oid = part::regclass AND reloptions @> ARRAY[format('fillfactor=%s', fill)]
+        ) THEN
+            EXECUTE format('ALTER TABLE %I SET (fillfactor = %s)', part, fill);
+        END IF;
     END LOOP;
     RETURN created;
 END
