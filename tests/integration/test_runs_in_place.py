@@ -4,29 +4,23 @@ versions, set by `chimes config set runs-fillfactor` (docs/operations.md)."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-from click.testing import CliRunner, Result
 
-from chimes.cli.main import cli
 from chimes.scheduler.firing import plan_fires
 from chimes.store.scheduling import SchedulerStore
 from chimes.store.working import Completion, WorkerStore
 from chimes.worker.tasks.common import Outcome
 from tests.integration.test_fencing import due, make_due_job, take_all
+from tests.integration.test_shards import config_command
 
 # What the claim, the outcome, a retry, the reaper, a release or a cancel write into a run.
 CHANGED_BY_UPDATES = ("status", "worker_id", "lease_token", "started_at", "finished_at", "error", "attempt",
                       "lease_losses")
 RUNS = 120  # several pages' worth, each page's runs claimed in one transaction and completed in another
-
-
-async def config_command(*args: str) -> Result:
-    return await asyncio.to_thread(CliRunner().invoke, cli, ["config", *args])
 
 
 async def page_of_each_run(pool: asyncpg.Pool) -> dict[uuid.UUID, int]:
