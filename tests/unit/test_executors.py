@@ -338,7 +338,7 @@ async def test_http_connection_refused(http: HttpExecutor) -> None:
     outcome = await http.run({"type": "http", "url": f"http://127.0.0.1:{port}/"}, make_ctx(timeout_sec=5))
     assert outcome.succeeded is False
     assert outcome.error is not None
-    assert outcome.error.startswith("connection refused: ClientConnectorError")
+    assert outcome.error.startswith(f"connection refused: Failed to connect to 127.0.0.1:{port}")
 
 
 async def test_http_invalid_request_is_failed_outcome(http: HttpExecutor) -> None:
@@ -365,13 +365,13 @@ async def test_http_cancellation_propagates(server: Server, http: HttpExecutor) 
 
 async def test_http_session_is_pooled_and_reopened_after_close(server: Server, http: HttpExecutor) -> None:
     await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-a"))
-    first = http.session_of("team-a")
+    first = http.pool_of("team-a")
     await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-a"))
-    assert first is not None and http.session_of("team-a") is first
+    assert first is not None and http.pool_of("team-a") is first
     await http.close()
     assert first.closed
     again = await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-a"))
-    assert again.succeeded and http.session_of("team-a") not in (None, first)
+    assert again.succeeded and http.pool_of("team-a") not in (None, first)
 
 
 async def test_http_owners_never_share_a_pool_and_idle_pools_close(server: Server) -> None:
@@ -379,18 +379,18 @@ async def test_http_owners_never_share_a_pool_and_idle_pools_close(server: Serve
     try:
         for owner in ("team-a", "team-b"):
             assert (await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner=owner))).succeeded
-        a, b = http.session_of("team-a"), http.session_of("team-b")
+        a, b = http.pool_of("team-a"), http.pool_of("team-b")
         assert a is not None and b is not None and a is not b
         await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-c"))
         await http.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-c"))
-        assert a.closed and http.session_of("team-a") is None, "beyond the bound, the least recently used closes"
-        assert http.session_of("team-b") is b and not b.closed
+        assert a.closed and http.pool_of("team-a") is None, "beyond the bound, the least recently used closes"
+        assert http.pool_of("team-b") is b and not b.closed
     finally:
         await http.close()
     idle = HttpExecutor(owner_pool_idle_sec=0.0)
     try:
         await idle.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-a"))
-        first = idle.session_of("team-a")
+        first = idle.pool_of("team-a")
         await idle.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-b"))
         assert first is not None and first.closed, "an idle pool is closed"
     finally:
@@ -403,13 +403,13 @@ async def test_http_pool_in_flight_during_a_sweep_is_closed_once_idle(server: Se
         hanging = asyncio.ensure_future(idle.run({"type": "http", "url": f"{server.base}/hang"},
                                                  make_ctx(timeout_sec=0.5, owner="team-a")))
         await wait_for(lambda: len(server.requests) == 1, timeout=5.0, what="the hanging call to arrive")
-        busy = idle.session_of("team-a")
+        busy = idle.pool_of("team-a")
         for _ in range(2):  # pools are gone through meanwhile: team-a's, in flight, stays open
             assert (await idle.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-b"))).succeeded
         assert busy is not None and not busy.closed
         assert (await hanging).error == "timed out after 0.5s"
         await idle.run({"type": "http", "url": f"{server.base}/ok"}, make_ctx(owner="team-b"))
-        assert busy.closed and idle.session_of("team-a") is None, "idle once its call ended, it is closed"
+        assert busy.closed and idle.pool_of("team-a") is None, "idle once its call ended, it is closed"
     finally:
         await idle.close()
 

@@ -13,10 +13,15 @@ DELETE FROM workers WHERE worker_id = $1;
 -- plan. A burst fills the run queue and a fresh day's runs partition faster than autovacuum
 -- analyzes them; with statistics that still say "empty" PostgreSQL hash-joins against a scan of
 -- the whole partition and sorts the whole queue, and a claim of 100 runs took 60 ms instead of 4.
+-- With those plans ruled out the plan is the same whatever the length of the batch's arrays, so the
+-- statement is planned once per connection (a generic plan) instead of at every batch
+-- (SESSION_SETTINGS plans every statement afresh): planning a claim or a complete took 0.6-1.0 ms
+-- against 2 ms to execute it for 100 runs.
 SET LOCAL enable_seqscan = off;
 SET LOCAL enable_bitmapscan = off;
 SET LOCAL enable_hashjoin = off;
 SET LOCAL enable_mergejoin = off;
+SET LOCAL plan_cache_mode = force_generic_plan;
 
 -- name: claim_runs
 -- Takes up to $1 ready runs of the tiers $5..$6, highest tier first, oldest first (one range scan

@@ -1,19 +1,21 @@
 """HTTP tasks: call a webhook/URL and judge the run by the response status.
 
-Runs reuse pooled connections instead of paying a TCP (and TLS) handshake each, but never
-another owner's: each owner has its own ``aiohttp.ClientSession``. A connection kept alive after
-one team's request must not carry the next team's, since whatever the first request left on it
-(a framing trick the target reads differently from the client) would swallow the second, secret
-headers included. Owners' pools are bounded in number, and one idle for a minute is closed.
+The calls go through libcurl (chimes.worker.tasks.curl). Runs reuse pooled connections instead of
+paying a TCP (and TLS) handshake each, but never another owner's: each owner has its own pool (a
+libcurl connection cache). A connection kept alive after one team's request must not carry the next
+team's, since whatever the first request left on it (a framing trick the target reads differently
+from the client) would swallow the second, secret headers included. Owners' pools are bounded in
+number, and one idle for a minute is closed.
 
-Its connector applies the egress (SSRF) policy to every address it connects to, and every request
-is signed with the owner's signing secret (``X-Chimes-Signature``, chimes.security.signing).
+The egress (SSRF) policy judges a host name before it is looked up, and every address a connection
+is opened to after the lookup; every request is signed with the owner's signing secret
+(``X-Chimes-Signature``, chimes.security.signing).
 
 A task cannot set the framing and connection headers (chimes.security.headers): the API refuses
 them and they are dropped here again for rows written around it. The lease token goes only to a
 task that uses callbacks, and only to its own origin.
 
-Redirects are followed here, not by aiohttp, which would carry every header, secret ones included,
+Redirects are followed here, not by libcurl, which would carry every header, secret ones included,
 to whatever origin the target names. A hop to another origin (scheme, host and port) keeps only
 Chimes' own headers: the task's headers and the signature are for the origin the team configured.
 """
@@ -26,18 +28,17 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-import aiohttp
 import orjson
+import pycurl
 from multidict import CIMultiDict
 from yarl import URL
 
 from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
-from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
+from chimes.security.ssrf import EgressPolicy
 from chimes.tracing import traceparent
 from chimes.worker.tasks.common import (
     OUTPUT_TAIL_BYTES,
@@ -48,6 +49,7 @@ from chimes.worker.tasks.common import (
     rfc3339_utc,
     short_error,
 )
+from chimes.worker.tasks.curl import CurlError, CurlPool, Reply
 
 __all__ = ["HTTP_READ_LIMIT_BYTES", "MAX_OWNER_POOLS", "MAX_REDIRECTS", "OWNER_POOL_IDLE_SEC", "USER_AGENT",
            "HttpExecutor", "build_headers"]
@@ -56,12 +58,8 @@ log = logging.getLogger(__name__)
 
 #: Most response bytes read per run: a streaming or huge response must not hold the run open.
 HTTP_READ_LIMIT_BYTES = 64 * 1024
-MAX_REDIRECTS = 10  # as aiohttp's and most clients' default
+MAX_REDIRECTS = 10  # as most clients' default
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-_READ_CHUNK = 16 * 1024
-#: aiohttp's own timers, none: the run's timeout bounds each call as a whole (``asyncio.timeout`` in
-#: ``_send``), and a second timer per request, always later than that one, would never fire first.
-_BOUNDED_ABOVE = aiohttp.ClientTimeout()
 _RESERVED_PREFIX = "x-chimes-"
 #: Owners whose connection pools a worker keeps; beyond it the least recently used idle pool closes.
 MAX_OWNER_POOLS = 256
@@ -132,12 +130,49 @@ def _encode_body(body: Any, headers: CIMultiDict[str]) -> bytes | None:
     return orjson.dumps(body)
 
 
-def _connection_error(exc: aiohttp.ClientError) -> str:
-    """Short reason for a transport failure, naming 'connection refused' explicitly (the common case)."""
-    os_error = getattr(exc, "os_error", None)
-    if isinstance(os_error, ConnectionRefusedError) or getattr(os_error, "errno", None) == errno.ECONNREFUSED:
-        return short_error(f"connection refused: {type(exc).__name__}: {exc}")
-    return short_error(f"{type(exc).__name__}: {exc}")
+def _header_lines(headers: CIMultiDict[str]) -> list[str]:
+    """The request's headers as libcurl takes them, without the two libcurl would add of its own: a
+    form Content-Type on a POST and ``Expect: 100-continue`` on a large body."""
+    lines = [f"{name}: {value}" if value else f"{name};" for name, value in headers.items()]  # "X;": X, empty
+    if "Content-Type" not in headers:
+        lines.append("Content-Type:")
+    lines.append("Expect:")
+    return lines
+
+
+def _set_method(curl: pycurl.Curl, method: str, data: bytes | None) -> None:
+    """The request's method and body, on a handle that still carries the previous call's."""
+    if method == "HEAD":
+        curl.setopt(pycurl.CUSTOMREQUEST, None)
+        curl.setopt(pycurl.NOBODY, 1)
+        return
+    curl.setopt(pycurl.NOBODY, 0)  # before the body: clearing it afterwards would make the call a GET
+    if data is None and method not in ("POST", "PUT", "PATCH"):
+        curl.setopt(pycurl.HTTPGET, 1)
+        curl.setopt(pycurl.CUSTOMREQUEST, None if method == "GET" else method)
+    else:
+        curl.setopt(pycurl.POSTFIELDS, data or b"")  # a POST without a body still says Content-Length: 0
+        curl.setopt(pycurl.CUSTOMREQUEST, None if method == "POST" else method)
+
+
+def _charset(content_type: str | None) -> str:
+    for param in (content_type or "").split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip(' "'):
+            return value.strip(' "')
+    return "utf-8"
+
+
+def _call_error(exc: CurlError, timeout_sec: float) -> str:
+    """Short reason for a call that failed below HTTP: the egress refusal, a timeout, or libcurl's
+    own words, naming 'connection refused' explicitly (the common case)."""
+    if exc.refusals and exc.code == pycurl.E_COULDNT_CONNECT:
+        return short_error(f"refused by egress policy: {exc.refusals[0]}")
+    if exc.code == pycurl.E_OPERATION_TIMEDOUT:
+        return f"timed out after {format_seconds(timeout_sec)}s"
+    if exc.code == pycurl.E_COULDNT_CONNECT and exc.os_errno == errno.ECONNREFUSED:
+        return short_error(f"connection refused: {exc}")
+    return short_error(str(exc) or f"libcurl error {exc.code}")
 
 
 def _for_another_origin(headers: CIMultiDict[str], ctx: TaskContext) -> CIMultiDict[str]:
@@ -148,30 +183,17 @@ def _for_another_origin(headers: CIMultiDict[str], ctx: TaskContext) -> CIMultiD
     return kept
 
 
-async def _outcome(resp: aiohttp.ClientResponse, task: dict[str, Any], ctx: TaskContext) -> Outcome:
-    tail = OutputTail(OUTPUT_TAIL_BYTES)
-    while tail.total_bytes < HTTP_READ_LIMIT_BYTES:
-        chunk = await resp.content.read(min(_READ_CHUNK, HTTP_READ_LIMIT_BYTES - tail.total_bytes))
-        if not chunk:
-            break
-        tail.feed(chunk)
-    output = tail.text(resp.charset or "utf-8")
-    if resp.status == 202 and task.get("callback") and ctx.lease_token is not None:
+def _outcome(reply: Reply, tail: OutputTail, task: dict[str, Any], ctx: TaskContext) -> Outcome:
+    output = tail.text(_charset(reply.content_type))
+    if reply.status == 202 and task.get("callback") and ctx.lease_token is not None:
         return Outcome.accepted(output)
-    if 200 <= resp.status < 300:
+    if 200 <= reply.status < 300:
         return Outcome.success(output)
-    return Outcome.failure(f"HTTP {resp.status}", output)
-
-
-@dataclass(slots=True)
-class _OwnerPool:
-    session: aiohttp.ClientSession
-    in_flight: int = 0
-    last_used: float = 0.0
+    return Outcome.failure(f"HTTP {reply.status}", output)
 
 
 class HttpExecutor:
-    """Runs ``{"type": "http"}`` tasks over pooled client sessions, one per owner, made on first use."""
+    """Runs ``{"type": "http"}`` tasks over pooled connections, a pool per owner, made on first use."""
 
     def __init__(self, *, max_connections: int = 1000, egress: EgressPolicy | None = None,
                  max_owner_pools: int = MAX_OWNER_POOLS, owner_pool_idle_sec: float = OWNER_POOL_IDLE_SEC) -> None:
@@ -179,34 +201,31 @@ class HttpExecutor:
         self._egress = egress or EgressPolicy.build()
         self._max_owner_pools = max_owner_pools
         self._owner_pool_idle_sec = owner_pool_idle_sec
-        self._pools: OrderedDict[str, _OwnerPool] = OrderedDict()  # least recently used first
+        self._pools: OrderedDict[str, CurlPool] = OrderedDict()  # least recently used first
         self._next_idle_check = math.inf  # monotonic: when a pool may be idle for long enough, at the earliest
 
-    def session_of(self, owner: str) -> aiohttp.ClientSession | None:
-        """The open session that carries ``owner``'s runs, if there is one."""
+    def pool_of(self, owner: str) -> CurlPool | None:
+        """The open pool that carries ``owner``'s runs, if there is one."""
         pool = self._pools.get(owner)
-        return pool.session if pool is not None and not pool.session.closed else None
+        return pool if pool is not None and not pool.closed else None
 
-    def _acquire(self, owner: str) -> _OwnerPool:
-        # Made inside the running loop, as aiohttp binds sessions to a loop.
+    def _acquire(self, owner: str) -> CurlPool:
+        # Made inside the running loop, whose readers and timers drive it.
         pool = self._pools.get(owner)
-        if pool is None or pool.session.closed:
-            pool = _OwnerPool(aiohttp.ClientSession(
-                connector=GuardedConnector(self._egress, limit=self._max_connections),
-                cookie_jar=aiohttp.DummyCookieJar(),  # runs must not leak state into each other
-            ))
+        if pool is None or pool.closed:
+            pool = CurlPool(self._egress, max_connections=self._max_connections)
             self._pools[owner] = pool
         self._pools.move_to_end(owner)
         pool.in_flight += 1
         return pool
 
-    def _release(self, pool: _OwnerPool) -> None:
+    def _release(self, pool: CurlPool) -> None:
         pool.in_flight -= 1
         pool.last_used = time.monotonic()
         if not pool.in_flight:
             self._next_idle_check = min(self._next_idle_check, pool.last_used + self._owner_pool_idle_sec)
 
-    async def _close_idle_pools(self) -> None:
+    def _close_idle_pools(self) -> None:
         """Close pools unused for ``owner_pool_idle_sec``, and the least recently used idle ones
         beyond ``max_owner_pools``; a pool with a request in flight stays. The pools are only gone
         through when one may be closed: there are too many, or one has been idle long enough (the
@@ -215,18 +234,15 @@ class HttpExecutor:
         excess = len(self._pools) - self._max_owner_pools
         if excess <= 0 and now <= self._next_idle_check:
             return
-        closing = []
         self._next_idle_check = math.inf
         for owner, pool in list(self._pools.items()):
             if pool.in_flight:
                 continue
             if excess > 0 or now - pool.last_used > self._owner_pool_idle_sec:
-                closing.append(self._pools.pop(owner).session)
+                self._pools.pop(owner).close()
                 excess -= 1
             else:
                 self._next_idle_check = min(self._next_idle_check, pool.last_used + self._owner_pool_idle_sec)
-        for session in closing:
-            await session.close()
 
     async def run(self, task: dict[str, Any], ctx: TaskContext) -> Outcome:
         """Perform the request; 2xx is success, everything else a failed outcome (never raises)."""
@@ -236,9 +252,8 @@ class HttpExecutor:
             raise
         except TimeoutError:
             return Outcome.failure(f"timed out after {format_seconds(ctx.timeout_sec)}s")
-        except aiohttp.ClientError as exc:
-            refusal = egress_error(exc)
-            return Outcome.failure(short_error(refusal) if refusal else _connection_error(exc))
+        except CurlError as exc:
+            return Outcome.failure(_call_error(exc, ctx.timeout_sec))
         except Exception as exc:  # bad URL, unserialisable body, ...: a failed run, not a worker crash
             return Outcome.failure(short_error(f"{type(exc).__name__}: {exc}"))
 
@@ -248,44 +263,64 @@ class HttpExecutor:
         problem = _header_problem(headers, user_headers)
         if problem is not None:  # refused by the API; a row written around it fails clearly
             return Outcome.failure(short_error(problem))
-        await self._close_idle_pools()
+        self._close_idle_pools()
         pool = self._acquire(ctx.owner)
         try:
-            return await self._send(pool.session, task, ctx, headers)
+            return await self._send(pool, task, ctx, headers)
         finally:
             self._release(pool)
 
-    async def _send(self, session: aiohttp.ClientSession, task: dict[str, Any], ctx: TaskContext,
+    async def _send(self, pool: CurlPool, task: dict[str, Any], ctx: TaskContext,
                     headers: CIMultiDict[str]) -> Outcome:
         data = _encode_body(task.get("body"), headers)
         if ctx.signing_secret is not None:  # fresh on every attempt: targets refuse old timestamps
             headers[SIGNATURE_HEADER] = signature_header(ctx.signing_secret, int(time.time()), data or b"")
         method = str(task.get("method") or "GET").upper()
         url = URL(str(task["url"]))
-        async with asyncio.timeout(ctx.timeout_sec):  # every hop, connect, send and body read together
-            for _ in range(MAX_REDIRECTS + 1):
-                async with session.request(
-                    method, url, headers=headers, data=data, timeout=_BOUNDED_ABOVE, allow_redirects=False
-                ) as resp:
-                    location = resp.headers.get("Location") if resp.status in _REDIRECT_STATUSES else None
-                    if location is None:
-                        return await _outcome(resp, task, ctx)
-                    status = resp.status
-                following = url.join(URL(location))
-                if following.scheme not in ("http", "https"):
-                    return Outcome.failure(short_error(f"HTTP {status}: redirect to an unsupported URL {location}"))
-                if status == 303 or (status in (301, 302) and method == "POST"):  # as every client does
-                    method = "HEAD" if method == "HEAD" else "GET"
-                    data = None
-                    headers.popall("Content-Type", None)
-                if following.origin() != url.origin():
-                    headers = _for_another_origin(headers, ctx)
-                url = following
+        deadline = time.monotonic() + ctx.timeout_sec  # every hop, connect, send and body read together
+        for _ in range(MAX_REDIRECTS + 1):
+            tail = OutputTail(OUTPUT_TAIL_BYTES)
+            reply = await self._call(pool, method, url, headers, data, tail, deadline)
+            if reply.status not in _REDIRECT_STATUSES or not reply.redirect_url:
+                return _outcome(reply, tail, task, ctx)
+            following = URL(reply.redirect_url)
+            if following.scheme not in ("http", "https"):
+                return Outcome.failure(short_error(
+                    f"HTTP {reply.status}: redirect to an unsupported URL {reply.redirect_url}"))
+            if reply.status == 303 or (reply.status in (301, 302) and method == "POST"):  # as every client does
+                method = "HEAD" if method == "HEAD" else "GET"
+                data = None
+                headers.popall("Content-Type", None)
+            if following.origin() != url.origin():
+                headers = _for_another_origin(headers, ctx)
+            url = following
         return Outcome.failure(f"more than {MAX_REDIRECTS} redirects")
 
+    async def _call(self, pool: CurlPool, method: str, url: URL, headers: CIMultiDict[str], data: bytes | None,
+                    tail: OutputTail, deadline: float) -> Reply:
+        """One request; its body goes to ``tail``, up to :data:`HTTP_READ_LIMIT_BYTES`."""
+        host = url.host or ""
+        refusal = self._egress.host_refusal(host)
+        if refusal is not None:  # a denied name is not even looked up
+            raise CurlError(pycurl.E_COULDNT_CONNECT, f"refused by egress policy: {refusal}")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+
+        def on_body(chunk: bytes) -> bool:
+            tail.feed(chunk)
+            return tail.total_bytes < HTTP_READ_LIMIT_BYTES
+
+        transfer = pool.transfer(host, on_body)
+        curl = transfer.curl
+        curl.setopt(pycurl.URL, str(url))
+        _set_method(curl, method, data)
+        curl.setopt(pycurl.HTTPHEADER, _header_lines(headers))
+        curl.setopt(pycurl.TIMEOUT_MS, max(1, math.ceil(remaining * 1000)))
+        return await pool.perform(transfer)
+
     async def close(self) -> None:
-        """Close every owner's pooled connections; a later ``run`` opens fresh sessions."""
+        """Close every owner's pooled connections; a later ``run`` opens fresh pools."""
         pools, self._pools = list(self._pools.values()), OrderedDict()
         for pool in pools:
-            if not pool.session.closed:
-                await pool.session.close()
+            pool.close()

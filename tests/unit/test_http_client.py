@@ -1,0 +1,220 @@
+"""The HTTP tasks' client (libcurl, chimes.worker.tasks.curl) against real local servers: what it
+sends, what it reads back, how it keeps and drops connections, and TLS with the certificates Python
+trusts. No database."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import ipaddress
+import ssl
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pycurl
+import pytest
+from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from chimes.security.ssrf import EgressPolicy
+from chimes.worker.tasks.common import TaskContext
+from chimes.worker.tasks.curl import CurlPool
+from chimes.worker.tasks.http import HttpExecutor
+from tests.helpers import wait_for
+
+
+def ctx(timeout_sec: float = 10.0) -> TaskContext:
+    return TaskContext("run-1", "job-1", 1, datetime(2026, 12, 1, tzinfo=UTC), timeout_sec)
+
+
+class Served:
+    """An aiohttp app on 127.0.0.1 that records the requests it got, and the connections they came on."""
+
+    def __init__(self) -> None:
+        self.peers: set[Any] = set()
+        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.base = ""
+
+    @property
+    def connections(self) -> int:
+        return len(self.peers)
+
+    async def record(self, request: web.Request) -> None:
+        assert request.transport is not None
+        self.peers.add(request.transport.get_extra_info("peername"))
+        self.requests.append((request.method, request.path, dict(request.headers), await request.read()))
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    state = Served()
+
+    async def echo(request: web.Request) -> web.Response:
+        await state.record(request)
+        return web.Response(text=f"{request.method} {request.path}")
+
+    async def compressed(request: web.Request) -> web.Response:
+        await state.record(request)
+        return web.Response(body=gzip.compress(b"unzipped " * 10), headers={"Content-Encoding": "gzip"})
+
+    async def latin1(request: web.Request) -> web.Response:
+        await state.record(request)
+        return web.Response(body="café".encode("latin-1"), content_type="text/plain", charset="iso-8859-1")
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        await state.record(request)
+        response = web.StreamResponse(status=200)
+        await response.prepare(request)
+        while True:  # a stream that never ends: the client must stop reading it
+            await response.write(b"x" * 8192)
+
+    async def closing(request: web.Request) -> web.Response:
+        await state.record(request)
+        return web.Response(text="bye", headers={"Connection": "close"})
+
+    app = web.Application()
+    app.router.add_get("/gzip", compressed)
+    app.router.add_get("/latin1", latin1)
+    app.router.add_get("/endless", endless)
+    app.router.add_get("/closing", closing)
+    app.router.add_route("*", "/{tail:.*}", echo)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    state.base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        yield state
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[HttpExecutor]:
+    executor = HttpExecutor(max_connections=10)
+    try:
+        yield executor
+    finally:
+        await executor.close()
+
+
+async def test_calls_of_one_owner_share_kept_alive_connections(served: Served, http: HttpExecutor) -> None:
+    outcomes = await asyncio.gather(*(http.run({"type": "http", "method": "POST", "url": f"{served.base}/n"}, ctx())
+                                      for _ in range(40)))
+    assert all(o.succeeded for o in outcomes)
+    for _ in range(20):
+        assert (await http.run({"type": "http", "url": f"{served.base}/n"}, ctx())).succeeded
+    assert len(served.requests) == 60
+    assert served.connections <= 10, "at most max_connections, then kept alive and reused"
+
+
+async def test_a_connection_the_target_closes_is_not_reused(served: Served, http: HttpExecutor) -> None:
+    first = await http.run({"type": "http", "url": f"{served.base}/closing"}, ctx())
+    second = await http.run({"type": "http", "url": f"{served.base}/n"}, ctx())
+    assert (first.output, second.output) == ("bye", "GET /n")
+    assert served.connections == 2
+
+
+async def test_every_method_is_sent_as_asked_with_or_without_a_body(served: Served, http: HttpExecutor) -> None:
+    for method, body in [("DELETE", None), ("HEAD", None), ("PATCH", {"a": 1}), ("OPTIONS", None), ("GET", "q"),
+                         ("POST", None), ("PUT", None)]:
+        task = {"type": "http", "method": method, "url": f"{served.base}/m", **({"body": body} if body else {})}
+        assert (await http.run(task, ctx())).succeeded, method
+    sent = [(method, body, headers.get("Content-Length")) for method, _, headers, body in served.requests]
+    assert sent == [("DELETE", b"", None), ("HEAD", b"", None), ("PATCH", b'{"a":1}', "7"), ("OPTIONS", b"", None),
+                    ("GET", b"q", "1"), ("POST", b"", "0"), ("PUT", b"", "0")]
+    assert all("Expect" not in headers for _, _, headers, _ in served.requests)
+
+
+async def test_an_empty_header_value_is_sent_empty(served: Served, http: HttpExecutor) -> None:
+    assert (await http.run({"type": "http", "url": f"{served.base}/h", "headers": {"X-Empty": ""}}, ctx())).succeeded
+    [(_, _, headers, _)] = served.requests
+    assert headers["X-Empty"] == ""
+
+
+async def test_a_compressed_response_is_kept_decoded(served: Served, http: HttpExecutor) -> None:
+    outcome = await http.run({"type": "http", "url": f"{served.base}/gzip"}, ctx())
+    assert outcome.output == "unzipped " * 10
+    assert "gzip" in served.requests[0][2]["Accept-Encoding"]
+
+
+async def test_the_output_is_decoded_in_the_charset_the_response_names(served: Served, http: HttpExecutor) -> None:
+    assert (await http.run({"type": "http", "url": f"{served.base}/latin1"}, ctx())).output == "café"
+
+
+async def test_an_endless_response_is_cut_at_the_read_limit_and_judged_by_its_status(
+    served: Served, http: HttpExecutor
+) -> None:
+    outcome = await http.run({"type": "http", "url": f"{served.base}/endless"}, ctx(timeout_sec=30))
+    assert outcome.succeeded and outcome.output is not None and set(outcome.output) == {"x"}
+    pool = http.pool_of("")
+    assert pool is not None and pool.in_flight == 0
+    assert (await http.run({"type": "http", "url": f"{served.base}/after"}, ctx())).output == "GET /after"
+
+
+def _certificate(folder: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "chimes test target")])
+    now = datetime.now(UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(minutes=1))
+            .not_valid_after(now + timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "target.pem", folder / "target.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+async def test_https_trusts_the_certificates_python_trusts_and_no_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = _certificate(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="over tls")
+
+    app = web.Application()
+    app.router.add_get("/", hello)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    url = f"https://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/"  # type: ignore[union-attr]
+    try:
+        untrusting = HttpExecutor()
+        refused = await untrusting.run({"type": "http", "url": url}, ctx())
+        await untrusting.close()
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # how an operator adds a private CA (docs/security.md)
+        trusting = HttpExecutor()
+        accepted = await trusting.run({"type": "http", "url": url}, ctx())
+        await trusting.close()
+    finally:
+        await runner.cleanup()
+    assert refused.succeeded is False and refused.error is not None and "certificate" in refused.error.lower()
+    assert accepted.succeeded and accepted.output == "over tls"
+
+
+async def test_a_closed_pool_refuses_new_calls_and_fails_those_in_flight(served: Served) -> None:
+    pool = CurlPool(EgressPolicy.build(), max_connections=2)
+    transfer = pool.transfer("127.0.0.1", lambda chunk: True)
+    transfer.curl.setopt(pycurl.URL, f"{served.base}/endless")
+    transfer.curl.setopt(pycurl.HTTPGET, 1)
+    call = asyncio.ensure_future(pool.perform(transfer))
+    await wait_for(lambda: len(served.requests) == 1, timeout=10, what="the call to arrive")
+    pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await call
+    with pytest.raises(RuntimeError, match="closed"):
+        await pool.perform(pool.transfer("127.0.0.1", lambda chunk: True))
