@@ -145,17 +145,26 @@ def record_claims(claimed: Iterable[ClaimedRun]) -> None:
 
 def record_outcomes(batch: Iterable[Completion], accepted: set[Any]) -> None:
     """Outcomes the database accepted: task durations, retries and final statuses."""
+    durations: dict[tuple[str, str], Any] = {}  # each label set's child, looked up once a batch
+    finished: dict[str, int] = {}
+    retries = 0
     for done in batch:
         if done.run.run_id not in accepted:
             continue
         task_type = bounded(str((done.run.task or {}).get("type", "none")), TASK_TYPES)
         status = bounded(str(done.outcome.status), OUTCOME_STATUSES)
-        duration = max(0.0, (done.finished_at - done.run.started_at).total_seconds())
-        TASK_DURATION.labels(task_type, status).observe(duration)
+        child = durations.get((task_type, status))
+        if child is None:
+            child = durations[task_type, status] = TASK_DURATION.labels(task_type, status)
+        child.observe(max(0.0, (done.finished_at - done.run.started_at).total_seconds()))
         if done.retry_at is not None:
-            RETRIES.labels("worker").inc()
+            retries += 1
         else:
-            RUNS_FINISHED.labels(status).inc()
+            finished[status] = finished.get(status, 0) + 1
+    if retries:
+        RETRIES.labels("worker").inc(retries)
+    for status, count in finished.items():
+        RUNS_FINISHED.labels(status).inc(count)
 
 
 async def collect_fleet(pool: Pool, *shards: Pool) -> None:

@@ -356,6 +356,18 @@ def _most_telling(errors: list[BaseException]) -> BaseException:
     return errors[-1]
 
 
+class _PooledConnection(asyncpg.Connection):
+    """A pooled connection given back as it is, without asyncpg's reset query (``RESET ALL``, ``UNLISTEN
+    *``, ``CLOSE ALL``, ``pg_advisory_unlock_all()``): a round trip at every release, a write and a
+    wake-up of the server for every batch and every API read. Chimes leaves nothing on a pooled
+    connection for it to undo: settings are ``SET LOCAL``, LISTEN and session-level advisory locks
+    are only taken on connections of their own (chimes.store.working.RunSignals, migrations, the shard
+    probe). A transaction left open is still rolled back when the connection is given back."""
+
+    def get_reset_query(self) -> str:
+        return ""
+
+
 async def _pool_connect(dsn: str | None = None, **kwargs: Any) -> asyncpg.Connection:
     if dsn is None:  # asyncpg's connect callback may be called without one; create_pool below passes it
         raise TypeError("the pool's connect callback needs a DSN")
@@ -370,14 +382,15 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, wait_s
     Every connection has TCP keepalives and a bounded connect (see :func:`open_connection`); every
     statement is bounded by ``command_timeout`` (a role's default, or ``--database-timeout``). A
     statement that times out is cancelled, and when the cancel cannot reach the server either, asyncpg
-    closes the connection; a connection given back to the pool is reset with a round trip bounded the
-    same way, and closed if that fails: the next acquire opens a new one, through the host list."""
+    closes the connection: the next acquire opens a new one, through the host list. A connection given
+    back inside a transaction is rolled back, bounded the same way, and closed if that fails; others
+    are given back as they are (:class:`_PooledConnection`)."""
     settings = {**SESSION_SETTINGS, **(kwargs.pop("server_settings", None) or {})}
 
     async def open_pool() -> asyncpg.Pool:
         pool = await asyncpg.create_pool(
             dsn, min_size=min_size, max_size=max_size, init=_init_connection, server_settings=settings,
-            connect=_pool_connect, command_timeout=command_timeout, **kwargs
+            connect=_pool_connect, command_timeout=command_timeout, connection_class=_PooledConnection, **kwargs
         )
         assert pool is not None
         return pool

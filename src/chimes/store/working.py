@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -77,6 +78,23 @@ async def runs_ended(conn: Conn, ended: Sequence[asyncpg.Record]) -> None:
                            [r["scheduled_at"] for r in ended])
 
 
+@contextlib.asynccontextmanager
+async def by_key(pool: asyncpg.Pool) -> AsyncIterator[Conn]:
+    """A transaction for a worker's batch statements, planned by key: begun with its settings in one
+    round trip (begin_by_key) instead of two, as every round trip wakes the server and then the worker
+    again."""
+    async with pool.acquire() as conn:
+        await conn.execute(sql("begin_by_key"))
+        try:
+            yield conn
+        except BaseException:
+            if not conn.is_closed():  # else the server has ended the transaction with the session
+                with contextlib.suppress(*DB_ERRORS):
+                    await conn.execute("ROLLBACK")
+            raise
+        await conn.execute("COMMIT")
+
+
 class WorkerStore:
     def __init__(self, pool: asyncpg.Pool, worker_id: str) -> None:
         self._pool = pool
@@ -93,8 +111,7 @@ class WorkerStore:
         """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]``, both included."""
         if limit <= 0:
             return []
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(sql("plan_by_key"))
+        async with by_key(self._pool) as conn:
             rows = await conn.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
                                     tiers[0], tiers[1], RUN_TIMEOUT_SEC)
         return [ClaimedRun(**dict(row)) for row in rows]
@@ -126,8 +143,7 @@ class WorkerStore:
         table of caps is empty) to :meth:`claim_capped_with_slots`."""
         if limit <= 0:
             return []
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(sql("plan_by_key"))
+        async with by_key(self._pool) as conn:
             rows = await conn.fetch(_caps_given("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
                                     tiers[0], tiers[1], RUN_TIMEOUT_SEC, *_cap_columns(caps))
         return [ClaimedRun(**dict(row)) for row in rows]
@@ -202,8 +218,7 @@ class WorkerStore:
         """Record a batch of outcomes in one statement; returns the runs whose outcome was accepted."""
         if not completions:
             return set()
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(sql("plan_by_key"))
+        async with by_key(self._pool) as conn:
             rows = await conn.fetch(
                 sql("complete_runs"),
                 [c.run.run_id for c in completions], [c.run.scheduled_at for c in completions],

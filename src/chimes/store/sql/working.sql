@@ -7,16 +7,17 @@ ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now(), in_flight = $5;
 -- name: forget_worker
 DELETE FROM workers WHERE worker_id = $1;
 
--- name: plan_by_key
--- For the batch statements of a worker (claim, complete), in their transaction. They touch at most
--- a few hundred rows, each found by its key, so index lookups in nested loops are always the right
--- plan. A burst fills the run queue and a fresh day's runs partition faster than autovacuum
+-- name: begin_by_key
+-- Begins the transaction of a worker's batch statements (claim, complete) with the settings below,
+-- in one round trip. They touch at most a few hundred rows, each found by its key, so index lookups
+-- in nested loops are always the right plan. A burst fills the run queue and a fresh day's runs partition faster than autovacuum
 -- analyzes them; with statistics that still say "empty" PostgreSQL hash-joins against a scan of
 -- the whole partition and sorts the whole queue, and a claim of 100 runs took 60 ms instead of 4.
 -- With those plans ruled out the plan is the same whatever the length of the batch's arrays, so the
 -- statement is planned once per connection (a generic plan) instead of at every batch
 -- (SESSION_SETTINGS plans every statement afresh): planning a claim or a complete took 0.6-1.0 ms
 -- against 2 ms to execute it for 100 runs.
+BEGIN;
 SET LOCAL enable_seqscan = off;
 SET LOCAL enable_bitmapscan = off;
 SET LOCAL enable_hashjoin = off;
