@@ -90,6 +90,7 @@ class Worker:
             budget.watch(self._slot_free)
         self._stopping = asyncio.Event()
         self._drained = asyncio.Event()
+        self._to_flush = asyncio.Event()  # set with something for the flush loop: an outcome, a slot to free
         self._claim_cycles = 0
         self._claims_answer = True  # whether this home's last claim answered (else the next reserves one slot)
         self._caps_exist = False
@@ -133,6 +134,7 @@ class Worker:
             # The flusher is never cancelled mid-write (that would lose the batch it holds): it is
             # told to stop and finishes its last flush.
             self._drained.set()
+            self._to_flush.set()
             await asyncio.gather(heartbeat, listener, flusher, return_exceptions=True)
             await self._flush()
             with contextlib.suppress(*DB_ERRORS):
@@ -298,11 +300,13 @@ class Worker:
                     error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
             recorded = Outcome(outcome.status, storable_text(error), storable_text(outcome.output))
             self._outcomes.append(Completion(run, recorded, now, retry_at))
+            self._to_flush.set()
             handed_on = True
         finally:
             if not handed_on and run.run_id in self._slotted:  # cancelled, taken away or handed back
                 self._slotted.discard(run.run_id)
                 self._slots_to_free.append(run.run_id)
+                self._to_flush.set()
             self._running.pop(run.run_id, None)
             self._slot_free.set()
             if self._budget is not None:
@@ -325,7 +329,13 @@ class Worker:
         return outcome
 
     async def _flush_loop(self) -> None:
+        """Outcomes wait up to ``flush_every_sec`` to be written together. An idle worker does not
+        wake up for nothing: with none to write the loop waits for the next one."""
         while not self._drained.is_set():
+            if not self._outcomes and not self._slots_to_free:
+                self._to_flush.clear()
+                await self._to_flush.wait()
+                continue
             await wait_event(self._drained, self.config.flush_every_sec)
             try:
                 await self._flush()
@@ -429,6 +439,7 @@ class Worker:
             for run_id in [run_id for run_id in self._callbacks if run_id not in running]:
                 del self._callbacks[run_id]
                 self._slots_to_free.append(run_id)
+                self._to_flush.set()
             renewing += running
         started = time.monotonic()
         await slots.renew(renewing, self.worker_id, self.config.lease_sec)
