@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import uuid
@@ -45,6 +46,17 @@ class ClaimedRun:
     job_exists: bool
     owner: str = ""  # whose run: decides command permission and the signing secret
     priority: Priority = Priority.NORMAL  # queue tier
+
+
+_CLAIMED_COLUMNS = tuple(field.name for field in dataclasses.fields(ClaimedRun))
+
+
+def claimed_runs(rows: Sequence[asyncpg.Record]) -> list[ClaimedRun]:
+    """The claim statements' rows as runs, by position rather than through a dict per row: their
+    columns are ClaimedRun's fields, in order, which the first row of every batch checks."""
+    if rows and tuple(rows[0].keys()) != _CLAIMED_COLUMNS:
+        raise RuntimeError(f"a claim returned {tuple(rows[0].keys())}, not ClaimedRun's {_CLAIMED_COLUMNS}")
+    return [ClaimedRun(*row) for row in rows]
 
 
 class Outcome(Protocol):
@@ -114,7 +126,7 @@ class WorkerStore:
         async with by_key(self._pool) as conn:
             rows = await conn.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
                                     tiers[0], tiers[1], RUN_TIMEOUT_SEC)
-        return [ClaimedRun(**dict(row)) for row in rows]
+        return claimed_runs(rows)
 
     async def caps_exist(self) -> bool:
         exist: bool = await self._pool.fetchval(sql("caps_exist"))
@@ -135,7 +147,7 @@ class WorkerStore:
                 return []
             claimed = await conn.fetch(sql("claim_queued_runs"), self.worker_id, lease_sec, deadline_grace_sec,
                                        chosen, RUN_TIMEOUT_SEC)
-        return [ClaimedRun(**dict(row)) for row in claimed]
+        return claimed_runs(claimed)
 
     async def claim_given_caps(self, limit: int, lease_sec: float, deadline_grace_sec: float, caps: Sequence[Cap],
                                tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
@@ -146,7 +158,7 @@ class WorkerStore:
         async with by_key(self._pool) as conn:
             rows = await conn.fetch(_caps_given("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
                                     tiers[0], tiers[1], RUN_TIMEOUT_SEC, *_cap_columns(caps))
-        return [ClaimedRun(**dict(row)) for row in rows]
+        return claimed_runs(rows)
 
     async def claim_capped_with_slots(self, limit: int, lease_sec: float, deadline_grace_sec: float, admit: Admission,
                                       slots: CapSlots, shard_id: int | None,
@@ -166,8 +178,8 @@ class WorkerStore:
                 chosen, slots_of = _admitted(rows, rooms, limit, admit)
                 if not chosen:
                     return []
-                claimed = [ClaimedRun(**dict(row)) for row in await conn.fetch(
-                    sql("claim_queued_runs"), self.worker_id, lease_sec, deadline_grace_sec, chosen, RUN_TIMEOUT_SEC)]
+                claimed = claimed_runs(await conn.fetch(
+                    sql("claim_queued_runs"), self.worker_id, lease_sec, deadline_grace_sec, chosen, RUN_TIMEOUT_SEC))
                 got = {run.run_id for run in claimed}
                 await slots.take(conn, [slot for slot in slots_of if slot[1] in got], None, self.worker_id, lease_sec)
             return claimed
@@ -186,9 +198,9 @@ class WorkerStore:
                     await slots.take(catalog, slots_of, shard_id, self.worker_id, lease_sec)
                 taken = list(dict.fromkeys(run_id for _, run_id in slots_of))
                 try:
-                    claimed = [ClaimedRun(**dict(row)) for row in await conn.fetch(
+                    claimed = claimed_runs(await conn.fetch(
                         sql("claim_queued_runs"), self.worker_id, lease_sec, deadline_grace_sec, chosen,
-                        RUN_TIMEOUT_SEC)]
+                        RUN_TIMEOUT_SEC))
                 except BaseException:
                     await _free_quietly(slots, taken, self.worker_id)
                     raise

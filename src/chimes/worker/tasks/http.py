@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import math
 import time
@@ -65,6 +66,7 @@ _RESERVED_PREFIX = "x-chimes-"
 MAX_OWNER_POOLS = 256
 #: An owner's pool unused this long is closed, with the connections it kept alive.
 OWNER_POOL_IDLE_SEC = 60.0
+MAX_REMEMBERED_HOSTS = 4096  # host names whose egress verdict is kept (then they are judged afresh)
 
 
 def _package_version() -> str:
@@ -155,6 +157,12 @@ def _set_method(curl: pycurl.Curl, method: str, data: bytes | None) -> None:
         curl.setopt(pycurl.CUSTOMREQUEST, None if method == "POST" else method)
 
 
+@functools.lru_cache(maxsize=1024)  # a job's runs call one URL: parsed once
+def _parsed(url: str) -> URL:
+    return URL(url)
+
+
+@functools.lru_cache(maxsize=256)  # a target answers with the same few content types
 def _charset(content_type: str | None) -> str:
     for param in (content_type or "").split(";")[1:]:
         name, _, value = param.partition("=")
@@ -203,6 +211,7 @@ class HttpExecutor:
         self._owner_pool_idle_sec = owner_pool_idle_sec
         self._pools: OrderedDict[str, CurlPool] = OrderedDict()  # least recently used first
         self._next_idle_check = math.inf  # monotonic: when a pool may be idle for long enough, at the earliest
+        self._host_refusals: dict[str, str | None] = {}  # the policy's verdict on a host name, which it never changes
 
     def pool_of(self, owner: str) -> CurlPool | None:
         """The open pool that carries ``owner``'s runs, if there is one."""
@@ -244,6 +253,15 @@ class HttpExecutor:
             else:
                 self._next_idle_check = min(self._next_idle_check, pool.last_used + self._owner_pool_idle_sec)
 
+    def _host_refusal(self, host: str) -> str | None:
+        try:
+            return self._host_refusals[host]
+        except KeyError:
+            if len(self._host_refusals) >= MAX_REMEMBERED_HOSTS:
+                self._host_refusals.clear()
+            refusal = self._host_refusals[host] = self._egress.host_refusal(host)
+            return refusal
+
     async def run(self, task: dict[str, Any], ctx: TaskContext) -> Outcome:
         """Perform the request; 2xx is success, everything else a failed outcome (never raises)."""
         try:
@@ -276,7 +294,7 @@ class HttpExecutor:
         if ctx.signing_secret is not None:  # fresh on every attempt: targets refuse old timestamps
             headers[SIGNATURE_HEADER] = signature_header(ctx.signing_secret, int(time.time()), data or b"")
         method = str(task.get("method") or "GET").upper()
-        url = URL(str(task["url"]))
+        url = _parsed(str(task["url"]))
         deadline = time.monotonic() + ctx.timeout_sec  # every hop, connect, send and body read together
         for _ in range(MAX_REDIRECTS + 1):
             tail = OutputTail(OUTPUT_TAIL_BYTES)
@@ -300,7 +318,7 @@ class HttpExecutor:
                     tail: OutputTail, deadline: float) -> Reply:
         """One request; its body goes to ``tail``, up to :data:`HTTP_READ_LIMIT_BYTES`."""
         host = url.host or ""
-        refusal = self._egress.host_refusal(host)
+        refusal = self._host_refusal(host)
         if refusal is not None:  # a denied name is not even looked up
             raise CurlError(pycurl.E_COULDNT_CONNECT, f"refused by egress policy: {refusal}")
         remaining = deadline - time.monotonic()
