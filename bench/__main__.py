@@ -13,6 +13,8 @@ Scenarios:
                standby: what a failover loses (--repeat failovers of each)
   shards       the same burst over 1, 2 and 4 shards (an embedded PostgreSQL each), the API's routing with
                the fewest and the most, and the burst with one shard's PostgreSQL stopped (SIGSTOP)
+  http-calls   the HTTP task's client alone: N calls through Chimes' executor (libcurl) and through an
+               aiohttp session with the same headers, each in a process of its own: CPU per call
 
 Each prints a table; ``--json FILE`` writes the figures, ``--chart FILE.png`` the lag distributions.
 Without ``--database-url`` an embedded PostgreSQL is started in a temporary folder and removed after.
@@ -64,13 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenario", choices=["burst", "top-of-hour", "steady", "load", "peers", "ha-cost", "idle-wal",
-                                             "async-loss", "shards"])
+                                             "async-loss", "shards", "http-calls"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
     parser.add_argument("--database-prefix", type=_identifier, default="bench",
                         help="name prefix of the databases created on the server (two benchmarks can share one)")
     parser.add_argument("--runs", type=int, default=10_000,
-                        help="runs in the burst (burst, top-of-hour, peers, ha-cost)")
+                        help="runs in the burst (burst, top-of-hour, peers, ha-cost), calls (http-calls)")
     parser.add_argument("--creates", type=_positive, default=300,
                         help="jobs created through the API one at a time, for their latency (ha-cost, shards)")
     parser.add_argument("--shards", type=_shard_counts, default="1,2,4",
@@ -82,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds (steady, idle-wal)")
     parser.add_argument("--jobs", type=int, default=100_000, help="schedules to import (load)")
     parser.add_argument("--workers", type=int, default=1, help="chimes worker processes")
-    parser.add_argument("--concurrency", type=int, default=200, help="runs each chimes worker executes at once")
+    parser.add_argument("--concurrency", type=int, default=200,
+                        help="runs each chimes worker executes at once (http-calls: calls at once)")
     parser.add_argument("--schedulers", type=int, default=1, help="chimes scheduler processes")
     parser.add_argument("--systems", default="chimes,apscheduler,procrastinate,pgqueuer,celery",
                         help="systems for `peers`, comma-separated")
@@ -157,6 +160,10 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
         from bench.idle_wal import idle_wal
 
         return [await idle_wal(env, duration=args.duration, shape=shape, say=say)]
+    if args.scenario == "http-calls":
+        from bench.http_calls import http_calls
+
+        return await http_calls(target.url, runs=args.runs, concurrency=args.concurrency, say=say)
     if args.scenario == "load":
         from bench.load import load
 

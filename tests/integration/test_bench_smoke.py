@@ -1,5 +1,5 @@
-"""The benchmark code keeps working: the burst, top-of-hour, idle-wal and shards scenarios, tiny, on the
-test server (shards: on servers of its own).
+"""The benchmark code keeps working: the burst, top-of-hour, idle-wal, shards and http-calls scenarios,
+tiny, on the test server (shards: on servers of its own).
 
 Real `chimes scheduler` and `chimes worker` processes and the benchmark's own HTTP target, as in a
 real benchmark run; no timing is asserted (the machine is shared), only that every run is accounted
@@ -21,6 +21,7 @@ import orjson
 from bench.__main__ import _parser, _quietness, _run
 from bench.chimes_runs import FleetShape, end_to_end
 from bench.env import Env
+from bench.http_calls import CLIENTS, WARM_UP, http_calls
 from bench.idle_wal import idle_wal, wal_table
 from bench.report import spread_table, table
 from bench.shards import cpu_ms_per_run, shards, shards_table
@@ -46,6 +47,20 @@ async def test_burst_scenario_runs_every_job_once_and_reports(server_dsn: str, t
     assert orjson.loads(orjson.dumps(result.to_json()))["runs"] == 30
 
 
+async def test_http_calls_scenario_makes_every_call_through_both_clients(tmp_path: Path) -> None:
+    target = TargetProcess(tmp_path)
+    try:
+        results = await http_calls(target.url, runs=50, concurrency=5, say=lambda _: None)
+        times, _keys = await target.arrivals()
+    finally:
+        target.stop()
+    assert [r.system for r in results] == list(CLIENTS.values())
+    assert [(r.runs, r.completed) for r in results] == [(50, 50), (50, 50)]
+    assert len(times) == 2 * (50 + WARM_UP), "each client's calls, and its warm-up's, reached the target"
+    assert all(r.cpu_sec["client"] > 0 and r.extra["cpu_us_per_call"] > 0 for r in results)
+    assert "50/50" in table(results)
+
+
 async def test_top_of_hour_scenario_fires_every_recurring_job_over_idle_schedules(server_dsn: str,
                                                                                  tmp_path: Path) -> None:
     env = Env(server_dsn, tmp_path, None, prefix=f"bench_smoke_{os.getpid()}")
@@ -66,6 +81,9 @@ async def test_idle_wal_scenario_breaks_an_idle_fleet_s_wal_down(server_dsn: str
     assert records.get(("partition_leases", "HOT_UPDATE"), 0) > 500, records
     assert ("partition_leases", "UPDATE") not in records, records
     assert result.extra["wal_bytes_per_sec"] > 0 and "partition_leases | HOT_UPDATE" in wal_table(result)
+    # and what each process spent meanwhile
+    assert {"scheduler", "worker"} <= set(result.extra["cpu_sec_per_sec"])
+    assert "CPU seconds a second" in wal_table(result)
 
 
 async def test_every_round_of_a_repeated_scenario_says_how_quiet_the_machine_was(server_dsn: str) -> None:
