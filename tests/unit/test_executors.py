@@ -210,15 +210,6 @@ async def elsewhere() -> AsyncIterator[Server]:
         yield srv
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[HttpExecutor]:
-    executor = HttpExecutor(max_connections=10)
-    try:
-        yield executor
-    finally:
-        await executor.close()
-
-
 async def test_http_sends_identity_headers_and_json_body(server: Server, http: HttpExecutor) -> None:
     task = {
         "type": "http",

@@ -94,15 +94,6 @@ async def served() -> AsyncIterator[Served]:
         await runner.cleanup()
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[HttpExecutor]:
-    executor = HttpExecutor(max_connections=10)
-    try:
-        yield executor
-    finally:
-        await executor.close()
-
-
 async def test_calls_of_one_owner_share_kept_alive_connections(served: Served, http: HttpExecutor) -> None:
     outcomes = await asyncio.gather(*(http.run({"type": "http", "method": "POST", "url": f"{served.base}/n"}, ctx())
                                       for _ in range(40)))
