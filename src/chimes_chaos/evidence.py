@@ -27,7 +27,7 @@ FROM runs WHERE job_id = ANY($1::uuid[])
 """
 ATTEMPTS_SQL = """
 SELECT a.run_id, a.attempt, a.worker_id, a.status, a.started_at, a.finished_at, a.error, a.output
-FROM run_attempts a JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at
+FROM run_attempt_history a JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at
 WHERE r.job_id = ANY($1::uuid[])
 ORDER BY a.run_id, a.attempt
 """

@@ -82,7 +82,7 @@ async def test_worker_killed_mid_run_is_run_again_by_another_worker(
     calls = target.calls_to("/long")
     assert len(calls) == 2
     assert calls[0].headers["Idempotency-Key"] == calls[1].headers["Idempotency-Key"] == str(run["run_id"])
-    attempts = await homes.fetch("SELECT attempt, worker_id, status, error FROM run_attempts ORDER BY attempt")
+    attempts = await homes.fetch("SELECT attempt, worker_id, status, error FROM run_attempt_history ORDER BY attempt")
     assert [(a["attempt"], a["worker_id"], a["status"]) for a in attempts] == [
         (1, "worker-1", "failed"), (2, "worker-2", "succeeded")]
     assert "stopped heartbeating" in attempts[0]["error"]

@@ -353,7 +353,7 @@ async def test_complete_fence_run_lease_token(pool: asyncpg.Pool) -> None:
     assert await pool.fetchval("SELECT count(*) FROM run_attempts") == 1  # the reaped attempt 1 only
     done = Completion(second, Outcome.success("worker-2's answer"), now(), None)
     assert await WorkerStore(pool, "worker-2").complete([done]) == {second.run_id}
-    attempts = await pool.fetch("SELECT attempt, worker_id, status, output FROM run_attempts ORDER BY attempt")
+    attempts = await pool.fetch("SELECT attempt, worker_id, status, output FROM run_attempt_history ORDER BY attempt")
     assert [tuple(a.values()) for a in attempts] == [
         (1, "worker-1", "failed", None), (2, "worker-2", "succeeded", "worker-2's answer")]
 
@@ -658,7 +658,7 @@ async def test_a_worker_with_a_skewed_clock_keeps_its_attempt_within_the_databas
     assert second.attempt == 2 and second.started_at >= first["finished_at"]
     behind = Completion(second, Outcome.success("ok"), second.started_at - timedelta(seconds=2), None)
     assert await WorkerStore(pool, "worker-2").complete([behind]) == {second.run_id}
-    attempts = await pool.fetch("SELECT attempt, started_at, finished_at FROM run_attempts WHERE run_id = $1 "
+    attempts = await pool.fetch("SELECT attempt, started_at, finished_at FROM run_attempt_history WHERE run_id = $1 "
                                 "ORDER BY attempt", claimed.run_id)
     assert [a["attempt"] for a in attempts] == [1, 2]
     assert all(a["started_at"] <= a["finished_at"] for a in attempts)

@@ -19,7 +19,7 @@ from tests.integration.test_shards import config_command
 
 # What the claim, the outcome, a retry, the reaper, a release or a cancel write into a run.
 CHANGED_BY_UPDATES = ("status", "worker_id", "lease_token", "started_at", "finished_at", "error", "attempt",
-                      "lease_losses")
+                      "lease_losses", "output")
 RUNS = 120  # several pages' worth, each page's runs claimed in one transaction and completed in another
 
 
@@ -28,9 +28,10 @@ async def page_of_each_run(pool: asyncpg.Pool) -> dict[uuid.UUID, int]:
     return {r["run_id"]: r["page"] for r in rows}
 
 
-async def fired_claimed_and_done(pool: asyncpg.Pool) -> tuple[dict[uuid.UUID, int], dict[uuid.UUID, int]]:
-    """RUNS one-off runs fired together, claimed in one claim and completed in one batch: the page
-    of each run after the fire, and after the outcome."""
+async def fired_claimed_and_done(pool: asyncpg.Pool, output: str | None = None
+                                 ) -> tuple[dict[uuid.UUID, int], dict[uuid.UUID, int]]:
+    """RUNS one-off runs fired together, claimed in one claim and completed in one batch, each with
+    ``output``: the page of each run after the fire, and after the outcome."""
     for _ in range(RUNS):
         await make_due_job(pool, {"at": (datetime.now(UTC) - timedelta(seconds=1)).isoformat()})
     store = SchedulerStore(pool, "node")
@@ -40,7 +41,7 @@ async def fired_claimed_and_done(pool: asyncpg.Pool) -> tuple[dict[uuid.UUID, in
     worker = WorkerStore(pool, "worker-1")
     claimed = await worker.claim(RUNS, lease_sec=30, deadline_grace_sec=30)
     assert len(claimed) == RUNS
-    done = [Completion(run, Outcome.success(), datetime.now(UTC), None) for run in claimed]
+    done = [Completion(run, Outcome.success(output), datetime.now(UTC), None) for run in claimed]
     assert await worker.complete(done) == {run.run_id for run in claimed}
     assert await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'succeeded'") == RUNS
     return fired, await page_of_each_run(pool)
@@ -59,8 +60,10 @@ async def test_no_index_of_runs_names_a_column_its_updates_change(pool: asyncpg.
 
 
 async def test_a_claim_and_an_outcome_leave_each_run_on_its_page(pool: asyncpg.Pool) -> None:
-    """No indexed column changes (above), so a run that stays on its page was updated in place."""
-    fired, done = await fired_claimed_and_done(pool)
+    """No indexed column changes (above), so a run that stays on its page was updated in place; the
+    outcome carries the longest output kept on the run (16 bytes, migration 0013)."""
+    fired, done = await fired_claimed_and_done(pool, "x" * 16)
+    assert await pool.fetchval("SELECT count(*) FROM run_attempts") == 0
     assert done == fired
     assert await pool.fetchval("SELECT count(*) FROM run_leases") == 0
 

@@ -188,6 +188,7 @@ CREATE TABLE public.runs (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     reason text,
     lease_losses integer DEFAULT 0 NOT NULL,
+    output text,
     CONSTRAINT runs_pkey PRIMARY KEY (run_id, scheduled_at),
     CONSTRAINT runs_status CHECK ((status = ANY (ARRAY['scheduled'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'skipped'::text, 'cancelled'::text]))),
     CONSTRAINT runs_trigger CHECK ((trigger = ANY (ARRAY['schedule'::text, 'manual'::text, 'rerun'::text, 'catchup'::text])))
@@ -288,6 +289,32 @@ CREATE TABLE public.workers (
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT workers_pkey PRIMARY KEY (worker_id)
 );
+
+CREATE VIEW public.run_attempt_history AS
+ SELECT a.run_id,
+    a.scheduled_at,
+    a.attempt,
+    a.worker_id,
+    a.status,
+    a.started_at,
+    a.finished_at,
+    a.error,
+    a.output
+   FROM run_attempts a
+UNION ALL
+ SELECT r.run_id,
+    r.scheduled_at,
+    r.attempt,
+    r.worker_id,
+    r.status,
+    r.started_at,
+    r.finished_at,
+    r.error,
+    r.output
+   FROM runs r
+  WHERE ((r.status = 'succeeded'::text) AND (NOT (EXISTS ( SELECT 1
+           FROM run_attempts a
+          WHERE ((a.run_id = r.run_id) AND (a.scheduled_at = r.scheduled_at) AND (a.attempt = r.attempt))))));
 
 CREATE OR REPLACE FUNCTION public.chimes_drop_run_partitions(cutoff date)
  RETURNS integer

@@ -15,8 +15,9 @@ SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND scheduled_at = $2);
 SELECT * FROM runs WHERE run_id = $1 AND scheduled_at = $2 AND ($3::text IS NULL OR owner = $3);
 
 -- name: run_attempts
+-- The attempts that ended: their rows, and a success kept on the run (migration 0013).
 SELECT attempt, worker_id, status, started_at, finished_at, error, output
-FROM run_attempts WHERE run_id = $1 AND scheduled_at = $2 ORDER BY attempt;
+FROM run_attempt_history WHERE run_id = $1 AND scheduled_at = $2 ORDER BY attempt;
 
 -- name: job_owner
 SELECT owner FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2);

@@ -80,10 +80,16 @@ RETURNING l.run_id;
 -- backoff; the database's clock, which judges every trigger, when it ends). The finish time the
 -- worker reports is kept between the attempt's start and now(), both by the database's clock: a
 -- worker whose clock runs ahead or behind cannot make an attempt end after the next one started, or
--- before it began.
+-- before it began. A success with a short output (an empty body, "ok", {"ok":true}) is kept on the run
+-- itself, with no attempt row of its own (migration 0013, the view run_attempt_history); a longer
+-- output, or an attempt another than its worker reported (a callback), keeps its row. 16 bytes: the
+-- room a page of runs keeps (runs-fillfactor) holds each run's new version in place with that much
+-- more; with 32, one run in twenty moved to another page, a copy and new index entries.
 WITH outcome AS (
-    SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-                         $7::timestamptz[], $8::timestamptz[])
+    SELECT o.*, o.status = 'succeeded' AND o.retry_at IS NULL AND coalesce(octet_length(o.output), 0) <= 16
+                AS on_run
+    FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[], $4::text[], $5::text[], $6::text[],
+                $7::timestamptz[], $8::timestamptz[])
         AS o(run_id, scheduled_at, lease_token, status, error, output, finished_at, retry_at)
 ),
 released AS (
@@ -95,20 +101,22 @@ ended AS (
         attempt = r.attempt + (o.retry_at IS NOT NULL)::integer,
         finished_at = CASE WHEN o.retry_at IS NULL THEN GREATEST(r.started_at, LEAST(o.finished_at, now())) END,
         error = o.error, lease_token = NULL,
-        worker_id = CASE WHEN o.retry_at IS NULL THEN r.worker_id END
+        worker_id = CASE WHEN o.retry_at IS NULL THEN r.worker_id END,
+        output = CASE WHEN o.on_run AND r.worker_id = $9 THEN o.output END
     FROM outcome o
     WHERE r.run_id = o.run_id AND r.scheduled_at = o.scheduled_at
       AND r.status = 'running' AND r.lease_token = o.lease_token
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.started_at,
               r.attempt - (o.retry_at IS NOT NULL)::integer AS ended_attempt,
               o.status, o.error, o.output, GREATEST(r.started_at, LEAST(o.finished_at, now())) AS finished_at,
-              o.finished_at AS reported_finish, o.retry_at
+              o.finished_at AS reported_finish, o.retry_at, o.on_run AND r.worker_id = $9 AS on_run
 ),
--- One row per attempt, written only by the holder of the attempt's lease (above): a plain insert,
--- without the confirmation record an ON CONFLICT clause writes for every row.
+-- One row per attempt not kept on its run, written only by the holder of the attempt's lease (above):
+-- a plain insert, without the confirmation record an ON CONFLICT clause writes for every row.
 attempts AS (
     INSERT INTO run_attempts (run_id, scheduled_at, attempt, worker_id, status, started_at, finished_at, error, output)
-    SELECT run_id, scheduled_at, ended_attempt, $9, status, started_at, finished_at, error, output FROM ended
+    SELECT run_id, scheduled_at, ended_attempt, $9, status, started_at, finished_at, error, output
+    FROM ended WHERE NOT on_run
 ),
 retry_triggers AS (
     INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
