@@ -444,6 +444,29 @@ async def test_claim_fence_run_still_scheduled(pool: asyncpg.Pool) -> None:
     assert await pool.fetchval("SELECT count(*) FROM run_leases") == 0
 
 
+async def test_claim_a_run_queued_twice_starts_it_once(pool: asyncpg.Pool) -> None:
+    """claim_runs: ``r.status = 'scheduled'`` again. The queue has no index on run_id (migration
+    0014) and nothing queues a run twice; were it ever, the run starts once, under one lease, in the
+    same claim or in the next, and the second row goes with the claim that reads it."""
+    store, leases, _ = await fired_one_off(pool)
+    await pool.execute("INSERT INTO run_queue (tier, run_id, scheduled_at, job_id) "
+                       "SELECT tier, run_id, scheduled_at, job_id FROM run_queue")
+    assert await pool.fetchval("SELECT count(*) FROM run_queue") == 2
+    [claimed] = await WorkerStore(pool, "worker-1").claim(10, lease_sec=30, deadline_grace_sec=30)
+    assert await pool.fetchval("SELECT count(*) FROM run_queue") == 0
+    assert [r["token"] for r in await pool.fetch("SELECT token FROM run_leases")] == [claimed.lease_token]
+    assert (await run_row(pool, claimed.run_id))["lease_token"] == claimed.lease_token
+
+    await make_due_job(pool, {"at": (now() - timedelta(seconds=1)).isoformat()})
+    assert (await store.fire(leases, plan_fires(await due(store, leases)), now())).enqueued == 1
+    await pool.execute("INSERT INTO run_queue (tier, run_id, scheduled_at, job_id) "
+                       "SELECT tier, run_id, scheduled_at, job_id FROM run_queue")
+    [first] = await WorkerStore(pool, "worker-1").claim(1, lease_sec=30, deadline_grace_sec=30)
+    assert await WorkerStore(pool, "worker-2").claim(1, lease_sec=30, deadline_grace_sec=30) == []
+    assert await pool.fetchval("SELECT count(*) FROM run_queue") == 0
+    assert (await run_row(pool, first.run_id))["worker_id"] == "worker-1"
+
+
 # --- run lease: the callbacks of asynchronous tasks --------------------------------------------
 
 async def test_callback_heartbeat_fence_run_lease_token(pool: asyncpg.Pool) -> None:

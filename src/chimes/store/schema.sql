@@ -166,7 +166,6 @@ CREATE TABLE public.run_queue (
     enqueued_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT run_queue_pkey PRIMARY KEY (tier, queue_id)
 ) WITH (fillfactor=70, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_cost_delay=0);
-CREATE UNIQUE INDEX run_queue_run ON public.run_queue USING btree (run_id);
 
 CREATE TABLE public.runs (
     run_id uuid NOT NULL,
@@ -495,9 +494,9 @@ BEGIN
         FROM freed f WHERE r.run_id = f.run_id AND r.scheduled_at = f.scheduled_at
         RETURNING r.run_id, r.scheduled_at, r.job_id, r.priority, r.status
     )
+    -- A held run leaves active_runs' held state once (freed): it is queued once.
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
-    SELECT priority, run_id, scheduled_at, job_id FROM noted WHERE status = 'scheduled'
-    ON CONFLICT (run_id) DO NOTHING;
+    SELECT priority, run_id, scheduled_at, job_id FROM noted WHERE status = 'scheduled';
     GET DIAGNOSTICS released = ROW_COUNT;
     IF released > 0 THEN
         PERFORM pg_notify('chimes_run_queue', '');

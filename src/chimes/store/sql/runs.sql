@@ -72,8 +72,9 @@ interrupted AS (
     FROM cancelled WHERE was = 'running'
     ON CONFLICT DO NOTHING
 ),
+-- Only a run that was waiting can be in the queue; the queue has no index on run_id (migration 0014).
 dequeued AS (
-    DELETE FROM run_queue WHERE run_id IN (SELECT run_id FROM cancelled)
+    DELETE FROM run_queue q USING cancelled c WHERE q.run_id = c.run_id AND c.was = 'scheduled'
 ),
 unleased AS (
     DELETE FROM run_leases WHERE run_id IN (SELECT run_id FROM cancelled)
@@ -110,7 +111,6 @@ activated AS (
 enqueued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
     SELECT priority, run_id, scheduled_at, job_id FROM created
-    ON CONFLICT (run_id) DO NOTHING
 )
 SELECT run_id FROM created;
 

@@ -205,8 +205,9 @@ retried AS (
     FROM fired f JOIN runs r ON r.run_id = f.run_id AND r.scheduled_at = f.scheduled_at
     WHERE f.kind = 1 AND r.status = 'scheduled'
 ),
--- A run made by this statement cannot be queued yet: a plain insert (no confirmation record). A
--- retried run may have been queued meanwhile (by the reaper): it is queued once.
+-- Plain inserts (no confirmation record): a run made by this statement cannot be queued yet, and a
+-- retried run waited for this trigger out of the queue; the trigger's delete above lets one fire
+-- queue it (migration 0014).
 enqueued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
     SELECT priority, run_id, scheduled_at, job_id FROM admitted WHERE decision = 'run'
@@ -215,7 +216,6 @@ enqueued AS (
 requeued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
     SELECT priority, run_id, scheduled_at, job_id FROM retried
-    ON CONFLICT (run_id) DO NOTHING
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM lease) AS leases_held,
@@ -287,7 +287,6 @@ attempts AS (
 requeued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
     SELECT priority, run_id, scheduled_at, job_id FROM ended WHERE retry_at <= $12::timestamptz
-    ON CONFLICT (run_id) DO NOTHING
 ),
 retry_triggers AS (
     INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)

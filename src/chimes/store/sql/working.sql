@@ -154,7 +154,6 @@ released AS (
 requeued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
     SELECT priority, run_id, scheduled_at, job_id FROM released
-    ON CONFLICT (run_id) DO NOTHING
 )
 SELECT run_id FROM released;
 
