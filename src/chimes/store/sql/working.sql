@@ -84,8 +84,8 @@ RETURNING l.run_id;
 -- itself, with no attempt row of its own (migration 0013, the view run_attempt_history); a longer
 -- output, or an attempt another than its worker reported (a callback), keeps its row. 16 bytes: the
 -- room a page of runs keeps (runs-fillfactor) holds each run's new version in place with that much
--- more; with 28 or 32, 5 runs of 120 completed together moved to another page (a copy and new index
--- entries each), with 64, 20.
+-- more (tests/integration/test_runs_in_place.py); a run moved to another page is a copy and new
+-- index entries, more than the attempt row it saves.
 WITH outcome AS (
     SELECT o.*, o.status = 'succeeded' AND o.retry_at IS NULL AND coalesce(octet_length(o.output), 0) <= 16
                 AS on_run
