@@ -97,9 +97,13 @@ FENCES: tuple[Fence, ...] = (
           "lease expires, reaper re-enqueues, a second worker claims, the first reports"),
     Fence("complete: lease row token", "sql/working.sql", "complete_runs", ("l.token = o.lease_token",),
           t("test_complete_fence_run_lease_token", "test_complete_fence_run_lease_token_for_a_retry"),
-          "the same race: the first worker's report must not delete the second worker's lease row"),
+          "the same race: the first worker's report must not delete the second worker's own lease row"),
     Fence("extend: run lease token", "sql/working.sql", "extend_leases", ("l.token = held.lease_token",),
-          t("test_extend_fence_run_lease_token"), "the first worker heartbeats after a second claimed the run"),
+          t("test_extend_fence_run_lease_token"),
+          "the first worker heartbeats after a second claimed the run (a run with a lease of its own)"),
+    Fence("heartbeat: runs still held", "sql/working.sql", "runs_still_running",
+          ("r.lease_token = held.lease_token",), t("test_extend_fence_run_lease_token"),
+          "the same race: the first worker's heartbeat must tell it the run is gone, so that it stops it"),
     Fence("release: run lease token", "sql/working.sql", "release_runs", ("r.lease_token = held.lease_token",),
           t("test_release_fence_run_lease_token"), "the first worker shuts down after a second claimed the run"),
     Fence("release: lease row token", "sql/working.sql", "release_runs", ("l.token = held.lease_token",),
@@ -107,19 +111,31 @@ FENCES: tuple[Fence, ...] = (
           "the same race: the first worker's release must not delete the second worker's lease row"),
     Fence("reap: run lease token", "sql/scheduling.sql", "reap_runs", ("l.token = d.lease_token",),
           t("test_reap_fence_run_lease_token"),
+          "the reaper's judgement of one attempt arrives after the run was claimed again and expired again"
+          " (a run with a lease of its own)"),
+    Fence("reap: run token", "sql/scheduling.sql", "reap_runs", ("r.lease_token = d.lease_token",),
+          t("test_reap_fence_run_lease_token"),
           "the reaper's judgement of one attempt arrives after the run was claimed again and expired again"),
     Fence("reap: lease still expired", "sql/scheduling.sql", "reap_runs",
           ("(l.expires_at < now() OR l.deadline_at < now())",), t("test_reap_fence_lease_still_expired"),
           "the worker, paused and not dead, renewed its lease between the reaper's read and write"),
+    Fence("reap: claim's lease still expired", "sql/scheduling.sql", "reap_runs",
+          ("(c.expires_at < now() OR u.deadline_at < now())",), t("test_reap_fence_lease_still_expired"),
+          "the same race, for a run that shares its claim's lease"),
     Fence("claim: run still waiting", "sql/working.sql", "claim_runs",
           ("r.status = 'scheduled'",), t("test_claim_fence_run_still_scheduled"),
           "a cancel racing a retry's fire leaves a queue row for the cancelled run"),
     Fence("callback heartbeat: run lease token", "sql/runs.sql", "callback_heartbeat", ("l.token = $4",),
           t("test_callback_heartbeat_fence_run_lease_token"),
           "the target of attempt 1 heartbeats after the run was claimed again"),
+    Fence("callback heartbeat: run token", "sql/runs.sql", "callback_own_lease", ("r.lease_token = $4",),
+          t("test_callback_heartbeat_fence_run_lease_token"),
+          "the same race, for a run that shared its claim's lease until its target's first heartbeat"),
     # --- owner ---------------------------------------------------------------------------------
     Fence("callback heartbeat: owner", "sql/runs.sql", "callback_heartbeat", ("($3::text IS NULL OR r.owner = $3)",),
           t("test_owner_fence_callback_heartbeat"), OWNER),
+    Fence("callback heartbeat, first: owner", "sql/runs.sql", "callback_own_lease",
+          ("($3::text IS NULL OR r.owner = $3)",), t("test_owner_fence_callback_heartbeat"), OWNER),
     Fence("callback complete: owner", "sql/runs.sql", "running_with_token",
           ("($3::text IS NULL OR r.owner = $3)",), t("test_owner_fence_callback_complete"), OWNER),
     Fence("list runs: owner", "sql/runs.sql", "list_runs", ("($2::text IS NULL OR owner = $2)",),
@@ -162,8 +178,6 @@ NOT_FENCES: tuple[tuple[str, str, str, str], ...] = (
      "every way out of running (complete, reap, release, cancel) clears lease_token, so the token implies it"),
     ("sql/working.sql", "release_runs", "r.status = 'running'", "implied by the lease token, as above"),
     ("sql/scheduling.sql", "reap_runs", "r.status = 'running'", "implied by the lease token, as above"),
-    ("sql/scheduling.sql", "reap_runs", "r.lease_token = d.lease_token",
-     "the run is ended only with its lease row, deleted in the same statement under the same token"),
     ("sql/runs.sql", "running_with_token", "r.lease_token = $4",
      "complete_runs checks the same token in the same transaction"),
     ("sql/scheduling.sql", "fire_triggers", "NOT j.paused",
@@ -274,7 +288,8 @@ def check(selected: list[Fence], out=sys.stdout) -> int:
             return 1
         every_test = tuple(dict.fromkeys(test for fence in selected for test in fence.tests))
         baseline = run_tests(copy, every_test, dsn)
-        if baseline.failed or baseline.passed != len(every_test):
+        # A test parametrized over the two kinds of run lease is one node id and passes twice.
+        if baseline.failed or baseline.passed < len(every_test) or re.search(r"\d+ (error|skipped)", baseline.output):
             say(baseline.output[-4000:])
             say(f"BASELINE the fences' tests do not all pass on the unchanged SQL "
                 f"({baseline.passed} of {len(every_test)} passed): nothing to prove")

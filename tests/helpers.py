@@ -54,13 +54,27 @@ async def _every_home(pool: asyncpg.Pool | Homes) -> list[asyncpg.Pool]:
     return await pool.homes() if isinstance(pool, Homes) else [pool]
 
 
+# The runs of a claim share its lease row (claim_leases): a run to be moved on the clock alone gets
+# a lease row of its own first, a copy of its claim's, which overrides the claim's (migration 0015).
+_OWN_LEASES = """
+INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
+SELECT l.run_id, l.scheduled_at, r.partition_id, l.token, l.expires_at, l.deadline_at
+FROM leases_in_force l JOIN runs r ON r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at
+WHERE r.status = 'running' AND r.lease_token = l.token
+  AND (l.run_id, l.scheduled_at) IN (SELECT * FROM unnest($1::uuid[], $2::timestamptz[]))
+ON CONFLICT (run_id) DO NOTHING
+"""
+
+
 async def expire_run_lease(pool: asyncpg.Pool | Homes, run_id: uuid.UUID) -> None:
     """Time control instead of a sleep: the running run's lease ends now on the database's clock, the
     clock the reaper judges by, as if its worker had stopped heartbeating. Only this run is touched."""
-    updated = sum([_updated(await home.execute(
-        "UPDATE run_leases SET expires_at = now() - interval '1 millisecond'"
-        " WHERE run_id = $1 AND scheduled_at = $2", run_id, scheduled_at_of(run_id)))
-        for home in await _every_home(pool)])
+    updated = 0
+    for home in await _every_home(pool):
+        await home.execute(_OWN_LEASES, [run_id], [scheduled_at_of(run_id)])
+        updated += _updated(await home.execute(
+            "UPDATE run_leases SET expires_at = now() - interval '1 millisecond'"
+            " WHERE run_id = $1 AND scheduled_at = $2", run_id, scheduled_at_of(run_id)))
     assert updated == 1, f"run {run_id} is not running: no lease to expire"
 
 
@@ -68,12 +82,14 @@ async def let_time_pass_for_runs(pool: asyncpg.Pool | Homes, run_ids: Iterable[u
     """Time control instead of a sleep: to the reaper, ``seconds`` pass for these running runs (their
     lease and deadline move that far into the past on the database's clock), and for no other."""
     ids = list(run_ids)
-    updated = sum([_updated(await home.execute(
-        "UPDATE run_leases SET expires_at = expires_at - make_interval(secs => $3),"
-        " deadline_at = deadline_at - make_interval(secs => $3)"
-        " WHERE (run_id, scheduled_at) IN (SELECT * FROM unnest($1::uuid[], $2::timestamptz[]))",
-        ids, [scheduled_at_of(i) for i in ids], seconds))
-        for home in await _every_home(pool)])
+    updated = 0
+    for home in await _every_home(pool):
+        await home.execute(_OWN_LEASES, ids, [scheduled_at_of(i) for i in ids])
+        updated += _updated(await home.execute(
+            "UPDATE run_leases SET expires_at = expires_at - make_interval(secs => $3),"
+            " deadline_at = deadline_at - make_interval(secs => $3)"
+            " WHERE (run_id, scheduled_at) IN (SELECT * FROM unnest($1::uuid[], $2::timestamptz[]))",
+            ids, [scheduled_at_of(i) for i in ids], seconds))
     assert updated == len(ids), f"not all of {ids} are running ({updated} updated)"
 
 

@@ -36,7 +36,7 @@ ORDER BY a.run_id, a.attempt
 # held runs. A run waiting longer than that after the drain is stuck, not in flight.
 UNFINISHED_SQL = """
 SELECT r.run_id, r.status, r.attempt,
-       EXISTS (SELECT 1 FROM run_leases l WHERE l.run_id = r.run_id AND l.token = r.lease_token
+       EXISTS (SELECT 1 FROM leases_in_force l WHERE l.run_id = r.run_id AND l.token = r.lease_token
                AND l.expires_at > now() AND l.deadline_at > now()) AS lease_live,
        EXISTS (SELECT 1 FROM run_queue q WHERE q.run_id = r.run_id
                AND q.enqueued_at > now() - interval '10 seconds') AS queued,

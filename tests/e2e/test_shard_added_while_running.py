@@ -57,8 +57,12 @@ async def test_a_running_fleet_serves_a_shard_added_meanwhile(
     assert await job_ids_in(shard_url) == {after}
     # Fired by the node the scheduler started for the new shard, run by the worker's new claim loop.
     await wait_for(lambda: len(target.calls_to("/after")) >= 2, timeout=30, what="the new shard's job to run")
-    runs = (await client.get(f"/jobs/{after}/runs")).json()["runs"]
-    assert any(r["status"] == "succeeded" for r in runs), runs
+
+    async def a_run_succeeded() -> bool:  # two calls may come from one fire, their outcomes still in flight
+        runs = (await client.get(f"/jobs/{after}/runs")).json()["runs"]
+        return any(r["status"] == "succeeded" for r in runs)
+
+    await wait_for(a_run_succeeded, timeout=10, what="an outcome of the new shard's job to be recorded")
     calls_before = len(target.calls_to("/before"))
     await wait_for(lambda: len(target.calls_to("/before")) > calls_before, timeout=30,
                    what="the catalog's job to go on running")

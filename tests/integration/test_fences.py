@@ -18,6 +18,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import pytest
 
 from chimes.jobs import JobPatch
 from chimes.scheduler.firing import plan_fires
@@ -39,9 +40,14 @@ def now() -> datetime:
 
 # --- building blocks ---------------------------------------------------------------------------
 
-async def fired_one_off(pool: asyncpg.Pool) -> tuple[SchedulerStore, dict[int, int], uuid.UUID]:
+# The two leases a running run can have (migration 0015): its claim's, shared with the runs claimed
+# with it, or its own (a callback task's). The fences of the lease tests hold for both.
+LEASES = pytest.mark.parametrize("callback", [False, True], ids=["claim lease", "own lease"])
+
+
+async def fired_one_off(pool: asyncpg.Pool, callback: bool = False) -> tuple[SchedulerStore, dict[int, int], uuid.UUID]:
     """A one-off job of team-a, fired: its run waits in the queue. Returns the node, its leases, the job."""
-    job_id = await make_due_job(pool, {"at": (now() - timedelta(seconds=1)).isoformat()})
+    job_id = await make_due_job(pool, {"at": (now() - timedelta(seconds=1)).isoformat()}, callback)
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     result = await store.fire(leases, plan_fires(await due(store, leases)), now())
@@ -49,22 +55,23 @@ async def fired_one_off(pool: asyncpg.Pool) -> tuple[SchedulerStore, dict[int, i
     return store, leases, job_id
 
 
-async def running_run(pool: asyncpg.Pool, worker: str = "worker-1"
+async def running_run(pool: asyncpg.Pool, worker: str = "worker-1", callback: bool = False
                       ) -> tuple[SchedulerStore, dict[int, int], ClaimedRun]:
-    store, leases, _ = await fired_one_off(pool)
+    store, leases, _ = await fired_one_off(pool, callback)
     [claimed] = await WorkerStore(pool, worker).claim(10, lease_sec=30, deadline_grace_sec=30)
     return store, leases, claimed
 
 
 async def expire_run_lease(pool: asyncpg.Pool) -> None:
     """The worker holding the run stops heartbeating (killed, frozen, cut off): its lease runs out."""
+    await pool.execute("UPDATE claim_leases SET expires_at = now() - interval '1 second'")
     await pool.execute("UPDATE run_leases SET expires_at = now() - interval '1 second'")
 
 
-async def lost_and_claimed_again(pool: asyncpg.Pool) -> tuple[ClaimedRun, ClaimedRun]:
+async def lost_and_claimed_again(pool: asyncpg.Pool, callback: bool = False) -> tuple[ClaimedRun, ClaimedRun]:
     """The race every run lease token exists for: worker-1's lease expires, the reaper re-enqueues
     the run, worker-2 claims it. Worker-1 is not dead, only late, and still holds its old token."""
-    store, leases, first = await running_run(pool, "worker-1")
+    store, leases, first = await running_run(pool, "worker-1", callback)
     await expire_run_lease(pool)
     assert await Reaper(store).sweep(leases, now()) == 1
     [second] = await WorkerStore(pool, "worker-2").claim(10, lease_sec=30, deadline_grace_sec=30)
@@ -77,7 +84,10 @@ async def run_row(pool: asyncpg.Pool, run_id: uuid.UUID) -> asyncpg.Record:
 
 
 async def lease_row(pool: asyncpg.Pool, run_id: uuid.UUID) -> asyncpg.Record | None:
-    return await pool.fetchrow("SELECT * FROM run_leases WHERE run_id = $1", run_id)
+    """The lease the reaper judges the run's current attempt by: its claim's, or its own."""
+    return await pool.fetchrow("SELECT l.* FROM leases_in_force l JOIN runs r ON r.run_id = l.run_id"
+                               " AND r.scheduled_at = l.scheduled_at AND r.lease_token = l.token"
+                               " WHERE l.run_id = $1", run_id)
 
 
 async def still_with_worker_2(pool: asyncpg.Pool, second: ClaimedRun) -> None:
@@ -342,11 +352,12 @@ async def test_edit_racing_a_fire_keeps_the_job_scheduled(pool: asyncpg.Pool) ->
 
 # --- run lease: complete, extend, release, reap, claim -----------------------------------------
 
-async def test_complete_fence_run_lease_token(pool: asyncpg.Pool) -> None:
+@LEASES
+async def test_complete_fence_run_lease_token(pool: asyncpg.Pool, callback: bool) -> None:
     """complete_runs: ``r.lease_token = o.lease_token`` for the run, ``l.token = o.lease_token`` for its
     lease row. Worker-1 reports after worker-2 claimed the run again: refused, whatever it reports;
     worker-2's attempt is untouched and its outcome counts."""
-    first, second = await lost_and_claimed_again(pool)
+    first, second = await lost_and_claimed_again(pool, callback)
     late = Completion(first, Outcome.success("worker-1's answer"), now(), None)
     assert await WorkerStore(pool, "worker-1").complete([late]) == set()
     await still_with_worker_2(pool, second)
@@ -358,41 +369,45 @@ async def test_complete_fence_run_lease_token(pool: asyncpg.Pool) -> None:
         (1, "worker-1", "failed", None), (2, "worker-2", "succeeded", "worker-2's answer")]
 
 
-async def test_complete_fence_run_lease_token_for_a_retry(pool: asyncpg.Pool) -> None:
+@LEASES
+async def test_complete_fence_run_lease_token_for_a_retry(pool: asyncpg.Pool, callback: bool) -> None:
     """complete_runs, a failure with attempts left: refused too, so no retry trigger is written and
     the attempt is not raised under worker-2's feet."""
-    first, second = await lost_and_claimed_again(pool)
+    first, second = await lost_and_claimed_again(pool, callback)
     late = Completion(first, Outcome.failure("HTTP 500"), now(), now())
     assert await WorkerStore(pool, "worker-1").complete([late]) == set()
     await still_with_worker_2(pool, second)
     assert await pool.fetchval("SELECT count(*) FROM triggers WHERE kind = 1") == 0
 
 
-async def test_extend_fence_run_lease_token(pool: asyncpg.Pool) -> None:
+@LEASES
+async def test_extend_fence_run_lease_token(pool: asyncpg.Pool, callback: bool) -> None:
     """extend_leases: ``l.token = held.lease_token``. Worker-1's heartbeat must not keep worker-2's
     lease alive, and must tell worker-1 that the run is gone, so it stops its task."""
-    first, second = await lost_and_claimed_again(pool)
+    first, second = await lost_and_claimed_again(pool, callback)
     expires = (await lease_row(pool, second.run_id))["expires_at"]
     assert await WorkerStore(pool, "worker-1").extend_leases([first], 3600) == set()
     assert (await lease_row(pool, second.run_id))["expires_at"] == expires
     await still_with_worker_2(pool, second)
 
 
-async def test_release_fence_run_lease_token(pool: asyncpg.Pool) -> None:
+@LEASES
+async def test_release_fence_run_lease_token(pool: asyncpg.Pool, callback: bool) -> None:
     """release_runs: ``r.lease_token = held.lease_token`` for the run, ``l.token = held.lease_token``
     for its lease row. Worker-1 shutting down hands back only what it holds: not worker-2's run,
     which would be queued again and run twice at once, nor its lease."""
-    first, second = await lost_and_claimed_again(pool)
+    first, second = await lost_and_claimed_again(pool, callback)
     assert await WorkerStore(pool, "worker-1").release([first]) == set()
     await still_with_worker_2(pool, second)
 
 
-async def test_reap_fence_run_lease_token(pool: asyncpg.Pool) -> None:
+@LEASES
+async def test_reap_fence_run_lease_token(pool: asyncpg.Pool, callback: bool) -> None:
     """reap_runs: ``l.token = d.lease_token``. The reaper judged worker-1's expired attempt and
     stalled; meanwhile worker-1 handed the run back, worker-2 claimed it and died too. The stale
     judgement (worker-1's attempt, worker-1's start) must not end worker-2's attempt nor take its
     lease row; the next sweep judges that attempt itself."""
-    store, leases, first = await running_run(pool, "worker-1")
+    store, leases, first = await running_run(pool, "worker-1", callback)
     await expire_run_lease(pool)
     lost = [judge(r, now()) for r in await store.expired_runs(list(leases), 1000)]
     assert await WorkerStore(pool, "worker-1").release([first]) == {first.run_id}
@@ -406,11 +421,12 @@ async def test_reap_fence_run_lease_token(pool: asyncpg.Pool) -> None:
     assert attempt["worker_id"] == "worker-2" and "worker worker-2 stopped heartbeating" in attempt["error"]
 
 
-async def test_reap_fence_lease_still_expired(pool: asyncpg.Pool) -> None:
+@LEASES
+async def test_reap_fence_lease_still_expired(pool: asyncpg.Pool, callback: bool) -> None:
     """reap_runs: ``(l.expires_at < now() OR l.deadline_at < now())``. The reaper read an
     expired lease; before it wrote, the worker (paused, not dead) heartbeat and renewed it under the
     same token. The reap must be refused, or the run is queued again while worker-1 still runs it."""
-    store, leases, first = await running_run(pool, "worker-1")
+    store, leases, first = await running_run(pool, "worker-1", callback)
     await expire_run_lease(pool)
     lost = [judge(r, now()) for r in await store.expired_runs(list(leases), 1000)]
     assert await WorkerStore(pool, "worker-1").extend_leases([first], 30) == {first.run_id}
@@ -441,7 +457,9 @@ async def test_claim_fence_run_still_scheduled(pool: asyncpg.Pool) -> None:
     run = await run_row(pool, claimed.run_id)
     assert (run["status"], run["worker_id"], run["lease_token"]) == ("cancelled", None, None)
     assert await pool.fetchval("SELECT count(*) FROM run_queue") == 0
+    # worker-2's claim got nothing and wrote no lease; worker-1's claim keeps its row until it is forgotten
     assert await pool.fetchval("SELECT count(*) FROM run_leases") == 0
+    assert [r["token"] for r in await pool.fetch("SELECT token FROM claim_leases")] == [claimed.lease_token]
 
 
 async def test_claim_a_run_queued_twice_starts_it_once(pool: asyncpg.Pool) -> None:
@@ -454,7 +472,7 @@ async def test_claim_a_run_queued_twice_starts_it_once(pool: asyncpg.Pool) -> No
     assert await pool.fetchval("SELECT count(*) FROM run_queue") == 2
     [claimed] = await WorkerStore(pool, "worker-1").claim(10, lease_sec=30, deadline_grace_sec=30)
     assert await pool.fetchval("SELECT count(*) FROM run_queue") == 0
-    assert [r["token"] for r in await pool.fetch("SELECT token FROM run_leases")] == [claimed.lease_token]
+    assert [r["token"] for r in await pool.fetch("SELECT token FROM leases_in_force")] == [claimed.lease_token]
     assert (await run_row(pool, claimed.run_id))["lease_token"] == claimed.lease_token
 
     await make_due_job(pool, {"at": (now() - timedelta(seconds=1)).isoformat()})
@@ -469,19 +487,21 @@ async def test_claim_a_run_queued_twice_starts_it_once(pool: asyncpg.Pool) -> No
 
 # --- run lease: the callbacks of asynchronous tasks --------------------------------------------
 
-async def test_callback_heartbeat_fence_run_lease_token(pool: asyncpg.Pool) -> None:
+@LEASES
+async def test_callback_heartbeat_fence_run_lease_token(pool: asyncpg.Pool, callback: bool) -> None:
     """callback_heartbeat: ``l.token = $4``. The target of attempt 1 heartbeats after the run was
     reaped and claimed again: refused (409), and worker-2's lease is not extended by it."""
-    first, second = await lost_and_claimed_again(pool)
+    first, second = await lost_and_claimed_again(pool, callback)
     expires = (await lease_row(pool, second.run_id))["expires_at"]
     assert await RunStore(pool).callback_heartbeat(first.run_id, "team-a", first.lease_token, 3600) is None
     assert (await lease_row(pool, second.run_id))["expires_at"] == expires
     assert await RunStore(pool).callback_heartbeat(second.run_id, "team-a", second.lease_token, 30) is not None
 
 
-async def test_callback_complete_fence_run_lease_token(pool: asyncpg.Pool) -> None:
+@LEASES
+async def test_callback_complete_fence_run_lease_token(pool: asyncpg.Pool, callback: bool) -> None:
     """The complete callback of attempt 1, after the run was claimed again: refused (409)."""
-    first, second = await lost_and_claimed_again(pool)
+    first, second = await lost_and_claimed_again(pool, callback)
     assert not await RunStore(pool).callback_complete(first.run_id, "team-a", first.lease_token, "succeeded",
                                                       None, None, now())
     await still_with_worker_2(pool, second)
@@ -576,9 +596,10 @@ async def test_owner_fence_backfill(pool: asyncpg.Pool) -> None:
     assert await pool.fetchval("SELECT count(*) FROM runs") == 1
 
 
-async def test_owner_fence_callback_heartbeat(pool: asyncpg.Pool) -> None:
-    """callback_heartbeat: the right lease token presented by another team is refused."""
-    _, _, claimed = await running_run(pool)
+@LEASES
+async def test_owner_fence_callback_heartbeat(pool: asyncpg.Pool, callback: bool) -> None:
+    """callback_heartbeat and callback_own_lease: the right lease token presented by another team is refused."""
+    _, _, claimed = await running_run(pool, callback=callback)
     expires = (await lease_row(pool, claimed.run_id))["expires_at"]
     assert await RunStore(pool).callback_heartbeat(claimed.run_id, "team-b", claimed.lease_token, 3600) is None
     assert (await lease_row(pool, claimed.run_id))["expires_at"] == expires

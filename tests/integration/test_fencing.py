@@ -21,15 +21,18 @@ from tests.helpers import expire_run_lease
 ALL = list(range(1024))
 
 
-def spec(schedule: dict) -> JobSpec:
+def spec(schedule: dict, callback: bool = False) -> JobSpec:
     return JobSpec.model_validate(
-        {"name": "j", "schedule": schedule, "task": {"type": "http", "url": "http://127.0.0.1:9/"},
+        {"name": "j", "schedule": schedule,
+         "task": {"type": "http", "url": "http://127.0.0.1:9/", "callback": callback},
          "retryPolicy": {"maxAttempts": 2, "jitter": 0}})
 
 
-async def make_due_job(pool: asyncpg.Pool, schedule: dict | None = None) -> uuid.UUID:
-    """A job whose trigger is already due (its fire time is moved into the past)."""
-    created = await JobService(pool).create("team-a", spec(schedule or {"cron": "* * * * *"}), datetime.now(UTC))
+async def make_due_job(pool: asyncpg.Pool, schedule: dict | None = None, callback: bool = False) -> uuid.UUID:
+    """A job whose trigger is already due (its fire time is moved into the past). ``callback``: its
+    target reports the outcome itself, and each run has a lease of its own (migration 0015)."""
+    created = await JobService(pool).create("team-a", spec(schedule or {"cron": "* * * * *"}, callback),
+                                            datetime.now(UTC))
     await pool.execute("UPDATE triggers SET fire_at = date_trunc('second', now()) - interval '1 second' "
                        "WHERE job_id = $1", created.job_id)
     return created.job_id

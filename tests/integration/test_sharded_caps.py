@@ -246,7 +246,9 @@ async def test_a_worker_cut_off_from_the_catalog_stops_its_capped_runs_before_th
 async def _lease_past(url: str, run_id: str, epoch: float) -> bool:
     conn = await asyncpg.connect(url)
     try:
-        return bool(await conn.fetchval("SELECT extract(epoch FROM expires_at) > $2 FROM run_leases WHERE run_id = $1",
+        return bool(await conn.fetchval("SELECT extract(epoch FROM l.expires_at) > $2 FROM leases_in_force l"
+                                        " JOIN runs r ON r.run_id = l.run_id AND r.lease_token = l.token"
+                                        " WHERE l.run_id = $1",
                                         uuid.UUID(run_id), epoch))
     finally:
         await conn.close()

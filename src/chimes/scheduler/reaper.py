@@ -71,6 +71,7 @@ class Reaper:
         self._sweeps += 1
         if self._sweeps % self._reconcile_every == 0:
             await self.store.reconcile_active_runs()
+            await self.store.forget_dead_claims()
         rows = await self.store.expired_runs(list(leases), self.batch_size)
         if not rows:
             return 0

@@ -118,8 +118,11 @@ class RunStore:
     async def callback_heartbeat(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID,
                                  lease_sec: float) -> datetime | None:
         """Extend the lease of a run whose target reports for itself; None when the token is stale."""
-        expires_at: datetime | None = await self._pool.fetchval(
-            sql("callback_heartbeat"), run_id, scheduled_at_of(run_id), owner, lease_token, lease_sec)
+        args = (run_id, scheduled_at_of(run_id), owner, lease_token, lease_sec)
+        async with self._pool.acquire() as conn, conn.transaction():
+            expires_at: datetime | None = await conn.fetchval(sql("callback_heartbeat"), *args)
+            if expires_at is None:  # its first heartbeat: the run's lease was its claim's
+                expires_at = await conn.fetchval(sql("callback_own_lease"), *args)
         return expires_at
 
     async def callback_complete(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID, status: str,
@@ -138,7 +141,7 @@ class RunStore:
                 if retry.past_deadline:
                     error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
             ended = await conn.fetch(sql("complete_runs"), [run_id], [scheduled_at], [lease_token], [status],
-                                     [error], [output], [now], [retry_at], "callback")
+                                     [error], [output], [now], [retry_at], "callback", [])
             await runs_ended(conn, [r for r in ended if r["final"]])
         return bool(ended)
 

@@ -237,6 +237,11 @@ class SchedulerStore:
         row = one_row(await self._pool.fetchrow(sql("reconcile_active_runs")))
         return row["forgotten"], row["released"]
 
+    async def forget_dead_claims(self) -> int:
+        """Delete the lease rows of claims whose worker is gone and whose runs all ended; returns how many."""
+        status = await self._pool.execute(sql("forget_dead_claims"))
+        return int(status.rsplit(" ", 1)[-1])
+
 
 def late_slots(fires: Sequence[Fire], fired_at: datetime) -> list[Slot]:
     """The slots fired past their job's start deadline (plus its jitter), as ``notify_late_fires``

@@ -40,6 +40,17 @@ CREATE TABLE public.cap_slots (
 );
 CREATE INDEX cap_slots_run ON public.cap_slots USING btree (run_id);
 
+CREATE TABLE public.claim_leases (
+    token uuid NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    deadline_at timestamp with time zone NOT NULL,
+    run_ids uuid[] NOT NULL,
+    scheduled_ats timestamp with time zone[] NOT NULL,
+    deadlines timestamp with time zone[] NOT NULL,
+    CONSTRAINT claim_leases_pkey PRIMARY KEY (token),
+    CONSTRAINT claim_leases_runs CHECK (((cardinality(run_ids) = cardinality(scheduled_ats)) AND (cardinality(run_ids) = cardinality(deadlines))))
+) WITH (fillfactor=50, autovacuum_vacuum_scale_factor=0.01, autovacuum_vacuum_cost_delay=0);
+
 CREATE TABLE public.concurrency_caps (
     scope text NOT NULL,
     name text NOT NULL,
@@ -288,6 +299,25 @@ CREATE TABLE public.workers (
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT workers_pkey PRIMARY KEY (worker_id)
 );
+
+CREATE VIEW public.leases_in_force AS
+ SELECT l.run_id,
+    l.scheduled_at,
+    l.token,
+    l.expires_at,
+    l.deadline_at
+   FROM run_leases l
+UNION ALL
+ SELECT u.run_id,
+    u.scheduled_at,
+    c.token,
+    c.expires_at,
+    u.deadline_at
+   FROM (claim_leases c
+     CROSS JOIN LATERAL UNNEST(c.run_ids, c.scheduled_ats, c.deadlines) u(run_id, scheduled_at, deadline_at))
+  WHERE (NOT (EXISTS ( SELECT 1
+           FROM run_leases own
+          WHERE ((own.run_id = u.run_id) AND (own.token = c.token)))));
 
 CREATE VIEW public.run_attempt_history AS
  SELECT a.run_id,

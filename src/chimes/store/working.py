@@ -209,14 +209,29 @@ class WorkerStore:
         return claimed
 
     async def extend_leases(self, runs: Sequence[ClaimedRun], lease_sec: float) -> set[uuid.UUID]:
-        """Extend every held lease in one statement; returns the run ids still held."""
+        """Extend the leases of ``runs``: their claims' rows, then the runs' own; returns the run ids
+        still held (still running under their token)."""
         if not runs:
             return set()
-        rows = await self._pool.fetch(
-            sql("extend_leases"), [r.run_id for r in runs], [r.scheduled_at for r in runs],
-            [r.lease_token for r in runs], lease_sec,
-        )
+        run_ids, scheduled = [r.run_id for r in runs], [r.scheduled_at for r in runs]
+        tokens = [r.lease_token for r in runs]
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(sql("extend_claim_leases"), list(dict.fromkeys(tokens)), lease_sec)
+            await conn.execute(sql("extend_leases"), run_ids, scheduled, tokens, lease_sec)
+            rows = await conn.fetch(sql("runs_still_running"), run_ids, scheduled, tokens)
         return {row["run_id"] for row in rows}
+
+    async def forget_claims(self, tokens: Sequence[uuid.UUID]) -> None:
+        """Delete the lease rows of claims whose runs have all left this worker's hands."""
+        if tokens:
+            await self._pool.execute(sql("forget_claims"), list(tokens))
+
+    async def give_up(self, runs: Sequence[ClaimedRun]) -> None:
+        """Runs stopped here without an outcome: their leases expire now, each on its own, so the
+        reaper ends their attempts as lost ones without waiting for the rest of their claims."""
+        if runs:
+            await self._pool.execute(sql("give_up_runs"), [r.run_id for r in runs], [r.scheduled_at for r in runs],
+                                     [r.lease_token for r in runs])
 
     async def still_running(self, runs: Sequence[ClaimedRun]) -> set[uuid.UUID]:
         """The run ids of ``runs`` still running under the lease they were claimed with."""
@@ -226,8 +241,10 @@ class WorkerStore:
                                       [r.scheduled_at for r in runs], [r.lease_token for r in runs])
         return {row["run_id"] for row in rows}
 
-    async def complete(self, completions: Sequence[Completion]) -> set[uuid.UUID]:
-        """Record a batch of outcomes in one statement; returns the runs whose outcome was accepted."""
+    async def complete(self, completions: Sequence[Completion],
+                       forget: Sequence[uuid.UUID] = ()) -> set[uuid.UUID]:
+        """Record a batch of outcomes in one statement, and delete the lease rows of the claims in
+        ``forget`` (forget_claims) with it; returns the runs whose outcome was accepted."""
         if not completions:
             return set()
         async with by_key(self._pool) as conn:
@@ -237,6 +254,7 @@ class WorkerStore:
                 [c.run.lease_token for c in completions], [c.outcome.status for c in completions],
                 [c.outcome.error for c in completions], [c.outcome.output for c in completions],
                 [c.finished_at for c in completions], [c.retry_at for c in completions], self.worker_id,
+                list(forget),
             )
             await runs_ended(conn, [r for r in rows if r["final"] and r["bookkeeping"]])
         return {row["run_id"] for row in rows}

@@ -101,6 +101,12 @@ class Worker:
         self._slots_to_free: list[uuid.UUID] = []  # their runs left this worker's hands
         self._callbacks: dict[uuid.UUID, ClaimedRun] = {}  # holding slots, their outcome due from the target
         self._slot_deadlines: dict[uuid.UUID, float] = {}  # monotonic: when their slots lapse at the earliest
+        # A claim's runs share one lease row (claim_leases): the runs of each claim still in this
+        # worker's hands, and the claims none are left of, whose rows the next write deletes.
+        self._claims: dict[uuid.UUID, set[uuid.UUID]] = {}
+        self._forget: list[uuid.UUID] = []
+        self._taken: set[uuid.UUID] = set()  # runs stopped because they are no longer this worker's
+        self._to_give_up: list[ClaimedRun] = []  # runs stopped here that are still this worker's
 
     def count_caps_in(self, cap_slots: CapSlots | None) -> None:
         """The shard map gained (or lost) ranges while this worker ran: from its next claim on, capped
@@ -137,6 +143,8 @@ class Worker:
             self._to_flush.set()
             await asyncio.gather(heartbeat, listener, flusher, return_exceptions=True)
             await self._flush()
+            with contextlib.suppress(*DB_ERRORS):  # else they are deleted by a reaper once expired
+                await self.store.forget_claims(self._forget)
             with contextlib.suppress(*DB_ERRORS):
                 await self.store.forget()
             await self.executors.close()
@@ -179,6 +187,7 @@ class Worker:
         if held is not None:
             run, task = held
             log.info("run %s was cancelled; stopping it", run.run_id, extra=run_fields(run))
+            self._taken.add(run.run_id)
             task.cancel()
 
     async def _claim_loop(self) -> None:
@@ -210,6 +219,7 @@ class Worker:
             metrics.record_claims(claimed)
             tracing.claimed(claimed, self.worker_id)
             for run in claimed:
+                self._claims.setdefault(run.lease_token, set()).add(run.run_id)
                 self._running[run.run_id] = (run, asyncio.create_task(self._execute(run)))
             if len(claimed) < limit:
                 await wait_event(self._wake, self.config.poll_every_sec)
@@ -285,6 +295,7 @@ class Worker:
                 outcome = Outcome.failure(f"internal error: {failures.describe(exc)}"[:MAX_ERROR_CHARS])
             if outcome.pending:
                 handed_on = True
+                self._settle(run)  # its lease is its own (claim_runs), renewed by the target
                 if run.run_id in self._slotted:  # its slots are kept while the run is still running
                     self._slotted.discard(run.run_id)
                     self._callbacks[run.run_id] = run
@@ -307,6 +318,14 @@ class Worker:
                 self._slotted.discard(run.run_id)
                 self._slots_to_free.append(run.run_id)
                 self._to_flush.set()
+            if not handed_on:
+                if run.run_id in self._taken:
+                    self._settle(run)
+                elif not self._stopping.is_set():  # its cap slots lapsed: stopped, yet still this worker's
+                    self._to_give_up.append(run)
+                    self._to_flush.set()
+                # else the drain hands it back (release), or it waits for its lease to expire
+            self._taken.discard(run.run_id)
             self._running.pop(run.run_id, None)
             self._slot_free.set()
             if self._budget is not None:
@@ -332,7 +351,7 @@ class Worker:
         """Outcomes wait up to ``flush_every_sec`` to be written together. An idle worker does not
         wake up for nothing: with none to write the loop waits for the next one."""
         while not self._drained.is_set():
-            if not self._outcomes and not self._slots_to_free:
+            if not self._outcomes and not self._slots_to_free and not self._to_give_up:
                 self._to_flush.clear()
                 await self._to_flush.wait()
                 continue
@@ -342,22 +361,57 @@ class Worker:
             except Exception as exc:
                 failures.loop_failed("worker", "flush", exc)
 
+    def _settle(self, run: ClaimedRun) -> None:
+        """``run`` left this worker's hands (recorded, refused, cancelled, taken away, handed back or
+        given up): once none of its claim is left, the claim's lease row can go."""
+        left = self._claims.get(run.lease_token)
+        if left is None:
+            return
+        left.discard(run.run_id)
+        if not left:
+            del self._claims[run.lease_token]
+            self._forget.append(run.lease_token)
+
+    async def _give_up(self) -> None:
+        if not self._to_give_up:
+            return
+        giving_up, self._to_give_up = self._to_give_up, []
+        try:
+            await self.store.give_up(giving_up)
+        except DB_ERRORS as exc:
+            # Tried again with the next flush; meanwhile they are reaped once their claim's lease expires.
+            self._to_give_up[:0] = giving_up
+            failures.loop_failed("worker", "give up", exc)
+            return
+        for run in giving_up:
+            self._settle(run)
+
     async def _flush(self) -> None:
         await self._free_slots()
+        await self._give_up()
         if not self._outcomes:
             return
         batch, self._outcomes = self._outcomes, []
+        forget, self._forget = self._forget, []
         try:
             # One outcome the database refuses must not keep everyone else's from being recorded.
-            recorded = await failures.narrow_down(batch, self.store.complete, self._unrecordable_outcome)
+            recorded = await failures.narrow_down(batch, lambda part: self.store.complete(part, forget),
+                                                  self._unrecordable_outcome)
         except Exception as exc:
             failures.loop_failed("worker", "flush", exc)
             self._outcomes[:0] = batch  # keep them; the leases are still extended meanwhile
+            self._forget[:0] = forget
             return
+        if not recorded:
+            self._forget[:0] = forget
         accepted = set().union(*recorded)
         self._unrecordable -= accepted
         # Recorded, or refused because the lease was lost: either way this worker runs it no more.
         done = {c.run.run_id for c in batch if c.run.run_id in accepted or c.run.run_id not in self._unrecordable}
+        giving_up = {run.run_id for run in self._to_give_up}  # outcomes set aside: still running, still ours
+        for completion in batch:
+            if completion.run.run_id in done and completion.run.run_id not in giving_up:
+                self._settle(completion.run)
         self._slots_to_free += [run_id for run_id in done if run_id in self._slotted]
         self._slotted -= done
         await self._free_slots()
@@ -390,6 +444,7 @@ class Worker:
         if run_id in self._unrecordable:
             self._unrecordable.discard(run_id)
             failures.set_aside("worker", "outcome", f"outcome of run {run_id}", exc)
+            self._to_give_up.append(completion.run)
             return
         self._unrecordable.add(run_id)
         log.warning("the outcome of run %s could not be recorded (%s); recording it without its text", run_id,
@@ -424,7 +479,15 @@ class Worker:
             if run_id in asked and run_id not in still_held:
                 log.warning("run %s was taken away (cancelled or reaped); stopping it", run_id,
                             extra=run_fields(_run))
+                self._taken.add(run_id)
                 task.cancel()
+        # Claims that ended while no outcome was written to take their rows along (a cancel, say).
+        forget, self._forget = self._forget, []
+        try:
+            await self.store.forget_claims(forget)
+        except BaseException:
+            self._forget[:0] = forget
+            raise
 
     async def _renew_slots(self, slots: CapSlots) -> None:
         """The slots of the runs this worker runs (or whose outcome waits to be written), and of those
@@ -481,4 +544,6 @@ class Worker:
         with contextlib.suppress(*DB_ERRORS):
             handed_back = await self.store.release(left)
             log.info("handed %d unfinished runs back to the queue", len(handed_back))
+            for run in left:  # handed back, or already not this worker's
+                self._settle(run)
 

@@ -117,10 +117,10 @@ FROM workers ORDER BY worker_id;
 -- name: dashboard_running_runs
 -- Runs in flight (their lease rows), oldest first, at most $2.
 SELECT r.run_id, r.job_id, r.worker_id, r.attempt, r.started_at, j.name AS job_name
-FROM run_leases l
+FROM leases_in_force l
 JOIN runs r ON r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at
 LEFT JOIN jobs j ON j.job_id = r.job_id
-WHERE r.status = 'running' AND ($1::text IS NULL OR r.owner = $1)
+WHERE r.status = 'running' AND r.lease_token = l.token AND ($1::text IS NULL OR r.owner = $1)
 ORDER BY r.started_at
 LIMIT $2;
 

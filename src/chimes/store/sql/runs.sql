@@ -119,12 +119,32 @@ SELECT tier, count(*) AS depth, min(enqueued_at) AS oldest_enqueued_at
 FROM run_queue GROUP BY tier ORDER BY tier;
 
 -- name: callback_heartbeat
+-- A target's heartbeat extends the run's own lease (a callback task's run has one from its claim).
 UPDATE run_leases l SET expires_at = now() + make_interval(secs => $5)
 FROM runs r
 WHERE l.run_id = $1 AND l.token = $4
   AND r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at AND r.scheduled_at = $2
   AND ($3::text IS NULL OR r.owner = $3)
 RETURNING l.expires_at;
+
+-- name: callback_own_lease
+-- The first heartbeat of a run that shares its claim's lease (any target may heartbeat with the token
+-- it was sent): from now on the run has a lease of its own, which overrides the claim's. The run is
+-- locked first, so that a reaper or a cancel ending it meanwhile is waited for and then seen.
+WITH held AS (
+    SELECT r.run_id, r.scheduled_at, r.partition_id, r.lease_token FROM runs r
+    WHERE r.run_id = $1 AND r.scheduled_at = $2 AND ($3::text IS NULL OR r.owner = $3)
+      AND r.status = 'running' AND r.lease_token = $4
+    FOR NO KEY UPDATE
+)
+INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
+SELECT h.run_id, h.scheduled_at, h.partition_id, h.lease_token, now() + make_interval(secs => $5), u.deadline_at
+FROM held h
+JOIN claim_leases c ON c.token = h.lease_token
+CROSS JOIN LATERAL unnest(c.run_ids, c.deadlines) AS u(run_id, deadline_at)
+WHERE u.run_id = h.run_id
+ON CONFLICT (run_id) DO NOTHING
+RETURNING expires_at;
 
 -- name: running_with_token
 SELECT r.attempt, r.job_id, j.retry_policy FROM runs r LEFT JOIN jobs j ON j.job_id = r.job_id

@@ -228,15 +228,25 @@ SELECT pg_notify('chimes_run_queue', '');
 
 -- name: expired_runs
 -- Running runs of these partitions whose worker stopped heartbeating, or that ran past their deadline:
--- a read of run_leases, which holds only the runs in flight.
+-- a read of the lease rows, which hold only the runs in flight. A claim's row is opened only when its
+-- lease expired or its earliest deadline passed; a run with a lease of its own is judged by that one.
+WITH due AS (
+    SELECT l.run_id, l.scheduled_at, l.token, l.expires_at, l.deadline_at FROM run_leases l
+    WHERE l.partition_id = ANY($1::smallint[]) AND (l.expires_at < now() OR l.deadline_at < now())
+    UNION ALL
+    SELECT u.run_id, u.scheduled_at, c.token, c.expires_at, u.deadline_at
+    FROM claim_leases c
+    CROSS JOIN LATERAL unnest(c.run_ids, c.scheduled_ats, c.deadlines) AS u(run_id, scheduled_at, deadline_at)
+    WHERE (c.expires_at < now() OR c.deadline_at < now()) AND (c.expires_at < now() OR u.deadline_at < now())
+      AND NOT EXISTS (SELECT 1 FROM run_leases own WHERE own.run_id = u.run_id AND own.token = c.token)
+)
 SELECT r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.partition_id, r.priority,
        r.worker_id, r.started_at, r.job_version, l.deadline_at, r.lease_losses,
        l.expires_at < now() AS lease_expired, j.retry_policy
-FROM run_leases l
+FROM due l
 JOIN runs r ON r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at
 LEFT JOIN jobs j ON j.job_id = r.job_id
-WHERE l.partition_id = ANY($1::smallint[]) AND (l.expires_at < now() OR l.deadline_at < now())
-  AND r.status = 'running' AND r.lease_token = l.token
+WHERE r.partition_id = ANY($1::smallint[]) AND r.status = 'running' AND r.lease_token = l.token
 LIMIT $2;
 
 -- name: reap_runs
@@ -256,13 +266,26 @@ lost AS (
     SELECT * FROM unnest($4::uuid[], $5::timestamptz[], $6::uuid[], $7::text[], $8::timestamptz[], $11::boolean[])
         AS d(run_id, scheduled_at, lease_token, error, retry_at, lease_lost)
 ),
--- The lease rows go first: deleting one waits for a heartbeat writing it, and then finds it expired
--- no longer; a run whose lease row is gone already was ended by someone else.
+-- The lease rows go first: deleting a run's own row, or locking its claim's, waits for a heartbeat
+-- writing it, and then finds it expired no longer; a run whose own row is gone already was ended by
+-- someone else. A claim's row stays until none of its runs still runs under its token.
 unleased AS (
     DELETE FROM run_leases l USING lost d
     WHERE l.run_id = d.run_id AND l.token = d.lease_token AND (l.expires_at < now() OR l.deadline_at < now())
       AND l.partition_id IN (SELECT partition_id FROM lease)
     RETURNING l.run_id, l.scheduled_at, l.token
+),
+claims AS (
+    SELECT c.token, c.expires_at, c.run_ids, c.deadlines FROM claim_leases c
+    WHERE c.token IN (SELECT lease_token FROM lost)
+    FOR UPDATE
+),
+unclaimed AS (
+    SELECT u.run_id FROM claims c
+    CROSS JOIN LATERAL unnest(c.run_ids, c.deadlines) AS u(run_id, deadline_at)
+    JOIN lost d ON d.run_id = u.run_id AND d.lease_token = c.token
+    WHERE (c.expires_at < now() OR u.deadline_at < now())
+      AND NOT EXISTS (SELECT 1 FROM run_leases own WHERE own.run_id = u.run_id AND own.token = c.token)
 ),
 ended AS (
     UPDATE runs r
@@ -271,9 +294,10 @@ ended AS (
         finished_at = CASE WHEN d.retry_at IS NULL THEN now() END,
         error = d.error, lease_token = NULL, worker_id = NULL,
         lease_losses = r.lease_losses + d.lease_lost::integer
-    FROM lost d JOIN unleased u ON u.run_id = d.run_id
+    FROM lost d
     WHERE r.run_id = d.run_id AND r.scheduled_at = d.scheduled_at AND r.status = 'running'
-      AND r.lease_token = d.lease_token
+      AND r.lease_token = d.lease_token AND r.partition_id IN (SELECT partition_id FROM lease)
+      AND (d.run_id IN (SELECT run_id FROM unleased) OR d.run_id IN (SELECT run_id FROM unclaimed))
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.priority,
               r.attempt - (d.retry_at IS NOT NULL)::integer AS ended_attempt, d.retry_at, d.error
 ),
@@ -298,6 +322,18 @@ SELECT run_id, scheduled_at, job_id, retry_at, retry_at IS NULL AS final FROM en
 
 -- name: reconcile_active_runs
 SELECT chimes_forget_ended_runs() AS forgotten, chimes_release_held(NULL) AS released;
+
+-- name: forget_dead_claims
+-- The lease rows of claims whose worker is gone: expired, and none of their runs still running under
+-- their token (reaped, or ended before the worker could say so). A run never comes back to a token,
+-- so a snapshot that is out of date can only keep a row longer.
+DELETE FROM claim_leases c
+WHERE c.expires_at < now()
+  AND NOT EXISTS (
+      SELECT 1 FROM unnest(c.run_ids, c.scheduled_ats) AS u(run_id, scheduled_at)
+      JOIN runs r ON r.run_id = u.run_id AND r.scheduled_at = u.scheduled_at
+      WHERE r.status = 'running' AND r.lease_token = c.token
+  );
 
 -- name: late_unstarted_runs
 -- Runs not started by their job's start deadline, counted from the scheduled time (plus the job's

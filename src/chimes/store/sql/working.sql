@@ -28,7 +28,7 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 -- Takes up to $1 ready runs of the tiers $5..$6, highest tier first, oldest first (one range scan
 -- of the primary key); SKIP LOCKED lets many workers claim at once without waiting on each other.
 -- Runs under a concurrency cap are left to claim_capped_runs (a tag cap counts the jobs of its owner,
--- or of every owner when its owner is ''). From here on the run's lease says who has it.
+-- or of every owner when its owner is ''). From here on the run's lease token says who has it.
 WITH picked AS (
     DELETE FROM run_queue q
     WHERE (q.tier, q.queue_id) IN (
@@ -46,32 +46,64 @@ WITH picked AS (
 -- Each picked run becomes running under a new lease token, if it is still waiting (one cancelled
 -- meanwhile is left alone), and its lease row is written; what the worker needs to run it comes back.
 -- The run's update changes no indexed column, so it stays on its page (migration 0012).
+-- All the runs of one claim share its lease token, and one lease row (claim_leases, migration 0015);
+-- a callback task's run has a lease row of its own, which its target renews.
+lease AS (
+    SELECT gen_random_uuid() AS token
+),
 claimed AS (
     UPDATE runs r
-    SET status = 'running', worker_id = $2, lease_token = gen_random_uuid(), started_at = now()
+    SET status = 'running', worker_id = $2, lease_token = (SELECT token FROM lease), started_at = now()
     FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
     WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
               j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority,
-              r.partition_id
+              r.partition_id, coalesce((j.task ->> 'callback')::boolean, false) AS own_lease,
+              now() + make_interval(secs => coalesce(j.timeout_sec, $7::integer) + $4::float8) AS deadline_at
+),
+own_leased AS (
+    INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
+    SELECT run_id, scheduled_at, partition_id, lease_token, now() + make_interval(secs => $3::float8), deadline_at
+    FROM claimed WHERE own_lease
 ),
 leased AS (
-    INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
-    SELECT run_id, scheduled_at, partition_id, lease_token, now() + make_interval(secs => $3::float8),
-           now() + make_interval(secs => coalesce(timeout_sec, $7::integer) + $4::float8)
-    FROM claimed
+    INSERT INTO claim_leases (token, expires_at, deadline_at, run_ids, scheduled_ats, deadlines)
+    SELECT (SELECT token FROM lease), now() + make_interval(secs => $3::float8), min(deadline_at),
+           array_agg(run_id), array_agg(scheduled_at), array_agg(deadline_at)
+    FROM claimed WHERE NOT own_lease
+    HAVING count(*) > 0
 )
 SELECT run_id, scheduled_at, job_id, attempt, lease_token, started_at, trigger, task, retry_policy, timeout_sec,
        job_exists, owner, priority
 FROM claimed;
 
+-- name: extend_claim_leases
+-- A worker's heartbeat, first: the lease rows of its claims, one per claim, in place. A reaper ending
+-- a run of a claim locks the claim's row first, so this waits for it, and the runs_still_running
+-- after it (a statement of its own, with a snapshot taken after the wait) finds that run gone.
+UPDATE claim_leases SET expires_at = now() + make_interval(secs => $2) WHERE token = ANY($1::uuid[]);
+
 -- name: extend_leases
--- Returns the runs this worker still holds; a run missing from the answer was cancelled or reaped
--- (whatever ends an attempt deletes its lease row). Only the lease row changes, in place.
+-- Then the runs with a lease of their own (callback tasks, until their target has them). Only the
+-- lease row changes, in place.
 UPDATE run_leases l SET expires_at = now() + make_interval(secs => $4)
 FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[]) AS held(run_id, scheduled_at, lease_token)
-WHERE l.run_id = held.run_id AND l.token = held.lease_token
-RETURNING l.run_id;
+WHERE l.run_id = held.run_id AND l.token = held.lease_token;
+
+-- name: forget_claims
+-- The lease rows of claims whose runs have all left their worker's hands.
+DELETE FROM claim_leases WHERE token = ANY($1::uuid[]);
+
+-- name: give_up_runs
+-- Runs this worker stops without an outcome (their cap slots lapsed, their outcome cannot be stored):
+-- each gets a lease of its own, expired, so that the reaper ends the attempt now, as a lost one,
+-- rather than once the rest of its claim is done.
+INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
+SELECT r.run_id, r.scheduled_at, r.partition_id, r.lease_token, now(), 'infinity'
+FROM runs r JOIN unnest($1::uuid[], $2::timestamptz[], $3::uuid[]) AS held(run_id, scheduled_at, lease_token)
+  ON r.run_id = held.run_id AND r.scheduled_at = held.scheduled_at
+WHERE r.status = 'running' AND r.lease_token = held.lease_token
+ON CONFLICT (run_id) DO UPDATE SET expires_at = now() WHERE run_leases.token = EXCLUDED.token;
 
 -- name: complete_runs
 -- Records a batch of outcomes, each only if the worker still holds the run's lease (a worker that
@@ -95,6 +127,10 @@ WITH outcome AS (
 ),
 released AS (
     DELETE FROM run_leases l USING outcome o WHERE l.run_id = o.run_id AND l.token = o.lease_token
+),
+-- $10: the claims whose runs have all left the worker's hands by its earlier outcomes (forget_claims).
+forgotten AS (
+    DELETE FROM claim_leases WHERE token = ANY($10::uuid[])
 ),
 ended AS (
     UPDATE runs r
@@ -166,10 +202,10 @@ SELECT pg_advisory_xact_lock(hashtext('chimes_capped_claims'));
 
 -- name: cap_usage
 SELECT cap.scope, cap.name, cap.owner, cap.max_running,
-       (SELECT count(*) FROM run_leases l
+       (SELECT count(*) FROM leases_in_force l
         JOIN runs r ON r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at
         LEFT JOIN jobs j ON j.job_id = r.job_id
-        WHERE r.status = 'running'
+        WHERE r.status = 'running' AND r.lease_token = l.token
           AND ((cap.scope = 'owner' AND r.owner = cap.name)
                OR (cap.scope = 'tag' AND cap.name = ANY(j.tags) AND cap.owner IN ('', r.owner))))
        AS running
@@ -197,20 +233,30 @@ WITH picked AS (
     DELETE FROM run_queue q WHERE q.queue_id = ANY($4::bigint[])
     RETURNING q.run_id, q.scheduled_at, q.job_id
 ),
+lease AS (
+    SELECT gen_random_uuid() AS token
+),
 claimed AS (
     UPDATE runs r
-    SET status = 'running', worker_id = $1, lease_token = gen_random_uuid(), started_at = now()
+    SET status = 'running', worker_id = $1, lease_token = (SELECT token FROM lease), started_at = now()
     FROM picked p LEFT JOIN jobs j ON j.job_id = p.job_id
     WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
               j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority,
-              r.partition_id
+              r.partition_id, coalesce((j.task ->> 'callback')::boolean, false) AS own_lease,
+              now() + make_interval(secs => coalesce(j.timeout_sec, $5::integer) + $3::float8) AS deadline_at
+),
+own_leased AS (
+    INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
+    SELECT run_id, scheduled_at, partition_id, lease_token, now() + make_interval(secs => $2::float8), deadline_at
+    FROM claimed WHERE own_lease
 ),
 leased AS (
-    INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
-    SELECT run_id, scheduled_at, partition_id, lease_token, now() + make_interval(secs => $2::float8),
-           now() + make_interval(secs => coalesce(timeout_sec, $5::integer) + $3::float8)
-    FROM claimed
+    INSERT INTO claim_leases (token, expires_at, deadline_at, run_ids, scheduled_ats, deadlines)
+    SELECT (SELECT token FROM lease), now() + make_interval(secs => $2::float8), min(deadline_at),
+           array_agg(run_id), array_agg(scheduled_at), array_agg(deadline_at)
+    FROM claimed WHERE NOT own_lease
+    HAVING count(*) > 0
 )
 SELECT run_id, scheduled_at, job_id, attempt, lease_token, started_at, trigger, task, retry_policy, timeout_sec,
        job_exists, owner, priority
