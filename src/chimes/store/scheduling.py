@@ -240,7 +240,7 @@ class SchedulerStore:
     async def forget_dead_claims(self) -> int:
         """Delete the lease rows of claims whose worker is gone and whose runs all ended; returns how many."""
         status = await self._pool.execute(sql("forget_dead_claims"))
-        return int(status.rsplit(" ", 1)[-1])
+        return int(status.split()[-1])
 
 
 def late_slots(fires: Sequence[Fire], fired_at: datetime) -> list[Slot]:
