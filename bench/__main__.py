@@ -23,6 +23,7 @@ Without ``--database-url`` an embedded PostgreSQL is started in a temporary fold
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -94,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--standby-stall", type=float, default=0.5,
                         help="async-loss: also fail over after the primary's WAL sender has been stopped this many "
                              "seconds (a stalled link between zones); 0 for plain kills only")
+    parser.add_argument("--settle", type=float, default=120.0,
+                        help="before each round (peers: each system), wait up to this many seconds for the 1-minute "
+                             "load average to fall to 0.5 per core; 0: start at once")
     parser.add_argument("--statements", action="store_true",
                         help="load pg_stat_statements (embedded server) and report the database time by statement")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
@@ -116,6 +120,7 @@ async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Result], 
             for attempt in range(1 if args.scenario in ("top-of-hour", "async-loss") else args.repeat):
                 if args.repeat > 1:
                     say(f"round {attempt + 1} of {args.repeat}")
+                await _settle(args.settle)
                 async with quiet.watch() as quietness:
                     found = await _scenario(args, env, target, shape)
                 results += found
@@ -126,6 +131,13 @@ async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Result], 
         machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         machine["rounds"] = [{"round": n + 1} | q.to_json() for n, q in enumerate(rounds)]
     return machine, results, rounds
+
+
+async def _settle(limit_sec: float) -> None:
+    if limit_sec > 0:
+        waited = await quiet.settle(limit_sec)
+        if waited:
+            say(f"waited {waited:.0f}s for the load average to settle (1-minute: {os.getloadavg()[0]:.2f})")
 
 
 async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any) -> list[Result]:
@@ -170,7 +182,8 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
         return [await load(env, jobs=args.jobs, say=say)]
     from bench.peers import peers
 
-    return await peers(env, target, runs=args.runs, systems=args.systems.split(","), shape=shape, say=say)
+    return await peers(env, target, runs=args.runs, systems=args.systems.split(","), shape=shape, say=say,
+                       settle=functools.partial(_settle, args.settle))
 
 
 def _report(scenario: str, results: list[Result]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
@@ -42,7 +42,9 @@ def _version(system: str) -> str:
 
 
 async def peers(env: Env, target: TargetProcess, *, runs: int, systems: list[str],
-                shape: chimes_runs.FleetShape, say: Callable[[str], None]) -> list[Result]:
+                shape: chimes_runs.FleetShape, say: Callable[[str], None],
+                settle: Callable[[], Awaitable[None]] | None = None) -> list[Result]:
+    """``settle``: awaited before each system, so that none starts in the load the one before left."""
     unknown = [s for s in systems if s != "chimes" and s not in PEERS]
     if unknown:
         raise SystemExit(f"unknown system {unknown[0]!r}; choose from chimes, {', '.join(PEERS)}")
@@ -56,6 +58,8 @@ async def peers(env: Env, target: TargetProcess, *, runs: int, systems: list[str
     for system in systems:
         # The systems run one after the other: how quiet the machine was is recorded for each, so that
         # a ratio taken while something else ran can be told apart.
+        if settle is not None:
+            await settle()
         async with quiet.watch() as quietness:
             if system == "chimes":
                 result = await chimes_runs.end_to_end(env, target, runs=runs, spread_sec=0, shape=shape,

@@ -17,7 +17,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -117,6 +117,22 @@ class _Sampler(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(SAMPLE_EVERY_SEC):
             self.loads.append(os.getloadavg()[0])
+
+
+async def settle(limit_sec: float, load: Callable[[], float] = lambda: os.getloadavg()[0],
+                 cores: int | None = None, sample_sec: float = SAMPLE_EVERY_SEC) -> float:
+    """Wait, at most ``limit_sec``, for the 1-minute load average to fall to the quiet limit
+    (:data:`BUSY_LOAD_PER_CORE` per core); returns the seconds waited. A round started right after
+    the one before it begins in that round's load (a 2-core machine reads 1.0-1.2 after a burst),
+    and would be flagged busy for the benchmark's own doing; the load average falls by a tenth about
+    every six seconds, so this is usually seconds."""
+    quiet_at = BUSY_LOAD_PER_CORE * (cores or os.cpu_count() or 1)
+    samples = max(0, round(limit_sec / sample_sec))
+    waits = 0
+    while load() > quiet_at and waits < samples:
+        await asyncio.sleep(sample_sec)
+        waits += 1
+    return waits * sample_sec
 
 
 @asynccontextmanager

@@ -8,7 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from bench.quiet import CpuTicks, Quietness, parse_cpu_line, read_cpu_ticks, spread, steal_percent, verdict, watch
+from bench.quiet import (
+    CpuTicks,
+    Quietness,
+    parse_cpu_line,
+    read_cpu_ticks,
+    settle,
+    spread,
+    steal_percent,
+    verdict,
+    watch,
+)
 from bench.report import Result, spread_table
 
 
@@ -88,3 +98,21 @@ def test_the_spread_table_groups_the_rounds_of_each_system() -> None:
     named = [_result("chimes scheduler, round 1", 2.0, 0.5), _result("chimes scheduler, round 2", 3.0, 0.5)]
     assert spread_table(named).startswith("  chimes scheduler, 2 rounds")
     assert spread_table([_result("chimes", 2.0, 0.5)]) == ""  # one round: nothing to spread
+
+
+async def test_settle_waits_until_the_load_average_falls_to_the_quiet_limit() -> None:
+    loads = iter([1.6, 1.3, 1.1, 0.9, 0.7])
+    waited = await settle(60, load=lambda: next(loads), cores=2, sample_sec=0.001)
+    assert waited == pytest.approx(0.003)  # 1.6, 1.3 and 1.1 are above 0.5 a core on two cores; 0.9 is not
+
+
+async def test_settle_gives_up_after_its_limit_on_a_machine_that_stays_busy() -> None:
+    samples = []
+
+    def load() -> float:
+        samples.append(1)
+        return 3.0
+
+    waited = await settle(0.005, load=load, cores=2, sample_sec=0.001)
+    assert waited == pytest.approx(0.005)
+    assert len(samples) == 6  # read before each wait, and once more at the limit
