@@ -11,6 +11,7 @@ costs memory in this process and in Prometheus for as long as they run.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -93,10 +94,34 @@ LIVE_WORKERS = Gauge("chimes_workers_live", "Workers that heartbeated recently."
 PARTITIONS_UNLEASED = Gauge("chimes_partitions_unleased", "Trigger partitions no live node holds.")
 
 
+def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
+    """``histogram.observe(amount)`` for each amount, with one update of the sum and of each bucket
+    the amounts fall in. A worker observes a start lag and a task duration for every run and a node a
+    fire lag for every fire, and each ``observe`` takes two locks and walks the buckets; a batch of
+    runs falls into a few buckets. Where the client library does not keep a histogram's buckets as
+    this expects (or for a histogram with labels and no child, which ``observe`` refuses), each
+    amount is observed on its own."""
+    bounds: list[float] | None = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(buckets) != len(bounds):
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts: dict[int, int] = {}
+    for amount in amounts:
+        if amount == amount:  # observe counts a NaN in the sum only: it is in no bucket
+            i = bisect.bisect_left(bounds, amount)  # the first bucket with amount <= its bound, as observe
+            counts[i] = counts.get(i, 0) + 1
+    if amounts:
+        total.inc(sum(amounts))
+    for i, count in counts.items():
+        buckets[i].inc(count)
+
+
 def record_fires(due: Sequence[DueTrigger], fired_at: datetime, result: FireResult) -> None:
     """One fired batch: the lag of each trigger in it, and how many fired or were fenced out."""
-    for trigger in due:
-        FIRE_LAG.observe(max(0.0, (fired_at - trigger.fire_at).total_seconds()))
+    observe_many(FIRE_LAG, [max(0.0, (fired_at - trigger.fire_at).total_seconds()) for trigger in due])
     TRIGGERS_FIRED.inc(result.fired)
     if result.leases_held < len({t.partition_id for t in due}):
         FIRES_REFUSED.inc(len(due) - result.fired)
@@ -138,14 +163,13 @@ def record_reaped(ended: Iterable[Any]) -> None:
 
 def record_claims(claimed: Iterable[ClaimedRun]) -> None:
     """Start lag of first attempts (a retry's start is late by design: its backoff)."""
-    for run in claimed:
-        if run.attempt == 1:
-            START_LAG.observe(max(0.0, (run.started_at - run.scheduled_at).total_seconds()))
+    observe_many(START_LAG, [max(0.0, (run.started_at - run.scheduled_at).total_seconds())
+                             for run in claimed if run.attempt == 1])
 
 
 def record_outcomes(batch: Iterable[Completion], accepted: set[Any]) -> None:
     """Outcomes the database accepted: task durations, retries and final statuses."""
-    durations: dict[tuple[str, str], Any] = {}  # each label set's child, looked up once a batch
+    durations: dict[tuple[str, str], list[float]] = {}  # by label set: each child looked up once a batch
     finished: dict[str, int] = {}
     retries = 0
     for done in batch:
@@ -153,14 +177,14 @@ def record_outcomes(batch: Iterable[Completion], accepted: set[Any]) -> None:
             continue
         task_type = bounded(str((done.run.task or {}).get("type", "none")), TASK_TYPES)
         status = bounded(str(done.outcome.status), OUTCOME_STATUSES)
-        child = durations.get((task_type, status))
-        if child is None:
-            child = durations[task_type, status] = TASK_DURATION.labels(task_type, status)
-        child.observe(max(0.0, (done.finished_at - done.run.started_at).total_seconds()))
+        durations.setdefault((task_type, status), []).append(
+            max(0.0, (done.finished_at - done.run.started_at).total_seconds()))
         if done.retry_at is not None:
             retries += 1
         else:
             finished[status] = finished.get(status, 0) + 1
+    for labels, amounts in durations.items():
+        observe_many(TASK_DURATION.labels(*labels), amounts)
     if retries:
         RETRIES.labels("worker").inc(retries)
     for status, count in finished.items():
