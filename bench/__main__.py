@@ -215,6 +215,9 @@ def _quietness(rounds: list[quiet.Quietness]) -> str:
         lines.append(f"WARNING: the machine was busy during {which}: wall-clock figures (drain, runs/s, lags) are "
                      "not comparable with a quiet machine's; compare ratios measured in the same command, and CPU "
                      "seconds per 1,000 runs")
+    spread = quiet.probe_spread(rounds)
+    if spread:
+        lines.append(spread)
     return "\n".join(lines)
 
 

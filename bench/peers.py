@@ -55,6 +55,7 @@ async def peers(env: Env, target: TargetProcess, *, runs: int, systems: list[str
     if "celery" in systems:
         celery_peer.check_redis_server()
     results = []
+    records: list[quiet.Quietness] = []
     for system in systems:
         # The systems run one after the other: how quiet the machine was is recorded for each, so that
         # a ratio taken while something else ran can be told apart.
@@ -70,6 +71,10 @@ async def peers(env: Env, target: TargetProcess, *, runs: int, systems: list[str
         say(f"{result.system}: drained {result.completed:,} runs in {result.drain_sec or 0:.2f}s; "
             f"{quietness.describe()}")
         results.append(result)
+        records.append(quietness)
+    spread = quiet.probe_spread(records)
+    if spread:
+        say(spread)
     return results
 
 

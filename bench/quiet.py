@@ -13,6 +13,7 @@ to others) is nobody's here, before or during.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import threading
@@ -28,6 +29,8 @@ from typing import Any
 BUSY_LOAD_PER_CORE = 0.5
 BUSY_STEAL_PERCENT = 2.0
 SAMPLE_EVERY_SEC = 1.0
+PROBE_ITERATIONS = 200_000  # about 15 ms of Python on the 2-core machine at its fastest
+PROBE_SPREAD = 0.10  # rounds whose probes differ by more than this did not run on the same machine, in effect
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class Quietness:
     steal_during_percent: float | None = None
     seconds: float = 0.0
     busy: list[str] = field(default_factory=list)
+    probe_ms: float | None = None  # speed_probe_ms() just before the round
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,7 +94,41 @@ class Quietness:
         text = (f"load average {self.load_before[0]:.2f} before (max {during} during, with the benchmark's own "
                 f"processes), CPU steal {pct(self.steal_before_percent)} before, {pct(self.steal_during_percent)} "
                 f"during")
+        if self.probe_ms is not None:
+            text += f", speed probe {self.probe_ms:.1f} ms"
         return text + (f"; BUSY: {'; '.join(self.busy)}" if self.busy else "")
+
+
+def speed_probe_ms(repeat: int = 5) -> float:
+    """Milliseconds a fixed piece of single-threaded Python takes here, the best of ``repeat``. A
+    virtual machine's cores can be given less of the host's time without any of it showing as steal:
+    on the 2-core machine of docs/benchmarks.md the same commands ran 20-60% slower an hour apart,
+    with steal at 0.0% and the load average at rest both times. The probe shows it: figures are
+    comparable only between rounds whose probes are close."""
+    best = math.inf
+    for _ in range(repeat):
+        started = time.perf_counter()
+        _probe_work()
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 2)
+
+
+def _probe_work() -> int:
+    total = 0
+    for i in range(PROBE_ITERATIONS):
+        total += i * i % 7
+    return total
+
+
+def probe_spread(records: Sequence[Quietness]) -> str | None:
+    """A note when the speed probe of some rounds was more than :data:`PROBE_SPREAD` slower than the
+    fastest one's: their wall-clock figures and CPU seconds are not comparable with the others'."""
+    probes = [q.probe_ms for q in records if q.probe_ms is not None]
+    if len(probes) < 2 or max(probes) <= min(probes) * (1 + PROBE_SPREAD):
+        return None
+    return (f"NOTE: the machine's speed changed between rounds: speed probe {min(probes):.1f} to "
+            f"{max(probes):.1f} ms ({max(probes) / min(probes) - 1:.0%} slower at most): compare rounds with "
+            "close probes")
 
 
 def verdict(q: Quietness) -> list[str]:
@@ -142,7 +180,8 @@ async def watch(sample_sec: float = SAMPLE_EVERY_SEC) -> AsyncIterator[Quietness
     await asyncio.sleep(sample_sec)
     start = read_cpu_ticks()
     record = Quietness(cores=os.cpu_count() or 1, load_before=[round(x, 2) for x in os.getloadavg()],
-                       steal_before_percent=steal_percent(first, start) if first and start else None)
+                       steal_before_percent=steal_percent(first, start) if first and start else None,
+                       probe_ms=speed_probe_ms())
     sampler = _Sampler()
     t0 = time.monotonic()
     sampler.start()

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+from bench import quiet
 from bench.quiet import (
     CpuTicks,
     Quietness,
     parse_cpu_line,
+    probe_spread,
     read_cpu_ticks,
     settle,
+    speed_probe_ms,
     spread,
     steal_percent,
     verdict,
@@ -74,6 +78,31 @@ async def test_watch_fills_in_the_record_when_the_block_ends() -> None:
     assert record.seconds >= 0.05 and len(record.load_before) == 3
     assert record.busy == verdict(record)
     assert ("BUSY" in record.describe()) == bool(record.busy)
+    assert record.probe_ms is not None and record.probe_ms > 0
+    assert f"speed probe {record.probe_ms:.1f} ms" in record.describe()
+
+
+def test_the_speed_probe_is_the_best_of_its_repeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    pauses = iter([0.030, 0.002, 0.030])  # one quick repeat among slow ones: the machine's own speed
+
+    def work() -> int:
+        time.sleep(next(pauses))
+        return 0
+
+    monkeypatch.setattr(quiet, "_probe_work", work)
+    assert 2.0 <= speed_probe_ms(repeat=3) < 30.0
+
+
+def _probed(*probes: float | None) -> list[Quietness]:
+    return [Quietness(cores=2, load_before=[0.1, 0.1, 0.1], steal_before_percent=0.0, probe_ms=p) for p in probes]
+
+
+def test_rounds_whose_speed_probes_differ_by_more_than_a_tenth_get_a_note() -> None:
+    assert probe_spread(_probed(10.0, 10.9, 11.0)) is None  # 10% slower at most: the limit itself is close
+    assert probe_spread(_probed(10.0)) is None and probe_spread(_probed(None, 12.0)) is None
+    assert probe_spread(_probed(10.0, 11.5, 16.0)) == (
+        "NOTE: the machine's speed changed between rounds: speed probe 10.0 to 16.0 ms (60% slower at most): "
+        "compare rounds with close probes")
 
 
 def test_spread_is_min_median_max_of_two_or_more_values() -> None:
