@@ -29,7 +29,7 @@ from typing import Any
 BUSY_LOAD_PER_CORE = 0.5
 BUSY_STEAL_PERCENT = 2.0
 SAMPLE_EVERY_SEC = 1.0
-PROBE_ITERATIONS = 200_000  # about 15 ms of Python on the 2-core machine at its fastest
+PROBE_ITERATIONS = 100_000  # about 5 ms of Python on the 2-core machine
 PROBE_SPREAD = 0.10  # rounds whose probes differ by more than this did not run on the same machine, in effect
 
 
@@ -99,12 +99,12 @@ class Quietness:
         return text + (f"; BUSY: {'; '.join(self.busy)}" if self.busy else "")
 
 
-def speed_probe_ms(repeat: int = 5) -> float:
+def speed_probe_ms(repeat: int = 20) -> float:
     """Milliseconds a fixed piece of single-threaded Python takes here, the best of ``repeat``. A
     virtual machine's cores can be given less of the host's time without any of it showing as steal:
     on the 2-core machine of docs/benchmarks.md the same commands ran 20-60% slower an hour apart,
-    with steal at 0.0% and the load average at rest both times. The probe shows it: figures are
-    comparable only between rounds whose probes are close."""
+    with steal at 0.0% and the load average at rest both times. A timing taken right before a round
+    says whether the machine ran as fast as for the rounds it is compared with."""
     best = math.inf
     for _ in range(repeat):
         started = time.perf_counter()
