@@ -7,8 +7,8 @@ same for every system. A call is identified by ``X-Chimes-Run-Id`` when present,
 
 It shares the machine's cores with the system under test, so it is an HTTP/1.1 server of a few
 lines on the event loop's own protocol (keep-alive, ``Content-Length`` and chunked bodies, ``Expect:
-100-continue``) rather than a framework's: aiohttp's server spent about 38 CPU µs a call, a tenth of a
-2-core machine's time in a 10,000-run burst, taken from the systems being measured
+100-continue``) rather than a framework's: aiohttp's server spent about 38 CPU µs a call, a fifth of
+the CPU a whole 10,000-run burst takes, in the very second the systems are measured; this one 12-13
 (docs/benchmarks.md, "The machine, and how busy it was").
 """
 
