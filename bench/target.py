@@ -32,7 +32,7 @@ _MAX_HEAD = 64 * 1024
 
 
 class _Request:
-    __slots__ = ("body_left", "chunked", "close", "key", "path")
+    __slots__ = ("body_left", "chunked", "close", "expects_continue", "key", "path")
 
     def __init__(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -43,6 +43,7 @@ class _Request:
         self.key = self.path
         self.body_left = 0
         self.chunked = False
+        self.expects_continue = False
         self.close = parts[2] == b"HTTP/1.0"
         for line in lines[1:]:
             name, _, value = line.partition(b":")
@@ -56,6 +57,8 @@ class _Request:
                 self.chunked = b"chunked" in value.lower()
             elif name == b"connection":
                 self.close = value.lower() == b"close" or (self.close and value.lower() != b"keep-alive")
+            elif name == b"expect":
+                self.expects_continue = value.lower() == b"100-continue"
 
 
 class _Connection(asyncio.Protocol):
@@ -91,7 +94,7 @@ class _Connection(asyncio.Protocol):
                 return False
             head, self.buffer = self.buffer[:end], self.buffer[end + 4:]
             self.request = _Request(head)
-            if b"100-continue" in head.lower() and self.transport is not None:
+            if self.request.expects_continue and self.transport is not None:
                 self.transport.write(_CONTINUE)
             self.target.arrived(self.request)
             return True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -83,14 +82,10 @@ async def test_watch_fills_in_the_record_when_the_block_ends() -> None:
 
 
 def test_the_speed_probe_is_the_best_of_its_repeats(monkeypatch: pytest.MonkeyPatch) -> None:
-    pauses = iter([0.030, 0.002, 0.030])  # one quick repeat among slow ones: the machine's own speed
-
-    def work() -> int:
-        time.sleep(next(pauses))
-        return 0
-
-    monkeypatch.setattr(quiet, "_probe_work", work)
-    assert 2.0 <= speed_probe_ms(repeat=3) < 30.0
+    # the clock's readings around each repeat: 30 ms, 2 ms, 30 ms (one quick repeat among slow ones)
+    readings = iter([0.0, 0.030, 1.0, 1.002, 2.0, 2.030])
+    monkeypatch.setattr(quiet, "_probe_work", lambda: 0)
+    assert 2.0 <= speed_probe_ms(repeat=3, clock=lambda: next(readings)) < 30.0
 
 
 def _probed(*probes: float | None) -> list[Quietness]:

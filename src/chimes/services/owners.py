@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from chimes.security.secrets import Keyring, SecretKeyError, default_keyring
 from chimes.security.signing import new_signing_secret
@@ -41,6 +41,9 @@ async def signing_secret(store: OwnerStore, owner: str, keyring: Keyring, *, rot
     return keyring.open(sealed)
 
 
+_STALE = object()  # OwnerCache: no value read within its ttl (None can be a value)
+
+
 class OwnerCache:
     """What a worker needs per owner, read at most once per ``ttl_sec``: a change by the operator
     (allowing commands, rotating the signing secret) reaches running workers within that time.
@@ -59,19 +62,23 @@ class OwnerCache:
         return allowed
 
     async def signing_secret(self, owner: str) -> str:
-        entry = self._entries.get(("secret", owner))  # what every run of a burst finds: no read to set up
-        if entry is not None and entry[0] >= time.monotonic():
-            fresh: str = entry[1]
-            return fresh
+        fresh = self._fresh(("secret", owner))  # what every run of a burst finds: no read to set up
+        if fresh is not _STALE:
+            return cast(str, fresh)
         secret: str = await self._cached(
             "secret", owner, lambda owner: signing_secret(self._store, owner, self._keyring))
         return secret
 
+    def _fresh(self, key: tuple[str, str]) -> Any:
+        """The cached value, or ``_STALE`` when there is none read within ``ttl_sec``."""
+        entry = self._entries.get(key)
+        return entry[1] if entry is not None and entry[0] >= time.monotonic() else _STALE
+
     async def _cached(self, what: str, owner: str, read: Callable[[str], Awaitable[Any]]) -> Any:
         key = (what, owner)
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] >= time.monotonic():
-            return entry[1]
+        fresh = self._fresh(key)
+        if fresh is not _STALE:
+            return fresh
         reading = self._reading.get(key)
         if reading is None:
             reading = asyncio.ensure_future(self._read(key, read(owner)))
