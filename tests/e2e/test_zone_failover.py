@@ -139,7 +139,17 @@ async def _cut_the_primary_zone(zones: Zones, cluster: HaCluster, tmp_path: Path
             zones.heal(lost_zone)
             await asyncio.to_thread(cluster.wait_for_standbys, 180)
             timings["heal to standby streaming"] = time.time() - healed_at.timestamp()
-            conn = await asyncpg.connect(dsn, timeout=10)
+
+            async def connected() -> asyncpg.Connection | None:
+                # Right after the heal, one run of the suite found every host refusing a connection
+                # for a moment; a client retries, so the test waits for one, with a deadline.
+                try:
+                    return await asyncpg.connect(dsn, timeout=10)
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                    return None
+
+            conn = await wait_for(connected, timeout=60, what="a primary that accepts connections after the heal",
+                                  interval=0.5)
             try:
                 async def zone_back() -> bool:
                     node = await conn.fetchval("SELECT count(*) FROM partition_leases WHERE owner = $1 "
