@@ -14,7 +14,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
-from chimes import outage
+from chimes import __version__, outage
 from chimes.store import db
 from chimes.store.shards import ShardPools
 
@@ -25,13 +25,13 @@ _probed: tuple[float, list[str]] | None = None
 
 
 async def check(pool: Any, dsn: str) -> tuple[int, dict[str, Any]]:
-    """(status code, body) for /healthz."""
+    """(status code, body) for /healthz; either names the release this process runs."""
     try:
         await db.ping(pool)
     except Exception as exc:  # any failure to reach the database is "unavailable"
         outage.failed("GET /healthz", db.describe(exc))
-        return 503, await _unavailable(dsn, db.describe(exc))
-    return 200, {"status": "ok"}
+        return 503, {**await _unavailable(dsn, db.describe(exc)), "version": __version__}
+    return 200, {"status": "ok", "version": __version__}
 
 
 async def shard_states(shards: ShardPools) -> dict[str, str]:

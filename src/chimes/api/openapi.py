@@ -134,6 +134,7 @@ class Identity(_Answer):
 
 class Health(_Answer):
     status: Literal["ok", "unavailable"]
+    version: str = Field(description="the release of Chimes this API server runs, e.g. 0.2.0")
     error: str | None = Field(None, description="what is wrong, when unavailable")
     since: str | None = Field(None, description="when this process first failed to reach the database (RFC 3339)")
     failedSteps: int | None = Field(None, description="steps of this process that failed since then")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -10,10 +9,10 @@ from typing import Any
 import click
 
 from chimes import __version__, logs, tracing
-from chimes.cli import apply, caps, chaos, client, config, ha, owners, shards, tokens
+from chimes.cli import apply, caps, chaos, client, config, ha, owners, shards, tokens, upgrades
 from chimes.cli.importer import import_jobs
 from chimes.cli.options import database_options, listen_options, metrics_options, settings_from
-from chimes.cli.runtime import migrate_database, run_async
+from chimes.cli.runtime import run_async
 from chimes.cli.security_options import (
     allow_commands_option,
     api_security,
@@ -34,6 +33,7 @@ from chimes.settings import (
     WORKER_CONCURRENCY,
 )
 from chimes.store import db
+from chimes.store.migrate import ReleaseTooOld
 
 log = logging.getLogger("chimes")
 
@@ -158,15 +158,7 @@ def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id
                                      worker_settings))
 
 
-@cli.command()
-@database_options
-def migrate(database_url: str | None, data_dir: Path) -> None:
-    """Apply pending schema migrations (chimes up does this by itself)."""
-    with db.database_url(settings_from(database_url, data_dir)) as dsn:
-        applied = asyncio.run(migrate_database(dsn))
-    click.echo(f"applied migrations: {', '.join(map(str, applied))}" if applied else "schema is up to date")
-
-
+cli.add_command(upgrades.migrate)
 cli.add_command(tokens.token)
 cli.add_command(config.config)
 cli.add_command(caps.cap)
@@ -184,6 +176,6 @@ client.jobs.add_command(import_jobs)
 def main() -> None:
     try:
         cli(prog_name="chimes")
-    except db.DatabaseUnavailable as exc:  # raised after the wait, with every attempt logged
+    except (db.DatabaseUnavailable, ReleaseTooOld) as exc:  # unavailable: after the wait, each attempt logged
         click.echo(f"Error: {exc}", err=True)
         raise SystemExit(1) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -11,6 +12,7 @@ from collections.abc import Callable
 import click
 from fastapi import FastAPI
 
+from chimes.api import presence
 from chimes.api.app import create_app
 from chimes.cli.runtime import api_server, migrate_shards, on_shutdown_signals, prepare_role_database
 from chimes.cli.security_options import ApiSecurity, WorkerSecurity
@@ -105,8 +107,20 @@ async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) 
     await migrate_shards(await prepare_role_database(dsn))
     server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
     on_shutdown_signals(server.stop)
+    # Its own connection: the heartbeat that says which release this server runs waits on no request.
+    pool = await db.create_pool(dsn, min_size=1, max_size=1,
+                                command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
+    server_id = presence.new_server_id()
+    beat = asyncio.create_task(presence.heartbeat(pool, server_id))
     log.info("API listening on http://%s:%d", settings.host, settings.port)
-    await server.serve()
+    try:
+        await server.serve()
+    finally:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
+        await presence.leave(pool, server_id)
+        await pool.close()
 
 
 async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = RETENTION_DAYS,

@@ -73,6 +73,7 @@ def add_up(fleets: Sequence[Fleet], owns: Sequence[Sequence[int]]) -> Fleet:
         queue=_queue([f.queue for f in fleets]),
         fire_lag=_fire_lag([f.fire_lag for f in fleets]),
         failures=_failures([f.failures for f in fleets]),  # type: ignore[arg-type]
+        api_servers=[server for fleet in fleets for server in fleet.api_servers],  # the catalog's only
     )
     for run in merged.running:
         merged.running_by_worker.setdefault(run["worker_id"], []).append(run)

@@ -96,6 +96,7 @@ class Fleet:
     failures: list[asyncpg.Record]
     partitions: int = PARTITION_COUNT
     running_by_worker: dict[str, list[asyncpg.Record]] = field(default_factory=dict)
+    api_servers: list[asyncpg.Record] = field(default_factory=list)
 
 
 class DashboardStore:
@@ -150,7 +151,8 @@ class DashboardStore:
             queue = await queue_tiers(conn) if with_queue else []
             fire_lag = await _fire_lag(conn, now - lag_window, now)
             failures = await conn.fetch(sql("dashboard_failures_per_minute"), failure_minutes, owner)
-        fleet = Fleet(nodes, unleased, workers, running, queue, fire_lag, failures)
+            api_servers = await conn.fetch(sql("dashboard_api_servers"))
+        fleet = Fleet(nodes, unleased, workers, running, queue, fire_lag, failures, api_servers=api_servers)
         for run in running:
             fleet.running_by_worker.setdefault(run["worker_id"], []).append(run)
         return fleet

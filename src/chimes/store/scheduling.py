@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from chimes import __version__
 from chimes.enums import TriggerKind
 from chimes.slots import Slot
 from chimes.store.db import Conn, Row, one_row
@@ -121,7 +122,7 @@ class SchedulerStore:
         """One lease round: heartbeat, renew what is held, then give up or take partitions until this
         node holds its fair share of the live nodes. Returns the partitions held, with their tokens."""
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(sql("heartbeat_node"), self.node_id, hostname, pid)
+            await conn.execute(sql("heartbeat_node"), self.node_id, hostname, pid, __version__)
             live = [r["node_id"] for r in await conn.fetch(sql("live_nodes"), ttl_sec)]
             renewed = await conn.fetch(
                 sql("renew_leases"), self.node_id, list(held), list(held.values()), ttl_sec

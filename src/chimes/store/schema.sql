@@ -13,6 +13,16 @@ CREATE TABLE public.active_runs (
 );
 CREATE INDEX active_runs_held ON public.active_runs USING btree (job_id, scheduled_at) WHERE held;
 
+CREATE TABLE public.api_servers (
+    server_id text NOT NULL,
+    hostname text NOT NULL,
+    pid integer NOT NULL,
+    release text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT api_servers_pkey PRIMARY KEY (server_id)
+);
+
 CREATE TABLE public.api_tokens (
     token_id uuid NOT NULL,
     token_hash bytea NOT NULL,
@@ -226,6 +236,7 @@ CREATE TABLE public.scheduler_nodes (
     pid integer NOT NULL,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    release text,
     CONSTRAINT scheduler_nodes_pkey PRIMARY KEY (node_id)
 );
 
@@ -297,6 +308,7 @@ CREATE TABLE public.workers (
     in_flight integer DEFAULT 0 NOT NULL,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
+    release text,
     CONSTRAINT workers_pkey PRIMARY KEY (worker_id)
 );
 

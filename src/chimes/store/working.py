@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from chimes import __version__
 from chimes.enums import Priority, RunStatus
 from chimes.settings import RUN_TIMEOUT_SEC
 from chimes.store.cap_slots import CapSlots, full_caps, rooms_of
@@ -113,7 +114,8 @@ class WorkerStore:
         self.worker_id = worker_id
 
     async def register(self, hostname: str, pid: int, concurrency: int, in_flight: int) -> None:
-        await self._pool.execute(sql("register_worker"), self.worker_id, hostname, pid, concurrency, in_flight)
+        await self._pool.execute(sql("register_worker"), self.worker_id, hostname, pid, concurrency, in_flight,
+                                 __version__)
 
     async def forget(self) -> None:
         await self._pool.execute(sql("forget_worker"), self.worker_id)

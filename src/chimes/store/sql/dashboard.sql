@@ -95,7 +95,7 @@ ORDER BY r.scheduled_at DESC, r.run_id DESC
 LIMIT $5;
 
 -- name: dashboard_nodes
-SELECT n.node_id, n.hostname, n.pid, n.started_at, n.heartbeat_at,
+SELECT n.node_id, n.hostname, n.pid, n.release, n.started_at, n.heartbeat_at,
        extract(epoch FROM now() - n.heartbeat_at)::float8 AS heartbeat_age,
        coalesce(l.partitions, '{}') AS partitions
 FROM scheduler_nodes n
@@ -110,9 +110,15 @@ ORDER BY n.node_id;
 SELECT count(*) FROM partition_leases WHERE owner IS NULL OR expires_at <= now();
 
 -- name: dashboard_workers
-SELECT worker_id, hostname, pid, concurrency, in_flight, started_at, heartbeat_at,
+SELECT worker_id, hostname, pid, release, concurrency, in_flight, started_at, heartbeat_at,
        extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age
 FROM workers ORDER BY worker_id;
+
+-- name: dashboard_api_servers
+-- API servers heartbeat on the catalog only; a shard's table stays empty.
+SELECT server_id, hostname, pid, release, started_at, heartbeat_at,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age
+FROM api_servers ORDER BY server_id;
 
 -- name: dashboard_running_runs
 -- Runs in flight (their lease rows), oldest first, at most $2.

@@ -1,8 +1,9 @@
 -- Scheduler nodes: membership, partition leases, the due scan, firing, and the reaper.
 
 -- name: heartbeat_node
-INSERT INTO scheduler_nodes (node_id, hostname, pid) VALUES ($1, $2, $3)
-ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now();
+-- $4: the node's release (`chimes migrate --plan` lists the live ones; a contract step waits for them).
+INSERT INTO scheduler_nodes (node_id, hostname, pid, release) VALUES ($1, $2, $3, $4)
+ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), release = excluded.release;
 
 -- name: database_time
 -- The database's clock as seconds since the epoch: a node measures its own clock's offset from it.

@@ -1,8 +1,9 @@
 -- Workers: claiming runs, heartbeating their leases, recording outcomes.
 
 -- name: register_worker
-INSERT INTO workers (worker_id, hostname, pid, concurrency) VALUES ($1, $2, $3, $4)
-ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now(), in_flight = $5;
+-- $6: the worker's release, as a scheduler node's (heartbeat_node).
+INSERT INTO workers (worker_id, hostname, pid, concurrency, release) VALUES ($1, $2, $3, $4, $6)
+ON CONFLICT (worker_id) DO UPDATE SET heartbeat_at = now(), in_flight = $5, release = excluded.release;
 
 -- name: forget_worker
 DELETE FROM workers WHERE worker_id = $1;
