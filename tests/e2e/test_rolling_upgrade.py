@@ -109,6 +109,8 @@ async def _registered(dsn: str, table: str, key: str, name: str) -> bool:
     try:
         release = await conn.fetchval(f"SELECT release FROM {table} WHERE {key} = $1 "
                                       "AND heartbeat_at > now() - interval '10 seconds'", name)
+    except asyncpg.UndefinedColumnError:  # the first process of this release has not migrated yet
+        return False
     finally:
         await conn.close()
     return bool(release == __version__)
@@ -170,6 +172,10 @@ async def test_a_fleet_rolls_from_0_1_0_to_this_release_without_a_pause_in_firin
             long_id = long.json()["jobId"]
             await wait_for(lambda: target.calls_to("/long"), timeout=30, what="the long run to reach its target")
 
+            # Before the roll: the plan (which changes nothing) names the expand step the first new process applies.
+            first_plan = await _plan(fleet)
+            pending = f"expand steps pending (applied by the first process of {__version__} to start): 0020_"
+            assert pending in first_plan and "can roll: yes" in first_plan, first_plan
             roll_started = time.time()
             # The worker holding the long run goes first, while the target still holds its request.
             holder = await _worker_of(dsn, long_id)
@@ -193,6 +199,8 @@ async def test_a_fleet_rolls_from_0_1_0_to_this_release_without_a_pause_in_firin
                                what=f"{name}'s replacement to heartbeat")
                 if not mid_roll_plan:
                     mid_roll_plan = await _plan(fleet)
+                if name == holder:  # SIGTERM while its run is in flight: the graceful stop lets it finish
+                    assert target.in_flight.get("/long") == 1, "the long run ended before the roll reached it"
                 assert await _stopped(roles[name], 45) == 0, roles[name].output()[-3000:]
                 roles[name] = fresh
             roll_ended = time.time()

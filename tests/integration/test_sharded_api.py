@@ -136,7 +136,8 @@ async def test_healthz_names_a_shard_that_is_down_and_stays_up(api_url: str, cli
     job_id = await create(client, "catalog")
     async with httpx.AsyncClient(base_url=api_url) as anonymous:
         healthy = await anonymous.get("/healthz")
-        assert (healthy.status_code, healthy.json()) == (200, {"status": "ok", "version": __version__, "shards": {"1": "ok"}})
+        assert (healthy.status_code, healthy.json()) == (200, {"status": "ok", "version": __version__,
+                                                               "shards": {"1": "ok"}})
         admin = await asyncpg.connect(server_dsn)
         try:
             await admin.execute(f"DROP DATABASE {urlsplit(shard_url).path.lstrip('/')} WITH (FORCE)")
