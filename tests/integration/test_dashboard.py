@@ -14,6 +14,7 @@ import asyncpg
 import httpx
 import pytest
 
+from chimes import __version__
 from chimes.dashboard import pages
 from chimes.store.queries import sql
 from chimes.store.tokens import create_token
@@ -253,17 +254,30 @@ async def _runs_with(client: httpx.AsyncClient, job_id: str, status: str, count:
 
 async def test_fleet_page_shows_nodes_partitions_workers_queue_and_lag(
     fleet: Fleet, client: httpx.AsyncClient, target: Target, team_a: httpx.AsyncClient, api_url: str,
-    tokens: dict[str, str],
+    tokens: dict[str, str], database_url: str,
 ) -> None:
     await create_job(client, {**job_body("every-second", f"{target.url}/tick"),
                               "schedule": {"cron": "* * * * * *"}})
     await wait_for(lambda: len(target.calls_to("/tick")) >= 2, timeout=30, what="two ticks")
     await wait_for(lambda: len(fleet.node.leases.held) == 1024, timeout=10, what="all partitions held")
     host_and_pid = f"{socket.gethostname()} · {os.getpid()}"
+    # An API server heartbeats on the catalog; a worker of release 0.1.0 records no release.
+    catalog = await asyncpg.connect(database_url)
+    try:
+        await catalog.execute("INSERT INTO api_servers (server_id, hostname, pid, release) "
+                              "VALUES ('test-api', 'api-host', 7, '0.2.0')")
+        await catalog.execute("INSERT INTO workers (worker_id, hostname, pid, concurrency) "
+                              "VALUES ('old-worker', 'old-host', 8, 4)")
+    finally:
+        await catalog.close()
     async with signed_in(api_url, tokens["admin"]) as admin:
         html = (await admin.get("/ui/fleet")).text
         fragment = await admin.get("/ui/fleet?fragment=body")
     assert "test-node" in html and "test-worker" in html and host_and_pid in html
+    # Each process's release: the node's and the worker's (this one), the API server's, the old worker's.
+    assert html.count(f'<code class="small">{__version__}</code>') >= 2
+    assert "<h2>API servers</h2>" in html and "test-api" in html and "api-host · 7" in html
+    assert "old-worker" in html and "0.1.0 or earlier" in html
     assert "1024/1024" in html and "0\u20131023" in html
     assert re.search(r"Fire lag, last 10 min.*?\(([\d,]+) runs", html, re.DOTALL).group(1) != "0"
     assert "runs waiting in the queue" in html

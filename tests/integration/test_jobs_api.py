@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo
 import asyncpg
 import httpx
 
+from chimes import __version__
 from tests.helpers import Homes, auth_as
 
 HTTP_TASK = {"type": "http", "method": "POST", "url": "http://127.0.0.1:9/hook", "headers": {"X-Team": "a"},
@@ -162,7 +163,8 @@ async def test_ownership_is_enforced(client: httpx.AsyncClient, tokens: dict[str
 
 async def test_missing_or_bad_token_is_401(api_url: str, homes: Homes) -> None:
     async with httpx.AsyncClient(base_url=api_url) as anonymous:
-        assert (await anonymous.get("/healthz")).status_code == 200
+        health = await anonymous.get("/healthz")
+        assert (health.status_code, health.json()["version"]) == (200, __version__)  # the release it runs
         for headers in ({}, {"Authorization": "Bearer chm_nope"}, {"Authorization": "Basic abc"}):
             response = await anonymous.get("/jobs", headers=headers)
             assert response.status_code == 401, headers
