@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from chimes import __version__
+from chimes.cli.upgrades import contract_homes, read_plan
 from chimes.store import db
 from chimes.store.migrate import (
     Migration,
@@ -21,9 +22,10 @@ from chimes.store.migrate import (
     release_key,
 )
 from chimes.store.scheduling import SchedulerStore
+from chimes.store.shards import add_shard
 from chimes.store.upgrades import read_home_plan, upgrade_plan
 from chimes.store.working import WorkerStore
-from tests.conftest import scratch_database
+from tests.conftest import TEMPLATE, scratch_database
 
 pytestmark = pytest.mark.single_database("about one database's migrations")
 
@@ -129,3 +131,23 @@ async def test_scheduler_nodes_and_workers_record_their_release(database_url: st
         await pool.close()
     assert [tuple(r) for r in nodes] == [("n-1", __version__)]
     assert [tuple(r) for r in workers] == [("w-1", __version__)]
+
+
+async def test_the_plan_and_the_contract_cover_every_shard(single_database_url: str, server_dsn: str) -> None:
+    """With shards, `chimes migrate --plan` reads each home (a worker heartbeats on every home it serves) and
+    `--contract` migrates each one."""
+    async with scratch_database(server_dsn, "chimes_upgrade_shard", TEMPLATE) as shard_url:
+        catalog = await asyncpg.connect(single_database_url)
+        shard = await asyncpg.connect(shard_url)
+        try:
+            shard_map = await add_shard(catalog, shard_url, 512, 1023)
+            await shard.execute("INSERT INTO workers (worker_id, hostname, pid, concurrency) "
+                                "VALUES ('old-worker', 'h', 1, 4)")
+            plan = await read_plan(single_database_url)
+            assert [home.home for home in plan.homes] == ["catalog", f"shard {shard_map.ranges[-1].shard_id}"]
+            assert [str(p) for p in plan.live] == ["worker old-worker (0.1.0 or earlier)"]
+            assert plan.can_contract  # no contract step is pending: nothing waits for the old worker
+            assert [applied for _, applied in await contract_homes(single_database_url)] == [[], []]
+        finally:
+            await catalog.close()
+            await shard.close()

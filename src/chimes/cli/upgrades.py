@@ -18,14 +18,14 @@ from chimes.store.upgrades import UpgradePlan, read_home_plan, upgrade_plan
 
 
 async def _homes(dsn: str) -> list[tuple[str, str]]:
-    """(name, URL) of the catalog and of each shard its map names."""
-    async def shard_urls(conn: db.Connection) -> list[str]:
+    """(name, URL) of the catalog and of each shard its map names, "shard N" as the fleet page names it."""
+    async def shards_of(conn: db.Connection) -> list[tuple[str, str]]:
         if not await applied_steps(conn):
             return []  # a database no process has used yet has no shard map
-        return (await shards.load_map(conn)).urls()
+        ranges = (await shards.load_map(conn)).ranges
+        return list(dict.fromkeys((f"shard {r.shard_id}", r.url) for r in ranges))
 
-    urls = await db.with_connection(dsn, shard_urls)
-    return [("catalog", dsn), *((f"shard {shards.without_password(url)}", url) for url in urls)]
+    return [("catalog", dsn), *await db.with_connection(dsn, shards_of)]
 
 
 async def read_plan(dsn: str) -> UpgradePlan:
