@@ -5,6 +5,7 @@ process predates them). The catalog and every shard of its map (docs/operations.
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import click
@@ -29,10 +30,9 @@ async def _homes(dsn: str) -> list[tuple[str, str]]:
 
 
 async def read_plan(dsn: str) -> UpgradePlan:
-    homes = []
-    for name, url in await _homes(dsn):
-        homes.append(await db.with_connection(url, lambda conn, name=name: read_home_plan(conn, name)))  # type: ignore[misc]
-    return upgrade_plan(homes)
+    """What an upgrade to this release would do to the catalog and each shard; reads only."""
+    return upgrade_plan([await db.with_connection(url, functools.partial(read_home_plan, home=name))
+                         for name, url in await _homes(dsn)])
 
 
 async def contract_homes(dsn: str) -> list[tuple[str, list[int]]]:
