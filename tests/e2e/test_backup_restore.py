@@ -1,0 +1,130 @@
+"""A restore drill: `chimes up --backup-dir`, a base backup, jobs before and after a moment T, the
+database restored to T, and Chimes started again on it: exactly the jobs of T are there, and they fire.
+
+Prints the recovery time (the restore command, then Chimes up to the first delivered run), quoted in
+docs/operations.md: `pytest tests/e2e/test_backup_restore.py -s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.processes import ChimesProcess, Processes
+from tests.helpers import free_port, wait_for
+from tests.target import Target
+
+TOKEN = re.compile(r"^\s+(chm_\S+)\s*$", re.MULTILINE)
+EVERY_SECOND = "* * * * * *"
+
+
+@pytest.mark.single_database("`chimes up` on the embedded server of its own data dir: no shard map")
+async def test_restore_to_a_point_in_time_brings_back_exactly_the_jobs_of_then(
+    processes: Processes, tmp_path: Path, target: Target
+) -> None:
+    data_dir, backup_dir = tmp_path / "data", tmp_path / "backups"
+    processes.env = {k: v for k, v in processes.env.items() if k != "CHIMES_DATABASE_URL"}
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    up = processes.start("up", "up", "--data-dir", str(data_dir), "--port", str(port),
+                         "--backup-dir", str(backup_dir))
+    token = (await wait_for(lambda: TOKEN.search(up.output()), timeout=90, what="the admin token")).group(1)
+    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}) as http:
+        await wait_for(lambda: _healthy(http), timeout=60, what="the API")
+        await _create(http, target, ["before-backup-1", "before-backup-2"])
+        backup = await _chimes(processes, "backup", "--data-dir", str(data_dir), "--backup-dir", str(backup_dir))
+        assert backup.returncode == 0, backup.output
+        await _create(http, target, ["after-backup-1", "after-backup-2"])
+        restore_point = datetime.now(UTC)
+        await wait_for(lambda: datetime.now(UTC) > restore_point, timeout=5, what="the clock to pass T")
+        await _create(http, target, ["after-t-1", "after-t-2"])
+
+        in_use = await _chimes(processes, "restore", "--from", str(backup_dir), "--data-dir", str(data_dir),
+                               "--force")
+        assert in_use.returncode != 0 and "is running" in in_use.output, in_use.output
+
+    up.signal(signal.SIGTERM)
+    assert await up.exited(timeout=60) == 0, up.output()[-4000:]
+    assert sorted((backup_dir / "wal").glob("0*")), "no WAL segment was archived"
+
+    not_empty = await _chimes(processes, "restore", "--from", str(backup_dir), "--data-dir", str(data_dir),
+                              "--to-time", restore_point.isoformat())
+    assert not_empty.returncode != 0 and "is not empty" in not_empty.output, not_empty.output
+    assert (data_dir / "postgres" / "PG_VERSION").exists(), "a refused restore touched the data dir"
+
+    began = time.monotonic()
+    restored = await _chimes(processes, "restore", "--from", str(backup_dir), "--data-dir", str(data_dir),
+                             "--to-time", restore_point.isoformat(), "--force")
+    restore_sec = time.monotonic() - began
+    assert restored.returncode == 0, restored.output
+    assert "recovery stopping before commit" in restored.output, restored.output
+    assert list(tmp_path.glob("data.replaced-*")), "the data dir that was there was not kept aside"
+    assert not list(tmp_path.glob(".data.restoring-*")), "the restore left its work folder"
+
+    mark = {path: len(target.calls_to(path)) for path in _paths(ALL)}
+    began = time.monotonic()
+    again = processes.start("up-restored", "up", "--data-dir", str(data_dir), "--port", str(port))
+    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}) as http:
+        await wait_for(lambda: _healthy(http), timeout=60, what="the API on the restored database")
+        up_sec = time.monotonic() - began
+        names = sorted(job["name"] for job in (await http.get("/jobs", params={"limit": 100})).json()["jobs"])
+        assert names == sorted(BEFORE_T), names
+        for name in BEFORE_T:
+            await wait_for(lambda name=name: len(target.calls_to(f"/{name}")) > mark[f"/{name}"], timeout=30,
+                           what=f"{name} to fire on the restored database")
+        first_fire_sec = time.monotonic() - began
+    for name in AFTER_T:
+        assert len(target.calls_to(f"/{name}")) == mark[f"/{name}"], f"{name}, made after T, fired"
+    _report(again, restore_sec, up_sec, first_fire_sec, restored.output)
+
+
+BEFORE_T = ["before-backup-1", "before-backup-2", "after-backup-1", "after-backup-2"]
+AFTER_T = ["after-t-1", "after-t-2"]
+ALL = BEFORE_T + AFTER_T
+
+
+def _paths(names: list[str]) -> list[str]:
+    return [f"/{name}" for name in names]
+
+
+class Finished:
+    def __init__(self, returncode: int, output: str) -> None:
+        self.returncode = returncode
+        self.output = output
+
+
+async def _chimes(processes: Processes, *args: str) -> Finished:
+    made = await asyncio.create_subprocess_exec(sys.executable, "-m", "chimes", *args, env=processes.env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    stdout, _ = await asyncio.wait_for(made.communicate(), timeout=180)
+    assert made.returncode is not None
+    return Finished(made.returncode, stdout.decode(errors="replace"))
+
+
+async def _create(http: httpx.AsyncClient, target: Target, names: list[str]) -> None:
+    for name in names:
+        created = await http.post("/jobs", json={"name": name, "schedule": {"cron": EVERY_SECOND},
+                                                 "task": {"type": "http", "url": f"{target.url}/{name}"}})
+        assert created.status_code == 201, created.text
+
+
+async def _healthy(http: httpx.AsyncClient) -> bool:
+    try:
+        return (await http.get("/healthz")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _report(process: ChimesProcess, restore_sec: float, up_sec: float, first_fire_sec: float, output: str) -> None:
+    print(f"\nrestore drill: chimes restore {restore_sec:.1f} s; chimes up on the restored data dir healthy "
+          f"{up_sec:.1f} s later, every job of T fired {first_fire_sec:.1f} s after its start; recovery time "
+          f"{restore_sec + first_fire_sec:.1f} s\n{output.strip()}")
+    assert process.proc.poll() is None, process.output()[-4000:]
