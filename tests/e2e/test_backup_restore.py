@@ -15,9 +15,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
+from chimes.store.embedded import EmbeddedPostgres
 from tests.e2e.processes import ChimesProcess, Processes
 from tests.helpers import free_port, wait_for
 from tests.target import Target
@@ -66,8 +68,9 @@ async def test_restore_to_a_point_in_time_brings_back_exactly_the_jobs_of_then(
     restore_sec = time.monotonic() - began
     assert restored.returncode == 0, restored.output
     assert "recovery stopping before commit" in restored.output, restored.output
-    assert list(tmp_path.glob("data.replaced-*")), "the data dir that was there was not kept aside"
-    assert not list(tmp_path.glob(".data.restoring-*")), "the restore left its work folder"
+    beside = _entries(tmp_path)
+    assert any(name.startswith("data.replaced-") for name in beside), "the data dir that was there was not kept"
+    assert not any(name.startswith(".data.restoring-") for name in beside), "the restore left its work folder"
 
     mark = {path: len(target.calls_to(path)) for path in _paths(ALL)}
     began = time.monotonic()
@@ -84,6 +87,32 @@ async def test_restore_to_a_point_in_time_brings_back_exactly_the_jobs_of_then(
     for name in AFTER_T:
         assert len(target.calls_to(f"/{name}")) == mark[f"/{name}"], f"{name}, made after T, fired"
     _report(again, restore_sec, up_sec, first_fire_sec, restored.output)
+
+    # Without --to-time, the last archived commit: a clean stop archived every job.
+    latest_dir = tmp_path / "latest"
+    latest = await _chimes(processes, "restore", "--from", str(backup_dir), "--data-dir", str(latest_dir))
+    assert latest.returncode == 0, latest.output
+    assert await asyncio.to_thread(_job_names, latest_dir) == sorted(ALL)
+
+
+def _entries(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir())
+
+
+def _job_names(data_dir: Path) -> list[str]:
+    server = EmbeddedPostgres(data_dir)
+    dsn = server.acquire()
+    try:
+        async def read() -> list[str]:
+            conn = await asyncpg.connect(dsn)
+            try:
+                return sorted(row["name"] for row in await conn.fetch("SELECT name FROM jobs"))
+            finally:
+                await conn.close()
+
+        return asyncio.run(read())
+    finally:
+        server.release()
 
 
 BEFORE_T = ["before-backup-1", "before-backup-2", "after-backup-1", "after-backup-2"]

@@ -213,13 +213,16 @@ def _wait_for_promotion(server: EmbeddedPostgres, timeout_sec: float) -> None:
         time.sleep(0.2)
 
 
-REPLAY_END = re.compile(r"(recovery stopping .*|last completed transaction was at log time .*|"
-                        r"redo done at .*)")
+REPLAY_END = re.compile(r"(recovery stopping .*|last completed transaction was at log time .*)")
 
 
 def _where_replay_stopped(log_file: Path) -> str:
-    lines = [match.group(1) for match in REPLAY_END.finditer(log_file.read_text(errors="replace"))]
-    return "; ".join(lines[-2:]) if lines else "(the server log does not say)"
+    """The replay's last lines of the log: the first transaction left out (with a target time) and the
+    last one kept."""
+    text = log_file.read_text(errors="replace")
+    replay = text[text.rfind("starting backup recovery"):]
+    lines = [match.group(1) for match in REPLAY_END.finditer(replay)]
+    return "; ".join(lines) if lines else "(the server log does not say)"
 
 
 def _tail(path: Path) -> str:
