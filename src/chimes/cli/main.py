@@ -76,13 +76,13 @@ def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_co
     if database_url and backup_dir is not None:
         raise click.BadParameter("archives the embedded PostgreSQL's WAL; back up a PostgreSQL of your own with its "
                                  "own tools (pgBackRest: docs/high-availability.md)", param_hint="--backup-dir")
-    settings = settings_from(database_url, data_dir, host, port)
-    api_settings, worker_settings = api_security(data_dir, security), worker_security(data_dir, security)
     try:
         archiving = Archiving(backup_dir, archive_timeout)
         archiving.conf()
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--backup-dir") from None
+    settings = settings_from(database_url, data_dir, host, port)
+    api_settings, worker_settings = api_security(data_dir, security), worker_security(data_dir, security)
     with db.database_url(settings, None if database_url else archiving) as dsn:
         run_async(lambda: run_all_in_one(dsn, settings, worker_concurrency, api_settings, worker_settings))
 

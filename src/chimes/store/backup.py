@@ -146,7 +146,10 @@ def restore(backup_dir: Path, data_dir: Path, to_time: datetime | None = None, *
         (server.pgdata / RECOVERY_CONF).write_text(_recovery_conf(wal, to_time))
         (server.pgdata / "recovery.signal").touch()
         server.include_chimes_files()
-        server.start_unregistered()
+        try:
+            server.start_unregistered()
+        except RuntimeError as exc:  # the replay failed before the server took connections
+            raise BackupError(f"the restored server stopped during replay{_hint(server)}: {exc}") from None
         _wait_for_promotion(server, timeout_sec)
         reached = _where_replay_stopped(server.pgdata / "server.log")
         server.stop()
@@ -205,7 +208,7 @@ def _wait_for_promotion(server: EmbeddedPostgres, timeout_sec: float) -> None:
     signal_file = server.pgdata / "recovery.signal"
     while signal_file.exists():
         if not server.is_running():
-            raise BackupError("the restored server stopped during replay; its log ends with:\n"
+            raise BackupError(f"the restored server stopped during replay{_hint(server)}; its log ends with:\n"
                               + _tail(server.pgdata / "server.log"))
         if time.monotonic() > deadline:
             raise BackupError(f"replay did not end within {timeout_sec:g} s; the log ends with:\n"
@@ -223,6 +226,14 @@ def _where_replay_stopped(log_file: Path) -> str:
     replay = text[text.rfind("starting backup recovery"):]
     lines = [match.group(1) for match in REPLAY_END.finditer(replay)]
     return "; ".join(lines) if lines else "(the server log does not say)"
+
+
+def _hint(server: EmbeddedPostgres) -> str:
+    log_file = server.pgdata / "server.log"
+    if "recovery ended before configured recovery target" not in _tail(log_file):
+        return ""
+    return (f" (the archived WAL ends before --to-time; {_where_replay_stopped(log_file)}: restore to an earlier "
+            f"time, or without --to-time for the last archived commit)")
 
 
 def _tail(path: Path) -> str:
