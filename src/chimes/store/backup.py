@@ -86,7 +86,8 @@ def take_base_backup(data_dir: Path, backup_dir: Path) -> BaseBackup:
     server = EmbeddedPostgres(data_dir)
     if not (server.pgdata / "PG_VERSION").exists():
         raise BackupError(f"no embedded database in {server.data_dir} (is --data-dir right?)")
-    (backup_dir / BASE_BACKUPS).mkdir(mode=0o700, parents=True, exist_ok=True)
+    backup_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (backup_dir / BASE_BACKUPS).mkdir(mode=0o700, exist_ok=True)
     started = datetime.now(UTC)
     partial = backup_dir / BASE_BACKUPS / f".partial-{started.strftime(STAMP)}-{os.getpid()}"
     server.acquire()

@@ -270,7 +270,10 @@ class EmbeddedPostgres:
         wal_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         wal_dir.mkdir(mode=0o700, exist_ok=True)
         if self._run_as is not None:
-            ensure_prefix_permissions(wal_dir)
+            for folder in wal_dir.parents:  # passing through only (x), never listing (r)
+                mode = folder.stat().st_mode
+                if mode & 0o011 != 0o011:
+                    folder.chmod(mode | 0o011)
             self._give_to_system_user(wal_dir)
 
     def include_chimes_files(self) -> None:
