@@ -34,7 +34,7 @@ from chimes.settings import (
     WORKER_CONCURRENCY,
 )
 from chimes.store import db
-from chimes.store.embedded import ARCHIVE_TIMEOUT_SEC, Archiving
+from chimes.store.embedded import ARCHIVE_TIMEOUT_SEC, Archiving, ServerInUse
 
 log = logging.getLogger("chimes")
 
@@ -202,6 +202,6 @@ client.jobs.add_command(import_jobs)
 def main() -> None:
     try:
         cli(prog_name="chimes")
-    except db.DatabaseUnavailable as exc:  # raised after the wait, with every attempt logged
+    except (db.DatabaseUnavailable, ServerInUse) as exc:  # the first raised after the wait, every attempt logged
         click.echo(f"Error: {exc}", err=True)
         raise SystemExit(1) from None

@@ -235,9 +235,11 @@ class HaCluster:
             self.layout = Layout.load(state)
         else:
             self.layout = Layout.new(hosts, postgres)
-        if backup_repo is not None:
-            self.layout.backup_repo = str(backup_repo.expanduser().resolve())
-        self.layout.save(state)
+            self.layout.save(state)
+        repo = None if backup_repo is None else str(backup_repo.expanduser().resolve())
+        if repo is not None and repo != self.layout.backup_repo:
+            self.layout.backup_repo = repo
+            self.layout.save(state)
         self.allowed_networks = list(allowed_networks)
         initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in self.layout.etcd)
         where = prefixes or {}

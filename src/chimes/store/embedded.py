@@ -110,6 +110,10 @@ WAL_ARCHIVE = "wal"  # <backup-dir>/wal: every WAL segment the server completed
 UNSAFE_IN_COMMAND = "'\"$`\\%"  # what a folder in archive_command or restore_command may not hold
 
 
+class ServerInUse(RuntimeError):
+    """A change the embedded server needs a restart for, asked while other processes use it."""
+
+
 @dataclass(frozen=True)
 class Archiving:
     """Where the server copies each completed WAL segment; ``backup_dir`` None turns archiving off."""
@@ -140,7 +144,7 @@ def archive_command(wal_dir: Path) -> str:
         raise ValueError(f"the backup folder {wal_dir.parent} may not contain any of {UNSAFE_IN_COMMAND}")
     target = f"{folder}/%f"
     partial = f"{folder}/.%f.partial"
-    # Doubled quotes: the command is a single-quoted value of postgresql.conf.
+    # Double quotes for the shell: the whole command is a single-quoted value in postgresql.conf.
     return (f"if test -f \"{target}\"; then cmp -s \"%p\" \"{target}\"; "
             f"else cp \"%p\" \"{partial}\" && sync \"{partial}\" && mv \"{partial}\" \"{target}\"; fi")
 
@@ -249,7 +253,7 @@ class EmbeddedPostgres:
             return
         mode_changes = ("archive_mode = on" in before) != ("archive_mode = on" in wanted)
         if self.is_running() and mode_changes and self._live_users() - {os.getpid()}:
-            raise RuntimeError(
+            raise ServerInUse(
                 f"turning WAL archiving {'on' if archiving.wal_dir else 'off'} restarts the embedded PostgreSQL of "
                 f"{self.data_dir}, which other processes use (pids {sorted(self._live_users())}): stop them first")
         conf.write_text(wanted)
