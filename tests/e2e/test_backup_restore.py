@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -29,11 +32,21 @@ EVERY_SECOND = "* * * * * *"
 REAPED = re.compile(r"reaped run (\S+) \(re-enqueued\)")
 
 
+@pytest.fixture
+def folder(processes: Processes) -> Iterator[Path]:
+    """Outside pytest's tmp_path: another pytest session on the machine may clean that up under a
+    running server (see chimes.store.embedded.server_for_a_while). Removed after the processes stop."""
+    made = Path(tempfile.mkdtemp(prefix="chimes-test-backup-"))
+    yield made
+    processes.stop_all()  # this teardown runs before the processes fixture's own
+    shutil.rmtree(made, ignore_errors=True)
+
+
 @pytest.mark.single_database("`chimes up` on the embedded server of its own data dir: no shard map")
 async def test_restore_to_a_point_in_time_brings_back_exactly_the_jobs_of_then(
-    processes: Processes, tmp_path: Path, target: Target
+    processes: Processes, folder: Path, target: Target
 ) -> None:
-    data_dir, backup_dir = tmp_path / "data", tmp_path / "backups"
+    data_dir, backup_dir = folder / "data", folder / "backups"
     processes.env = {k: v for k, v in processes.env.items() if k != "CHIMES_DATABASE_URL"}
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -74,7 +87,7 @@ async def test_restore_to_a_point_in_time_brings_back_exactly_the_jobs_of_then(
     restore_sec = time.monotonic() - began
     assert restored.returncode == 0, restored.output
     assert "recovery stopping before commit" in restored.output, restored.output
-    beside = _entries(tmp_path)
+    beside = _entries(folder)
     assert any(name.startswith("data.replaced-") for name in beside), "the data dir that was there was not kept"
     assert not any(name.startswith(".data.restoring-") for name in beside), "the restore left its work folder"
 
@@ -117,7 +130,7 @@ async def test_restore_to_a_point_in_time_brings_back_exactly_the_jobs_of_then(
     assert again.proc.poll() is None, again.output()[-4000:]
 
     # Without --to-time, the last archived commit: a clean stop archived every job.
-    latest_dir = tmp_path / "latest"
+    latest_dir = folder / "latest"
     latest = await _chimes(processes, "restore", "--from", str(backup_dir), "--data-dir", str(latest_dir))
     assert latest.returncode == 0, latest.output
     assert await asyncio.to_thread(_job_names, latest_dir) == sorted(ALL)

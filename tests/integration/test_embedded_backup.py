@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -44,9 +47,18 @@ def wal_files(backups: Path) -> list[str]:
     return sorted(path.name for path in (backups / "wal").iterdir())
 
 
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """Outside pytest's tmp_path: another pytest session on the machine may clean that up under a
+    running server (see chimes.store.embedded.server_for_a_while)."""
+    made = Path(tempfile.mkdtemp(prefix="chimes-test-backup-"))
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
 @pytest.mark.single_database("an embedded server of its own")
-def test_archiving_a_backup_and_the_restores_that_are_refused(tmp_path: Path) -> None:
-    data_dir, backups = tmp_path / "data", tmp_path / "backups"
+def test_archiving_a_backup_and_the_restores_that_are_refused(folder: Path) -> None:
+    data_dir, backups = folder / "data", folder / "backups"
     server = EmbeddedPostgres(data_dir)
     dsn = server.acquire()
     try:
@@ -76,12 +88,12 @@ def test_archiving_a_backup_and_the_restores_that_are_refused(tmp_path: Path) ->
         server.release()
     assert not server.is_running()
 
-    target = tmp_path / "restored"
+    target = folder / "restored"
     with pytest.raises(BackupError, match="no backup restores to that time"):
         restore(backups, target, made.started - timedelta(hours=1))
     with pytest.raises(BackupError, match="recovery ended before configured recovery target was reached"):
         restore(backups, target, datetime.now(UTC) + timedelta(hours=1))
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["backups", "data"], "a failed restore left files"
+    assert sorted(path.name for path in folder.iterdir()) == ["backups", "data"], "a failed restore left files"
 
     done = restore(backups, target)  # the latest: the clean stop archived the last insert
     assert done.replaced is None and done.backup.folder == made.folder
