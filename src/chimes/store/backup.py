@@ -183,9 +183,11 @@ def restore(backup_dir: Path, data_dir: Path, to_time: datetime | None = None, *
         server.stop()
         (server.pgdata / RECOVERY_CONF).unlink()
         replaced = None
-        if data_dir.exists():
+        if data_dir.exists() and any(data_dir.iterdir()):
             replaced = data_dir.parent / f"{data_dir.name}.replaced-{stamp}"
             data_dir.rename(replaced)
+        elif data_dir.exists():
+            data_dir.rmdir()
         work.rename(data_dir)
     except BaseException:
         if server is not None and server.is_running():
