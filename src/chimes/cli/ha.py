@@ -33,10 +33,10 @@ data_dir_option = click.option(
     help="The cluster lives in DATA_DIR/ha (etcd, PostgreSQL, Patroni, ha.json with its ports and passwords).")
 
 
-def _cluster(data_dir: Path, members: int = 3) -> Any:
+def _cluster(data_dir: Path, members: int = 3, backup_repo: Path | None = None) -> Any:
     from chimes.ha.cluster import HaCluster
 
-    return HaCluster(data_dir.expanduser() / "ha", postgres=members)
+    return HaCluster(data_dir.expanduser() / "ha", postgres=members, backup_repo=backup_repo)
 
 
 @click.group()
@@ -55,22 +55,30 @@ def ha() -> None:
                    "primary may come back before its standby is promoted.")
 @click.option("--worker-concurrency", envvar="CHIMES_WORKER_CONCURRENCY", show_envvar=True, default=WORKER_CONCURRENCY,
               show_default=True, type=click.IntRange(1, 10_000), help="Runs the built-in worker executes at once.")
+@click.option("--backup-repo", type=click.Path(path_type=Path), default=None,
+              help="Archive WAL and take backups (chimes ha backup) with pgBackRest into this repository; "
+                   "remembered in ha.json.")
 @listen_options
 @api_security_options
 @worker_security_options
 @egress_loopback_option(default=True)
 @allow_commands_option(default=True)
 @key_file_option
-def up(data_dir: Path, members: int, rejoin_after: float, worker_concurrency: int, host: str, port: int,
-       **security: Any) -> None:
+def up(data_dir: Path, members: int, rejoin_after: float, worker_concurrency: int, backup_repo: Path | None,
+       host: str, port: int, **security: Any) -> None:
     """etcd (3 members), PostgreSQL under Patroni in synchronous mode, and the API, a scheduler node
     and a worker on it, in one command. Kill the primary (chimes ha kill-primary) and watch the jobs go on."""
     from chimes.cli.roles import run_all_in_one
+    from chimes.ha.runtime import HaUnavailable
 
-    cluster = _cluster(data_dir, members)
+    cluster = _cluster(data_dir, members, backup_repo)
     click.echo(f"starting etcd and {len(cluster.postgres)} PostgreSQL servers under Patroni in {cluster.base} ...",
                err=True)
-    cluster.start()
+    try:
+        cluster.start()
+    except HaUnavailable as exc:
+        cluster.stop()
+        raise click.ClickException(str(exc)) from None
     dsn = cluster.database_url()
     click.echo(f"PostgreSQL is up: primary {cluster.primary().name}; the URL (with its password) is in "
                f"{cluster.base / 'ha.json'}", err=True)
@@ -124,6 +132,26 @@ def switchover(data_dir: Path, candidate: str | None) -> None:
         raise click.BadParameter(f"no member named {candidate!r}", param_hint="--to")
     new = cluster.switchover(chosen)
     click.echo(f"{new.name} is the primary")
+
+
+@ha.command()
+@data_dir_option
+@click.option("--type", "kind", type=click.Choice(["full", "diff", "incr"]), default="incr", show_default=True,
+              help="full: everything; diff: what changed since the last full; incr: since the last backup of any type "
+                   "(pgBackRest takes a full one when there is none yet).")
+def backup(data_dir: Path, kind: str) -> None:
+    """A pgBackRest backup of the cluster (started with --backup-repo), taken from a standby; then the
+    repository's contents (pgbackrest info). Run it on a schedule: deploy/pgbackrest."""
+    from chimes.ha.runtime import HaUnavailable
+
+    cluster = _cluster(data_dir)
+    if cluster.backups is None:
+        raise click.ClickException(f"the cluster in {cluster.base} archives no WAL: start it once with "
+                                   f"chimes ha up --backup-repo DIR")
+    try:
+        click.echo(cluster.backups.backup(kind, cluster.layout.superuser_password))
+    except HaUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @ha.command("kill-primary")

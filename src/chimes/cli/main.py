@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from chimes import __version__, logs, tracing
-from chimes.cli import apply, caps, chaos, client, config, ha, owners, shards, tokens, upgrades
+from chimes.cli import apply, backup, caps, chaos, client, config, ha, owners, shards, tokens, upgrades
 from chimes.cli.importer import import_jobs
 from chimes.cli.options import database_options, listen_options, metrics_options, settings_from
 from chimes.cli.runtime import run_async
@@ -33,6 +33,7 @@ from chimes.settings import (
     WORKER_CONCURRENCY,
 )
 from chimes.store import db
+from chimes.store.embedded import ARCHIVE_TIMEOUT_SEC, Archiving, ServerInUse
 from chimes.store.migrate import ReleaseTooOld
 
 log = logging.getLogger("chimes")
@@ -60,14 +61,29 @@ def cli(log_level: str, log_format: str) -> None:
 @egress_loopback_option(default=True)  # the README's tour calls a target on 127.0.0.1
 @allow_commands_option(default=True)  # one person on their own machine: the README's tour runs commands
 @key_file_option
+@click.option("--backup-dir", envvar="CHIMES_BACKUP_DIR", show_envvar=True, type=click.Path(path_type=Path),
+              default=None, help="Archive the embedded PostgreSQL's WAL into BACKUP_DIR/wal, for chimes backup and "
+                                 "chimes restore (point-in-time). Without it, archiving is off.")
+@click.option("--archive-timeout", envvar="CHIMES_ARCHIVE_TIMEOUT_SEC", show_envvar=True,
+              default=ARCHIVE_TIMEOUT_SEC, show_default=True, type=click.IntRange(1, 86400),
+              help="Seconds after which a WAL segment with commits in it is archived even if not full: the most "
+                   "work a lost disk can take with it.")
 def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_concurrency: int,
-       **security: Any) -> None:
+       backup_dir: Path | None, archive_timeout: int, **security: Any) -> None:
     """Everything in one process: embedded PostgreSQL (unless --database-url), API, scheduler, worker."""
     from chimes.cli.roles import run_all_in_one
 
+    if database_url and backup_dir is not None:
+        raise click.BadParameter("archives the embedded PostgreSQL's WAL; back up a PostgreSQL of your own with its "
+                                 "own tools (pgBackRest: docs/high-availability.md)", param_hint="--backup-dir")
+    try:
+        archiving = Archiving(backup_dir, archive_timeout)
+        archiving.conf()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--backup-dir") from None
     settings = settings_from(database_url, data_dir, host, port)
     api_settings, worker_settings = api_security(data_dir, security), worker_security(data_dir, security)
-    with db.database_url(settings) as dsn:
+    with db.database_url(settings, None if database_url else archiving) as dsn:
         run_async(lambda: run_all_in_one(dsn, settings, worker_concurrency, api_settings, worker_settings))
 
 
@@ -164,6 +180,8 @@ cli.add_command(config.config)
 cli.add_command(caps.cap)
 cli.add_command(chaos.chaos)
 cli.add_command(ha.ha)
+cli.add_command(backup.backup)
+cli.add_command(backup.restore)
 cli.add_command(owners.owner)
 cli.add_command(shards.shards)
 cli.add_command(client.jobs)
@@ -176,6 +194,6 @@ client.jobs.add_command(import_jobs)
 def main() -> None:
     try:
         cli(prog_name="chimes")
-    except (db.DatabaseUnavailable, ReleaseTooOld) as exc:  # unavailable: after the wait, each attempt logged
+    except (db.DatabaseUnavailable, ReleaseTooOld, ServerInUse) as exc:  # unavailable: after the wait
         click.echo(f"Error: {exc}", err=True)
         raise SystemExit(1) from None

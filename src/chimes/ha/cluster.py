@@ -30,6 +30,7 @@ import httpx
 import psutil
 
 from chimes.ha import runtime
+from chimes.ha.backups import Member, PgBackRest, patroni_settings
 from chimes.store.embedded import DATABASE, SERVER_SETTINGS
 
 # Patroni's timing: the leader lock lasts TTL seconds unrenewed; loop_wait + 2 * retry_timeout must
@@ -63,6 +64,7 @@ class Layout:
     superuser_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     replication_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     rewind_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    backup_repo: str | None = None  # pgBackRest's repository, when WAL is archived (chimes ha up --backup-repo)
 
     @classmethod
     def new(cls, hosts: Sequence[str], postgres: int) -> Layout:
@@ -217,12 +219,14 @@ class HaCluster:
 
     def __init__(self, base: Path, *, postgres: int = 3, hosts: Sequence[str] = ("127.0.0.1",),
                  allowed_networks: Sequence[str] = ("127.0.0.1/32",),
-                 prefixes: dict[str, Sequence[str]] | None = None, synchronous_mode: bool = True) -> None:
+                 prefixes: dict[str, Sequence[str]] | None = None, synchronous_mode: bool = True,
+                 backup_repo: Path | None = None) -> None:
         """``hosts``: the addresses members listen on, in turn; ``prefixes``: per address, the command
         that runs a member there (``ip netns exec ZONE`` for a zone made by a test). ``synchronous_mode``
         off makes every standby asynchronous, a setup Chimes does not support: it is there to measure
         what it costs and loses (``python -m bench ha-cost``, ``async-loss``); it applies when the
-        cluster is first bootstrapped."""
+        cluster is first bootstrapped. ``backup_repo``: archive WAL and take backups with pgBackRest into
+        that repository (kept in ``ha.json``: later starts of the folder go on archiving)."""
         self.synchronous_mode = synchronous_mode
         self.base = base.resolve()
         self.base.mkdir(parents=True, exist_ok=True)
@@ -232,6 +236,10 @@ class HaCluster:
         else:
             self.layout = Layout.new(hosts, postgres)
             self.layout.save(state)
+        repo = None if backup_repo is None else str(backup_repo.expanduser().resolve())
+        if repo is not None and repo != self.layout.backup_repo:
+            self.layout.backup_repo = repo
+            self.layout.save(state)
         self.allowed_networks = list(allowed_networks)
         initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in self.layout.etcd)
         where = prefixes or {}
@@ -239,6 +247,7 @@ class HaCluster:
         self.postgres = [PatroniMember(m, self.base, self, where.get(m.host, ())) for m in self.layout.postgres]
         self.patroni_site = self.base / "patroni-site"
         self.python = ""
+        self.backups = None if self.layout.backup_repo is None else PgBackRest(self.base, Path(self.layout.backup_repo))
 
     # --- the URL every Chimes role is given ---------------------------------------------------------
     def database_url(self, database: str = DATABASE) -> str:
@@ -252,6 +261,8 @@ class HaCluster:
         runtime.etcd_binary()
         self.python = runtime.patroni_python()
         runtime.ensure_patroni(self.patroni_site)
+        if self.backups is not None:
+            self.backups.write_config(self.backup_members())
         for etcd in self.etcd:
             etcd.start()
         for patroni in self.postgres:
@@ -259,6 +270,11 @@ class HaCluster:
         primary = self.wait_for_primary(timeout)
         self.wait_for_standbys(timeout)
         self._create_database(primary)
+        if self.backups is not None:
+            self.backups.stanza_create(self.layout.superuser_password)
+
+    def backup_members(self) -> list[Member]:
+        return [Member(m.data_dir, m.layout.client_port, m.dir / "run") for m in self.postgres]
 
     def stop(self) -> None:
         for patroni in self.postgres:
@@ -355,8 +371,12 @@ class HaCluster:
         for network in self.allowed_networks:
             hba += [f"host replication replicator {network} scram-sha-256",
                     f"host all all {network} scram-sha-256"]
-        parameters = {key: value.strip("'") for key, value in SERVER_SETTINGS.items()
-                      if key not in ("listen_addresses",)}
+        parameters: dict[str, Any] = {key: value.strip("'") for key, value in SERVER_SETTINGS.items()
+                                      if key not in ("listen_addresses",)}
+        archiving: dict[str, Any] = {}
+        if self.backups is not None:
+            archiving = patroni_settings(self.backups.config)
+            parameters.update(archiving.pop("parameters"))
         return {
             "scope": "chimes",
             "name": member.name,
@@ -388,6 +408,7 @@ class HaCluster:
                 },
                 "parameters": {**parameters, "unix_socket_directories": str(member.dir / "run")},
                 "pg_hba": hba,
+                **archiving,
             },
         }
 

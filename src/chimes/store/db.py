@@ -18,7 +18,7 @@ import orjson
 
 from chimes import outage, settings
 from chimes.settings import Settings
-from chimes.store.embedded import EmbeddedPostgres
+from chimes.store.embedded import Archiving, EmbeddedPostgres
 from chimes.store.queries import sql
 
 log = logging.getLogger("chimes.db")
@@ -430,13 +430,14 @@ async def with_connection(dsn: str, step: Callable[[asyncpg.Connection], Awaitab
 
 
 @contextlib.contextmanager
-def database_url(settings: Settings) -> Any:
-    """Yield the DSN to use: the configured URL, or the embedded server (started and shared as needed)."""
+def database_url(settings: Settings, archiving: Archiving | None = None) -> Any:
+    """Yield the DSN to use: the configured URL, or the embedded server (started and shared as needed),
+    with WAL archiving turned on or off as ``archiving`` says (None: as it is)."""
     if settings.database_url is not None:
         yield settings.database_url
         return
     server = EmbeddedPostgres(settings.data_dir)
-    dsn = server.acquire()
+    dsn = server.acquire(archiving)
     try:
         yield dsn
     finally:

@@ -31,6 +31,7 @@ import subprocess
 import tempfile
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import fasteners
@@ -100,6 +101,54 @@ SERVER_SETTINGS = {
 }
 
 
+#: postgresql.conf includes these two files of the data dir (each may be missing): the WAL archiving
+#: ``chimes up --backup-dir`` asks for, and the recovery settings of ``chimes restore`` while it runs.
+ARCHIVE_CONF = "chimes-archive.conf"
+RECOVERY_CONF = "chimes-recovery.conf"
+ARCHIVE_TIMEOUT_SEC = 60  # the most committed work a lost server can take with it (the RPO)
+WAL_ARCHIVE = "wal"  # <backup-dir>/wal: every WAL segment the server completed
+UNSAFE_IN_COMMAND = "'\"$`\\%"  # what a folder in archive_command or restore_command may not hold
+
+
+class ServerInUse(RuntimeError):
+    """A change the embedded server needs a restart for, asked while other processes use it."""
+
+
+@dataclass(frozen=True)
+class Archiving:
+    """Where the server copies each completed WAL segment; ``backup_dir`` None turns archiving off."""
+
+    backup_dir: Path | None
+    timeout_sec: int = ARCHIVE_TIMEOUT_SEC
+
+    @property
+    def wal_dir(self) -> Path | None:
+        return None if self.backup_dir is None else self.backup_dir.expanduser().resolve() / WAL_ARCHIVE
+
+    def conf(self) -> str:
+        wal = self.wal_dir
+        if wal is None:
+            return "# chimes: WAL archiving off (chimes up --backup-dir turns it on)\narchive_mode = off\n"
+        return (f"# chimes up --backup-dir {wal.parent}\n"
+                f"archive_mode = on\n"
+                f"archive_timeout = {self.timeout_sec}\n"
+                f"archive_command = '{archive_command(wal)}'\n")
+
+
+def archive_command(wal_dir: Path) -> str:
+    """The shell command that archives segment ``%p`` as ``wal_dir/%f``: never over another file (a
+    segment already there succeeds only when it is the same, as after a crash between the copy and
+    the server noting it), and never half-written (a hidden copy, flushed, then renamed)."""
+    folder = str(wal_dir)
+    if any(char in folder for char in UNSAFE_IN_COMMAND):
+        raise ValueError(f"the backup folder {wal_dir.parent} may not contain any of {UNSAFE_IN_COMMAND}")
+    target = f"{folder}/%f"
+    partial = f"{folder}/.%f.partial"
+    # Double quotes for the shell: the whole command is a single-quoted value in postgresql.conf.
+    return (f"if test -f \"{target}\"; then cmp -s \"%p\" \"{target}\"; "
+            f"else cp \"%p\" \"{partial}\" && sync \"{partial}\" && mv \"{partial}\" \"{target}\"; fi")
+
+
 class EmbeddedPostgres:
     """A PostgreSQL server living in ``<data_dir>/postgres``, reachable over a Unix socket."""
 
@@ -127,12 +176,16 @@ class EmbeddedPostgres:
     def _url(self, database: str) -> str:
         return f"postgresql://postgres:{self._read_password()}@/{database}?host={self.socket_dir}"
 
-    def acquire(self) -> str:
-        """Start the server unless it already runs, register this process as a user; return the DSN."""
+    def acquire(self, archiving: Archiving | None = None) -> str:
+        """Start the server unless it already runs, register this process as a user; return the DSN.
+        ``archiving`` (``chimes up``): turn WAL archiving on or off, restarting a running server when
+        that needs it and nobody else uses it; None leaves it as it is."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if not (self.pgdata / "PG_VERSION").exists():
                 self._initdb()
+            if archiving is not None:
+                self._configure_archiving(archiving)
             if not self.is_running():
                 self._start()
             self._require_password()
@@ -145,11 +198,17 @@ class EmbeddedPostgres:
             users = self._live_users() - {os.getpid()}
             self._write_users(users)
             if stop_if_last and not users and self.is_running():
+                self._archive_current_segment()
                 self.stop()
 
     def is_running(self) -> bool:
         info = PostmasterInfo.read_from_pgdata(self.pgdata) if (self.pgdata / "postmaster.pid").exists() else None
         return info is not None and info.is_running()
+
+    def start_unregistered(self) -> None:
+        """Start the server without registering a user: ``chimes restore`` replays WAL into a folder that
+        no Chimes process uses yet, and stops the server itself."""
+        self._start()
 
     def stop(self, mode: str = "fast") -> None:
         _pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.pgdata, user=self._run_as, timeout=60)
@@ -175,6 +234,72 @@ class EmbeddedPostgres:
                 child.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
         if not frozen:
             postmaster.send_signal(signal.SIGCONT)
+
+    @property
+    def archiving_on(self) -> bool:
+        conf = self.pgdata / ARCHIVE_CONF
+        return conf.exists() and "archive_mode = on" in conf.read_text()
+
+    def _configure_archiving(self, archiving: Archiving) -> None:
+        """Write the archive settings; a running server reloads them, or restarts when archive_mode
+        changes (PostgreSQL reads it only at start), which only the last user of the server may do."""
+        wanted = archiving.conf()
+        conf = self.pgdata / ARCHIVE_CONF
+        before = conf.read_text() if conf.exists() else ""
+        self.include_chimes_files()
+        if archiving.wal_dir is not None:
+            self.prepare_wal_archive(archiving.wal_dir)
+        if before == wanted:
+            return
+        mode_changes = ("archive_mode = on" in before) != ("archive_mode = on" in wanted)
+        if self.is_running() and mode_changes and self._live_users() - {os.getpid()}:
+            raise ServerInUse(
+                f"turning WAL archiving {'on' if archiving.wal_dir else 'off'} restarts the embedded PostgreSQL of "
+                f"{self.data_dir}, which other processes use (pids {sorted(self._live_users())}): stop them first")
+        conf.write_text(wanted)
+        self._give_to_system_user(conf)
+        if not self.is_running():
+            return
+        if mode_changes:
+            log.warning("restarting the embedded PostgreSQL to turn WAL archiving %s",
+                        "on" if archiving.wal_dir else "off")
+            self.stop()
+            self._start()
+        else:
+            self._run_pg("pg_ctl", ["-D", str(self.pgdata), "reload"], as_server=True, timeout=60)
+
+    def prepare_wal_archive(self, wal_dir: Path) -> None:
+        """The archive folder, private, written and read by the server's user (it runs archive_command
+        and restore_command)."""
+        wal_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        wal_dir.mkdir(mode=0o700, exist_ok=True)
+        if self._run_as is not None:
+            for folder in wal_dir.parents:  # passing through only (x), never listing (r)
+                mode = folder.stat().st_mode
+                if mode & 0o011 != 0o011:
+                    folder.chmod(mode | 0o011)
+            self._give_to_system_user(wal_dir)
+
+    def include_chimes_files(self) -> None:
+        """postgresql.conf includes the archive and recovery files (data dirs made before had no line)."""
+        conf = self.pgdata / "postgresql.conf"
+        text = conf.read_text()
+        missing = [name for name in (ARCHIVE_CONF, RECOVERY_CONF) if f"include_if_exists = '{name}'" not in text]
+        if missing:
+            with conf.open("a") as out:
+                out.write("".join(f"include_if_exists = '{name}'\n" for name in missing))
+
+    def _archive_current_segment(self) -> None:
+        """Before a clean stop with archiving on, close the WAL segment being written, so that the archive
+        holds every commit (the server archives what is complete before it exits)."""
+        if not self.archiving_on:
+            return
+        try:
+            self._run_pg("psql", ["-h", str(self.socket_dir), "-U", "postgres", "-d", "postgres", "-w", "-q", "-At",
+                                  "-c", "SELECT pg_switch_wal()"], password=self._read_password(), timeout=30)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            log.warning("could not close the current WAL segment before stopping (%s): its commits are not "
+                        "archived until the server runs again", exc)
 
     def _initdb(self) -> None:
         if self.pgdata.exists():
@@ -246,6 +371,7 @@ class EmbeddedPostgres:
                                f"{result.stderr.strip()[-2000:]}")
 
     def _start(self) -> None:
+        self._socket_here()
         self._grant_system_user()
         logfile = self.pgdata / "server.log"
         try:
@@ -254,6 +380,16 @@ class EmbeddedPostgres:
         except subprocess.CalledProcessError as err:
             tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
             raise RuntimeError(f"embedded PostgreSQL did not start; its log ends with:\n{tail}") from err
+
+    def _socket_here(self) -> None:
+        """Point the server's socket at this data dir's socket folder: a data dir restored or moved to
+        another place keeps the line of the place it was made in."""
+        conf = self.pgdata / "postgresql.conf"
+        line = f"unix_socket_directories = '{self.socket_dir}'"
+        text = conf.read_text()
+        kept = [old for old in text.splitlines() if not old.startswith("unix_socket_directories = ")]
+        if line not in text.splitlines() or len(kept) != len(text.splitlines()) - 1:
+            conf.write_text("\n".join([*kept, line]) + "\n")  # in place: the owner and mode stay
 
     def _give_to_system_user(self, *paths: Path) -> None:
         if self._run_as is not None:
