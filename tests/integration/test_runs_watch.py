@@ -58,6 +58,6 @@ async def test_watch_into_a_pipe_stops_cleanly_at_ctrl_c(
     first = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
     assert first.decode().split()[0] in {r["runId"] for r in (await client.get(f"/jobs/{job_id}/runs")).json()["runs"]}
     proc.send_signal(signal.SIGINT)
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
     assert proc.returncode == 0, err.decode()
     assert "Traceback" not in err.decode() and "Aborted" not in err.decode(), err.decode()
