@@ -163,7 +163,8 @@ class RunStore:
             row = await conn.fetchrow(sql("cancel_run"), run_id, scheduled_at_of(run_id), owner, reason)
             if row is not None:
                 if note is not None:
-                    await record(conn, note, "run.cancel", f"run {run_id}", {"status": row["was"]},
+                    was = RunStatus.RUNNING if row["was_running"] else RunStatus.SCHEDULED
+                    await record(conn, note, "run.cancel", f"run {run_id}", {"status": str(was)},
                                  {"status": "cancelled", "reason": reason}, job_id=row["job_id"])
                 await runs_ended(conn, [row])
                 if row["was_running"]:  # delivered at commit: its worker stops the attempt at once
