@@ -179,7 +179,7 @@ class AuditEntry(_Answer):
     at: datetime
     action: str = Field(description="job.create, job.update, job.pause, job.resume, job.delete, job.backfill, "
                                     "run.trigger, run.rerun, run.cancel, token.create, token.revoke, cap.set, "
-                                    "cap.delete, owner.update, owner.signing_secret")
+                                    "cap.delete, owner.update, owner.signing_secret, job.import")
     subject: str = Field(description="what changed: job ID, run ID, token ID, cap TARGET, owner NAME")
     jobId: str | None
     owner: str | None = Field(description="whose subject it is")
