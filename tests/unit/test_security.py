@@ -296,3 +296,9 @@ def test_a_wide_allow_entry_says_at_start_up_what_stays_denied(caplog: pytest.Lo
             "(--egress-allow 127.0.0.0/8 or --egress-allow-loopback) to allow it") in caplog.messages
     assert ("egress: 169.254.0.0/16 stays denied although --egress-allow 0.0.0.0/0 covers it; name it "
             "(--egress-allow 169.254.0.0/16) to allow it") in caplog.messages
+    caplog.clear()
+    params = cli.commands["worker"].make_context("worker", ["--egress-allow", "0.0.0.0/0,127.0.0.0/8"]).params
+    with caplog.at_level("WARNING", logger="chimes.security"):
+        policy = egress_policy(params)
+    assert policy.refusal("x", "127.0.0.1") is None
+    assert not any(m.startswith("egress: 127.0.0.0/8 stays denied") for m in caplog.messages), "it was named"

@@ -160,8 +160,7 @@ def log_default_overlaps(policy: EgressPolicy) -> None:
     for overlap in policy.kept:
         log.warning("egress: %s stays denied although --egress-allow %s covers it; name it (--egress-allow %s%s) "
                     "to allow it", overlap.default, overlap.allowed, overlap.default,
-                    " or --egress-allow-loopback" if overlap.default.is_loopback or str(overlap.default) in
-                    LOOPBACK else "")
+                    " or --egress-allow-loopback" if str(overlap.default) in LOOPBACK else "")
 
 
 def api_security(data_dir: Path, options: dict[str, Any]) -> ApiSecurity:

@@ -107,8 +107,9 @@ class EgressPolicy:
         overlaps = [DefaultOverlap(a, d) for a in allow_networks for d in default_networks if _overlap(a, d)]
         lifted = tuple(o for o in overlaps if _within(o.allowed, o.default))
         still_denied = [part for network in default_networks for part in _less(network, lifted)]
-        return cls(operator_deny + tuple(still_denied), deny_hosts, allow_networks, allow_hosts, lifted,
-                   tuple(o for o in overlaps if o not in lifted))
+        named = {o.default for o in lifted if o.allowed == o.default}  # lifted whole by another entry
+        kept = tuple(o for o in overlaps if o not in lifted and o.default not in named)
+        return cls(operator_deny + tuple(still_denied), deny_hosts, allow_networks, allow_hosts, lifted, kept)
 
     @property
     def has_allow_list(self) -> bool:
