@@ -51,6 +51,10 @@ async def test_import_loads_jobs_with_their_triggers(processes: Processes, tmp_p
     # Job ids follow the file's order, as jobs created one by one follow the order of creation.
     names = sorted(await homes.fetch("SELECT job_id, name FROM jobs"), key=lambda r: r["job_id"])
     assert [r["name"] for r in names] == [f"job-{i}" for i in range(12_000)]
+    # One audit entry a database written to, with its share of the jobs, by the command line's user.
+    audited = await homes.fetch("SELECT action, actor_owner, changes FROM audit_log")
+    assert {(r["action"], r["actor_owner"]) for r in audited} == {("job.import", "operator")}
+    assert sum(r["changes"]["jobs"]["after"] for r in audited) == 12_000
 
 
 @pytest.mark.parametrize("validators", ["1", "3"])
@@ -66,6 +70,7 @@ async def test_a_bad_line_imports_nothing(processes: Processes, tmp_path: Path, 
     assert "line 6501: schedule.timezone: unknown time zone 'Atlantis/Capital'; nothing was imported" in output
     assert await homes.total("SELECT count(*) FROM jobs") == 0
     assert await homes.total("SELECT count(*) FROM triggers") == 0
+    assert await homes.total("SELECT count(*) FROM audit_log") == 0
 
 
 async def test_secret_values_are_sealed_with_the_key_of_the_data_dir(processes: Processes, tmp_path: Path,

@@ -79,6 +79,7 @@ ROUTES: dict[tuple[str, str], Kind] = {
     ("GET", "/queue"): ADMIN_ONLY,
     ("GET", "/notifications"): API_LIST,
     ("GET", "/whoami"): API_LIST,  # the caller's own owner and scope
+    ("GET", "/audit"): API_LIST,  # the entries of the caller's own jobs (every entry for an admin)
     ("GET", "/"): REDIRECT,
     ("GET", "/ui"): REDIRECT,
     ("GET", "/ui/static/htmx.min.js"): PUBLIC,  # the mount /ui/static: files shipped with Chimes
@@ -230,7 +231,9 @@ async def _snapshot(pool: asyncpg.Pool, world: World) -> tuple:
     job = await pool.fetchrow("SELECT name, paused, version FROM jobs WHERE job_id = $1", world.job_id)
     runs = await pool.fetch("SELECT r.run_id, r.status, l.expires_at FROM runs r LEFT JOIN run_leases l"
                             " ON l.run_id = r.run_id WHERE r.job_id = $1 ORDER BY r.run_id", world.job_id)
-    return tuple(job), tuple(tuple(r) for r in runs)
+    # A refused call records no change (the other team's own create, allowed, is about its own job).
+    audited = await pool.fetchval("SELECT count(*) FROM audit_log WHERE job_id = $1", world.job_id)
+    return tuple(job), tuple(tuple(r) for r in runs), audited
 
 
 async def test_token_scope_survives_a_restart_of_the_api(database_url: str, pool: asyncpg.Pool) -> None:

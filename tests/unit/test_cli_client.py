@@ -326,6 +326,20 @@ def test_watch_refreshes_until_ctrl_c(api: FakeApi, monkeypatch: pytest.MonkeyPa
     assert RUN_ID in result.output
 
 
+def test_watch_on_a_terminal_redraws_the_table_and_stops_when_done(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running, ended = run_body(status="running", finishedAt=None), run_body()
+    answers = iter([running, ended])
+    api.routes[("GET", f"/jobs/{JOB_ID}/runs")] = lambda _: (200, {"runs": [next(answers)], "nextCursor": None})
+    monkeypatch.setattr(client, "_sleep", lambda seconds: None)
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich then takes the output for a terminal
+    result = invoke(client.runs, ["watch", JOB_ID, "--until-done"], api)
+    assert result.exit_code == 0, result.output
+    assert len(api.requests) == 2, "the table again until every run ended, then it stops"
+    assert f"runs of job {JOB_ID}" in result.output and "\x1b[" in result.output
+
+
 @pytest.mark.parametrize(("value", "shown"), [
     ("2026-12-01T10:00:00+01:00", "2026-12-01 09:00:00Z"),
     ("2026-12-01T09:00:00.123Z", "2026-12-01 09:00:00Z"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -225,3 +226,79 @@ def test_trusted_proxies_are_addresses_or_networks() -> None:
     for wrong in ("proxy.internal", "*", "10.0.0.0/33"):
         with pytest.raises(click.BadParameter, match="not an IP address or network"):
             trusted_proxies([wrong])
+
+
+# An allow entry inside a default-denied network turns that part on; one around it turns nothing on.
+LIFT_CASES = [
+    # allow entries, address, refused because (None: allowed)
+    (["127.0.0.0/8"], "127.0.0.1", None),
+    (["127.0.0.0/8"], "::ffff:127.0.0.1", None),
+    (["127.0.0.0/8"], "::1", "in the denied network ::1/128"),  # only what was named
+    (["127.0.0.0/8"], "0.0.0.0", "in the denied network 0.0.0.0/8"),
+    (["::1"], "::1", None),
+    (["0.0.0.0/8"], "0.0.0.0", None),
+    (["::/128"], "::", None),
+    (["127.0.0.1"], "127.0.0.1", None),
+    (["127.0.0.1"], "127.0.0.2", "in the denied network 127.0.0.2/31"),
+    (["169.254.169.254"], "169.254.169.254", None),
+    (["169.254.169.254"], "169.254.1.1", "in the denied network 169.254.0.0/17"),
+    (["169.254.0.0/16"], "169.254.10.10", None),
+    (["fe80::/10"], "fe80::1%eth0", None),
+    (["fd00:ec2::254"], "fd00:ec2::254", None),
+    (["100.100.100.200"], "100.100.100.200", None),
+    (["168.63.129.16"], "168.63.129.16", None),
+    (["0.0.0.0/0"], "127.0.0.1", "in the denied network 127.0.0.0/8"),  # wider: lifts nothing
+    (["0.0.0.0/0"], "169.254.169.254", "in the denied network 169.254.0.0/16"),
+    (["100.64.0.0/10"], "100.100.100.200", "in the denied network 100.100.100.200/32"),
+    (["100.64.0.0/10"], "100.100.100.201", None),
+    (["::/0"], "::1", "in the denied network ::1/128"),
+]
+
+
+@pytest.mark.parametrize(("allow", "address", "reason"), LIFT_CASES, ids=[f"{c[0][0]}->{c[1]}" for c in LIFT_CASES])
+def test_an_allow_entry_inside_a_default_denied_network_turns_it_on(
+    allow: list[str], address: str, reason: str | None
+) -> None:
+    refusal = EgressPolicy.build(allow=allow, allow_loopback=False).refusal("x", address)
+    if reason is None:
+        assert refusal is None
+    else:
+        assert refusal is not None and reason in refusal
+
+
+def test_an_operator_deny_is_never_lifted_by_an_allow() -> None:
+    policy = EgressPolicy.build(allow=["127.0.0.0/8"], deny=["127.0.0.9"], allow_loopback=False)
+    assert policy.refusal("x", "127.0.0.1") is None
+    assert policy.refusal("x", "127.0.0.9") == "address 127.0.0.9 is in the denied network 127.0.0.9/32"
+
+
+@pytest.mark.parametrize("default", ["127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128", "169.254.0.0/16",
+                                     "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32", "168.63.129.16/32"])
+def test_every_default_denied_network_is_lifted_by_naming_it_and_logged(
+    default: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    params = cli.commands["worker"].make_context("worker", ["--egress-allow", default, "--egress-deny-loopback"]).params
+    with caplog.at_level("WARNING", logger="chimes.security"):
+        policy = egress_policy(params)
+    first = str(ipaddress.ip_network(default).network_address)
+    assert EgressPolicy.build(allow_loopback=False).refusal("x", first) is not None, "denied by default"
+    assert policy.refusal("x", first) is None
+    assert [(o.allowed, o.default) for o in policy.lifted] == [(ipaddress.ip_network(default),) * 2]
+    assert f"egress: {default} is allowed (--egress-allow), lifting that part of the default-denied {default}" \
+        in caplog.messages
+
+
+def test_a_wide_allow_entry_says_at_start_up_what_stays_denied(caplog: pytest.LogCaptureFixture) -> None:
+    params = cli.commands["worker"].make_context("worker", ["--egress-allow", "0.0.0.0/0"]).params
+    with caplog.at_level("WARNING", logger="chimes.security"):
+        egress_policy(params)
+    assert ("egress: 127.0.0.0/8 stays denied although --egress-allow 0.0.0.0/0 covers it; name it "
+            "(--egress-allow 127.0.0.0/8 or --egress-allow-loopback) to allow it") in caplog.messages
+    assert ("egress: 169.254.0.0/16 stays denied although --egress-allow 0.0.0.0/0 covers it; name it "
+            "(--egress-allow 169.254.0.0/16) to allow it") in caplog.messages
+    caplog.clear()
+    params = cli.commands["worker"].make_context("worker", ["--egress-allow", "0.0.0.0/0,127.0.0.0/8"]).params
+    with caplog.at_level("WARNING", logger="chimes.security"):
+        policy = egress_policy(params)
+    assert policy.refusal("x", "127.0.0.1") is None
+    assert not any(m.startswith("egress: 127.0.0.0/8 stays denied") for m in caplog.messages), "it was named"

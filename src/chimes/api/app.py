@@ -10,7 +10,20 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 
 from chimes import __version__, dashboard, metrics
-from chimes.api import errors, health, homes, jobs, notifications, openapi, runs, standby, unavailable, whoami
+from chimes.api import (
+    actors,
+    audit,
+    errors,
+    health,
+    homes,
+    jobs,
+    notifications,
+    openapi,
+    runs,
+    standby,
+    unavailable,
+    whoami,
+)
 from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
 from chimes.clock import SYSTEM_CLOCK, Clock
@@ -91,6 +104,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     app.include_router(runs.router)
     app.include_router(notifications.router)
     app.include_router(whoami.router)
+    app.include_router(audit.router)
 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:
@@ -114,6 +128,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     app.add_middleware(standby.StandbyReads)  # inside the deadline: a read from the standby is bounded too
     app.add_middleware(unavailable.RequestDeadline, seconds=limits.request_timeout_sec)
     app.add_middleware(metrics.LatencyMiddleware)
+    app.add_middleware(actors.RequestIds)  # outermost: every answer, errors included, carries the id
     return app
 
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from chimes import tracing
 from chimes.api import homes, standby
+from chimes.api.actors import note_of
 from chimes.api.auth import current_principal
 from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found
@@ -42,7 +43,8 @@ async def create_job(
                 new_id = homes.new_job_id_for(request, caller.owner, idempotency_key)
                 store = _store(request) if new_id is None else await homes.jobs_of(request, new_id)
                 try:
-                    created = await store.create(caller.owner, spec, clock_of(request).now(), idempotency_key, new_id)
+                    created = await store.create(caller.owner, spec, clock_of(request).now(), idempotency_key, new_id,
+                                                 note_of(request, caller))
                     break
                 except Exception as exc:
                     # The catalog's fence: a shard was given this partition after this process read the map.
@@ -92,7 +94,8 @@ async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Cal
     parsed = parse_id(job_id, "job")
     try:
         job = await (await homes.jobs_of(request, parsed)).update(parsed, caller.owner_filter, patch,
-                                                                  clock_of(request).now(), matching_versions(if_match))
+                                                                  clock_of(request).now(), matching_versions(if_match),
+                                                                  note_of(request, caller))
     except VersionMismatch as exc:
         raise precondition_failed(exc.current) from None
     if job is None:
@@ -105,7 +108,8 @@ async def delete_job(job_id: str, request: Request, caller: Caller, if_match: If
     parsed = parse_id(job_id, "job")
     try:
         deleted = await (await homes.jobs_of(request, parsed)).delete(parsed, caller.owner_filter,
-                                                                      matching_versions(if_match))
+                                                                      matching_versions(if_match),
+                                                                      note_of(request, caller))
     except VersionMismatch as exc:
         raise precondition_failed(exc.current) from None
     if not deleted:

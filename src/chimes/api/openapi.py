@@ -164,6 +164,37 @@ class Queue(_Answer):
     tiers: list[QueueTier]
 
 
+class AuditActor(_Answer):
+    """The token that made a change (``tokenId`` and ``tokenName`` are null for a change made with the
+    command line on the database: ``owner`` is then ``operator`` and ``tokenName`` the user and host)."""
+
+    owner: str
+    tokenId: str | None
+    tokenName: str | None
+
+
+class AuditEntry(_Answer):
+    """One change: who, when, under which request, and each changed field before and after."""
+
+    entryId: str
+    at: datetime
+    action: str = Field(description="job.create, job.update, job.pause, job.resume, job.delete, job.backfill, "
+                                    "run.trigger, run.rerun, run.cancel, token.create, token.revoke, cap.set, "
+                                    "cap.delete, owner.update, owner.signing_secret, job.import")
+    subject: str = Field(description="what changed: job ID, run ID, token ID, cap TARGET, owner NAME")
+    jobId: str | None
+    owner: str | None = Field(description="whose subject it is")
+    actor: AuditActor
+    requestId: str | None
+    changes: dict[str, dict[str, Any]] = Field(description='{"field": {"before": ..., "after": ...}}; secrets '
+                                                          "redacted")
+
+
+class AuditList(_Answer):
+    entries: list[AuditEntry]
+    nextCursor: str | None
+
+
 #: The success answers of each operation: (path, method) -> {status: model or None for no body}.
 SUCCESS: dict[tuple[str, str], dict[str, type[BaseModel] | str | None]] = {
     ("/jobs", "post"): {"201": JobCreated, "200": JobCreated},
@@ -182,6 +213,7 @@ SUCCESS: dict[tuple[str, str], dict[str, type[BaseModel] | str | None]] = {
     ("/queue", "get"): {"200": Queue},
     ("/notifications", "get"): {"200": NotificationList},
     ("/whoami", "get"): {"200": Identity},
+    ("/audit", "get"): {"200": AuditList},
     ("/healthz", "get"): {"200": Health, "503": Health},
     ("/metrics", "get"): {"200": PROMETHEUS_TEXT},
 }
@@ -203,7 +235,7 @@ WITH_ETAG = frozenset({("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{jo
 ETAG_HEADER = {"ETag": {"description": "the job's version, quoted: send it as If-Match on PATCH or DELETE",
                         "schema": {"type": "string"}}}
 MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue,
-          NotificationList, Identity)
+          NotificationList, Identity, AuditList)
 
 
 def install(app: FastAPI) -> None:

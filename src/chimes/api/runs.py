@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from chimes.api import homes
+from chimes.api.actors import note_of
 from chimes.api.auth import current_principal
 from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found
@@ -53,7 +54,7 @@ async def list_runs(
 async def run_now(job_id: str, request: Request, caller: Caller) -> JSONResponse:
     job = parse_id(job_id, "job")
     run_id = await (await homes.runs_of(request, job)).start_now(job, caller.owner_filter, RunTrigger.MANUAL,
-                                                                 clock_of(request).now())
+                                                                 clock_of(request).now(), note_of(request, caller))
     if run_id is None:
         raise not_found("job")
     return JSONResponse({"runId": run_id}, status_code=202)
@@ -82,7 +83,7 @@ async def backfill(job_id: str, body: BackfillRequest, request: Request, caller:
     try:
         job = parse_id(job_id, "job")
         result = await (await homes.runs_of(request, job)).backfill(job, caller.owner_filter, body.start, body.end,
-                                                                    BACKFILL_LIMIT)
+                                                                    BACKFILL_LIMIT, note_of(request, caller))
     except BackfillError as exc:
         raise ApiError(422, "invalid_request", f"{exc.field}: {exc}", exc.field) from None
     if result is None:
@@ -167,7 +168,8 @@ async def rerun(run_id: str, request: Request, caller: Caller) -> JSONResponse:
     found = await store.get(parsed, caller.owner_filter)
     if found is None:
         raise not_found("run")
-    new_run = await store.start_now(found.job_id, caller.owner_filter, RunTrigger.RERUN, clock_of(request).now())
+    new_run = await store.start_now(found.job_id, caller.owner_filter, RunTrigger.RERUN, clock_of(request).now(),
+                                    note_of(request, caller))
     if new_run is None:
         raise ApiError(409, "job_deleted", "the job of this run was deleted, so it cannot run again")
     return JSONResponse({"runId": new_run}, status_code=202)
@@ -177,7 +179,7 @@ async def rerun(run_id: str, request: Request, caller: Caller) -> JSONResponse:
 async def cancel(run_id: str, request: Request, caller: Caller) -> JSONResponse:
     parsed = parse_run_id(run_id)
     store = await homes.runs_of_run(request, parsed)
-    if not await store.cancel(parsed, caller.owner_filter, f"cancelled by {caller.owner}"):
+    if not await store.cancel(parsed, caller.owner_filter, f"cancelled by {caller.owner}", note_of(request, caller)):
         found = await store.get(parsed, caller.owner_filter)
         if found is None:
             raise not_found("run")

@@ -14,6 +14,7 @@ import click
 
 from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import on_migrated_database
+from chimes.services import admin
 from chimes.store import caps as cap_store
 from chimes.store import db
 
@@ -71,7 +72,7 @@ def set_cap(database_url: str | None, data_dir: Path, target: str, max_running: 
     scope, name = parse_target(target)
     who = cap_owner(scope, owner, fleet_wide)
     cap_row = cap_store.Cap(scope, name, who, max_running)
-    _with_connection(database_url, data_dir, lambda conn: cap_store.set_cap(conn, cap_row))
+    _with_connection(database_url, data_dir, lambda conn: admin.set_cap(conn, admin.command_line_note(), cap_row))
     click.echo(f"{describe(scope, name, who)}: at most {max_running} running")
 
 
@@ -83,7 +84,8 @@ def remove_cap(database_url: str | None, data_dir: Path, target: str, owner: str
     """Remove a cap (a tag cap with the same --owner or --fleet-wide it was set with)."""
     scope, name = parse_target(target)
     who = cap_owner(scope, owner, fleet_wide)
-    if not _with_connection(database_url, data_dir, lambda conn: cap_store.remove_cap(conn, scope, name, who)):
+    if not _with_connection(database_url, data_dir,
+                            lambda conn: admin.remove_cap(conn, admin.command_line_note(), scope, name, who)):
         raise click.ClickException(f"no cap on {describe(scope, name, who)}")
     click.echo(f"{describe(scope, name, who)}: no cap")
 

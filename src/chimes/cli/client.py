@@ -15,8 +15,10 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import re
 import shlex
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -489,27 +491,75 @@ def cancel(api: Client, run_id: str, job: str | None) -> None:
     click.echo(f"run {run_id}: {run.status}")
 
 
+FINAL_RUN_STATUSES = frozenset({"succeeded", "failed", "skipped", "cancelled"})
+
+
 @runs.command("watch")
 @api_options
 @click.argument("job_id")
 @click.option("--interval", type=click.FloatRange(0.1), default=1.0, show_default=True,
               help="Seconds between refreshes.")
+@click.option("--until-done", is_flag=True,
+              help="Stop once every run seen has ended (succeeded, failed, skipped or cancelled).")
 @status_option
 @limit_option
 @wide_option
-def watch(api: Client, job_id: str, interval: float, status: str | None, limit: int | None, wide: bool) -> None:
-    """Show a job's runs, refreshed every --interval seconds, until Ctrl-C."""
+def watch(api: Client, job_id: str, interval: float, until_done: bool, status: str | None, limit: int | None,
+          wide: bool) -> None:
+    """Show a job's runs, refreshed every --interval seconds, until Ctrl-C (or --until-done).
+
+    On a terminal the table is redrawn in place; otherwise (a pipe, a file, a CI log) each run is
+    printed as one line when it first appears and again whenever it changes."""
     job_id = _job_id(api, job_id)
 
-    def table() -> Any:
-        page = api.runs.page(job_id, status=status, limit=limit)
-        title = f"runs of job {job_id} at {time.strftime('%H:%M:%SZ', time.gmtime())} (Ctrl-C to stop)"
-        return render.runs_table([run.raw for run in page.items], title=title, wide=_wide(wide))
+    def fetch() -> list[dict[str, Any]]:
+        return [run.raw for run in api.runs.page(job_id, status=status, limit=limit).items]
 
     try:
-        with Live(table(), console=Console(), auto_refresh=False) as live:
-            while True:
-                _sleep(interval)
-                live.update(table(), refresh=True)
+        if Console().is_terminal:
+            _watch_live(job_id, fetch, interval, until_done, wide)
+        else:
+            _watch_lines(fetch, interval, until_done)
     except KeyboardInterrupt:
         pass
+    except BrokenPipeError:  # `| head` stopped reading: that is the reader's way to say stop
+        _silence_stdout()
+
+
+def _all_ended(runs: list[dict[str, Any]]) -> bool:
+    return bool(runs) and all(run.get("status") in FINAL_RUN_STATUSES for run in runs)
+
+
+def _watch_live(job_id: str, fetch: Callable[[], list[dict[str, Any]]], interval: float, until_done: bool,
+                wide: bool) -> None:
+    def table(runs: list[dict[str, Any]]) -> Any:
+        title = f"runs of job {job_id} at {time.strftime('%H:%M:%SZ', time.gmtime())} (Ctrl-C to stop)"
+        return render.runs_table(runs, title=title, wide=_wide(wide))
+
+    runs = fetch()
+    with Live(table(runs), console=Console(), auto_refresh=False) as live:
+        while not (until_done and _all_ended(runs)):
+            _sleep(interval)
+            runs = fetch()
+            live.update(table(runs), refresh=True)
+
+
+def _watch_lines(fetch: Callable[[], list[dict[str, Any]]], interval: float, until_done: bool) -> None:
+    """One line per run when it appears or changes, oldest first, like ``kubectl get -w``."""
+    shown: dict[str, str] = {}
+    while True:
+        runs = fetch()
+        for run in reversed(runs):  # the API lists newest first; a log reads oldest first
+            line = render.run_line(run)
+            if shown.get(run.get("runId", "")) != line:
+                shown[run.get("runId", "")] = line
+                click.echo(line)
+        if until_done and _all_ended(runs):
+            return
+        _sleep(interval)
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout again at exit and would report the broken pipe there.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

@@ -163,6 +163,17 @@ def runs_table(runs: list[dict[str, Any]], title: str | None = None, wide: bool 
     return table
 
 
+def run_line(run: dict[str, Any]) -> str:
+    """A run as one line of ``chimes runs watch`` off a terminal: whole id, times in UTC, no colours."""
+    fields = [str(run.get("runId", "")), when(run.get("scheduledAt")).replace(" ", "T"), run.get("status", ""),
+              f"attempt={run.get('attempt', '')}", f"trigger={run.get('trigger', '')}"]
+    if run.get("finishedAt"):
+        fields.append(f"finished={when(run.get('finishedAt')).replace(' ', 'T')}")
+    if run.get("error"):
+        fields.append("error=" + " ".join(str(run["error"]).split()))
+    return "  ".join(fields)
+
+
 def _narrow_runs_table(runs: list[dict[str, Any]], title: str | None) -> Table:
     table = _narrow_table(title)
     table.add_column("run", no_wrap=True, min_width=SHORT_ID)

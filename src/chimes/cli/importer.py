@@ -43,8 +43,10 @@ from chimes.cli.security_options import ImportKey
 from chimes.ids import PARTITION_COUNT
 from chimes.jobs import JobSpec
 from chimes.security.secrets import Keyring, has_secrets, seal_spec
+from chimes.services.admin import command_line_note
 from chimes.services.jobs import first_fire
 from chimes.store import db
+from chimes.store.audit import AuditNote, record
 from chimes.store.bulk import Rows, copy_rows, job_rows
 from chimes.store.shards import ShardMap, load_map, without_password
 
@@ -233,11 +235,16 @@ class Home:
         except db.DB_ERRORS as exc:
             self._fail(exc)
 
-    async def commit(self) -> None:
+    async def commit(self, note: AuditNote, file: Path, owner: str) -> None:
+        """Commit what was copied, with one audit entry for this home's jobs (one a job would double
+        what an import of millions writes)."""
         if self.error is not None:
             return
-        assert self.transaction is not None
+        assert self.transaction is not None and self.conn is not None
         try:
+            if self.written:
+                await record(self.conn, note, "job.import", f"import {file.name}", None,
+                             {"owner": owner, "jobs": self.written, "file": str(file)}, subject_owner=owner)
             await self.transaction.commit()
         except db.DB_ERRORS as exc:
             # A refused commit (a PostgreSQL error) left nothing; a connection lost on the way may have
@@ -318,7 +325,8 @@ async def _import(dsn: str, file: Path, size: int, owner: str, data_dir: Path | 
                         await load_oldest()
                 while pending:
                     await load_oldest()
-        await asyncio.gather(*(home.commit() for home in homes))
+        note = command_line_note()
+        await asyncio.gather(*(home.commit(note, file, owner) for home in homes))
     finally:
         for home in homes:
             home.close()  # a home not committed (a bad line, an interrupt) is rolled back

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from chimes import __version__, logs, tracing
-from chimes.cli import apply, backup, caps, chaos, client, config, ha, owners, shards, tokens, upgrades
+from chimes.cli import apply, audit, backup, caps, chaos, client, config, ha, owners, shards, tokens, upgrades
 from chimes.cli.importer import import_jobs
 from chimes.cli.options import database_options, listen_options, metrics_options, settings_from
 from chimes.cli.runtime import run_async
@@ -187,6 +187,7 @@ cli.add_command(shards.shards)
 cli.add_command(client.jobs)
 cli.add_command(client.runs)
 cli.add_command(apply.apply_jobs)
+cli.add_command(audit.audit)
 cli.add_command(apply.export_jobs)
 client.jobs.add_command(import_jobs)
 

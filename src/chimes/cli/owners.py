@@ -19,7 +19,7 @@ from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database
 from chimes.cli.security_options import key_file_option, keyring_from
 from chimes.security.secrets import SecretKeyError
-from chimes.services import owners as owner_secrets
+from chimes.services import admin
 from chimes.services.owners import check_secret_key
 from chimes.store import db
 from chimes.store.owners import OwnerStore
@@ -67,9 +67,8 @@ def set_owner(database_url: str | None, data_dir: Path, name: str, allow_command
         raise click.BadParameter("give --job-quota or --default-quota, not both", param_hint="--default-quota")
 
     async def work(conn: db.Connection) -> Any:
-        store = OwnerStore(conn)
-        await store.set(name, allow_commands=allow_commands, job_quota=job_quota, default_quota=default_quota)
-        return await store.get(name)
+        return await admin.set_owner(conn, admin.command_line_note(), name, allow_commands=allow_commands,
+                                     job_quota=job_quota, default_quota=default_quota)
 
     settings = _run(database_url, data_dir, work)
     quota = "the API's default" if settings.job_quota is None else str(settings.job_quota)
@@ -102,7 +101,7 @@ def signing_secret(database_url: str | None, data_dir: Path, secret_key_file: Pa
 
     async def work(conn: db.Connection) -> str:
         await check_secret_key(conn, keyring)
-        return await owner_secrets.signing_secret(OwnerStore(conn), name, keyring, rotate=rotate)
+        return await admin.signing_secret(conn, admin.command_line_note(), name, keyring, rotate=rotate)
 
     try:
         click.echo(_run(database_url, data_dir, work))

@@ -7,6 +7,7 @@ The secret key itself has no flag (a flag would show in ``ps`` and shell history
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,11 +25,12 @@ from chimes.security.secrets import (
     default_keyring,
     load_keyring,
 )
-from chimes.security.ssrf import EgressPolicy
+from chimes.security.ssrf import LOOPBACK, EgressPolicy
 from chimes.services.owners import check_secret_key
 from chimes.store import db
 
 _DEFAULTS = LimitSettings()
+log = logging.getLogger("chimes.security")
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +141,26 @@ def worker_security(data_dir: Path, options: dict[str, Any]) -> WorkerSecurity:
 def egress_policy(options: dict[str, Any]) -> EgressPolicy:
     """The egress policy the options of a role's command line describe; loopback denied unless allowed."""
     try:
-        return EgressPolicy.build(allow=_entries(options.get("egress_allow", ())),
-                                  deny=_entries(options.get("egress_deny", ())),
-                                  default_deny=options.get("egress_default_deny", True),
-                                  allow_loopback=bool(options.get("egress_allow_loopback", False)))
+        policy = EgressPolicy.build(allow=_entries(options.get("egress_allow", ())),
+                                    deny=_entries(options.get("egress_deny", ())),
+                                    default_deny=options.get("egress_default_deny", True),
+                                    allow_loopback=bool(options.get("egress_allow_loopback", False)))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--egress-allow/--egress-deny") from None
+    log_default_overlaps(policy)
+    return policy
+
+
+def log_default_overlaps(policy: EgressPolicy) -> None:
+    """Say at start-up what an allow entry did to a default-denied network, so neither a lifted default
+    nor one that stays denied under a wide allow entry is a surprise at the first run."""
+    for overlap in policy.lifted:
+        log.warning("egress: %s is allowed (--egress-allow), lifting that part of the default-denied %s",
+                    overlap.allowed, overlap.default)
+    for overlap in policy.kept:
+        log.warning("egress: %s stays denied although --egress-allow %s covers it; name it (--egress-allow %s%s) "
+                    "to allow it", overlap.default, overlap.allowed, overlap.default,
+                    " or --egress-allow-loopback" if str(overlap.default) in LOOPBACK else "")
 
 
 def api_security(data_dir: Path, options: dict[str, Any]) -> ApiSecurity:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database
+from chimes.services import admin as audited
 from chimes.store import db
 from chimes.store import tokens as token_store
 
@@ -43,7 +44,7 @@ def create(database_url: str | None, data_dir: Path, owner: str, scope: str | No
         await migrate_database(dsn)
         conn = await db.connect(dsn)
         try:
-            return await token_store.create_token(conn, owner.strip(), scope=scope, name=name)
+            return await audited.create_token(conn, audited.command_line_note(), owner.strip(), scope, name)
         finally:
             await conn.close()
 
@@ -82,7 +83,7 @@ def revoke(database_url: str | None, data_dir: Path, token_id: uuid.UUID) -> Non
     async def main(dsn: str) -> bool:
         conn = await db.connect(dsn)
         try:
-            return await token_store.revoke_token(conn, token_id)
+            return await audited.revoke_token(conn, audited.command_line_note(), token_id)
         finally:
             await conn.close()
 

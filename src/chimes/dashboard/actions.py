@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from chimes.api import homes
+from chimes.api.actors import note_of
 from chimes.api.clock import clock_of
 from chimes.dashboard import session
 from chimes.dashboard.pages import Viewer
@@ -61,7 +62,7 @@ async def run_now(job_id: str, request: Request, who: Viewer) -> Response:
     if parsed is None:
         return not_found(request, who, "job")
     runs = await homes.runs_of(request, parsed)
-    run_id = await runs.start_now(parsed, who.owner_filter, "manual", clock_of(request).now())
+    run_id = await runs.start_now(parsed, who.owner_filter, "manual", clock_of(request).now(), note_of(request, who))
     if not run_id:
         return not_found(request, who, "job")
     return RedirectResponse(f"{P}/jobs/{job_id}?notice=started&started={run_id}", status_code=303)
@@ -83,7 +84,8 @@ async def _set_paused(job_id: str, request: Request, who: Principal, *, paused: 
     if parsed is None:
         return not_found(request, who, "job")
     jobs = await homes.jobs_of(request, parsed)
-    job = await jobs.update(parsed, who.owner_filter, JobPatch(paused=paused), clock_of(request).now())
+    job = await jobs.update(parsed, who.owner_filter, JobPatch(paused=paused), clock_of(request).now(),
+                            note=note_of(request, who))
     if not job:
         return not_found(request, who, "job")
     return RedirectResponse(f"{P}/jobs/{job_id}?notice={'paused' if paused else 'resumed'}", status_code=303)
@@ -99,7 +101,8 @@ async def rerun(run_id: str, request: Request, who: Viewer) -> Response:
     found = await store.get(parsed, who.owner_filter)
     if not found:
         return not_found(request, who, "run")
-    new_run = await store.start_now(found.job_id, who.owner_filter, "rerun", clock_of(request).now())
+    new_run = await store.start_now(found.job_id, who.owner_filter, "rerun", clock_of(request).now(),
+                                    note_of(request, who))
     if new_run is None:
         return page(request, "not_found.html", status_code=409, viewer=who, what="job",
                     detail="The job of this run was deleted, so it cannot run again.")
@@ -115,6 +118,7 @@ async def cancel(run_id: str, request: Request, who: Viewer) -> Response:
     store = await homes.runs_of_run(request, parsed)
     if await store.get(parsed, who.owner_filter) is None:
         return not_found(request, who, "run")
-    done = await store.cancel(parsed, who.owner_filter, f"cancelled by {who.owner} (dashboard)")
+    done = await store.cancel(parsed, who.owner_filter, f"cancelled by {who.owner} (dashboard)",
+                              note_of(request, who))
     return RedirectResponse(f"{P}/runs/{run_id}?notice={'cancelled' if done else 'already-finished'}",
                             status_code=303)

@@ -22,6 +22,7 @@ from chimes.dashboard import views
 from chimes.dashboard.render import not_found, page
 from chimes.dashboard.session import viewer
 from chimes.ids import id_from, run_id_from, scheduled_at_of
+from chimes.store import audit
 from chimes.store.dashboard import (
     JOB_FILTERS,
     LAG_BOUNDS,
@@ -41,6 +42,7 @@ RUN_STATUSES = ("failed", "succeeded", "running", "scheduled", "cancelled", "ski
 LAG_WINDOW = timedelta(minutes=10)
 FAILURE_MINUTES = 30
 DEAD_SHOWN = 20  # dead-lettered notifications listed on a job's page (GET /notifications has them all)
+AUDIT_SHOWN = 20  # audit entries on a job's page, newest first (GET /audit?jobId= has them all)
 NOTICES = {
     "paused": "Paused: no new runs will start until you resume it.",
     "resumed": "Resumed: the schedule is active again.",
@@ -96,7 +98,11 @@ async def job_page(
     runs = rows[:PAGE_SIZE]
     next_before = _encode_run_cursor(runs[-1]["run_id"]) if len(rows) > PAGE_SIZE else None
     stall, dead_notifications = await store.job_alerts(job.job_id, DEAD_SHOWN)
+    async with (await homes.pools_for(request, job.job_id))[0].acquire() as conn:
+        changes = await audit.list_entries(conn, audit.AuditFilter(subject_owner=who.owner_filter, job_id=job.job_id),
+                                           None, AUDIT_SHOWN)
     context = {
+        "audit": changes,
         "stall": stall, "dead_notifications": dead_notifications,
         "viewer": who, "nav": "jobs", "job": job, "runs": runs, "status_filter": status, "statuses": RUN_STATUSES,
         "before": before, "next_before": next_before, "started": started, "notice": NOTICES.get(notice or ""),

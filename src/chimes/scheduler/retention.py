@@ -1,5 +1,6 @@
 """Retention: run history older than the retention period goes, a whole day's partition at a time,
-and so do the notifications that were delivered or dead-lettered before it.
+and so do the notifications that were delivered or dead-lettered before it, and the audit trail's
+entries older than it (the trail is kept as long as the history it explains).
 
 Dropping a partition needs an ACCESS EXCLUSIVE lock on ``runs``/``run_attempts``. Behind a long
 reader (a report, a ``pg_dump``) that lock request would wait, and every reader after it would queue
@@ -29,6 +30,7 @@ class RetentionResult:
     deferred: list[str] = field(default_factory=list)  # partitions left for later: a reader held them
     rows_deleted: int = 0  # run-history rows of the default partitions
     notifications_deleted: int = 0
+    audit_entries_deleted: int = 0
 
 
 class Retention:
@@ -59,11 +61,17 @@ class Retention:
             result.notifications_deleted += deleted
             if deleted < self.notification_batch:
                 break
+        while True:
+            deleted = await self.store.delete_old_audit_entries(cutoff, self.notification_batch)
+            result.audit_entries_deleted += deleted
+            if deleted < self.notification_batch:
+                break
         if result.deferred:
             log.warning("retention: %s busy (a long reader holds them); tried again next round",
                         ", ".join(result.deferred))
-        if result.dropped or result.notifications_deleted:
-            log.info("retention: dropped %d run-history partitions and %d notifications older than %d days",
-                     result.dropped, result.notifications_deleted, self.days)
+        if result.dropped or result.notifications_deleted or result.audit_entries_deleted:
+            log.info("retention: dropped %d run-history partitions, %d notifications and %d audit entries older "
+                     "than %d days", result.dropped, result.notifications_deleted, result.audit_entries_deleted,
+                     self.days)
         return result
 

@@ -11,6 +11,12 @@ checked as the IPv4 address it reaches.
 
 Rules, in order: a denied address or host is refused; then, if there is an allow list, only an
 address or host on it is allowed; everything else is allowed.
+
+An allow entry naming a network or address inside a default-denied range (``127.0.0.0/8``,
+``169.254.169.254``) is what the operator means: that part of the range is lifted from the defaults
+(:attr:`EgressPolicy.lifted`, logged at start-up). An allow entry wider than a default-denied range
+(``0.0.0.0/0``, ``100.64.0.0/10`` around Alibaba's metadata address) lifts nothing: naming the whole
+internet is not naming the metadata service. Entries the operator denies with ``deny`` are never lifted.
 """
 
 from __future__ import annotations
@@ -72,11 +78,21 @@ class HostPattern:
 
 
 @dataclass(frozen=True, slots=True)
+class DefaultOverlap:
+    """An allow entry (``allowed``) that overlaps a default-denied network (``default``)."""
+
+    allowed: IPNetwork
+    default: IPNetwork
+
+
+@dataclass(frozen=True, slots=True)
 class EgressPolicy:
     deny_networks: tuple[IPNetwork, ...] = ()
     deny_hosts: tuple[HostPattern, ...] = ()
     allow_networks: tuple[IPNetwork, ...] = ()
     allow_hosts: tuple[HostPattern, ...] = ()
+    lifted: tuple[DefaultOverlap, ...] = ()  # allow entries inside a default-denied network: turned on
+    kept: tuple[DefaultOverlap, ...] = ()  # allow entries around a default-denied network: it stays denied
 
     @classmethod
     def build(cls, *, allow: Iterable[str] = (), deny: Iterable[str] = (), default_deny: bool = True,
@@ -85,9 +101,15 @@ class EgressPolicy:
         ``allow_loopback=False`` denies the host's own addresses (:data:`LOOPBACK`); the command line
         decides per role (``chimes worker`` denies them by default)."""
         defaults = (list(DEFAULT_DENY) if default_deny else []) + ([] if allow_loopback else list(LOOPBACK))
-        deny_networks, deny_hosts = _parse(list(deny) + defaults)
+        operator_deny, deny_hosts = _parse(deny)
         allow_networks, allow_hosts = _parse(allow)
-        return cls(deny_networks, deny_hosts, allow_networks, allow_hosts)
+        default_networks = tuple(ipaddress.ip_network(d) for d in defaults)
+        overlaps = [DefaultOverlap(a, d) for a in allow_networks for d in default_networks if _overlap(a, d)]
+        lifted = tuple(o for o in overlaps if _within(o.allowed, o.default))
+        still_denied = [part for network in default_networks for part in _less(network, lifted)]
+        named = {o.default for o in lifted if o.allowed == o.default}  # lifted whole by another entry
+        kept = tuple(o for o in overlaps if o not in lifted and o.default not in named)
+        return cls(operator_deny + tuple(still_denied), deny_hosts, allow_networks, allow_hosts, lifted, kept)
 
     @property
     def has_allow_list(self) -> bool:
@@ -143,6 +165,30 @@ def _parse(entries: Iterable[str]) -> tuple[tuple[IPNetwork, ...], tuple[HostPat
             raise ValueError(f"{entry!r} is neither a network (10.0.0.0/8, fd00::/8), an address nor a host name")
         hosts.append(HostPattern.parse(entry))
     return tuple(networks), tuple(hosts)
+
+
+def _overlap(a: IPNetwork, b: IPNetwork) -> bool:
+    return a.version == b.version and a.overlaps(b)
+
+
+def _within(inner: IPNetwork, outer: IPNetwork) -> bool:
+    return inner.version == outer.version and inner.subnet_of(outer)  # type: ignore[arg-type]
+
+
+def _less(network: IPNetwork, lifted: Iterable[DefaultOverlap]) -> list[IPNetwork]:
+    """``network`` without the lifted parts inside it, as the networks that remain."""
+    parts = [network]
+    for overlap in lifted:
+        parts = [rest for part in parts for rest in _part_less(part, overlap.allowed)]
+    return parts
+
+
+def _part_less(part: IPNetwork, allowed: IPNetwork) -> list[IPNetwork]:
+    if _within(part, allowed):
+        return []
+    if _within(allowed, part):
+        return list(part.address_exclude(allowed))  # type: ignore[arg-type]
+    return [part]
 
 
 def _normal_host(host: str) -> str:

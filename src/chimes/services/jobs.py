@@ -10,14 +10,24 @@ import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import Any
 
 from chimes import cron
 from chimes.ids import new_job_id
 from chimes.jobs import AtScheduleSpec, JobPatch, JobSpec
 from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
-from chimes.security.secrets import Keyring, default_keyring, has_secrets, keep_sealed, seal_spec, split_sealed
+from chimes.security.secrets import (
+    Keyring,
+    default_keyring,
+    has_secrets,
+    keep_sealed,
+    redact,
+    seal_spec,
+    split_sealed,
+)
 from chimes.slots import jitter_offset
 from chimes.store import jobs as job_store
+from chimes.store.audit import AuditNote, record
 from chimes.store.db import Conn, Pool, transaction
 from chimes.store.jobs import CreatedJob, JobRecord, JobStore, LockedJob
 from chimes.store.owners import OwnerStore, count_jobs_up_to, lock_owner_for_job
@@ -80,8 +90,9 @@ class JobService:
         return self._keyring.fingerprint(plain) if has_secrets(spec) else plain
 
     async def create(self, owner: str, spec: JobSpec, now: datetime, idempotency_key: str | None = None,
-                     job_id: uuid.UUID | None = None) -> CreatedJob:
-        """``job_id``: the new job's id when the caller chose it (to route it to its shard)."""
+                     job_id: uuid.UUID | None = None, note: AuditNote | None = None) -> CreatedJob:
+        """``job_id``: the new job's id when the caller chose it (to route it to its shard); ``note``: who
+        asked, for the audit trail (an entry is written with the job, in its transaction)."""
         job_id = job_id or new_job_id()
         fingerprint = self._fingerprint(spec) if idempotency_key else None
         stored = seal_spec(spec, self._keyring) if has_secrets(spec) else spec
@@ -110,6 +121,9 @@ class JobService:
             fire_at = first_fire(spec, job_id, now)
             if fire_at is not None:
                 await job_store.insert_schedule_trigger(conn, job_id, fire_at, 1)
+            if note is not None:
+                await record(conn, note, "job.create", f"job {job_id}", None, _audited(stored.to_wire(), False),
+                             job_id=job_id, subject_owner=owner, shown=redact)
         return CreatedJob(job_id, fire_at, created=True)
 
     async def _admit(self, conn: Conn, owner: str, spec: JobSpec) -> int | None:
@@ -133,7 +147,7 @@ class JobService:
         return await self.store.list(owner, after, limit)
 
     async def update(self, job_id: uuid.UUID, owner: str | None, patch: JobPatch, now: datetime,
-                     matching: frozenset[int] | None = None) -> JobRecord | None:
+                     matching: frozenset[int] | None = None, note: AuditNote | None = None) -> JobRecord | None:
         """Apply a patch: bump the version and rewrite the trigger in the same transaction.
 
         ``matching``: the versions the caller's change was made against (If-Match), None for any.
@@ -163,17 +177,48 @@ class JobService:
                 await job_store.insert_schedule_trigger(conn, job_id, fire_at, version)
             if current.get("concurrency") == "allow" and spec.concurrency != "allow":
                 await job_store.track_unfinished_runs(conn, job_id)
+            if note is not None:
+                before, after = _audited(_wire(job.definition), job.paused), _audited(stored.to_wire(), paused)
+                await record(conn, note, _update_action(before, after), f"job {job_id}", before, after,
+                             job_id=job_id, subject_owner=job.owner, shown=redact)
         return await self.get(job_id, owner)
 
-    async def delete(self, job_id: uuid.UUID, owner: str | None, matching: frozenset[int] | None = None) -> bool:
+    async def delete(self, job_id: uuid.UUID, owner: str | None, matching: frozenset[int] | None = None,
+                     note: AuditNote | None = None) -> bool:
         """Delete the job and its triggers; False when not found. ``matching`` as for :meth:`update`."""
         async with transaction(self._pool) as conn:
-            if matching is not None:
+            job = None
+            if matching is not None or note is not None:
                 job = await job_store.lock_job(conn, job_id, owner)
                 if job is None:
                     return False
                 _check_version(job, matching)
-            return await job_store.delete_job(conn, job_id, owner)
+            deleted = await job_store.delete_job(conn, job_id, owner)
+            if deleted and job is not None and note is not None:
+                before = _audited(_wire(job.definition), job.paused)
+                await record(conn, note, "job.delete", f"job {job_id}", before, None, job_id=job_id,
+                             subject_owner=job.owner, shown=redact)
+            return deleted
+
+
+def _audited(definition: dict[str, Any], paused: bool) -> dict[str, Any]:
+    """A job's fields as the audit trail compares them: its definition (secrets as stored: sealed) and
+    whether it is paused."""
+    return {**definition, "paused": paused}
+
+
+def _wire(definition: dict[str, Any]) -> dict[str, Any]:
+    """A stored definition in the form a new one is written in (JobSpec's wire form, sealed values kept),
+    so that comparing the two shows only what changed."""
+    current, sealed = split_sealed(definition)
+    return keep_sealed(JobSpec.model_validate(current), sealed).to_wire()
+
+
+def _update_action(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """``job.pause`` and ``job.resume`` for a change of ``paused`` alone, ``job.update`` otherwise."""
+    if {key for key in after if before.get(key) != after.get(key)} == {"paused"}:
+        return "job.pause" if after["paused"] else "job.resume"
+    return "job.update"
 
 
 def _check_version(job: LockedJob, matching: frozenset[int] | None) -> None:

@@ -7,6 +7,7 @@ from datetime import date, datetime
 
 import asyncpg
 
+from chimes.store import audit
 from chimes.store.queries import sql
 
 
@@ -40,6 +41,11 @@ class RetentionStore:
     async def delete_old_notifications(self, cutoff: datetime, batch: int) -> int:
         status = await self._pool.execute(sql("delete_old_notifications"), cutoff, batch)
         return int(status.split()[-1])
+
+
+    async def delete_old_audit_entries(self, cutoff: datetime, batch: int) -> int:
+        async with self._pool.acquire() as conn:
+            return await audit.delete_older_than(conn, cutoff, batch)
 
 
 def _quoted(name: str) -> str:

@@ -11,7 +11,7 @@ import asyncpg
 
 from chimes import cron
 from chimes.backoff import plan_retry
-from chimes.enums import RunStatus
+from chimes.enums import RunStatus, RunTrigger
 from chimes.ids import (
     new_run_id,
     partition_of,
@@ -20,6 +20,7 @@ from chimes.ids import (
     scheduled_at_of_or_none,
     truncate_to_millis,
 )
+from chimes.store.audit import AuditNote, record
 from chimes.store.db import Row, one_row
 from chimes.store.queries import sql
 from chimes.store.working import runs_ended
@@ -81,7 +82,8 @@ class RunStore:
             attempts = await conn.fetch(sql("run_attempts"), run_id, scheduled_at)
         return RunDetail(run["run_id"], run["job_id"], run["status"], run, list(attempts))
 
-    async def start_now(self, job_id: uuid.UUID, owner: str | None, trigger: str, now: datetime) -> uuid.UUID | None:
+    async def start_now(self, job_id: uuid.UUID, owner: str | None, trigger: str, now: datetime,
+                        note: AuditNote | None = None) -> uuid.UUID | None:
         """Create and enqueue a run of the job at ``now``, with an id of its own (each call is one more
         run, even two in the same millisecond); None when the job does not exist (for this owner)."""
         scheduled_at = truncate_to_millis(now)
@@ -93,10 +95,14 @@ class RunStore:
             if not row["job_found"]:
                 return None
             await conn.execute(sql("notify_queue"))
+            if note is not None:
+                action = "run.rerun" if trigger == RunTrigger.RERUN else "run.trigger"
+                await record(conn, note, action, f"run {run_id}", None,
+                             {"runId": str(run_id), "trigger": str(trigger), "status": "scheduled"}, job_id=job_id)
         return run_id
 
     async def backfill(self, job_id: uuid.UUID, owner: str | None, start: datetime, end: datetime,
-                       limit: int) -> BackfillResult | None:
+                       limit: int, note: AuditNote | None = None) -> BackfillResult | None:
         """Create the runs the job's schedule implies in (start, end], at most ``limit`` slots;
         slots that already have a run are left as they are. None when the job is not found."""
         async with self._pool.acquire() as conn, conn.transaction():
@@ -113,6 +119,10 @@ class RunStore:
             created = await conn.fetch(sql("backfill_runs"), job_id, run_ids, slots, partition_of(job_id))
             if created:
                 await conn.execute(sql("notify_queue"))
+            if note is not None:
+                await record(conn, note, "job.backfill", f"job {job_id}", None,
+                             {"start": start.isoformat(), "end": end.isoformat(), "created": len(created),
+                              "existing": len(slots) - len(created)}, job_id=job_id)
         return BackfillResult([r["run_id"] for r in created], len(slots) - len(created))
 
     async def callback_heartbeat(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID,
@@ -148,10 +158,14 @@ class RunStore:
     async def queue_depth(self) -> builtins.list[asyncpg.Record]:
         return await self._pool.fetch(sql("queue_depth"))
 
-    async def cancel(self, run_id: uuid.UUID, owner: str | None, reason: str) -> bool:
+    async def cancel(self, run_id: uuid.UUID, owner: str | None, reason: str, note: AuditNote | None = None) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(sql("cancel_run"), run_id, scheduled_at_of(run_id), owner, reason)
             if row is not None:
+                if note is not None:
+                    was = RunStatus.RUNNING if row["was_running"] else RunStatus.SCHEDULED
+                    await record(conn, note, "run.cancel", f"run {run_id}", {"status": str(was)},
+                                 {"status": "cancelled", "reason": reason}, job_id=row["job_id"])
                 await runs_ended(conn, [row])
                 if row["was_running"]:  # delivered at commit: its worker stops the attempt at once
                     await conn.execute(sql("notify_cancel"), str(run_id))

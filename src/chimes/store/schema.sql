@@ -38,6 +38,23 @@ CREATE TABLE public.api_tokens (
     CONSTRAINT api_tokens_token_hash_key UNIQUE (token_hash)
 );
 
+CREATE TABLE public.audit_log (
+    entry_id uuid NOT NULL,
+    at timestamp with time zone NOT NULL,
+    actor_token uuid,
+    actor_name text,
+    actor_owner text NOT NULL,
+    request_id text,
+    action text NOT NULL,
+    subject text NOT NULL,
+    job_id uuid,
+    subject_owner text,
+    changes jsonb NOT NULL,
+    CONSTRAINT audit_log_pkey PRIMARY KEY (entry_id)
+);
+CREATE INDEX audit_log_at ON public.audit_log USING btree (at DESC, entry_id DESC);
+CREATE INDEX audit_log_job ON public.audit_log USING btree (job_id, at DESC) WHERE (job_id IS NOT NULL);
+
 CREATE TABLE public.cap_slots (
     scope text NOT NULL,
     name text NOT NULL,

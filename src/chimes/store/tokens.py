@@ -27,6 +27,7 @@ class Principal:
     admin: bool
     scope: str = "write"
     token_id: uuid.UUID | None = None
+    token_name: str | None = None
 
     @property
     def owner_filter(self) -> str | None:
@@ -58,7 +59,8 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str) -> P
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200 or not token.isascii():
         return None
     row = await conn.fetchrow(sql("token_by_hash"), hash_token(token))
-    return None if row is None else Principal(row["owner"], row["admin"], row["scope"], row["token_id"])
+    return None if row is None else Principal(row["owner"], row["admin"], row["scope"], row["token_id"],
+                                                   row["name"])
 
 
 @dataclass(frozen=True, slots=True)
