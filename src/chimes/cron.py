@@ -129,6 +129,7 @@ class _Parsed(NamedTuple):
     months: frozenset[int]
     days: _Days
     every_hour: bool  # hour field covers all 24 hours -> elapsed-time DST defaults
+    some_day_matches: bool  # False: the day and month fields never meet (0 0 30 2 *)
 
 
 class _BadField(Exception):
@@ -264,7 +265,7 @@ def _parse(expression: str) -> _Parsed:
         raise _field_error(expression, "day-of-week", fields[-1]) from None
     hours = tuple(sorted(plain["hour"]))
     return _Parsed(tuple(sorted(plain["second"])), tuple(sorted(plain["minute"])), hours, plain["month"], days,
-                   len(hours) == 24)
+                   len(hours) == 24, _some_day_matches(days, plain["month"]))
 
 
 @lru_cache(maxsize=65536)
@@ -293,12 +294,11 @@ def _month_days(days: _Days, length: int, first_weekday: int) -> tuple[int, ...]
     return tuple(matching)
 
 
-@lru_cache(maxsize=4096)
-def _calendar_fires(parsed: _Parsed) -> bool:
+def _some_day_matches(days: _Days, months: frozenset[int]) -> bool:
     """Whether any date ever matches: every month length meets every weekday of its 1st within
     one 400-year cycle, so trying each shape is exact."""
-    return any(_month_days(parsed.days, length, weekday)
-               for month in parsed.months for length in _MONTH_LENGTHS.get(month, (31,)) for weekday in range(7))
+    return any(_month_days(days, length, weekday)
+               for month in months for length in _MONTH_LENGTHS.get(month, (31,)) for weekday in range(7))
 
 
 def _times_after(parsed: _Parsed, hour: int, minute: int, second: int) -> Iterator[tuple[int, int, int]]:
@@ -393,7 +393,7 @@ def _search(schedule: CronSchedule, after: datetime) -> datetime | None:
     Taking the first or the last occurrence of each wall time gives two sequences that are each
     non-decreasing, so the answer is the smaller of their first values past `after`."""
     parsed = _parse(schedule.expression)
-    if not _calendar_fires(parsed):
+    if not parsed.some_day_matches:
         return None
     zone = parse_timezone(schedule.timezone)
     if zone.key in _UTC_KEYS:
