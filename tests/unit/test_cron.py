@@ -401,6 +401,8 @@ def test_single_value_range_is_that_value_only(
         # Neither begins with '*': either matches (Friday the 2nd, then the 9th and the 13th).
         ("0 0 13 * 5", [z(2026, 1, 2), z(2026, 1, 9), z(2026, 1, 13)]),
         ("0 0 1-31 * 5", [z(2026, 1, 1), z(2026, 1, 2), z(2026, 1, 3)]),
+        ("0 0 1-7 * 5#1", [z(2026, 1, 1), z(2026, 1, 2), z(2026, 1, 3)]),  # also with # (croniter: AND)
+        ("0 0 L * 5#1", [z(2026, 1, 2), z(2026, 1, 31), z(2026, 2, 6)]),
     ],
 )
 def test_day_fields_and_when_either_begins_with_a_star(expression: str, expected: list[datetime]) -> None:
