@@ -2,13 +2,19 @@
 
 Pure functions: no I/O and no clock reads, so callers (scheduler, API validation) pass ``after``.
 
-Syntax: 5 fields (minute hour day-of-month month day-of-week), 6 fields with the *seconds first*,
-or one of the macros @yearly @annually @monthly @weekly @daily @midnight @hourly. When both
-day-of-month and day-of-week are restricted a day matches either (Vixie cron OR rule).
+Dialect: Debian cron (docs/semantics.md, "Cron expressions"). 5 fields (minute hour day-of-month
+month day-of-week), 6 fields with the *seconds first*, or one of the macros @yearly @annually
+@monthly @weekly @daily @midnight @hourly. Fields take numbers, month and day names (any case),
+lists, ranges (``5-5`` is just 5), steps (``*/n``, ``a-b/n``, and ``a/n`` = ``a-MAX/n``: ``1/2`` in
+day-of-week is 1,3,5,7, Sunday included). Day matching follows Debian: when the day-of-month or the
+day-of-week field begins with ``*`` (``*/10`` included) a day must match both, otherwise either
+(``0 2 */10 * 5`` runs on days 1, 11, 21 and 31 that are Fridays). Extensions kept from earlier
+releases: ``L``, ``LW``, ``nW``, ``a-L`` in day-of-month; ``d#n``, ``dL`` and ``Ld`` in day-of-week;
+``?`` as ``*`` in the day fields; ranges that wrap around (``22-2`` in hours).
 Hashed/random fields (``H``, ``R``) are rejected: a schedule must be deterministic to be cached.
 
-DST semantics (following Vixie/Debian cron). croniter iterates naive wall-clock times in the job's
-zone; each wall time is mapped to UTC here with an explicit policy:
+DST semantics (following Vixie/Debian cron). Fields are matched against naive wall-clock times in
+the job's zone; each wall time is mapped to UTC here with an explicit policy:
 
 * Fixed-hour expressions (hour field not every hour, e.g. ``30 2 * * *``):
     - a wall time inside a spring-forward gap is, by default, ``shift``-ed to the first valid
@@ -22,25 +28,30 @@ zone; each wall time is mapped to UTC here with an explicit policy:
 
 Fire instants are whole seconds; ``next_fire`` is strictly greater than ``after`` in absolute
 time, so iterating it over a fold neither repeats nor skips an instant.
+
+Search horizon: calendars repeat every 400 years (146,097 days, a whole number of weeks) and zones
+follow a yearly standing rule after the last transition their tables list, so an expression that
+fires at all after ``_REFERENCE`` fires within 400 years of any instant; validation checks exactly
+that, without reading the clock.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
+from calendar import monthrange
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import NamedTuple
 from zoneinfo import ZoneInfo, available_timezones
 
-from croniter import croniter
-from croniter.croniter import CroniterBadDateError, CroniterError
-
-# Long enough that Feb 29 always fires (2096 -> 2104 skips the non-leap 2100).
-_HORIZON_YEARS = 9
-_HORIZON = timedelta(days=366 * _HORIZON_YEARS)
-# Fixed origin for the "never fires" check: validation must not read the clock.
-_REFERENCE = datetime(2000, 1, 1)
+# Late enough that every zone follows its standing yearly rule (the tz tables list explicit
+# transitions to 2087 at most), so a fire after it recurs in every later 400-year cycle.
+_REFERENCE = datetime(2100, 1, 1)
+_CYCLE_YEARS = 400  # Gregorian calendar cycle: dates and weekdays repeat exactly
+_LAST_YEAR = 9999  # datetime's limit
 _EPOCH = datetime(1970, 1, 1)  # naive UTC, like all internal instants
 _SECOND = timedelta(seconds=1)
 _MACROS = {
@@ -54,8 +65,20 @@ _MACROS = {
 }
 _RANGES = {"second": "0-59", "minute": "0-59", "hour": "0-23", "day-of-month": "1-31",
            "month": "1-12 or JAN-DEC", "day-of-week": "0-7 or SUN-SAT"}
+_BOUNDS = {"second": (0, 59), "minute": (0, 59), "hour": (0, 23), "day-of-month": (1, 31),
+           "month": (1, 12), "day-of-week": (0, 7)}
+_NAMES = {
+    "month": {name: number for number, name in enumerate(
+        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), start=1)},
+    "day-of-week": {name: number for number, name in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))},
+}
 _FIELDS = {5: tuple(_RANGES)[1:], 6: tuple(_RANGES)}
+_MONTH_LENGTHS = {2: (28, 29), 4: (30,), 6: (30,), 9: (30,), 11: (30,)}  # others: (31,)
 _NONDETERMINISTIC = re.compile(r"(?<![a-z])[hr](?![a-z])")
+_DIGITS = re.compile(r"[0-9]+")
+_NEAREST_WEEKDAY = re.compile(r"([0-9]+)w")
+_NTH_WEEKDAY = re.compile(r"([a-z0-9]+)#([0-9]+)")
+_LAST_WEEKDAY_OF = re.compile(r"l([a-z0-9]+)|([a-z0-9]+)l")
 _ZONE_NAME = re.compile(r"[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*")
 _UTC_KEYS = frozenset({"UTC", "Etc/UTC", "GMT", "Etc/GMT"})
 _GAP_POLICIES = frozenset({"shift", "skip"})
@@ -86,10 +109,31 @@ class CronSchedule:
             raise CronError(f"invalid dst_fold {self.dst_fold!r}: expected 'first', 'last' or 'both'")
 
 
+class _Days(NamedTuple):
+    """Which days of a month match; hashable, so month shapes can be cached per expression."""
+
+    dom: frozenset[int]  # plain days of month
+    last_day: bool  # L
+    last_weekday: bool  # LW: the last Monday-to-Friday of the month
+    nearest_weekday: frozenset[int]  # nW: the Monday-to-Friday nearest to day n, within the month
+    dow: frozenset[int]  # 0 = Sunday .. 6
+    nth: frozenset[tuple[int, int]]  # d#n: (weekday, n)
+    last_of: frozenset[int]  # dL / Ld: the last such weekday of the month
+    both: bool  # Debian: a day field beginning with '*' makes the two fields AND, else OR
+
+
 class _Parsed(NamedTuple):
-    fields: str  # 5 or 6 plain fields, macros expanded
-    seconds: bool  # 6-field form, seconds first
+    seconds: tuple[int, ...]  # ascending; (0,) for 5-field expressions
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    months: frozenset[int]
+    days: _Days
     every_hour: bool  # hour field covers all 24 hours -> elapsed-time DST defaults
+    some_day_matches: bool  # False: the day and month fields never meet (0 0 30 2 *)
+
+
+class _BadField(Exception):
+    pass
 
 
 @lru_cache(maxsize=1)
@@ -106,16 +150,82 @@ def parse_timezone(name: str) -> ZoneInfo:
     return ZoneInfo(name)
 
 
-def _bad_field(fields: list[str], seconds: bool) -> str:
-    """Name the first field croniter rejects on its own, so the error points at it."""
-    names = _FIELDS[len(fields)]
-    for i, field in enumerate(fields):
-        probe = " ".join(field if j == i else "*" for j in range(len(fields)))
-        try:
-            croniter(probe, _REFERENCE, second_at_beginning=seconds)
-        except CroniterError:
-            return f"bad {names[i]} field {field!r} (expected {_RANGES[names[i]]}, lists, ranges, steps)"
-    return "fields are inconsistent"
+def _number(name: str, token: str) -> int:
+    low, high = _BOUNDS[name]
+    named = _NAMES.get(name, {}).get(token)
+    if named is not None:
+        return named
+    if not _DIGITS.fullmatch(token) or not low <= int(token) <= high:
+        raise _BadField
+    return int(token)
+
+
+def _stepped(name: str, term: str) -> list[int]:
+    """Values of `*`, `a`, `a-b`, each optionally `/n`; `a/n` runs to the field's maximum, and
+    a range whose end is below its start wraps around (as croniter read it)."""
+    low, high = _BOUNDS[name]
+    base, slash, step_text = term.partition("/")
+    step = 1
+    if slash:
+        if not _DIGITS.fullmatch(step_text) or int(step_text) == 0:
+            raise _BadField
+        step = int(step_text)
+    if base == "*" or (base == "?" and name in ("day-of-month", "day-of-week")):
+        start, end = low, high
+    elif "-" in base:
+        first, _, last = base.partition("-")
+        start = _number(name, first)
+        end = high if name == "day-of-month" and last == "l" else _number(name, last)
+    else:
+        start = _number(name, base)
+        end = high if slash else start
+    if start <= end:
+        return list(range(start, end + 1, step))
+    return [*range(start, high + 1), *range(low, end + 1)][::step]
+
+
+def _plain_field(name: str, text: str) -> frozenset[int]:
+    values: set[int] = set()
+    for term in text.split(","):
+        values.update(_stepped(name, term))
+    return frozenset(values)
+
+
+def _day_fields(dom_text: str, dow_text: str) -> _Days:
+    dom: set[int] = set()
+    nearest: set[int] = set()
+    last_day = last_weekday = False
+    for term in dom_text.split(","):
+        weekday_term = _NEAREST_WEEKDAY.fullmatch(term)
+        if term == "l":
+            last_day = True
+        elif term == "lw":
+            last_weekday = True
+        elif weekday_term:
+            nearest.add(_number("day-of-month", weekday_term[1]))
+        else:
+            dom.update(_stepped("day-of-month", term))
+    dow: set[int] = set()
+    nth: set[tuple[int, int]] = set()
+    last_of: set[int] = set()
+    for term in dow_text.split(","):
+        nth_term, last_term = _NTH_WEEKDAY.fullmatch(term), _LAST_WEEKDAY_OF.fullmatch(term)
+        if nth_term:
+            if not _DIGITS.fullmatch(nth_term[2]) or not 1 <= int(nth_term[2]) <= 5:
+                raise _BadField
+            nth.add((_number("day-of-week", nth_term[1]) % 7, int(nth_term[2])))
+        elif last_term and term not in _NAMES["day-of-week"]:
+            last_of.add(_number("day-of-week", last_term[1] or last_term[2]) % 7)
+        else:
+            dow.update(value % 7 for value in _stepped("day-of-week", term))
+    both = dom_text[0] in "*?" or dow_text[0] in "*?"
+    return _Days(frozenset(dom), last_day, last_weekday, frozenset(nearest), frozenset(dow), frozenset(nth),
+                 frozenset(last_of), both)
+
+
+def _field_error(expression: str, name: str, field: str) -> CronError:
+    return CronError(f"invalid cron expression {expression!r}: bad {name} field {field!r}"
+                     f" (expected {_RANGES[name]}, lists, ranges, steps)")
 
 
 @lru_cache(maxsize=4096)
@@ -136,18 +246,97 @@ def _parse(expression: str) -> _Parsed:
         )
     if _NONDETERMINISTIC.search(text.lower()):
         raise CronError(f"invalid cron expression {expression!r}: hashed (H) and random (R) not supported")
-    seconds = len(fields) == 6
+    names = _FIELDS[len(fields)]
+    plain: dict[str, frozenset[int]] = {"second": frozenset({0})}
+    for name, field in zip(names, fields, strict=True):
+        try:
+            if name not in ("day-of-month", "day-of-week"):
+                plain[name] = _plain_field(name, field.lower())
+        except _BadField:
+            raise _field_error(expression, name, field) from None
+    dom_text, dow_text = fields[-3].lower(), fields[-1].lower()
     try:
-        hours = croniter(text, _REFERENCE, second_at_beginning=seconds).expanded[1]
-    except CroniterError as exc:
-        raise CronError(f"invalid cron expression {expression!r}: {_bad_field(fields, seconds)}") from exc
-    return _Parsed(text, seconds, hours == ["*"] or len(set(hours)) == 24)
+        _day_fields(dom_text, "*")
+    except _BadField:
+        raise _field_error(expression, "day-of-month", fields[-3]) from None
+    try:
+        days = _day_fields(dom_text, dow_text)
+    except _BadField:
+        raise _field_error(expression, "day-of-week", fields[-1]) from None
+    hours = tuple(sorted(plain["hour"]))
+    return _Parsed(tuple(sorted(plain["second"])), tuple(sorted(plain["minute"])), hours, plain["month"], days,
+                   len(hours) == 24, _some_day_matches(days, plain["month"]))
+
+
+@lru_cache(maxsize=65536)
+def _month_days(days: _Days, length: int, first_weekday: int) -> tuple[int, ...]:
+    """Matching days of a month with `length` days whose 1st is `first_weekday` (0 = Sunday):
+    nothing else about a month matters, so there are only 28 shapes per expression."""
+    last_weekday = length - {0: 2, 6: 1}.get((first_weekday + length - 1) % 7, 0)
+    nearest: set[int] = set()
+    for target in days.nearest_weekday:
+        day = min(target, length)  # 31W in a 30-day month: nearest to the 30th, as croniter had it
+        weekday = (first_weekday + day - 1) % 7
+        if weekday == 6:
+            day = day - 1 if day > 1 else day + 2
+        elif weekday == 0:
+            day = day + 1 if day < length else day - 2
+        nearest.add(day)
+    matching = []
+    for day in range(1, length + 1):
+        weekday = (first_weekday + day - 1) % 7
+        by_date = (day in days.dom or day in nearest or (days.last_day and day == length)
+                   or (days.last_weekday and day == last_weekday))
+        by_weekday = (weekday in days.dow or (weekday, (day + 6) // 7) in days.nth
+                      or (weekday in days.last_of and day + 7 > length))
+        if (by_date and by_weekday) if days.both else (by_date or by_weekday):
+            matching.append(day)
+    return tuple(matching)
+
+
+def _some_day_matches(days: _Days, months: frozenset[int]) -> bool:
+    """Whether any date ever matches: every month length meets every weekday of its 1st within
+    one 400-year cycle, so trying each shape is exact."""
+    return any(_month_days(days, length, weekday)
+               for month in months for length in _MONTH_LENGTHS.get(month, (31,)) for weekday in range(7))
+
+
+def _times_after(parsed: _Parsed, hour: int, minute: int, second: int) -> Iterator[tuple[int, int, int]]:
+    """Matching times of day strictly after hour:minute:second, ascending."""
+    for h in parsed.hours[bisect_left(parsed.hours, hour):]:
+        for m in parsed.minutes[bisect_left(parsed.minutes, minute) if h == hour else 0:]:
+            exact = h == hour and m == minute
+            for s in parsed.seconds[bisect_right(parsed.seconds, second) if exact else 0:]:
+                yield h, m, s
+
+
+def _walls(parsed: _Parsed, start: datetime) -> Iterator[datetime]:
+    """Naive wall times matching the expression, strictly after naive `start`, ascending, up to
+    one calendar cycle past the later of `start` and _REFERENCE (docstring: search horizon)."""
+    last_year = min(_LAST_YEAR, max(start.year, _REFERENCE.year) + _CYCLE_YEARS)
+    year, month, first_day = start.year, start.month, start.day
+    while year <= last_year:
+        if month in parsed.months:
+            weekday, length = monthrange(year, month)
+            candidates = _month_days(parsed.days, length, (weekday + 1) % 7)
+            for day in candidates[bisect_left(candidates, first_day):]:
+                if day == start.day and (year, month) == (start.year, start.month):
+                    times: Iterator[tuple[int, int, int]] = _times_after(
+                        parsed, start.hour, start.minute, start.second)
+                else:
+                    times = _times_after(parsed, -1, -1, -1)
+                for h, m, s in times:
+                    yield datetime(year, month, day, h, m, s)
+        first_day = 1
+        month += 1
+        if month == 13:
+            year, month = year + 1, 1
 
 
 def validate_cron(
     expression: str, timezone: str = "UTC", *, dst_gap: str | None = None, dst_fold: str | None = None
 ) -> CronSchedule:
-    """Validate user input up front, so that a stored schedule always has a next fire."""
+    """Validate user input up front, so that a stored schedule has a next fire from any instant."""
     parse_timezone(timezone)
     schedule = CronSchedule(" ".join(expression.split()), timezone, dst_gap, dst_fold)
     _parse(schedule.expression)
@@ -204,30 +393,23 @@ def _search(schedule: CronSchedule, after: datetime) -> datetime | None:
     Taking the first or the last occurrence of each wall time gives two sequences that are each
     non-decreasing, so the answer is the smaller of their first values past `after`."""
     parsed = _parse(schedule.expression)
+    if not parsed.some_day_matches:
+        return None
     zone = parse_timezone(schedule.timezone)
-    fast = zone.key in _UTC_KEYS
+    if zone.key in _UTC_KEYS:
+        return next(_walls(parsed, after), None)
     gap, fold = _policies(schedule, parsed)
-    start = after if fast else _start_wall(after, zone)
-    walls = croniter(
-        parsed.fields, start, ret_type=datetime,
-        second_at_beginning=parsed.seconds, max_years_between_matches=_HORIZON_YEARS,
-    )
     first: datetime | None = None
     last: datetime | None = None
-    try:
-        while first is None or last is None:
-            wall = walls.get_next(datetime)
-            if wall - start > _HORIZON:
-                return None
-            images = (wall,) if fast else _images(wall, zone, gap, fold)
-            if images and first is None and images[0] > after:
-                first = images[0]
-            if images and last is None and images[-1] > after:
-                last = images[-1]
-    except CroniterBadDateError:
-        return None
-    assert first is not None and last is not None
-    return min(first, last)
+    for wall in _walls(parsed, _start_wall(after, zone)):
+        images = _images(wall, zone, gap, fold)
+        if images and first is None and images[0] > after:
+            first = images[0]
+        if images and last is None and images[-1] > after:
+            last = images[-1]
+        if first is not None and last is not None:
+            return min(first, last)
+    return None
 
 
 def _floor_utc(moment: datetime) -> datetime:
@@ -244,7 +426,8 @@ def _next_fire_cached(schedule: CronSchedule, after_epoch_s: int) -> datetime | 
 
 
 def next_fire(schedule: CronSchedule, after: datetime) -> datetime | None:
-    """First fire instant strictly after `after`, aware UTC; None if none within the horizon.
+    """First fire instant strictly after `after`, aware UTC; None if it never fires (validation
+    refuses such schedules).
 
     Cached on (schedule, epoch second) because thousands of jobs share one expression."""
     floored = _floor_utc(after)

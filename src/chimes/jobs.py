@@ -18,9 +18,11 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from chimes import cron
 from chimes.cron import CronSchedule
@@ -72,6 +74,22 @@ class CronScheduleSpec(_Model):
     def _known_zone(cls, value: str) -> str:
         cron.parse_timezone(value)
         return value
+
+    @model_validator(mode="after")
+    def _fires_in_its_zone(self) -> CronScheduleSpec:
+        """The cron field alone was checked in UTC; in a zone with `dstGap: skip` a wall time can be
+        skipped every year (02:30 on the second Sunday of March in New York). Named as the cron
+        field's error, like every other expression that never fires. Only an explicit skip can drop
+        every wall time (no standing rule has a gap of a whole day), so other specs, nearly all of a
+        bulk import, pay nothing more."""
+        if self.dst_gap != "skip":
+            return self
+        try:
+            cron.validate_cron(self.cron, self.timezone, dst_gap=self.dst_gap, dst_fold=self.dst_fold)
+        except cron.CronError as error:
+            raise ValidationError.from_exception_data(type(self).__name__, [InitErrorDetails(
+                type=PydanticCustomError("value_error", str(error)), loc=("cron",), input=self.cron)]) from None
+        return self
 
     def as_cron(self) -> CronSchedule:  # not cron.CronSchedule: in the class, `cron` is the field
         return cron.CronSchedule(self.cron, self.timezone, self.dst_gap, self.dst_fold)

@@ -21,6 +21,9 @@ BAD_JOBS = [
     ("invalid cron", with_schedule({"cron": "61 * * * *"}), "schedule.cron", "invalid cron expression"),
     ("seven fields", with_schedule({"cron": "* * * * * * *"}), "schedule.cron", "fields"),
     ("never fires", with_schedule({"cron": "0 0 30 2 *"}), "schedule.cron", "never fires"),
+    # 02:30 on the second Sunday of March is always inside New York's spring-forward gap.
+    ("never fires in its zone", with_schedule({"cron": "30 2 * 3 0#2", "timezone": "America/New_York",
+                                                "dstGap": "skip"}), "schedule.cron", "never fires"),
     ("at without offset", with_schedule({"at": "2030-01-01T09:00:00"}), "schedule.at", "offset"),
     # Times no run can have: PostgreSQL keeps year 1 as -infinity, run ids count milliseconds from 1970,
     # and Python's datetime ends in year 9999. Accepted, the first one stopped every scheduler node.

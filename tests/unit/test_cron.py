@@ -369,3 +369,121 @@ def test_validation_goes_through_the_cache() -> None:
     validate_cron("7 * * * *", "Asia/Tokyo")
     after = next_fire.cache_info()  # type: ignore[attr-defined]
     assert (after.hits - before.hits, after.misses - before.misses) == (1, 0)
+
+
+# Debian cron's reading of ranges, steps and the day fields (docs/semantics.md, "Cron expressions").
+
+
+@pytest.mark.parametrize(
+    ("expression", "window", "expected"),
+    [
+        ("30-30 2 * * *", (z(2026, 1, 1), z(2026, 1, 2, 23, 59)), [z(2026, 1, 1, 2, 30), z(2026, 1, 2, 2, 30)]),
+        ("5-5 * * * *", (z(2026, 1, 1), z(2026, 1, 1, 3)),
+         [z(2026, 1, 1, 0, 5), z(2026, 1, 1, 1, 5), z(2026, 1, 1, 2, 5)]),
+        ("0 0 5-5 * *", (z(2026, 1, 1), z(2026, 3, 1)), [z(2026, 1, 5), z(2026, 2, 5)]),
+        ("0 0 * * WED-WED", (z(2026, 1, 1), z(2026, 1, 15)), [z(2026, 1, 7), z(2026, 1, 14)]),
+        ("0 15-15/5 * * * *", (z(2026, 1, 1), z(2026, 1, 1, 0, 30)), [z(2026, 1, 1, 0, 15)]),
+    ],
+)
+def test_single_value_range_is_that_value_only(
+    expression: str, window: tuple[datetime, datetime], expected: list[datetime]
+) -> None:
+    assert fire_times(validate_cron(expression), *window, limit=100) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # A day field beginning with '*' (also */n): both must match. Days 1, 11, 21, 31 that are Fridays.
+        ("0 2 */10 * 5", [z(2026, 5, 1, 2), z(2026, 7, 31, 2), z(2026, 8, 21, 2), z(2026, 9, 11, 2)]),
+        ("0 2 1 * */5", [z(2026, 2, 1, 2), z(2026, 3, 1, 2), z(2026, 5, 1, 2)]),  # Sundays or Fridays the 1st
+        ("0 0 *,13 * 5", [z(2026, 1, 2), z(2026, 1, 9), z(2026, 1, 16)]),  # every day AND Friday
+        # Neither begins with '*': either matches (Friday the 2nd, then the 9th and the 13th).
+        ("0 0 13 * 5", [z(2026, 1, 2), z(2026, 1, 9), z(2026, 1, 13)]),
+        ("0 0 1-31 * 5", [z(2026, 1, 1), z(2026, 1, 2), z(2026, 1, 3)]),
+        ("0 0 1-7 * 5#1", [z(2026, 1, 1), z(2026, 1, 2), z(2026, 1, 3)]),  # also with # (croniter: AND)
+        ("0 0 L * 5#1", [z(2026, 1, 2), z(2026, 1, 31), z(2026, 2, 6)]),
+    ],
+)
+def test_day_fields_and_when_either_begins_with_a_star(expression: str, expected: list[datetime]) -> None:
+    assert fire_times(validate_cron(expression), z(2025, 12, 31, 23), z(2026, 12, 31), limit=len(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # 1/2 is 1-7/2: Monday, Wednesday, Friday and Sunday (7). 2026-01-01 is a Thursday.
+        ("0 0 * * 1/2", [z(2026, 1, 2), z(2026, 1, 4), z(2026, 1, 5), z(2026, 1, 7)]),
+        ("0 0 * * FRI/2", [z(2026, 1, 2), z(2026, 1, 4), z(2026, 1, 9), z(2026, 1, 11)]),
+        ("0 0 * * */3", [z(2026, 1, 3), z(2026, 1, 4), z(2026, 1, 7), z(2026, 1, 10)]),  # 0, 3, 6
+        ("0 0 * * 5-7", [z(2026, 1, 2), z(2026, 1, 3), z(2026, 1, 4), z(2026, 1, 9)]),
+        ("0 0 * 11/5 *", [z(2026, 11, 1), z(2026, 11, 2), z(2026, 11, 3), z(2026, 11, 4)]),  # 11 only
+    ],
+)
+def test_start_with_step_runs_to_the_field_maximum(expression: str, expected: list[datetime]) -> None:
+    assert fire_times(validate_cron(expression), z(2026, 1, 1), z(2027, 1, 1), limit=len(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # Extensions croniter read before the Debian engine; stored jobs keep their meaning.
+        ("0 0 L * *", [z(2026, 1, 31), z(2026, 2, 28), z(2026, 3, 31)]),
+        ("0 0 LW * *", [z(2026, 1, 30), z(2026, 2, 27), z(2026, 3, 31)]),
+        ("0 0 15W * *", [z(2026, 1, 15), z(2026, 2, 16), z(2026, 3, 16)]),  # Feb 15 is a Sunday
+        ("0 0 1W * *", [z(2026, 2, 2), z(2026, 3, 2), z(2026, 4, 1)]),  # never back into the last month
+        ("0 0 31W * *", [z(2026, 1, 30), z(2026, 2, 27), z(2026, 3, 31)]),  # the month's last day
+        ("0 0 10-L/10 * *", [z(2026, 1, 10), z(2026, 1, 20), z(2026, 1, 30)]),
+        ("0 0 * * L5", [z(2026, 1, 30), z(2026, 2, 27), z(2026, 3, 27)]),
+        ("0 0 * * 5L", [z(2026, 1, 30), z(2026, 2, 27), z(2026, 3, 27)]),
+        ("0 0 * * 5#2", [z(2026, 1, 9), z(2026, 2, 13), z(2026, 3, 13)]),
+        ("0 0 * * sun#1,7#3", [z(2026, 1, 4), z(2026, 1, 18), z(2026, 2, 1)]),
+        ("0 0 ? * 1", [z(2026, 1, 5), z(2026, 1, 12), z(2026, 1, 19)]),
+        ("0 22-1 * * *", [z(2026, 1, 1, 1), z(2026, 1, 1, 22), z(2026, 1, 1, 23)]),  # wraps around
+        ("0 0 * * 6-0", [z(2026, 1, 3), z(2026, 1, 4), z(2026, 1, 10)]),
+        ("0 0 1 jan-MAR/2 *", [z(2026, 3, 1), z(2027, 1, 1), z(2027, 3, 1)]),
+    ],
+)
+def test_extensions(expression: str, expected: list[datetime]) -> None:
+    assert fire_times(validate_cron(expression), z(2026, 1, 1), z(2030, 1, 1), limit=3) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "zone", "after", "expected"),
+    [
+        # The fifth Friday of February is a Feb 29 that is a Friday: 28 years apart, or 40 across 2100.
+        ("0 0 * 2 5#5", "UTC", z(2026, 1, 1), z(2036, 2, 29)),
+        ("0 0 * 2 5#5", "UTC", z(2093, 1, 1), z(2104, 2, 29)),
+        ("0 0 * 2 1#5", "UTC", z(2073, 1, 1), z(2112, 2, 29)),
+        ("0 0 29 2 *", NY, z(2096, 3, 1), z(2104, 2, 29, 5)),
+        ("0 0 29 2 */7", "UTC", z(2026, 1, 1), z(2032, 2, 29)),  # AND: a Feb 29 that is a Sunday
+        # Neither day field begins with '*', so either matches: Feb 29, or February's fifth Friday.
+        ("0 0 29 2 5#5", "UTC", z(2026, 1, 1), z(2028, 2, 29)),
+    ],
+)
+def test_rare_schedules_are_found_years_ahead(expression: str, zone: str, after: datetime, expected: datetime) -> None:
+    assert next_fire(validate_cron(expression, zone), after) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "zone", "gap"),
+    [
+        ("0 0 * 2 1#5", "UTC", None),
+        ("0 0 29 2 *", "Australia/Lord_Howe", "skip"),
+        ("30 2 * 3 0#2", NY, None),
+        ("0 0 * * 0", "America/Santiago", "skip"),  # midnight is skipped on some Sundays only
+        ("*/5 * * * * *", "UTC", None),
+    ],
+)
+def test_accepted_schedules_fire_from_any_instant(expression: str, zone: str, gap: str | None) -> None:
+    schedule = validate_cron(expression, zone, dst_gap=gap)
+    for year in (1970, 2026, 2099, 2101, 2500, 9000):
+        assert next_fire(schedule, z(year, 1, 1)) is not None
+
+
+def test_a_wall_time_the_clock_always_skips_never_fires() -> None:
+    # 02:30 on the second Sunday of March is inside New York's spring-forward gap every year.
+    with pytest.raises(CronError, match=re.escape("cron expression '30 2 * 3 0#2' never fires")):
+        validate_cron("30 2 * 3 0#2", NY, dst_gap="skip")
+    assert validate_cron("30 2 * 3 0#2", NY) == CronSchedule("30 2 * 3 0#2", NY)  # shifted to 03:00
+    assert next_fire(validate_cron("30 2 * 3 0#2", NY), z(2026, 1, 1)) == z(2026, 3, 8, 7)
