@@ -265,6 +265,38 @@ async def test_dashboard_sign_in_guesses_count_each(database_url: str) -> None:
     assert [t.status_code for t in tries] == [401, 401, 429]
 
 
+async def test_each_failed_credential_counts_whichever_part_of_the_request_carried_it(database_url: str) -> None:
+    """Guesses counted under the wrong key were free: a fixed cookie before a varying Authorization
+    made every guess one credential, session cookie guesses answered with the dashboard's redirect
+    were never counted, and the sign-in form counted once when its body was not a form or a fixed
+    Authorization header came with it. Each wrong token now counts, wherever it was."""
+    limits = LimitSettings(auth_failures_per_min=1, auth_failure_burst=3)
+
+    async def statuses(requests: list[dict]) -> list[int]:
+        async with served(create_app(database_url, pool_size=2, limits=limits)) as url, \
+                httpx.AsyncClient(base_url=url) as http:
+            return [(await http.request(**request)).status_code for request in requests]
+
+    cookie_first = [{"method": "GET", "url": "/jobs", "headers": [("Cookie", "chimes_session=chm_fixed"),
+                                                                   ("Authorization", f"Bearer chm_guess{i}")]}
+                    for i in range(5)]
+    assert await statuses(cookie_first) == [401, 401, 401, 429, 429]
+
+    polling = [{"method": "GET", "url": "/ui/jobs", "headers": {"Cookie": "chimes_session=chm_expired"}}] * 5
+    cookie_guesses = [{"method": "GET", "url": "/ui/jobs", "headers": {"Cookie": f"chimes_session=chm_guess{i}"}}
+                      for i in range(3)]
+    assert await statuses(polling + cookie_guesses) == [303] * 5 + [303, 303, 429], \
+        "an expired session polled again counts once; each guessed cookie counts"
+
+    plain_text = [{"method": "POST", "url": "/ui/login", "content": f"token=chm_guess{i}&next=/ui/jobs",
+                   "headers": {"Content-Type": "text/plain"}} for i in range(4)]
+    assert await statuses(plain_text) == [401, 401, 401, 429]
+
+    fixed_header = [{"method": "POST", "url": "/ui/login", "data": {"token": f"chm_guess{i}"},
+                     "headers": {"Authorization": "Bearer chm_fixed"}} for i in range(4)]
+    assert await statuses(fixed_header) == [401, 401, 401, 429]
+
+
 async def test_a_forged_cursor_is_a_clear_400(client: httpx.AsyncClient) -> None:
     job_id = (await client.post("/jobs", json=cron_job())).json()["jobId"]
     far_future = base64.urlsafe_b64encode(b"\xff" * 16).decode().rstrip("=")  # a run id dated past year 9999
