@@ -14,7 +14,7 @@ import pytest
 
 from chimes.api.limits import RateLimiter
 from chimes.cli.main import cli
-from chimes.cli.security_options import egress_policy, trusted_proxies
+from chimes.cli.security_options import egress_policy, trusted_proxies, worker_security
 from chimes.jobs import JobSpec
 from chimes.security.refusals import SecretNotKept
 from chimes.security.secrets import (
@@ -258,3 +258,14 @@ def test_the_client_is_handed_the_name_the_policy_judged() -> None:
                      ("http://a:0/", "port 0"), ("ftp://a/", "not an http(s) URL")]:
         with pytest.raises(ValueError, match=re.escape(why)):
             outgoing_url(url)
+
+
+@pytest.mark.parametrize(("role", "args", "share"), [
+    ("worker", [], 0.8), ("up", [], 0.8),
+    ("worker", ["--owner-share", "1"], 1.0), ("up", ["--owner-share", "0.5"], 0.5),
+])
+def test_the_owner_share_reaches_the_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str,
+                                            args: list[str], share: float) -> None:
+    monkeypatch.delenv("CHIMES_OWNER_SHARE", raising=False)
+    params = cli.commands[role].make_context(role, list(args)).params
+    assert worker_security(tmp_path, params).owner_share == share

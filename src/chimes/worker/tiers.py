@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 from chimes.enums import Priority
 
+#: The most of a worker's slots the runs of one owner hold, by default (``--owner-share``).
+OWNER_SHARE = 0.8
+
 
 @dataclass(frozen=True, slots=True)
 class TierPolicy:
@@ -23,7 +26,7 @@ class TierPolicy:
     every: int = 5
     low_share: float = 0.1
 
-    owner_share: float = 0.8  # 1.0: an owner may fill a worker (a fleet that serves one team)
+    owner_share: float = OWNER_SHARE  # 1.0: an owner may fill a worker (a fleet that serves one team)
 
     def batch_cap(self, concurrency: int) -> int:
         return max(1, int(concurrency * self.batch_share))
