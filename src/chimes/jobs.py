@@ -28,6 +28,7 @@ from chimes import cron
 from chimes.cron import CronSchedule
 from chimes.ids import schedulable, truncate_to_millis
 from chimes.security.headers import forbidden_header, header_value_problem
+from chimes.security.ssrf import url_problem
 from chimes.security.storable import storable_problem
 from chimes.settings import CATCH_UP_WINDOW_SEC, RUN_TIMEOUT_SEC
 
@@ -43,6 +44,20 @@ def _refuse_unstorable(cls: type, value: Any) -> Any:
     if problem is not None:
         raise ValueError(problem)
     return value
+
+
+def _refuse_uncallable(cls: type, value: str | None) -> str | None:
+    problem = None if value is None else url_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+def callable_url(*fields: str) -> Any:
+    """Refuse a URL no call can ever be made to (an unclosed IPv6 bracket, a port past 65535, a host
+    that decodes to what no host name holds: chimes.security.ssrf.outgoing_url), which would fail
+    every attempt."""
+    return field_validator(*fields)(_refuse_uncallable)
 
 
 def storable(*fields: str) -> Any:
@@ -120,6 +135,7 @@ class HttpTaskSpec(_Model):
         default=None, alias="secretHeaders", max_length=100)
 
     _text = storable("url", "headers", "body", "secret_headers")
+    _url = callable_url("url")
 
     @field_validator("headers", "secret_headers")
     @classmethod
@@ -256,6 +272,7 @@ class JobSpec(_Model):
     start_deadline_sec: Annotated[int, Field(alias="startDeadlineSec", ge=1, le=7 * 86400)] = 300
 
     _text = storable("name", "tags", "notify_url")
+    _url = callable_url("notify_url")
 
     @field_validator("schedule", mode="before")
     @classmethod

@@ -32,7 +32,7 @@ from yarl import URL
 from chimes import __version__, failures
 from chimes.security.secrets import SecretKeyError
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
-from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error
+from chimes.security.ssrf import EgressPolicy, GuardedConnector, egress_error, outgoing_url
 from chimes.settings import NOTIFY_GIVE_UP_HOURS
 from chimes.store.db import DB_ERRORS, Pool
 from chimes.store.notifications import ClaimedNotification, Outbox
@@ -105,8 +105,12 @@ class Notifier:
         headers = {"Content-Type": "application/json", "Idempotency-Key": str(notification_id),
                    "User-Agent": f"chimes/{__version__}", "X-Chimes-Notification-Id": str(notification_id),
                    SIGNATURE_HEADER: signature_header(secret, int(time.time()), body)}
+        try:  # the host as it will be resolved, which the egress policy judges (chimes.security.ssrf)
+            target = outgoing_url(url)
+        except ValueError as exc:  # refused by the API; a row written around it is recorded as failing
+            return f"cannot call {url}: {exc}"[:500]
         try:
-            return await self._post_following(URL(url), body, headers)
+            return await self._post_following(target, body, headers)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             return (egress_error(exc) or f"{type(exc).__name__}: {exc}")[:500]
 
@@ -120,6 +124,8 @@ class Notifier:
             if location is None:
                 return None if 200 <= status < 300 else f"HTTP {status}"
             following = url.join(URL(location))
+            if following.scheme in ("http", "https"):
+                following = outgoing_url(str(following))
             if following.scheme not in ("http", "https") or following.origin() != url.origin():
                 return (f"HTTP {status}: redirect to {following} not followed: a webhook goes to the origin it "
                         "names, with its signature")[:500]

@@ -16,6 +16,7 @@ import pytest
 
 from chimes import __version__
 from chimes.dashboard import pages
+from chimes.store.owners import OwnerStore
 from chimes.store.queries import sql
 from chimes.store.tokens import create_token
 from tests.helpers import wait_for
@@ -383,3 +384,18 @@ async def test_search_text_with_nul_is_a_bad_request(client: httpx.AsyncClient, 
     cursor = pages._b64(uuid.uuid4().bytes + b"back\x00")  # a name with NUL: starts from the first page
     listed = await team_a.get("/ui/jobs", params={"after": cursor})
     assert listed.status_code == 200 and "back\u00e9" in listed.text
+
+
+async def test_a_command_job_page_shows_its_directory_only_when_it_has_one(
+    client: httpx.AsyncClient, pool: asyncpg.Pool, team_a: httpx.AsyncClient,
+) -> None:
+    """A command task without ``cwd`` (the usual case) made the job page a 500."""
+    await OwnerStore(pool).set("team-a", allow_commands=True)
+    plain = await create_job(client, {**job_body("plain-command"), "task": {"type": "command", "argv": ["true"]}})
+    placed = await create_job(client, {**job_body("placed-command"),
+                                       "task": {"type": "command", "argv": ["ls"], "cwd": "/srv/reports"}})
+    without = await team_a.get(f"/ui/jobs/{plain}")
+    assert without.status_code == 200, without.text
+    assert "plain-command" in without.text and "Directory" not in without.text
+    within = await team_a.get(f"/ui/jobs/{placed}")
+    assert within.status_code == 200 and "/srv/reports" in within.text

@@ -94,6 +94,25 @@ HOSTILE_JOBS = [
      "at least 1"),
     ("a file URL", cron_job(task={**HTTP_TASK, "url": "file:///etc/passwd"}), "task.url", "pattern"),
     ("a gopher URL", cron_job(task={**HTTP_TASK, "url": "gopher://127.0.0.1:25/"}), "task.url", "pattern"),
+    # Tasks that could never succeed: every attempt failed (the client sends header values as ASCII,
+    # and no connection is made to a port past 65535 or to a host left open).
+    ("a non-ASCII header value", cron_job(task={**HTTP_TASK, "headers": {"X-Name": "Zoë"}}), "task.headers",
+     "non-ASCII character 'ë'"),
+    ("a non-ASCII secret header value", cron_job(task={**HTTP_TASK, "secretHeaders": {"X-Key": "clé"}}),
+     "task.secretHeaders", "non-ASCII character 'é'"),
+    ("a port past 65535", cron_job(task={**HTTP_TASK, "url": "http://127.0.0.1:65536/x"}), "task.url",
+     "Port out of range"),
+    ("port 0", cron_job(task={**HTTP_TASK, "url": "http://127.0.0.1:0/x"}), "task.url", "port 0 is not from 1"),
+    ("an unclosed IPv6 bracket", cron_job(task={**HTTP_TASK, "url": "http://[::1"}), "task.url", "Invalid IPv6 URL"),
+    ("a host that decodes to a slash", cron_job(task={**HTTP_TASK, "url": "http://a%2fb.example/"}), "task.url",
+     "(decoded: 'a/b.example') is not a host name"),
+    ("a host that decodes to a control character", cron_job(task={**HTTP_TASK, "url": "http://a%0d.example/"}),
+     "task.url", "is not a host name"),
+    ("a webhook port past 65535", cron_job(notifyUrl="http://127.0.0.1:99999/hook"), "notifyUrl",
+     "Port out of range"),
+    ("a webhook with an unclosed IPv6 bracket", cron_job(notifyUrl="http://[::1"), "notifyUrl", "Invalid IPv6 URL"),
+    ("a webhook host that decodes to an at sign", cron_job(notifyUrl="http://me%40evil.example/"), "notifyUrl",
+     "is not a host name"),
     ("the redacted marker as a new secret", cron_job(task={**HTTP_TASK, "secretHeaders": {"X-Key": "********"}}),
      "task.secretHeaders.X-Key", "no stored secret"),
 ]
@@ -244,6 +263,38 @@ async def test_dashboard_sign_in_guesses_count_each(database_url: str) -> None:
             httpx.AsyncClient(base_url=url) as http:
         tries = [await http.post("/ui/login", data={"token": f"chm_guess{i}", "next": "/ui/jobs"}) for i in range(3)]
     assert [t.status_code for t in tries] == [401, 401, 429]
+
+
+async def test_each_failed_credential_counts_whichever_part_of_the_request_carried_it(database_url: str) -> None:
+    """Guesses counted under the wrong key were free: a fixed cookie before a varying Authorization
+    made every guess one credential, session cookie guesses answered with the dashboard's redirect
+    were never counted, and the sign-in form counted once when its body was not a form or a fixed
+    Authorization header came with it. Each wrong token now counts, wherever it was."""
+    limits = LimitSettings(auth_failures_per_min=1, auth_failure_burst=3)
+
+    async def statuses(requests: list[dict]) -> list[int]:
+        async with served(create_app(database_url, pool_size=2, limits=limits)) as url, \
+                httpx.AsyncClient(base_url=url) as http:
+            return [(await http.request(**request)).status_code for request in requests]
+
+    cookie_first = [{"method": "GET", "url": "/jobs", "headers": [("Cookie", "chimes_session=chm_fixed"),
+                                                                   ("Authorization", f"Bearer chm_guess{i}")]}
+                    for i in range(5)]
+    assert await statuses(cookie_first) == [401, 401, 401, 429, 429]
+
+    polling = [{"method": "GET", "url": "/ui/jobs", "headers": {"Cookie": "chimes_session=chm_expired"}}] * 5
+    cookie_guesses = [{"method": "GET", "url": "/ui/jobs", "headers": {"Cookie": f"chimes_session=chm_guess{i}"}}
+                      for i in range(3)]
+    assert await statuses(polling + cookie_guesses) == [303] * 5 + [303, 303, 429], \
+        "an expired session polled again counts once; each guessed cookie counts"
+
+    plain_text = [{"method": "POST", "url": "/ui/login", "content": f"token=chm_guess{i}&next=/ui/jobs",
+                   "headers": {"Content-Type": "text/plain"}} for i in range(4)]
+    assert await statuses(plain_text) == [401, 401, 401, 429]
+
+    fixed_header = [{"method": "POST", "url": "/ui/login", "data": {"token": f"chm_guess{i}"},
+                     "headers": {"Authorization": "Bearer chm_fixed"}} for i in range(4)]
+    assert await statuses(fixed_header) == [401, 401, 401, 429]
 
 
 async def test_a_forged_cursor_is_a_clear_400(client: httpx.AsyncClient) -> None:

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chimes.scheduler.node import SchedulerNode
 from chimes.store.working import WorkerStore
-from tests.helpers import Homes, wait_for
+from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import FAST_SCHEDULER, Fleet
 from tests.target import Target
 
@@ -93,14 +93,16 @@ async def test_runs_retries_lags_and_durations_are_counted_exactly(
     assert value(after, "chimes_scheduler_nodes_live") == 1 and value(after, "chimes_workers_live") == 1
 
 
-async def test_queue_depth_counts_waiting_runs_per_tier(client: httpx.AsyncClient) -> None:
+async def test_queue_depth_counts_waiting_runs_per_tier(client: httpx.AsyncClient, tokens: dict[str, str]) -> None:
     """No worker runs here, so manual runs stay in the queue."""
-    urgent = await client.post("/jobs", json={**one_off("urgent", "http://127.0.0.1:9/"), "priority": "high"})
+    admin = auth_as(tokens["admin"])  # only an admin grants priority high
+    urgent = await client.post("/jobs", json={**one_off("urgent", "http://127.0.0.1:9/"), "priority": "high"},
+                               headers=admin)
     normal = await client.post("/jobs", json=one_off("normal", "http://127.0.0.1:9/"))
     started = time.monotonic()
-    for job, count in ((urgent.json()["jobId"], 3), (normal.json()["jobId"], 2)):
+    for job, count, headers in ((urgent.json()["jobId"], 3, admin), (normal.json()["jobId"], 2, None)):
         for _ in range(count):
-            assert (await client.post(f"/jobs/{job}/runs")).status_code == 202
+            assert (await client.post(f"/jobs/{job}/runs", headers=headers)).status_code == 202
             await asyncio.sleep(0.002)  # manual runs are keyed by the millisecond
     samples = await scrape(client)
     waited = time.monotonic() - started

@@ -330,3 +330,48 @@ async def test_metadata_and_link_local_addresses_are_denied_by_default(url: str,
     assert not outcome.succeeded
     assert outcome.error == f"refused by egress policy: {reason}"
     assert time.monotonic() - started < 2, "refused at once, not after a connect timeout"
+
+
+@pytest.fixture
+async def name_guarded_fleet(pool: asyncpg.Pool, database_url: str, homes: Homes) -> AsyncIterator[None]:
+    """A fleet that may not call the names ``localhost`` and ``*.localhost``, though it may call the
+    address they resolve to, 127.0.0.1: only the name rules stand between a task and these names.
+    libcurl resolves them itself, so nothing here asks a DNS server."""
+    policy = EgressPolicy.build(deny=["localhost", "*.localhost"])
+    async with running_fleet(pool, database_url, homes, egress=policy, executors=lambda: Executors(egress=policy)):
+        yield
+
+
+ENCODED_HOSTS = [
+    ("%6cocalhost", "host localhost is denied (localhost)"),
+    ("LOCALHOST.", "host localhost is denied (localhost)"),
+    ("foo.%6cocalhost", "host foo.localhost is denied (*.localhost)"),
+    ("%66%6F%6F.localhost.", "host foo.localhost is denied (*.localhost)"),
+]
+
+
+async def test_host_name_rules_judge_the_name_the_client_resolves_not_its_spelling(
+    name_guarded_fleet: None, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    """libcurl percent-decodes a URL's host: ``http://%6cocalhost/`` calls localhost. A rule that
+    compared the host as written let such a task through to a denied name, and its webhook too."""
+    port = int(target.url.rsplit(":", 1)[1])
+    target.responders["/broken"] = lambda n: 500
+    allowed = one_off("by address", {"type": "http", "method": "GET", "url": f"http://127.0.0.1:{port}/allowed"})
+    assert (await final_run(client, (await client.post("/jobs", json=allowed)).json()["jobId"]))["status"] == \
+        "succeeded", "the address itself is allowed: only the name is denied"
+    for host, reason in ENCODED_HOSTS:
+        task = {"type": "http", "method": "GET", "url": f"http://{host}:{port}/denied"}
+        created = await client.post("/jobs", json=one_off(host, task))
+        assert created.status_code == 201, created.text
+        run = await final_run(client, created.json()["jobId"])
+        assert (run["status"], run["error"]) == ("failed", f"refused by egress policy: {reason}"), host
+
+    hook = one_off("alerting", {"type": "http", "url": f"{target.url}/broken"})
+    job_id = (await client.post("/jobs", json=hook | {"notifyUrl": f"http://%6cocalhost:{port}/hook"})).json()["jobId"]
+    assert (await final_run(client, job_id))["status"] == "failed"
+    notifications = await homes.for_job(job_id)
+    error = await wait_for(lambda: notifications.fetchval("SELECT last_error FROM notifications"), timeout=20,
+                           what="the webhook's first try")
+    assert error == "refused by egress policy: host localhost is denied (localhost)"
+    assert [c.path for c in target.calls] == ["/allowed", "/broken"], "no denied name was ever called"

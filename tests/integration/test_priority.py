@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import httpx
 
-from tests.helpers import Homes, wait_for
+from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
 
@@ -32,17 +32,19 @@ async def queue_batch_backlog(client: httpx.AsyncClient, target: Target, homes: 
 
 
 async def test_high_priority_run_starts_at_once_behind_a_batch_backlog(
-    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes, tokens: dict[str, str]
 ) -> None:
     target.delays["/batch"] = lambda n: 1.0  # batch runs keep the worker busy
     await queue_batch_backlog(client, target, homes)
     await wait_for(lambda: _running(homes, 2, fleet.worker.config.tiers.batch_cap(fleet.worker.config.concurrency)),
                    timeout=20, what="batch runs to fill their share of the worker")
+    admin = auth_as(tokens["admin"])  # only an admin grants priority high
     urgent = (await client.post("/jobs", json={"name": "urgent", "schedule": {"cron": "0 0 1 1 *"},
                                                "priority": "high",
-                                               "task": {"type": "http", "url": target.url + "/high"}})).json()
+                                               "task": {"type": "http", "url": target.url + "/high"}},
+                                headers=admin)).json()
     asked_at = datetime.now(UTC)
-    run_id = (await client.post(f"/jobs/{urgent['jobId']}/runs")).json()["runId"]
+    run_id = (await client.post(f"/jobs/{urgent['jobId']}/runs", headers=admin)).json()["runId"]
     [call] = await wait_for(lambda: target.calls_to("/high"), timeout=10, what="the high-priority run")
     run = await homes.fetchrow(urgent["jobId"], "SELECT * FROM runs WHERE run_id = $1", uuid.UUID(run_id))
     assert run["status"] in ("running", "succeeded")
@@ -75,3 +77,54 @@ async def test_batch_is_not_starved_by_a_stream_of_normal_runs(
 
 async def _normal_done(homes: Homes, count: int) -> bool:
     return await homes.total("SELECT count(*) FROM runs WHERE priority = 1 AND status = 'succeeded'") >= count
+
+
+async def test_one_owners_flood_of_long_runs_leaves_room_for_another_owners_runs(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes, tokens: dict[str, str]
+) -> None:
+    """Team A queues more long runs than the worker has slots; team B's run still starts at once, since
+    no owner holds more than its share of a worker (TierPolicy.owner_share)."""
+    target.delays["/long"] = lambda n: 30.0
+    flood = (await client.post("/jobs", json={"name": "flood", "schedule": {"cron": "0 0 1 1 *"},
+                                              "concurrency": "allow",
+                                              "task": {"type": "http", "url": target.url + "/long"}})).json()
+    for _ in range(40):
+        assert (await client.post(f"/jobs/{flood['jobId']}/runs")).status_code == 202
+    worker = fleet.workers[0].config
+    share = worker.tiers.owner_cap(worker.concurrency)
+    assert share < worker.concurrency
+    await wait_for(lambda: len(target.calls_to("/long")) >= share or None, timeout=20,
+                   what="team A's runs to fill its share of the worker")
+
+    team_b = auth_as(tokens["team-b"])
+    quick = (await client.post("/jobs", json={"name": "quick", "schedule": {"cron": "0 0 1 1 *"},
+                                              "task": {"type": "http", "url": target.url + "/quick"}},
+                               headers=team_b)).json()
+    asked_at = datetime.now(UTC)
+    assert (await client.post(f"/jobs/{quick['jobId']}/runs", headers=team_b)).status_code == 202
+    [call] = await wait_for(lambda: target.calls_to("/quick"), timeout=10, what="team B's run")
+    assert call.received_at - asked_at.timestamp() < 2.0, "started within the 2 s start promise"
+    assert target.most_in_flight["/long"] == share, "team A never held more than its share"
+    assert await homes.total("SELECT count(*) FROM run_queue") >= 40 - share, "the rest of team A's runs wait"
+
+
+async def test_only_an_admin_grants_priority_high(client: httpx.AsyncClient, homes: Homes,
+                                                  tokens: dict[str, str]) -> None:
+    """A team that could mark its own jobs high would go before every other team's runs."""
+    job = {"name": "mine", "schedule": {"cron": "0 0 1 1 *"}, "task": {"type": "http", "url": "http://127.0.0.1:9/"}}
+    refused = await client.post("/jobs", json=job | {"priority": "high"})
+    assert refused.status_code == 403
+    assert refused.json()["error"] == "priority_not_allowed" and refused.json()["field"] == "priority"
+    assert refused.json()["message"].startswith("priority 'high' is granted by an admin: owner 'team-a' may use")
+    assert await homes.total("SELECT count(*) FROM jobs") == 0, "nothing written"
+
+    job_id = (await client.post("/jobs", json=job)).json()["jobId"]
+    patched = await client.patch(f"/jobs/{job_id}", json={"priority": "high"})
+    assert (patched.status_code, patched.json()["field"]) == (403, "priority")
+    assert (await client.get(f"/jobs/{job_id}")).json()["priority"] == "normal"
+    assert (await client.patch(f"/jobs/{job_id}", json={"priority": "batch"})).status_code == 200
+
+    granted = await client.patch(f"/jobs/{job_id}", json={"priority": "high"}, headers=auth_as(tokens["admin"]))
+    assert granted.status_code == 200 and granted.json()["priority"] == "high"
+    assert (await client.patch(f"/jobs/{job_id}", json={"name": "renamed"})).json()["priority"] == "high", \
+        "a team's other edits keep the priority an admin granted"

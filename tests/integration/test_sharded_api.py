@@ -22,6 +22,7 @@ from chimes.scheduler.node import SchedulerNode
 from chimes.store import db
 from chimes.store.shards import add_shard
 from chimes.worker.budget import SlotBudget
+from chimes.worker.tiers import TierPolicy
 from chimes.worker.worker import Worker
 from tests.conftest import scratch_database
 from tests.helpers import wait_for
@@ -232,7 +233,9 @@ async def test_workers_of_one_process_share_their_slots_across_databases(
     target.delays["/slow"] = lambda n: 1.0
     budget = SlotBudget(2)
     shard_pool = await db.create_pool(shard_url, max_size=4)
-    config = replace(FAST_WORKER, concurrency=2)
+    # One owner's runs fill both slots here: what is shown is how the slots are shared between the
+    # databases, not between owners (TierPolicy.owner_share, test_priority.py).
+    config = replace(FAST_WORKER, concurrency=2, tiers=TierPolicy(owner_share=1.0))
     workers = [Worker(pool, database_url, config, worker_id="w-catalog", budget=budget),
                Worker(shard_pool, shard_url, config, worker_id="w-shard", budget=budget)]
     tasks = [asyncio.create_task(worker.run()) for worker in workers]

@@ -87,7 +87,7 @@ async def test_runs_claimed_by_a_worker_stalled_inside_its_claim_are_started_by_
     try:
         conn = await stalled_pool.acquire()
         await conn.execute(sql("begin_by_key"))  # as WorkerStore.claim, which then falls silent before the commit
-        [claimed] = await conn.fetch(sql("claim_runs"), 10, "worker-a", TTL, 1.0, 0, 2, RUN_TIMEOUT_SEC)
+        [claimed] = await conn.fetch(sql("claim_runs"), 10, "worker-a", TTL, 1.0, 0, 2, RUN_TIMEOUT_SEC, [])
         stalled_at = time.monotonic()
         worker_b = WorkerStore(pool, "worker-b")
         [run] = await wait_for(lambda: worker_b.claim(10, TTL, 1.0), timeout=TTL + 6,

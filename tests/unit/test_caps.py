@@ -55,15 +55,16 @@ def test_the_full_caps_filter_each_kind_of_cap() -> None:
     assert full_caps(rooms) == (["a"], ["db"], ["c"], ["web"])
 
 
-@pytest.mark.parametrize("name", ["claim_runs", "capped_candidates"])
-def test_a_shards_claim_reads_the_catalogs_caps_from_its_parameters(name: str) -> None:
-    """The same statement as with one database, its table of caps swapped for $8-$10 (a shard's own
-    table is empty), and nothing else changed."""
-    given = _caps_given(name)
-    assert "concurrency_caps" not in given and given.count("unnest($8::text[], $9::text[], $10::text[])") == 1
-    assert given.replace("unnest($8::text[], $9::text[], $10::text[]) AS cap(scope, name, owner)",
-                         "concurrency_caps cap") == sql(name)
-    assert "$11" not in sql(name) and "$8" not in sql(name)
+@pytest.mark.parametrize(("name", "first"), [("claim_runs", 9), ("capped_candidates", 8)])
+def test_a_shards_claim_reads_the_catalogs_caps_from_its_parameters(name: str, first: int) -> None:
+    """The same statement as with one database, its table of caps swapped for the parameters after
+    its own (a shard's own table is empty), and nothing else changed. claim_runs' own end with $8,
+    the owners holding their share of the worker."""
+    params = f"unnest(${first}::text[], ${first + 1}::text[], ${first + 2}::text[])"
+    given = _caps_given(name, first)
+    assert "concurrency_caps" not in given and given.count(params) == 1
+    assert given.replace(f"{params} AS cap(scope, name, owner)", "concurrency_caps cap") == sql(name)
+    assert f"${first}" not in sql(name) and f"${first + 3}" not in sql(name)
 
 
 def test_a_slot_per_cap_a_run_falls_under() -> None:

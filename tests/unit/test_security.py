@@ -15,7 +15,7 @@ import pytest
 
 from chimes.api.limits import RateLimiter
 from chimes.cli.main import cli
-from chimes.cli.security_options import egress_policy, trusted_proxies
+from chimes.cli.security_options import egress_policy, trusted_proxies, worker_security
 from chimes.jobs import JobSpec
 from chimes.security.refusals import SecretNotKept
 from chimes.security.secrets import (
@@ -30,7 +30,7 @@ from chimes.security.secrets import (
     split_sealed,
 )
 from chimes.security.signing import signature_header, verify
-from chimes.security.ssrf import EgressDenied, EgressPolicy, GuardedConnector
+from chimes.security.ssrf import EgressDenied, EgressPolicy, GuardedConnector, normal_host, outgoing_url
 from chimes.security.storable import storable_problem
 
 DEFAULT = EgressPolicy.build()
@@ -302,3 +302,45 @@ def test_a_wide_allow_entry_says_at_start_up_what_stays_denied(caplog: pytest.Lo
         policy = egress_policy(params)
     assert policy.refusal("x", "127.0.0.1") is None
     assert not any(m.startswith("egress: 127.0.0.0/8 stays denied") for m in caplog.messages), "it was named"
+@pytest.mark.parametrize(("written", "resolved"), [
+    ("%76m", "vm"), ("VM.", "vm"), ("foo.%6Cocalhost", "foo.localhost"),
+    ("b%C3%BCcher.example", "xn--bcher-kva.example"),
+    ("bücher.example", "xn--bcher-kva.example"), ("[::1]", "::1"), ("%31%32%37.0.0.1", "127.0.0.1"),
+    ("x_y.internal", "x_y.internal"),
+])
+def test_hosts_are_judged_as_the_client_resolves_them(written: str, resolved: str) -> None:
+    assert normal_host(written) == resolved
+    if not resolved[0].isdigit() and ":" not in resolved:  # addresses are judged when connected to
+        assert EgressPolicy.build(deny=[resolved]).host_refusal(written) is not None
+
+
+@pytest.mark.parametrize(("written", "why"), [
+    ("a%2fb", "(decoded: 'a/b') is not a host name"), ("a%40b", "is not a host name"), ("a%20b", "is not a host name"),
+    ("a%0ab", "is not a host name"), ("a%2525b", "is not a host name"), ("a..b", "is not a host name"),
+    ("%2e", "is not a host name"), ("a%ffb", "not UTF-8"), ("", "is not a host name"),
+])
+def test_hosts_that_decode_to_what_no_name_holds_are_refused(written: str, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        normal_host(written)
+    refusal = EgressPolicy.build().host_refusal(written)
+    assert refusal is not None and why in refusal
+
+
+def test_the_client_is_handed_the_name_the_policy_judged() -> None:
+    assert str(outgoing_url("http://%76m:19001/x?q=1")) == "http://vm:19001/x?q=1"
+    assert str(outgoing_url("https://B%C3%BCcher.example./")) == "https://xn--bcher-kva.example/"
+    for url, why in [("http://[::1", "Invalid IPv6 URL"), ("http://a:65536/", "Port out of range"),
+                     ("http://a:0/", "port 0"), ("ftp://a/", "not an http(s) URL")]:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            outgoing_url(url)
+
+
+@pytest.mark.parametrize(("role", "args", "share"), [
+    ("worker", [], 0.8), ("up", [], 0.8),
+    ("worker", ["--owner-share", "1"], 1.0), ("up", ["--owner-share", "0.5"], 0.5),
+])
+def test_the_owner_share_reaches_the_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str,
+                                            args: list[str], share: float) -> None:
+    monkeypatch.delenv("CHIMES_OWNER_SHARE", raising=False)
+    params = cli.commands[role].make_context(role, list(args)).params
+    assert worker_security(tmp_path, params).owner_share == share

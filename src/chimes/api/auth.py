@@ -3,7 +3,7 @@ Principal, and only a token whose scope allows the request gets past this.
 
 Owner isolation is the stores' job (every query takes ``owner_filter``); the scope is checked here,
 by method, for every route that depends on :func:`current_principal`: a ``read`` token may only
-read (GET, HEAD). Failed attempts are counted and logged by ``limits.RequestLimits``.
+read (GET, HEAD). Failed attempts are reported to, counted and logged by ``limits.RequestLimits``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from fastapi import Request
 
 from chimes.api import standby
 from chimes.api.errors import ApiError
+from chimes.api.limits import note_failed_credential
 from chimes.store.tokens import Principal, authenticate
 
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
@@ -27,6 +28,7 @@ async def current_principal(request: Request) -> Principal:
         raise ApiError(401, "unauthorized", "Authorization header must be 'Bearer <token>'", headers=_CHALLENGE)
     principal = await authenticate(standby.pool(request), token.strip())
     if principal is None:
+        note_failed_credential(request.scope, token.strip())
         raise ApiError(401, "unauthorized", "invalid or revoked token", headers=_CHALLENGE)
     check_scope(principal, request.method)
     return principal

@@ -18,6 +18,7 @@ from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view
 from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
+from chimes.security.refusals import PriorityNotAllowed
 from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
 from chimes.store.shards import partition_moved
 from chimes.store.tokens import Principal
@@ -37,6 +38,8 @@ async def create_job(
     spec: JobSpec, request: Request, caller: Caller,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JSONResponse:
+    if spec.priority == "high":
+        _grants_high_priority(caller)
     try:
         with tracing.span("chimes.job.create", request.headers) as traced:
             for tries_left in (1, 0):
@@ -92,6 +95,8 @@ async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse
 async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Caller,
                      if_match: IfMatch = None) -> JSONResponse:
     parsed = parse_id(job_id, "job")
+    if patch.priority == "high":
+        _grants_high_priority(caller)
     try:
         job = await (await homes.jobs_of(request, parsed)).update(parsed, caller.owner_filter, patch,
                                                                   clock_of(request).now(), matching_versions(if_match),
@@ -115,6 +120,12 @@ async def delete_job(job_id: str, request: Request, caller: Caller, if_match: If
     if not deleted:
         raise not_found("job")
     return Response(status_code=204)
+
+
+def _grants_high_priority(caller: Principal) -> None:
+    """Only an admin sets ``priority: high``: it goes before every other team's runs (refusals)."""
+    if not caller.admin:
+        raise PriorityNotAllowed(caller.owner)
 
 
 def etag(version: int) -> str:

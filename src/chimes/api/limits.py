@@ -27,6 +27,8 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DRAIN_MAX_BYTES = 64 * 1024 * 1024
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SESSION_COOKIE = b"chimes_session"
+#: The request scope's list of credentials that failed to authenticate (note_failed_credential).
+_FAILED_CREDENTIALS = "chimes.failed_credentials"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,16 @@ class RateLimiter:
         return 0.0
 
 
+def note_failed_credential(scope: Scope, credential: str) -> None:
+    """Count ``credential`` (a token that did not authenticate) as a failed attempt of the request's
+    client address, whichever header, cookie or body carried it and whatever the answer (a 401, the
+    dashboard's redirect to its sign-in page). Called where the token is checked: only there is it
+    known which of the request's credentials was tried."""
+    failed = scope.get(_FAILED_CREDENTIALS)
+    if failed is not None:
+        failed.append(credential)
+
+
 def too_many(code: str, message: str, wait_sec: float) -> JSONResponse:
     retry_after = max(1, math.ceil(wait_sec))
     return JSONResponse(error_body(code, f"{message}; retry after {retry_after} s"), 429,
@@ -83,11 +95,14 @@ def too_many(code: str, message: str, wait_sec: float) -> JSONResponse:
 
 
 class RequestLimits:
-    """Failed authentication (any 401 answer) is counted per client address and logged; an address
-    out of attempts gets 429 until its bucket refills. A credential that keeps failing (a dashboard
-    tab polling with an expired session) counts once: guessing needs new credentials, and each of
-    those counts. Writes carrying a credential (bearer token or dashboard session) are limited per
-    credential."""
+    """Failed authentication is counted per client address and logged; an address out of attempts
+    gets 429 until its bucket refills. What counts is each credential that failed, as the code that
+    checked it reports it (:func:`note_failed_credential`: a bearer token, a dashboard session
+    cookie, a token typed into the sign-in form), and any other 401 answer once per presented
+    header. A credential that keeps failing (a dashboard tab polling with an expired session)
+    counts once: guessing needs new credentials, and each of those counts, whatever else the
+    request carries. Writes carrying a credential (bearer token or dashboard session) are limited
+    per credential."""
 
     def __init__(self, app: ASGIApp, settings: LimitSettings) -> None:
         self.app = app
@@ -96,9 +111,7 @@ class RequestLimits:
         self.settings = settings
         self._failed: OrderedDict[tuple[str, str], None] = OrderedDict()  # (address, credential) counted
 
-    def _count_failure(self, address: str, credential: str | None, method: str, path: str, form: bool) -> None:
-        if credential is None and form:
-            credential = f"form-{time.monotonic_ns()}"  # a sign-in form: the token is in the body, each try counts
+    def _count_failure(self, address: str, credential: str | None, method: str, path: str) -> None:
         key = (address, credential or "none")
         if key in self._failed:
             self._failed.move_to_end(key)
@@ -129,27 +142,35 @@ class RequestLimits:
                 await too_many("rate_limited", message, wait)(scope, receive, send)
                 return
 
+        failed: list[str] = []
+        scope[_FAILED_CREDENTIALS] = failed  # the list itself is shared, should the scope be copied
+
         async def watching_send(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] == 401:
-                self._count_failure(address, credential, scope["method"], scope["path"], _is_form(scope))
+            if message["type"] == "http.response.start":
+                for tried in failed:
+                    self._count_failure(address, _hash(tried.encode()), scope["method"], scope["path"])
+                if message["status"] == 401 and not failed:  # no token tried: a missing or malformed header
+                    self._count_failure(address, credential, scope["method"], scope["path"])
             await send(message)
 
         await self.app(scope, receive, watching_send)
 
 
-def _is_form(scope: Scope) -> bool:
-    content_type: bytes = dict(scope["headers"]).get(b"content-type", b"")
-    return content_type.startswith((b"application/x-www-form-urlencoded", b"multipart/form-data"))
+def _hash(credential: bytes) -> str:
+    return hashlib.sha256(credential).hexdigest()
 
 
 def _credential(scope: Scope) -> str | None:
-    """A stable key for the presented credential (its hash: the credential itself is never kept)."""
+    """A stable key for the presented credential (its hash: the credential itself is never kept): the
+    Authorization header, which the API reads, before the dashboard's session cookie, in whichever
+    order they came."""
+    cookie = None
     for name, value in scope["headers"]:
         if name == b"authorization" and value:
-            return hashlib.sha256(value).hexdigest()
-        if name == b"cookie" and SESSION_COOKIE in value:
-            return hashlib.sha256(value).hexdigest()
-    return None
+            return _hash(value)
+        if name == b"cookie" and SESSION_COOKIE in value and cookie is None:
+            cookie = _hash(value)
+    return cookie
 
 
 class BodySizeLimit:

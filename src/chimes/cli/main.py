@@ -19,6 +19,7 @@ from chimes.cli.security_options import (
     api_security_options,
     egress_loopback_option,
     key_file_option,
+    owner_share_option,
     worker_security,
     worker_security_options,
 )
@@ -60,6 +61,7 @@ def cli(log_level: str, log_format: str) -> None:
 @worker_security_options
 @egress_loopback_option(default=True)  # the README's tour calls a target on 127.0.0.1
 @allow_commands_option(default=True)  # one person on their own machine: the README's tour runs commands
+@owner_share_option
 @key_file_option
 @click.option("--backup-dir", envvar="CHIMES_BACKUP_DIR", show_envvar=True, type=click.Path(path_type=Path),
               default=None, help="Archive the embedded PostgreSQL's WAL into BACKUP_DIR/wal, for chimes backup and "
@@ -154,6 +156,7 @@ def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lea
 @worker_security_options
 @egress_loopback_option(default=False)  # a team's task must not read the worker host's own services
 @allow_commands_option(default=False)
+@owner_share_option
 @key_file_option
 def worker(database_url: str | None, data_dir: Path, concurrency: int, worker_id: str | None,
            lease_sec: float, shutdown_grace: float, container_runtime: str, **security: Any) -> None:

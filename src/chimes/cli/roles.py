@@ -29,6 +29,7 @@ from chimes.worker.budget import SlotBudget
 from chimes.worker.guard import TaskGuard
 from chimes.worker.tasks.container import remove_orphaned_env_files
 from chimes.worker.tasks.dispatch import Executors
+from chimes.worker.tiers import OWNER_SHARE, TierPolicy
 from chimes.worker.worker import Worker, WorkerConfig, new_worker_id
 
 log = logging.getLogger("chimes")
@@ -57,10 +58,13 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     cap_slots = CapSlots(pool)
     _settle_the_heap()
 
+    tiers = TierPolicy(owner_share=work.owner_share if work else OWNER_SHARE)
+
     def start_home(home: db.Pool, url: str, serves: frozenset[int] | None, shard_id: int | None) -> list[Role]:
         node = SchedulerNode(home, node_id=node_id, serves=serves, egress=work.egress if work else None,
                              signing_secrets=SigningSecrets(pool, work.keyring if work else None))
-        worker = Worker(home, url, WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands),
+        config = WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands, tiers=tiers)
+        worker = Worker(home, url, config,
                         worker_id=worker_id,
                         executors=Executors(container_runtime=runtime, egress=work.egress if work else None),
                         guard=guard, budget=budget, cap_slots=_with_shards(cap_slots, serves), shard_id=shard_id)
@@ -165,7 +169,8 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
     allow_commands = bool(work and work.allow_commands)
     config = WorkerConfig(concurrency=concurrency, lease_sec=lease_sec,
                           heartbeat_every_sec=lease_sec / 3, shutdown_grace_sec=shutdown_grace,
-                          allow_commands=allow_commands)
+                          allow_commands=allow_commands,
+                          tiers=TierPolicy(owner_share=work.owner_share if work else OWNER_SHARE))
     # Owners, secrets and the secret key are the catalog's, whichever home a run comes from.
     guard = TaskGuard(pool, work.keyring if work else None, allow_commands=allow_commands)
     # The process's claim loops (one per home) share its slots: each waits on its own queue, so an

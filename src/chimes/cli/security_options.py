@@ -28,6 +28,7 @@ from chimes.security.secrets import (
 from chimes.security.ssrf import LOOPBACK, EgressPolicy
 from chimes.services.owners import check_secret_key
 from chimes.store import db
+from chimes.worker.tiers import OWNER_SHARE
 
 _DEFAULTS = LimitSettings()
 log = logging.getLogger("chimes.security")
@@ -38,6 +39,7 @@ class WorkerSecurity:
     allow_commands: bool
     egress: EgressPolicy
     keyring: Keyring
+    owner_share: float = OWNER_SHARE  # the most of a worker's slots one owner's runs hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,13 @@ def egress_loopback_option(default: bool) -> Callable[[Callable[..., Any]], Call
                         "services would answer a team's task. Private ranges stay allowed either way.")
 
 
+def owner_share_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return _option("--owner-share", env="CHIMES_OWNER_SHARE", default=OWNER_SHARE, show_default=True,
+                   type=click.FloatRange(0.01, 1.0),
+                   help="The most of this worker's slots the runs of one owner may hold, so that one team's "
+                        "long runs leave room for other teams' (1.0: a fleet that serves one team).")(func)
+
+
 def allow_commands_option(default: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return _option("--allow-commands/--no-allow-commands", env="CHIMES_ALLOW_COMMANDS", default=default,
                    show_default=True,
@@ -133,9 +142,10 @@ def keyring_from(data_dir: Path, secret_key_file: Path | None) -> Keyring:
 
 def worker_security(data_dir: Path, options: dict[str, Any]) -> WorkerSecurity:
     """From the options of :func:`worker_security_options`, :func:`egress_loopback_option`,
-    :func:`allow_commands_option` and the key file."""
+    :func:`allow_commands_option`, :func:`owner_share_option` and the key file."""
     return WorkerSecurity(bool(options.get("allow_commands")), egress_policy(options),
-                          keyring_from(data_dir, options.get("secret_key_file")))
+                          keyring_from(data_dir, options.get("secret_key_file")),
+                          float(options.get("owner_share", OWNER_SHARE)))
 
 
 def egress_policy(options: dict[str, Any]) -> EgressPolicy:

@@ -20,7 +20,7 @@ FORBIDDEN_HEADERS = frozenset({
     "host",
 })
 FORBIDDEN_PREFIXES = ("proxy-",)
-_REFUSED_CHARACTER = re.compile("[\x00-\x08\x0a-\x1f\x7f]")  # as header_value_problem's loop below
+_REFUSED_CHARACTER = re.compile("[^\t\x20-\x7e]")  # as header_value_problem's loop below
 
 
 def forbidden_header(name: str) -> bool:
@@ -32,7 +32,9 @@ def forbidden_header(name: str) -> bool:
 def header_value_problem(value: str) -> str | None:
     """Why ``value`` cannot be a header value, or None. Tab is allowed (RFC 9110 field content);
     every other C0 control character and DEL is refused: line breaks and NUL inject headers, and the
-    others (``\\x0b``, ``\\x1f``) are refused by HTTP clients at send time, which would fail every run."""
+    others (``\\x0b``, ``\\x1f``) are refused by HTTP clients at send time, which would fail every run.
+    So is every character beyond ASCII: the client sends header values as ASCII, and one that is not
+    failed every attempt of its task (encode such text, for example percent-encoded or in base64)."""
     if _REFUSED_CHARACTER.search(value) is None:  # the common case, without a loop over the characters
         return None
     for ch in value:
@@ -42,4 +44,7 @@ def header_value_problem(value: str) -> str | None:
             return "contains a NUL character"
         if (ch < " " and ch != "\t") or ch == "\x7f":
             return f"contains the control character {ch!r}"
+        if ch > "\x7f":
+            return (f"contains the non-ASCII character {ch!r}: header values are ASCII (percent-encode or "
+                    "base64 other text)")
     return None

@@ -37,6 +37,20 @@ class TaskNotAllowed(Refused):
         )
 
 
+class PriorityNotAllowed(Refused):
+    """The ``high`` tier goes before every other run: a team that could give it to its own jobs could
+    hold every worker slot ahead of the others, so only an admin grants it."""
+
+    status = 403
+    code = "priority_not_allowed"
+
+    def __init__(self, owner: str) -> None:
+        super().__init__(
+            f"priority 'high' is granted by an admin: owner {owner!r} may use 'normal' or 'batch' (an admin token "
+            "sets 'high' on a job with PATCH /jobs/{id})", "priority",
+        )
+
+
 class SecretNotKept(Refused):
     status = 422
     code = "invalid_request"

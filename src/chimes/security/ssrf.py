@@ -17,17 +17,26 @@ An allow entry naming a network or address inside a default-denied range (``127.
 (:attr:`EgressPolicy.lifted`, logged at start-up). An allow entry wider than a default-denied range
 (``0.0.0.0/0``, ``100.64.0.0/10`` around Alibaba's metadata address) lifts nothing: naming the whole
 internet is not naming the metadata service. Entries the operator denies with ``deny`` are never lifted.
+Host names are judged as the client will resolve them (:func:`normal_host`): libcurl percent-decodes
+a URL's host (``http://%76m/`` calls ``vm``), so a rule compared with the host as written in the URL
+was passed by encoding one letter. Each URL's host is normalised once (:func:`outgoing_url`) and the
+client is handed that very name, so the name judged and the name resolved are the same.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import re
 import socket
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import idna
+from yarl import URL
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -63,12 +72,10 @@ class HostPattern:
 
     @classmethod
     def parse(cls, text: str) -> HostPattern:
-        name = _normal_host(text)
-        if name.startswith("*."):
-            return cls(name[2:], True)
-        if name.startswith("."):
-            return cls(name[1:], True)
-        return cls(name, False)
+        text = text.strip()
+        subdomains = text.startswith(("*.", "."))
+        name = normal_host(text.removeprefix("*").removeprefix("."))  # ValueError names a bad entry
+        return cls(name, subdomains)
 
     def matches(self, host: str) -> bool:
         return host.endswith("." + self.name) if self.subdomains else host == self.name
@@ -126,8 +133,12 @@ class EgressPolicy:
         return None
 
     def host_refusal(self, host: str) -> str | None:
-        """Why ``host`` is refused by name (before it is resolved), or None."""
-        name = _normal_host(host)
+        """Why ``host`` is refused by name (before it is resolved), or None. ``host`` is judged as it
+        will be resolved (:func:`normal_host`); one that is not a host name is refused."""
+        try:
+            name = normal_host(host.strip())
+        except ValueError as exc:
+            return str(exc)
         for pattern in self.deny_hosts:
             if pattern.matches(name):
                 return f"host {name} is denied ({pattern})"
@@ -189,10 +200,76 @@ def _part_less(part: IPNetwork, allowed: IPNetwork) -> list[IPNetwork]:
     if _within(allowed, part):
         return list(part.address_exclude(allowed))  # type: ignore[arg-type]
     return [part]
+#: What a host name may hold once decoded: ASCII letters (IDNA-encoded), digits, ``-``, ``_`` and dots
+#: between non-empty labels. libcurl itself refuses spaces, ``/``, ``@``, ``%`` and the like after decoding.
+_HOST_NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*")
+_MAX_HOST_NAME = 253
+
+
+@functools.lru_cache(maxsize=4096)  # a fleet calls a few hosts: each normalised once
+def normal_host(host: str) -> str:
+    """``host`` as a client resolves it: percent-decoded (libcurl decodes a URL's host), an IP address
+    in its compressed form, a name lower-cased, IDNA-encoded and without its trailing dot. Raises
+    ValueError, saying why, for a host that decodes to anything a host name cannot hold (control
+    characters, spaces, ``%``, ``@``, ``/``, empty labels, invalid UTF-8)."""
+    try:
+        decoded = urllib.parse.unquote(host, errors="strict") if "%" in host else host
+    except UnicodeDecodeError:
+        raise ValueError(f"host {host!r} decodes to bytes that are not UTF-8") from None
+    bare = decoded[1:-1] if decoded.startswith("[") and decoded.endswith("]") else decoded
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        pass
+    name = bare.lower()
+    name = name[:-1] if name.endswith(".") else name  # vm. is vm, the name made absolute
+    if not name.isascii():
+        try:
+            name = idna.encode(name, uts46=True).decode("ascii")
+        except idna.IDNAError as exc:
+            raise ValueError(f"host {host!r} is not a valid international host name: {exc}") from None
+    if len(name) > _MAX_HOST_NAME or _HOST_NAME.fullmatch(name) is None:
+        shown = f"{host!r}" if decoded == host else f"{host!r} (decoded: {decoded!r})"
+        raise ValueError(f"host {shown} is not a host name: a name holds letters, digits, '-', '_' and "
+                         "dots between labels, an address is IPv4 or IPv6 in brackets")
+    return name
+
+
+@functools.lru_cache(maxsize=1024)  # a job's runs call one URL: parsed and normalised once
+def outgoing_url(text: str) -> URL:
+    """The ``http(s)`` URL a client is handed for ``text``: its host normalised (:func:`normal_host`),
+    so that the name the egress policy judges is the name the client resolves. Raises ValueError,
+    saying what is wrong, for a URL no call can be made to (no host, a port out of range, an unclosed
+    IPv6 bracket, a host that is not one)."""
+    try:
+        url = URL(text)
+    except ValueError as exc:
+        raise ValueError(f"not a valid URL: {exc}") from None
+    if url.scheme not in ("http", "https"):
+        raise ValueError(f"not an http(s) URL: {text!r}")
+    if not url.raw_host:
+        raise ValueError("the URL has no host")
+    if url.port is not None and not 1 <= url.port <= 65535:
+        raise ValueError(f"port {url.port} is not from 1 to 65535")
+    host = normal_host(url.raw_host)
+    return url if host == url.raw_host else url.with_host(host)
+
+
+def url_problem(text: str) -> str | None:
+    """Why no call can ever be made to ``text`` (:func:`outgoing_url`), or None."""
+    try:
+        outgoing_url(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _normal_host(host: str) -> str:
-    return host.strip().lower().rstrip(".").strip("[]")
+    """A host name as rules compare it; a host that is none keeps a form no rule matches."""
+    try:
+        return normal_host(host.strip())
+    except ValueError:
+        return host
 
 
 def _parse_address(address: str) -> IPAddress | None:

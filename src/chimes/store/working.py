@@ -121,13 +121,15 @@ class WorkerStore:
         await self._pool.execute(sql("forget_worker"), self.worker_id)
 
     async def claim(self, limit: int, lease_sec: float, deadline_grace_sec: float,
-                    tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
-        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]``, both included."""
+                    tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH),
+                    skip_owners: Sequence[str] = ()) -> list[ClaimedRun]:
+        """Claim up to ``limit`` runs of the tiers ``tiers[0]..tiers[1]``, both included, none of
+        ``skip_owners`` (owners that hold their share of this worker)."""
         if limit <= 0:
             return []
         async with by_key(self._pool) as conn:
             rows = await conn.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
-                                    tiers[0], tiers[1], RUN_TIMEOUT_SEC)
+                                    tiers[0], tiers[1], RUN_TIMEOUT_SEC, list(skip_owners))
         return claimed_runs(rows)
 
     async def caps_exist(self) -> bool:
@@ -152,14 +154,16 @@ class WorkerStore:
         return claimed_runs(claimed)
 
     async def claim_given_caps(self, limit: int, lease_sec: float, deadline_grace_sec: float, caps: Sequence[Cap],
-                               tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH)) -> list[ClaimedRun]:
+                               tiers: tuple[Priority, Priority] = (Priority.HIGH, Priority.BATCH),
+                               skip_owners: Sequence[str] = ()) -> list[ClaimedRun]:
         """:meth:`claim` on a shard, leaving the runs under the catalog's ``caps`` (a shard's own
         table of caps is empty) to :meth:`claim_capped_with_slots`."""
         if limit <= 0:
             return []
         async with by_key(self._pool) as conn:
-            rows = await conn.fetch(_caps_given("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
-                                    tiers[0], tiers[1], RUN_TIMEOUT_SEC, *_cap_columns(caps))
+            rows = await conn.fetch(_caps_given("claim_runs", 9), limit, self.worker_id, lease_sec,
+                                    deadline_grace_sec, tiers[0], tiers[1], RUN_TIMEOUT_SEC, list(skip_owners),
+                                    *_cap_columns(caps))
         return claimed_runs(rows)
 
     async def claim_capped_with_slots(self, limit: int, lease_sec: float, deadline_grace_sec: float, admit: Admission,
@@ -275,13 +279,13 @@ class WorkerStore:
 
 
 @functools.cache  # the same text for every claim: made once per statement
-def _caps_given(name: str) -> str:
-    """A claim statement reading the caps from parameters $8-$10 (scope, name, owner) instead of the
-    table: the same statement, so the two cannot drift apart."""
+def _caps_given(name: str, first: int = 8) -> str:
+    """A claim statement reading the caps from parameters $first to $first+2 (scope, name, owner)
+    instead of the table: the same statement, so the two cannot drift apart."""
     text = sql(name)
-    given = text.replace("concurrency_caps cap",
-                         "unnest($8::text[], $9::text[], $10::text[]) AS cap(scope, name, owner)")
-    if given.count("unnest($8") != 1:
+    params = f"unnest(${first}::text[], ${first + 1}::text[], ${first + 2}::text[])"
+    given = text.replace("concurrency_caps cap", f"{params} AS cap(scope, name, owner)")
+    if given.count(f"unnest(${first}") != 1:
         raise RuntimeError(f"{name} must read concurrency_caps exactly once")
     return given
 

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from chimes import failures, metrics, tracing
@@ -25,7 +26,7 @@ from chimes.logs import run_fields
 from chimes.security.storable import storable_text
 from chimes.settings import RUN_LEASE_SEC, RUN_TIMEOUT_SEC, SHUTDOWN_GRACE_SEC, WORKER_CONCURRENCY
 from chimes.store.cap_slots import CapSlots
-from chimes.store.caps import Cap
+from chimes.store.caps import Candidate, Cap, CapKey
 from chimes.store.db import DB_ERRORS, Pool
 from chimes.store.working import ClaimedRun, Completion, RunSignals, WorkerStore
 from chimes.timeouts import wait_event
@@ -35,7 +36,7 @@ from chimes.worker.guard import TaskGuard
 from chimes.worker.reporting import report_outcomes
 from chimes.worker.tasks.common import MAX_ERROR_CHARS, Outcome, TaskContext
 from chimes.worker.tasks.dispatch import Executors
-from chimes.worker.tiers import TierPolicy, claim_steps
+from chimes.worker.tiers import TierPolicy, claim_steps, owner_room
 
 log = logging.getLogger(__name__)
 CAPS_RECHECK_SEC = 2.0
@@ -92,6 +93,8 @@ class Worker:
         self._drained = asyncio.Event()
         self._to_flush = asyncio.Event()  # set with something for the flush loop: an outcome, a slot to free
         self._claim_cycles = 0
+        self._claim_asked = 0  # the most runs the last claim could take (within the owners' shares)
+        self._skip_owners: list[str] = []  # owners holding their share of this worker (tiers.owner_room)
         self._claims_answer = True  # whether this home's last claim answered (else the next reserves one slot)
         self._caps_exist = False
         self._caps_checked_at = -CAPS_RECHECK_SEC
@@ -221,11 +224,17 @@ class Worker:
             for run in claimed:
                 self._claims.setdefault(run.lease_token, set()).add(run.run_id)
                 self._running[run.run_id] = (run, asyncio.create_task(self._execute(run)))
-            if len(claimed) < limit:
+            if len(claimed) < self._claim_asked:
                 await wait_event(self._wake, self.config.poll_every_sec)
 
     async def _claim_by_tier(self, limit: int) -> list[ClaimedRun]:
         self._claim_cycles += 1
+        # No owner past its share of this worker (tiers.owner_room): a team whose long runs fill the
+        # queue leaves slots that another team's runs start in.
+        shares = owner_room((run.owner for run, _ in self._running.values()),
+                            self.config.tiers.owner_cap(self.config.concurrency), limit)
+        limit = self._claim_asked = shares.at_most
+        self._skip_owners = shares.full
         batch_cap = self.config.tiers.batch_cap(self.config.concurrency)
         if self._budget is None:
             in_batch = sum(1 for run, _ in self._running.values() if run.priority == Priority.BATCH)
@@ -261,16 +270,24 @@ class Worker:
         """The fast path: runs under no cap. A shard's claim is told the catalog's caps."""
         if caps:
             return await self.store.claim_given_caps(limit, self.config.lease_sec,
-                                                     self.config.deadline_grace_sec, caps, tiers)
-        return await self.store.claim(limit, self.config.lease_sec, self.config.deadline_grace_sec, tiers)
+                                                     self.config.deadline_grace_sec, caps, tiers, self._skip_owners)
+        return await self.store.claim(limit, self.config.lease_sec, self.config.deadline_grace_sec, tiers,
+                                      self._skip_owners)
 
     async def _claim_capped(self, limit: int) -> list[ClaimedRun]:
+        skip = frozenset(self._skip_owners)
+
+        def admit_within_shares(candidates: Iterable[Candidate], rooms: Mapping[CapKey, int],
+                                at_most: int) -> list[int]:
+            return admit((c for c in candidates if c.owner not in skip), rooms, at_most)
+
         if self._cap_slots is None:
-            return await self.store.claim_capped(limit, self.config.lease_sec, self.config.deadline_grace_sec, admit)
+            return await self.store.claim_capped(limit, self.config.lease_sec, self.config.deadline_grace_sec,
+                                                 admit_within_shares)
         started = time.monotonic()
         claimed = await self.store.claim_capped_with_slots(limit, self.config.lease_sec,
-                                                           self.config.deadline_grace_sec, admit, self._cap_slots,
-                                                           self._shard_id)
+                                                           self.config.deadline_grace_sec, admit_within_shares,
+                                                           self._cap_slots, self._shard_id)
         self._slotted.update(run.run_id for run in claimed)
         self._slot_deadlines.update(dict.fromkeys((run.run_id for run in claimed), started + self.config.lease_sec))
         return claimed

@@ -30,11 +30,15 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 -- of the primary key); SKIP LOCKED lets many workers claim at once without waiting on each other.
 -- Runs under a concurrency cap are left to claim_capped_runs (a tag cap counts the jobs of its owner,
 -- or of every owner when its owner is ''). From here on the run's lease token says who has it.
+-- $8: the owners holding their share of this worker already (chimes.worker.tiers.owner_room), whose
+-- runs are left to other workers; almost always none, and then nothing is looked up per run.
 WITH picked AS (
     DELETE FROM run_queue q
     WHERE (q.tier, q.queue_id) IN (
         SELECT c.tier, c.queue_id FROM run_queue c
         WHERE c.tier BETWEEN $5 AND $6
+          AND (cardinality($8::text[]) = 0
+               OR NOT EXISTS (SELECT 1 FROM jobs f WHERE f.job_id = c.job_id AND f.owner = ANY($8::text[])))
           AND NOT EXISTS (
               SELECT 1 FROM concurrency_caps cap JOIN jobs j ON j.job_id = c.job_id
               WHERE (cap.scope = 'owner' AND cap.name = j.owner)

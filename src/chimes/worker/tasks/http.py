@@ -39,7 +39,7 @@ from yarl import URL
 
 from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
-from chimes.security.ssrf import EgressPolicy
+from chimes.security.ssrf import EgressPolicy, outgoing_url
 from chimes.tracing import traceparent
 from chimes.worker.tasks.common import (
     OUTPUT_TAIL_BYTES,
@@ -155,11 +155,6 @@ def _set_method(curl: pycurl.Curl, method: str, data: bytes | None) -> None:
     else:
         curl.setopt(pycurl.POSTFIELDS, data or b"")  # a POST without a body still says Content-Length: 0
         curl.setopt(pycurl.CUSTOMREQUEST, None if method == "POST" else method)
-
-
-@functools.lru_cache(maxsize=1024)  # a job's runs call one URL: parsed once
-def _parsed(url: str) -> URL:
-    return URL(url)
 
 
 @functools.lru_cache(maxsize=256)  # a target answers with the same few content types
@@ -294,17 +289,23 @@ class HttpExecutor:
         if ctx.signing_secret is not None:  # fresh on every attempt: targets refuse old timestamps
             headers[SIGNATURE_HEADER] = signature_header(ctx.signing_secret, int(time.time()), data or b"")
         method = str(task.get("method") or "GET").upper()
-        url = _parsed(str(task["url"]))
+        try:  # refused by the API; a row written around it fails clearly
+            url = outgoing_url(str(task["url"]))  # the host as libcurl will resolve it, which the policy judges
+        except ValueError as exc:
+            return Outcome.failure(short_error(f"cannot call {task['url']}: {exc}"))
         deadline = time.monotonic() + ctx.timeout_sec  # every hop, connect, send and body read together
         for _ in range(MAX_REDIRECTS + 1):
             tail = OutputTail(OUTPUT_TAIL_BYTES)
             reply = await self._call(pool, method, url, headers, data, tail, deadline)
             if reply.status not in _REDIRECT_STATUSES or not reply.redirect_url:
                 return _outcome(reply, tail, task, ctx)
-            following = URL(reply.redirect_url)
-            if following.scheme not in ("http", "https"):
+            if URL(reply.redirect_url).scheme not in ("http", "https"):
                 return Outcome.failure(short_error(
                     f"HTTP {reply.status}: redirect to an unsupported URL {reply.redirect_url}"))
+            try:
+                following = outgoing_url(reply.redirect_url)
+            except ValueError as exc:
+                return Outcome.failure(short_error(f"HTTP {reply.status}: redirect to {reply.redirect_url}: {exc}"))
             if reply.status == 303 or (reply.status in (301, 302) and method == "POST"):  # as every client does
                 method = "HEAD" if method == "HEAD" else "GET"
                 data = None
@@ -317,7 +318,7 @@ class HttpExecutor:
     async def _call(self, pool: CurlPool, method: str, url: URL, headers: CIMultiDict[str], data: bytes | None,
                     tail: OutputTail, deadline: float) -> Reply:
         """One request; its body goes to ``tail``, up to :data:`HTTP_READ_LIMIT_BYTES`."""
-        host = url.host or ""
+        host = url.raw_host or ""  # normalised by outgoing_url: the name libcurl resolves
         refusal = self._host_refusal(host)
         if refusal is not None:  # a denied name is not even looked up
             raise CurlError(pycurl.E_COULDNT_CONNECT, f"refused by egress policy: {refusal}")
