@@ -228,7 +228,8 @@ class JobSpec(_Model):
     task: TaskSpec
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy, alias="retryPolicy")
     timeout_sec: Annotated[int, Field(alias="timeoutSec", ge=1, le=MAX_TIMEOUT_SEC)] = RUN_TIMEOUT_SEC
-    concurrency: Literal["skip", "queue", "allow"] = "skip"
+    # What a slot does while an earlier run is active (docs/semantics.md): replace cancels that run.
+    concurrency: Literal["skip", "queue", "allow", "replace"] = "skip"
     queue_limit: Annotated[int, Field(alias="queueLimit", ge=1, le=1000)] = 10
     priority: Literal["high", "normal", "batch"] = "normal"
     catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy, alias="catchUp")

@@ -186,7 +186,7 @@ def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--at", help="One-off run time, RFC 3339 with an offset, e.g. 2026-12-01T09:00:00Z."),
         click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempts before the run fails."),
         click.option("--timeout", type=click.IntRange(1), help="Seconds an attempt may take."),
-        click.option("--concurrency", type=click.Choice(["skip", "queue", "allow"]),
+        click.option("--concurrency", type=click.Choice(["skip", "queue", "allow", "replace"]),
                      help="What to do when a run is due while the last one still runs."),
         click.option("--priority", type=click.Choice(["high", "normal", "batch"]), help="Queue tier."),
         click.option("--catch-up", type=click.Choice(["one", "all", "none"]),

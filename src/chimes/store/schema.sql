@@ -90,7 +90,7 @@ CREATE TABLE public.jobs (
     start_deadline_sec integer DEFAULT 300 NOT NULL,
     paused_at timestamp with time zone,
     resumed_at timestamp with time zone,
-    CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text]))),
+    CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text, 'replace'::text]))),
     CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),
     CONSTRAINT jobs_dst_gap CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
     CONSTRAINT jobs_one_schedule CHECK (((cron IS NULL) <> (run_at IS NULL))),

@@ -1,0 +1,116 @@
+"""A job's life beyond one run, end to end (real API, scheduler node, worker, PostgreSQL and HTTP
+target): concurrency replace."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from datetime import datetime, timedelta
+
+import asyncpg
+import httpx
+
+from tests.helpers import Homes, wait_for
+from tests.integration.fleet import Fleet
+from tests.target import Target
+
+EVERY_TWO_SECONDS = {"cron": "*/2 * * * * *"}
+
+
+def job(target: Target, path: str, schedule: dict, **extra: object) -> dict:
+    return {"name": path.strip("/"), "schedule": schedule, "task": {"type": "http", "url": target.url + path}} | extra
+
+
+def zulu(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+async def history(pool: asyncpg.Pool, job_id: str) -> list[asyncpg.Record]:
+    return await pool.fetch("SELECT * FROM runs WHERE job_id = $1 ORDER BY scheduled_at", uuid.UUID(job_id))
+
+
+async def count(pool: asyncpg.Pool, job_id: str, status: str) -> int:
+    found: int = await pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND status = $2",
+                                     uuid.UUID(job_id), status)
+    return found
+
+
+async def stop(client: httpx.AsyncClient, pool: asyncpg.Pool, job_id: str) -> None:
+    """Pause the job and cancel what it still runs, so the test ends with nothing in flight."""
+    assert (await client.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
+    for run in await history(pool, job_id):
+        if run["status"] in ("scheduled", "running"):
+            await client.post(f"/runs/{run['run_id']}/cancel")
+
+
+# --- concurrency replace --------------------------------------------------------------------------
+
+async def test_replace_cancels_the_running_run_and_starts_the_new_slots(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    target.delays["/replaced"] = lambda n: 120  # every call hangs: only a replacement ends a run
+    created = await client.post("/jobs", json=job(target, "/replaced", EVERY_TWO_SECONDS, concurrency="replace",
+                                                  retryPolicy={"maxAttempts": 1}))
+    assert created.status_code == 201, created.text
+    job_id = created.json()["jobId"]
+    assert (await client.get(f"/jobs/{job_id}")).json()["concurrency"] == "replace"
+    pool = await homes.for_job(job_id)
+    await wait_for(lambda: len(target.calls_to("/replaced")) >= 3, timeout=20, what="three runs to call the target")
+    await wait_for(lambda: _cancelled_and_let_go(pool, job_id, fleet, 2), timeout=10,
+                   what="two replaced runs, let go by the worker")
+    await stop(client, pool, job_id)
+    await wait_for(lambda: not fleet.running(), timeout=10, what="the worker to let go of every run")
+
+    runs = await history(pool, job_id)
+    by_slot = {r["scheduled_at"]: r for r in runs}
+    # One run per slot, every 2 s, none left out.
+    assert all(b["scheduled_at"] - a["scheduled_at"] == timedelta(seconds=2) for a, b in itertools.pairwise(runs))
+    replaced = [r for r in runs if r["error"] and "replaced" in r["error"]]
+    assert len(replaced) >= 2
+    for run in replaced:
+        newer = by_slot[run["scheduled_at"] + timedelta(seconds=2)]
+        assert run["status"] == "cancelled"
+        assert run["error"] == f"replaced by the run of {zulu(newer['scheduled_at'])} (concurrency replace)"
+        # The newer run started (unless the test's own cancel came first) once this one had ended.
+        assert newer["started_at"] is None or run["finished_at"] <= newer["started_at"]
+        shown = (await client.get(f"/runs/{run['run_id']}")).json()
+        assert shown["status"] == "cancelled" and shown["error"] == run["error"]
+        [attempt] = shown["attempts"]
+        assert attempt["status"] == "cancelled" and attempt["error"] == run["error"]
+        assert attempt["workerId"] == "test-worker"
+    assert not [c for c in target.calls_to("/replaced") if c.run_id not in {str(r["run_id"]) for r in runs}]
+    assert await pool.fetchval("SELECT count(*) FROM active_runs WHERE job_id = $1", uuid.UUID(job_id)) == 0
+
+
+async def _cancelled_and_let_go(pool: asyncpg.Pool, job_id: str, fleet: Fleet, at_least: int) -> bool:
+    cancelled = {r["run_id"] for r in await history(pool, job_id) if r["status"] == "cancelled"}
+    return len(cancelled) >= at_least and not cancelled & fleet.running()
+
+
+async def test_replace_cancels_a_run_waiting_for_its_retry(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    target.responders["/flaky"] = lambda n: 503
+    created = await client.post("/jobs", json=job(target, "/flaky", EVERY_TWO_SECONDS, concurrency="replace",
+                                                  retryPolicy={"maxAttempts": 5, "initialBackoffSec": 3600,
+                                                               "maxBackoffSec": 3600}))
+    job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)
+    await wait_for(lambda: count(pool, job_id, "cancelled"), timeout=20, what="a retry-waiting run replaced")
+    await stop(client, pool, job_id)
+    runs = await history(pool, job_id)
+    waited = next(r for r in runs if r["status"] == "cancelled" and r["attempt"] == 2)
+    assert waited["error"].startswith("replaced by the run of "), waited["error"]
+    # Its pending retry went with it: no retry trigger is left to bring it back.
+    assert not await pool.fetchval("SELECT count(*) FROM triggers WHERE trigger_id = $1 AND kind = 1",
+                                   waited["run_id"])
+    shown = (await client.get(f"/runs/{waited['run_id']}")).json()
+    assert [a["status"] for a in shown["attempts"]] == ["failed"]  # the attempt that ran, and no other
+    assert sum(1 for c in target.calls_to("/flaky") if c.run_id == str(waited["run_id"])) == 1
+
+
+async def test_an_unknown_concurrency_policy_is_refused_by_name(client: httpx.AsyncClient, target: Target) -> None:
+    answer = await client.post("/jobs", json=job(target, "/bad", EVERY_TWO_SECONDS, concurrency="cancel-other"))
+    assert answer.status_code == 422
+    assert answer.json()["field"] == "concurrency"
+    assert (await client.get("/jobs")).json()["jobs"] == []
