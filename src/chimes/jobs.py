@@ -18,6 +18,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -237,6 +238,8 @@ class JobSpec(_Model):
     notify_url: Annotated[str | None, Field(alias="notifyUrl", max_length=4096, pattern=r"^https?://")] = None
     # A run waiting longer than this for a worker raises the same notification as a final failure.
     start_deadline_sec: Annotated[int, Field(alias="startDeadlineSec", ge=1, le=7 * 86400)] = 300
+    # The job pauses itself when this many consecutive runs failed for good (after their retries).
+    pause_after_failures: Annotated[int | None, Field(alias="pauseAfterFailures", ge=1, le=1000)] = None
 
     _text = storable("name", "tags", "notify_url")
 
@@ -274,12 +277,22 @@ class JobPatch(_Model):
     tags: list[str] | None = None
     notify_url: str | None = Field(default=None, alias="notifyUrl")
     start_deadline_sec: int | None = Field(default=None, alias="startDeadlineSec")
+    pause_after_failures: int | None = Field(default=None, alias="pauseAfterFailures")
     paused: bool | None = None
+    # Why the job is paused, recorded with the pause and who asked for it (after ``paused``: read below).
+    pause_note: Annotated[str | None, Field(alias="pauseNote", max_length=1000)] = None
 
     _text = storable("*")
+
+    @field_validator("pause_note")
+    @classmethod
+    def _note_with_a_pause(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("paused") is not True:
+            raise ValueError("a pauseNote is given with \"paused\": true (it says why the job is paused)")
+        return value
 
     def apply_to(self, current: JobSpec) -> JobSpec:
         """The full definition after this patch, validated by the same rules as a create."""
         merged = current.to_wire()
-        merged.update(self.model_dump(by_alias=True, exclude_unset=True, exclude={"paused"}))
+        merged.update(self.model_dump(by_alias=True, exclude_unset=True, exclude={"paused", "pause_note"}))
         return JobSpec.model_validate(merged)

@@ -1,15 +1,19 @@
 """A job's life beyond one run, end to end (real API, scheduler node, worker, PostgreSQL and HTTP
-target): concurrency replace."""
+target): concurrency replace, pauses with who and why, pausing after consecutive failures."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
 from datetime import datetime, timedelta
 
 import asyncpg
 import httpx
+from click.testing import CliRunner, Result
 
+from chimes.cli import client as cli_client
+from chimes.store.tokens import create_token
 from tests.helpers import Homes, wait_for
 from tests.integration.fleet import Fleet
 from tests.target import Target
@@ -114,3 +118,82 @@ async def test_an_unknown_concurrency_policy_is_refused_by_name(client: httpx.As
     assert answer.status_code == 422
     assert answer.json()["field"] == "concurrency"
     assert (await client.get("/jobs")).json()["jobs"] == []
+
+
+# --- pauses: who and why, and pausing after consecutive failures -------------------------------
+
+async def test_a_job_pauses_itself_after_consecutive_failed_runs(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    # Run 1 fails (both attempts), run 2 succeeds, runs 3 to 5 fail: the streak of 3 ends at run 5.
+    target.responders["/failing"] = lambda n: 200 if n == 3 else 503
+    created = await client.post("/jobs", json=job(target, "/failing", {"cron": "* * * * * *"}, pauseAfterFailures=3,
+                                                  retryPolicy={"maxAttempts": 2, "initialBackoffSec": 0.1,
+                                                               "maxBackoffSec": 0.1}))
+    assert created.status_code == 201, created.text
+    job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)
+
+    async def paused() -> dict | None:
+        shown = (await client.get(f"/jobs/{job_id}")).json()
+        return shown if shown["paused"] else None
+
+    shown = await wait_for(paused, timeout=30, what="the job to pause itself")
+    assert shown["pauseAfterFailures"] == 3
+    assert shown["pausedBy"] == "chimes"
+    assert shown["pauseNote"] == "3 consecutive runs failed (pauseAfterFailures)"
+    assert shown["pausedAt"] is not None and shown["nextRunAt"] is None
+    ended = [r for r in await history(pool, job_id) if r["status"] in ("succeeded", "failed")]
+    assert [r["status"] for r in ended] == ["failed", "succeeded", "failed", "failed", "failed"]
+    assert all(r["attempt"] == 2 for r in ended if r["status"] == "failed")  # final failures, after the retry
+    [pause] = (await client.get(f"/jobs/{job_id}/pauses")).json()["pauses"]
+    assert pause["pausedBy"] == "chimes" and pause["note"] == shown["pauseNote"]
+    assert pause["pausedAt"] == shown["pausedAt"] and pause["resumedAt"] is None
+    # No run fires while paused; resuming clears the pause and records who resumed.
+    assert not await pool.fetchval("SELECT count(*) FROM triggers WHERE job_id = $1 AND kind = 0", uuid.UUID(job_id))
+    resumed = (await client.patch(f"/jobs/{job_id}", json={"paused": False, "catchUp": {"policy": "none"}})).json()
+    assert resumed["paused"] is False and resumed["pausedBy"] is None and resumed["pauseNote"] is None
+    [pause] = (await client.get(f"/jobs/{job_id}/pauses")).json()["pauses"]
+    assert pause["resumedBy"] == "team-a" and pause["resumedAt"] is not None
+    await stop(client, pool, job_id)
+
+
+async def test_a_pause_records_the_tokens_name_and_the_note(
+    client: httpx.AsyncClient, api_url: str, pool: asyncpg.Pool, target: Target
+) -> None:
+    async with pool.acquire() as conn:
+        bot = await create_token(conn, "team-a", name="ops-bot")
+    job_id = (await client.post("/jobs", json=job(target, "/noted", {"cron": "0 3 * * *"}))).json()["jobId"]
+    result = await cli(["pause", job_id, "--note", "incident 123"], api_url, bot)
+    assert result.exit_code == 0, result.output
+    assert "paused by ops-bot: incident 123" in result.output
+    shown = (await client.get(f"/jobs/{job_id}")).json()
+    assert (shown["paused"], shown["pausedBy"], shown["pauseNote"]) == (True, "ops-bot", "incident 123")
+    detail = await cli(["get", job_id], api_url, bot)
+    assert "by ops-bot: incident 123" in detail.output, detail.output
+    # Pausing a paused job again keeps who paused it first, and why.
+    again = await client.patch(f"/jobs/{job_id}", json={"paused": True, "pauseNote": "something else"})
+    assert again.json()["pausedBy"] == "ops-bot" and again.json()["pauseNote"] == "incident 123"
+    await client.patch(f"/jobs/{job_id}", json={"paused": False})
+    history_lines = await cli(["pauses", job_id], api_url, bot)
+    assert "by ops-bot: incident 123; resumed" in history_lines.output and "by team-a" in history_lines.output
+
+
+async def test_a_pause_note_needs_a_pause_and_a_bad_streak_is_refused(
+    client: httpx.AsyncClient, target: Target
+) -> None:
+    job_id = (await client.post("/jobs", json=job(target, "/refused", {"cron": "0 3 * * *"}))).json()["jobId"]
+    before = (await client.get(f"/jobs/{job_id}")).json()
+    answer = await client.patch(f"/jobs/{job_id}", json={"pauseNote": "why not", "name": "renamed"})
+    assert answer.status_code == 422 and answer.json()["field"] == "pauseNote", answer.text
+    answer = await client.patch(f"/jobs/{job_id}", json={"pauseAfterFailures": 0})
+    assert answer.status_code == 422 and answer.json()["field"] == "pauseAfterFailures", answer.text
+    created = await client.post("/jobs", json=job(target, "/refused", {"cron": "0 3 * * *"}, pauseAfterFailures="x"))
+    assert created.status_code == 422 and created.json()["field"] == "pauseAfterFailures"
+    assert (await client.get(f"/jobs/{job_id}")).json() == before
+    assert (await client.get(f"/jobs/{job_id}/pauses")).json() == {"pauses": []}
+
+
+async def cli(args: list[str], url: str, token: str) -> Result:
+    env = {"CHIMES_TOKEN": token, "CHIMES_API_URL": url, "COLUMNS": "200"}
+    return await asyncio.to_thread(CliRunner().invoke, cli_client.jobs, args, env=env)

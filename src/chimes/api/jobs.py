@@ -14,7 +14,7 @@ from chimes.api.auth import current_principal
 from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found
 from chimes.api.responses import JSONResponse
-from chimes.api.views import job_view
+from chimes.api.views import job_view, pause_view
 from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
 from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
@@ -92,12 +92,24 @@ async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Cal
     parsed = parse_id(job_id, "job")
     try:
         job = await (await homes.jobs_of(request, parsed)).update(parsed, caller.owner_filter, patch,
-                                                                  clock_of(request).now(), matching_versions(if_match))
+                                                                  clock_of(request).now(), matching_versions(if_match),
+                                                                  actor=caller.actor)
     except VersionMismatch as exc:
         raise precondition_failed(exc.current) from None
     if job is None:
         raise not_found("job")
     return JSONResponse(job_view(job), headers={"ETag": etag(job.version)})
+
+
+@router.get("/jobs/{job_id}/pauses", response_class=JSONResponse)
+async def job_pauses(job_id: str, request: Request, caller: Caller,
+                     limit: Annotated[int, Query(ge=1, le=500)] = 50) -> JSONResponse:
+    """The job's pauses, newest first: who paused it and why, and who resumed it."""
+    parsed = parse_id(job_id, "job")
+    found = await (await homes.jobs_of(request, parsed)).pauses(parsed, caller.owner_filter, limit)
+    if found is None:
+        raise not_found("job")
+    return JSONResponse({"pauses": [pause_view(p) for p in found]})
 
 
 @router.delete("/jobs/{job_id}", status_code=204)

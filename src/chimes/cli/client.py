@@ -193,6 +193,8 @@ def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
                      help="What happens to fires missed while the scheduler was down or the job paused."),
         click.option("--tag", "tags", multiple=True, help="A tag, for fleet-wide caps (repeatable)."),
         click.option("--notify-url", help="Webhook told when a run fails for good, starts late or stalls."),
+        click.option("--pause-after-failures", type=click.IntRange(1, 1000),
+                     help="Pause the job when this many consecutive runs failed for good."),
     ]):
         func = option(func)
     return func
@@ -286,6 +288,8 @@ def _tuning(opts: dict[str, Any]) -> dict[str, Any]:
         out["tags"] = list(opts["tags"])
     if opts.get("notify_url"):
         out["notifyUrl"] = opts["notify_url"]
+    if opts.get("pause_after_failures"):
+        out["pauseAfterFailures"] = opts["pause_after_failures"]
     return out
 
 
@@ -327,11 +331,27 @@ def get_job(api: Client, job_id: str, as_json: bool) -> None:
 @jobs.command("pause")
 @api_options
 @click.argument("job_id")
-def pause(api: Client, job_id: str) -> None:
+@click.option("--note", help="Why the job is paused (shown with the job and in its pause history).")
+def pause(api: Client, job_id: str, note: str | None) -> None:
     """Pause a job: no runs fire until it is resumed."""
     job_id = _job_id(api, job_id)
-    api.jobs.pause(job_id)
-    click.echo(f"paused job {job_id}")
+    job = api.jobs.pause(job_id, note)
+    click.echo(f"paused job {job_id} (paused by {job.paused_by}{': ' + job.pause_note if job.pause_note else ''})")
+
+
+@jobs.command("pauses")
+@api_options
+@click.argument("job_id")
+@json_option
+def pauses(api: Client, job_id: str, as_json: bool) -> None:
+    """A job's pauses, newest first: who paused it, why, and who resumed it."""
+    found = api.jobs.pauses(_job_id(api, job_id))
+    if as_json:
+        _echo_json({"pauses": [p.raw for p in found]})
+        return
+    for p in found:
+        resumed = f"; resumed {render.when(p.resumed_at)} by {p.resumed_by}" if p.resumed_at else "; still paused"
+        click.echo(f"paused {render.when(p.paused_at)} by {p.paused_by}{': ' + p.note if p.note else ''}{resumed}")
 
 
 @jobs.command("resume")

@@ -6,6 +6,7 @@ limit and turns an error answer into an :class:`~chimes.client.errors.ApiError`.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import email.utils
 import logging
 import os
@@ -25,6 +26,7 @@ from chimes.client.models import (
     JobCreated,
     Notification,
     Page,
+    Pause,
     Run,
     RunPage,
     _FromApi,
@@ -218,8 +220,15 @@ class AsyncJobs:
         """Delete the job; its runs stay listable until retention removes them."""
         await self._client.request("DELETE", _path("jobs", job_id), headers=_if_match(if_version))
 
-    async def pause(self, job_id: str) -> Job:
-        return await self.update(job_id, {"paused": True})
+    async def pause(self, job_id: str, note: str | None = None) -> Job:
+        """Pause the job; ``note`` says why, recorded with the pause and who asked."""
+        return await self.update(job_id, {"paused": True} if note is None else {"paused": True, "pauseNote": note})
+
+    async def pauses(self, job_id: str, *, limit: int | None = None) -> builtins.list[Pause]:
+        """The job's pauses, newest first: who paused it and why, and who resumed it."""
+        answer = await self._client.call("GET", _path("jobs", job_id, "pauses"),
+                                         params=None if limit is None else {"limit": limit})
+        return [Pause.from_api(p) for p in answer["pauses"]]
 
     async def resume(self, job_id: str) -> Job:
         return await self.update(job_id, {"paused": False})

@@ -28,6 +28,9 @@ class JobRecord:
     updated_at: datetime
     next_run_at: datetime | None
     last_run: dict[str, Any] | None = None
+    paused_at: datetime | None = None  # while paused: since when, by whom, why
+    paused_by: str | None = None
+    pause_note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,7 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
         list(spec.tags),
         spec.notify_url,
         spec.start_deadline_sec,
+        spec.pause_after_failures,
     )
 
 
@@ -86,6 +90,8 @@ def definition_of(row: asyncpg.Record) -> dict[str, Any]:
     }
     if row["notify_url"]:
         definition["notifyUrl"] = row["notify_url"]
+    if row["pause_after_failures"] is not None:
+        definition["pauseAfterFailures"] = row["pause_after_failures"]
     return definition
 
 
@@ -94,6 +100,7 @@ def _record(row: asyncpg.Record, last_run: dict[str, Any] | None = None) -> JobR
         job_id=row["job_id"], owner=row["owner"], definition=definition_of(row), paused=row["paused"],
         version=row["version"], created_at=row["created_at"], updated_at=row["updated_at"],
         next_run_at=row["next_run_at"], last_run=last_run,
+        paused_at=row["paused_at"] if row["paused"] else None, paused_by=row["paused_by"], pause_note=row["pause_note"],
     )
 
 
@@ -166,10 +173,37 @@ async def lock_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> LockedJo
                      definition_of(row))
 
 
-async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, paused: bool) -> int:
-    """Rewrite the definition; returns the job's new version."""
-    version: int = await conn.fetchval(sql("update_job"), job_id, *job_columns(spec), paused)
-    return version
+@dataclass(frozen=True, slots=True)
+class PauseRecord:
+    """One pause of a job: when, by whom and why, and when and by whom it was resumed (still paused: None)."""
+
+    paused_at: datetime
+    paused_by: str
+    note: str | None
+    resumed_at: datetime | None
+    resumed_by: str | None
+
+
+async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, paused: bool, was_paused: bool,
+                     actor: str, pause_note: str | None) -> int:
+    """Rewrite the definition; returns the job's new version. A pause or a resume is recorded in the
+    job's history of pauses with ``actor`` (and ``pause_note``, the reason a pause was given)."""
+    row = one_row(await conn.fetchrow(sql("update_job"), job_id, *job_columns(spec), paused, actor, pause_note))
+    if paused and not was_paused:
+        await record_pause(conn, job_id, actor, paused_at=row["paused_at"], note=pause_note)
+    elif was_paused and not paused:
+        await record_pause(conn, job_id, actor, resumed_at=row["resumed_at"])
+    return int(row["version"])
+
+
+async def record_pause(conn: Conn, job_id: uuid.UUID, actor: str, *, paused_at: datetime | None = None,
+                       note: str | None = None, resumed_at: datetime | None = None) -> None:
+    """A pause that began at ``paused_at``, or (without it) the end of the open one at ``resumed_at``."""
+    await conn.execute(sql("record_pause"), job_id, paused_at, actor, note, resumed_at)
+
+
+async def pauses(pool: asyncpg.Pool, job_id: uuid.UUID, limit: int) -> list[PauseRecord]:
+    return [PauseRecord(*row) for row in await pool.fetch(sql("job_pauses"), job_id, limit)]
 
 
 async def insert_schedule_trigger(conn: Conn, job_id: uuid.UUID, fire_at: datetime,

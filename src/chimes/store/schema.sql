@@ -62,6 +62,16 @@ CREATE TABLE public.concurrency_caps (
     CONSTRAINT concurrency_caps_scope_check CHECK ((scope = ANY (ARRAY['owner'::text, 'tag'::text])))
 );
 
+CREATE TABLE public.job_pauses (
+    job_id uuid NOT NULL,
+    paused_at timestamp with time zone NOT NULL,
+    paused_by text NOT NULL,
+    note text,
+    resumed_at timestamp with time zone,
+    resumed_by text,
+    CONSTRAINT job_pauses_pkey PRIMARY KEY (job_id, paused_at)
+);
+
 CREATE TABLE public.jobs (
     job_id uuid NOT NULL,
     owner text NOT NULL,
@@ -90,6 +100,9 @@ CREATE TABLE public.jobs (
     start_deadline_sec integer DEFAULT 300 NOT NULL,
     paused_at timestamp with time zone,
     resumed_at timestamp with time zone,
+    pause_after_failures integer,
+    paused_by text,
+    pause_note text,
     CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text, 'replace'::text]))),
     CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),
     CONSTRAINT jobs_dst_gap CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
@@ -483,6 +496,42 @@ CREATE OR REPLACE FUNCTION public.chimes_partition_of(job_id uuid)
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE STRICT
 RETURN ((crc32(uuid_send(job_id)) % (1024)::bigint))::integer;
+
+CREATE OR REPLACE FUNCTION public.chimes_pause_failing(run_ids uuid[], scheduled_ats timestamp with time zone[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    paused_jobs integer;
+BEGIN
+    WITH failed AS (
+        SELECT DISTINCT r.job_id FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+        JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at AND r.status = 'failed'
+    ),
+    failing AS (
+        SELECT j.job_id FROM failed f JOIN jobs j ON j.job_id = f.job_id
+        WHERE j.pause_after_failures IS NOT NULL AND NOT j.paused
+          AND (SELECT count(*) FILTER (WHERE newest.status = 'failed') FROM (
+                  SELECT r.status FROM runs r WHERE r.job_id = j.job_id AND r.status IN ('succeeded', 'failed')
+                  ORDER BY r.scheduled_at DESC LIMIT j.pause_after_failures) newest) = j.pause_after_failures
+    ),
+    stopped AS (
+        UPDATE jobs j SET paused = true, paused_at = now(), paused_by = 'chimes',
+                          pause_note = format('%s consecutive runs failed (pauseAfterFailures)', j.pause_after_failures),
+                          version = j.version + 1, updated_at = now()
+        FROM failing f WHERE j.job_id = f.job_id AND NOT j.paused
+        RETURNING j.job_id, j.paused_at, j.paused_by, j.pause_note
+    ),
+    untriggered AS (
+        DELETE FROM triggers t USING stopped s WHERE t.job_id = s.job_id AND t.kind = 0
+    )
+    INSERT INTO job_pauses (job_id, paused_at, paused_by, note)
+    SELECT job_id, paused_at, paused_by, pause_note FROM stopped
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS paused_jobs = ROW_COUNT;
+    RETURN paused_jobs;
+END
+$function$;
 
 CREATE OR REPLACE FUNCTION public.chimes_refuse_jobs_of_shards()
  RETURNS trigger

@@ -27,6 +27,12 @@ class Principal:
     admin: bool
     scope: str = "write"
     token_id: uuid.UUID | None = None
+    name: str | None = None  # the token's, when it was given one (chimes token create --name)
+
+    @property
+    def actor(self) -> str:
+        """Who did it, as the job's history records it: the token's name, or its owner's."""
+        return self.name or self.owner
 
     @property
     def owner_filter(self) -> str | None:
@@ -58,7 +64,7 @@ async def authenticate(conn: asyncpg.Connection | asyncpg.Pool, token: str) -> P
     if not token.startswith(TOKEN_PREFIX) or len(token) > 200 or not token.isascii():
         return None
     row = await conn.fetchrow(sql("token_by_hash"), hash_token(token))
-    return None if row is None else Principal(row["owner"], row["admin"], row["scope"], row["token_id"])
+    return None if row is None else Principal(row["owner"], row["admin"], row["scope"], row["token_id"], row["name"])
 
 
 @dataclass(frozen=True, slots=True)

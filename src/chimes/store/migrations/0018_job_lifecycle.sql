@@ -4,3 +4,58 @@
 -- million jobs), and nothing is lost.
 ALTER TABLE jobs DROP CONSTRAINT jobs_concurrency;
 ALTER TABLE jobs ADD CONSTRAINT jobs_concurrency CHECK (concurrency IN ('skip', 'queue', 'allow', 'replace'));
+
+-- Pauses with who and why: the job's current pause on its row (shown with the job), every pause in
+-- job_pauses (GET /jobs/{id}/pauses), in the job's home like the job. A job pauses itself after
+-- pause_after_failures consecutive failed runs (chimes_pause_failing).
+ALTER TABLE jobs ADD COLUMN pause_after_failures integer,
+                 ADD COLUMN paused_by text,
+                 ADD COLUMN pause_note text;
+CREATE TABLE job_pauses (
+    job_id     uuid NOT NULL,
+    paused_at  timestamptz NOT NULL,
+    paused_by  text NOT NULL,
+    note       text,
+    resumed_at timestamptz,
+    resumed_by text,
+    PRIMARY KEY (job_id, paused_at)
+);
+
+-- Called with the runs that just ended (chimes.store.working.runs_ended), in their transaction: a job
+-- with pause_after_failures N whose N newest runs that ended as succeeded or failed (by scheduled
+-- time; cancelled and skipped runs neither count nor break the streak) all failed is paused, as a
+-- PATCH {"paused": true} would: a new version, its schedule trigger gone, the pause recorded with
+-- the actor "chimes". Only jobs with a run that failed for good are looked at: a success costs nothing.
+CREATE FUNCTION chimes_pause_failing(run_ids uuid[], scheduled_ats timestamptz[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    paused_jobs integer;
+BEGIN
+    WITH failed AS (
+        SELECT DISTINCT r.job_id FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+        JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at AND r.status = 'failed'
+    ),
+    failing AS (
+        SELECT j.job_id FROM failed f JOIN jobs j ON j.job_id = f.job_id
+        WHERE j.pause_after_failures IS NOT NULL AND NOT j.paused
+          AND (SELECT count(*) FILTER (WHERE newest.status = 'failed') FROM (
+                  SELECT r.status FROM runs r WHERE r.job_id = j.job_id AND r.status IN ('succeeded', 'failed')
+                  ORDER BY r.scheduled_at DESC LIMIT j.pause_after_failures) newest) = j.pause_after_failures
+    ),
+    stopped AS (
+        UPDATE jobs j SET paused = true, paused_at = now(), paused_by = 'chimes',
+                          pause_note = format('%s consecutive runs failed (pauseAfterFailures)', j.pause_after_failures),
+                          version = j.version + 1, updated_at = now()
+        FROM failing f WHERE j.job_id = f.job_id AND NOT j.paused
+        RETURNING j.job_id, j.paused_at, j.paused_by, j.pause_note
+    ),
+    untriggered AS (
+        DELETE FROM triggers t USING stopped s WHERE t.job_id = s.job_id AND t.kind = 0
+    )
+    INSERT INTO job_pauses (job_id, paused_at, paused_by, note)
+    SELECT job_id, paused_at, paused_by, pause_note FROM stopped
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS paused_jobs = ROW_COUNT;
+    RETURN paused_jobs;
+END
+$$;

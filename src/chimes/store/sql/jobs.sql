@@ -1,8 +1,8 @@
 -- name: insert_job
 INSERT INTO jobs (job_id, owner, name, cron, run_at, timezone, jitter_sec, task, retry_policy,
                   timeout_sec, concurrency, priority, dst_gap, dst_fold, catch_up, queue_limit, tags, notify_url,
-                  start_deadline_sec, paused, idempotency_key, request_hash)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, false, $20, $21)
+                  start_deadline_sec, pause_after_failures, paused, idempotency_key, request_hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, false, $21, $22)
 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING job_id;
 
@@ -60,12 +60,31 @@ CROSS JOIN LATERAL (
 UPDATE jobs SET name = $2, cron = $3, run_at = $4, timezone = $5, jitter_sec = $6, task = $7,
                 retry_policy = $8, timeout_sec = $9, concurrency = $10, priority = $11, dst_gap = $12,
                 dst_fold = $13, catch_up = $14, queue_limit = $15, tags = $16, notify_url = $17,
-                start_deadline_sec = $18, paused = $19,
-                paused_at = CASE WHEN $19 AND NOT paused THEN now() ELSE paused_at END,
-                resumed_at = CASE WHEN paused AND NOT $19 THEN now() ELSE resumed_at END,
+                start_deadline_sec = $18, pause_after_failures = $19, paused = $20,
+                paused_at = CASE WHEN $20 AND NOT paused THEN now() ELSE paused_at END,
+                resumed_at = CASE WHEN paused AND NOT $20 THEN now() ELSE resumed_at END,
+                -- who paused it ($21) and why ($22), kept while it stays paused
+                paused_by = CASE WHEN NOT $20 THEN NULL WHEN NOT paused THEN $21 ELSE paused_by END,
+                pause_note = CASE WHEN NOT $20 THEN NULL WHEN NOT paused THEN $22 ELSE pause_note END,
                 version = version + 1, updated_at = now()
 WHERE job_id = $1
-RETURNING version;
+RETURNING version, paused_at, resumed_at;
+
+-- name: record_pause
+-- A pause begins ($2 its start, $3 who, $4 why) or, with $2 NULL, the job's open pause ends ($5 the
+-- resume, $3 who): the job's history of pauses (GET /jobs/{id}/pauses).
+WITH begun AS (
+    INSERT INTO job_pauses (job_id, paused_at, paused_by, note)
+    SELECT $1, $2, $3, $4 WHERE $2::timestamptz IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
+UPDATE job_pauses SET resumed_at = $5, resumed_by = $3
+WHERE $2::timestamptz IS NULL AND job_id = $1 AND resumed_at IS NULL;
+
+-- name: job_pauses
+-- The job's pauses, newest first.
+SELECT paused_at, paused_by, note, resumed_at, resumed_by FROM job_pauses
+WHERE job_id = $1 ORDER BY paused_at DESC LIMIT $2;
 
 -- name: track_unfinished_runs
 -- A job changed from concurrency allow to skip or queue: its unfinished runs, which allow did not
@@ -76,5 +95,11 @@ SELECT job_id, run_id, scheduled_at FROM runs WHERE job_id = $1 AND status IN ('
 ON CONFLICT DO NOTHING;
 
 -- name: delete_job
-DELETE FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) RETURNING job_id;
+WITH deleted AS (
+    DELETE FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) RETURNING job_id
+),
+forgotten AS (
+    DELETE FROM job_pauses p USING deleted d WHERE p.job_id = d.job_id
+)
+SELECT job_id FROM deleted;
 

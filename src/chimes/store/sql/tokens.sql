@@ -2,7 +2,7 @@
 INSERT INTO api_tokens (token_id, token_hash, owner, scope, admin, name) VALUES ($1, $2, $3, $4, $4 = 'admin', $5);
 
 -- name: token_by_hash
-SELECT token_id, owner, admin, scope FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL;
+SELECT token_id, owner, admin, scope, name FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL;
 
 -- name: list_tokens
 SELECT token_id, owner, admin, scope, name, created_at, revoked_at FROM api_tokens ORDER BY created_at;

@@ -169,7 +169,8 @@ SELECT e.run_id, e.scheduled_at, e.job_id, e.retry_at IS NULL AS final,
 FROM ended e;
 
 -- name: runs_ended
-SELECT chimes_runs_ended($1::uuid[], $2::uuid[]), chimes_notify_failed($2::uuid[], $3::timestamptz[]);
+SELECT chimes_runs_ended($1::uuid[], $2::uuid[]), chimes_notify_failed($2::uuid[], $3::timestamptz[]),
+       chimes_pause_failing($2::uuid[], $3::timestamptz[]);
 
 -- name: release_runs
 -- Hands runs back to the queue untouched (a worker shutting down): same attempt, no attempt row,
