@@ -240,8 +240,17 @@ class JobSpec(_Model):
     start_deadline_sec: Annotated[int, Field(alias="startDeadlineSec", ge=1, le=7 * 86400)] = 300
     # The job pauses itself when this many consecutive runs failed for good (after their retries).
     pause_after_failures: Annotated[int | None, Field(alias="pauseAfterFailures", ge=1, le=1000)] = None
+    # A one-off job deletes itself once its run ended for good (docs/semantics.md); its runs stay.
+    delete_after_completion: bool = Field(default=False, alias="deleteAfterCompletion")
 
     _text = storable("name", "tags", "notify_url")
+
+    @field_validator("delete_after_completion")
+    @classmethod
+    def _one_offs_only(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and "schedule" in info.data and not isinstance(info.data["schedule"], AtScheduleSpec):
+            raise ValueError("only a one-off job (schedule 'at') can delete itself after its run")
+        return value
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -255,7 +264,10 @@ class JobSpec(_Model):
         return isinstance(self.schedule, CronScheduleSpec)
 
     def to_wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        wire = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if not self.delete_after_completion:  # left out when off, as before it existed (fingerprints)
+            del wire["deleteAfterCompletion"]
+        return wire
 
     def fingerprint(self) -> bytes:
         """A stable hash of the definition, to tell an idempotent retry from a different request."""
@@ -278,6 +290,7 @@ class JobPatch(_Model):
     notify_url: str | None = Field(default=None, alias="notifyUrl")
     start_deadline_sec: int | None = Field(default=None, alias="startDeadlineSec")
     pause_after_failures: int | None = Field(default=None, alias="pauseAfterFailures")
+    delete_after_completion: bool | None = Field(default=None, alias="deleteAfterCompletion")
     paused: bool | None = None
     # Why the job is paused, recorded with the pause and who asked for it (after ``paused``: read below).
     pause_note: Annotated[str | None, Field(alias="pauseNote", max_length=1000)] = None

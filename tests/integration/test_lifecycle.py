@@ -1,18 +1,20 @@
 """A job's life beyond one run, end to end (real API, scheduler node, worker, PostgreSQL and HTTP
-target): concurrency replace, pauses with who and why, pausing after consecutive failures."""
+target): concurrency replace, pauses with who and why, pausing after consecutive failures, one-offs that
+delete themselves."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import httpx
 from click.testing import CliRunner, Result
 
 from chimes.cli import client as cli_client
+from chimes.store.owners import OwnerStore
 from chimes.store.tokens import create_token
 from tests.helpers import Homes, wait_for
 from tests.integration.fleet import Fleet
@@ -197,3 +199,70 @@ async def test_a_pause_note_needs_a_pause_and_a_bad_streak_is_refused(
 async def cli(args: list[str], url: str, token: str) -> Result:
     env = {"CHIMES_TOKEN": token, "CHIMES_API_URL": url, "COLUMNS": "200"}
     return await asyncio.to_thread(CliRunner().invoke, cli_client.jobs, args, env=env)
+
+
+# --- one-offs that delete themselves ---------------------------------------------------------------
+
+def soon(seconds: float = 0.5) -> dict[str, str]:
+    return {"at": (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()}
+
+
+async def gone(client: httpx.AsyncClient, job_id: str) -> bool:
+    answer = await client.get(f"/jobs/{job_id}")
+    return answer.status_code == 404 and answer.json()["error"] == "job_deleted"
+
+
+async def test_a_one_off_deletes_itself_after_its_run_and_frees_its_quota(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, pool: asyncpg.Pool, homes: Homes
+) -> None:
+    await OwnerStore(pool).set("team-a", job_quota=1)
+    created = await client.post("/jobs", json=job(target, "/once", soon(), deleteAfterCompletion=True))
+    assert created.status_code == 201, created.text
+    job_id = created.json()["jobId"]
+    assert (await client.get(f"/jobs/{job_id}")).json()["deleteAfterCompletion"] is True
+    refused = await client.post("/jobs", json=job(target, "/twice", soon(60)))
+    assert refused.status_code == 429, refused.text  # the one-off still counts while it has not run
+    await wait_for(lambda: gone(client, job_id), timeout=20, what="the one-off to delete itself")
+    # Its run stays readable, by id and in the job's run list.
+    listed = (await client.get(f"/jobs/{job_id}/runs")).json()
+    [run] = listed["runs"]
+    assert run["status"] == "succeeded" and listed["jobDeleted"] is True
+    assert (await client.get(f"/runs/{run['runId']}")).json()["status"] == "succeeded"
+    job_home = await homes.for_job(job_id)
+    assert not await job_home.fetchval("SELECT count(*) FROM triggers WHERE job_id = $1", uuid.UUID(job_id))
+    # The finished one-off no longer counts against the quota of 1.
+    assert (await client.post("/jobs", json=job(target, "/twice", soon(60)))).status_code == 201
+
+
+async def test_a_one_off_that_failed_for_good_deletes_itself_but_a_manual_run_does_not(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target
+) -> None:
+    target.responders["/broken"] = lambda n: 500
+    job_id = (await client.post("/jobs", json=job(target, "/broken", soon(30), deleteAfterCompletion=True,
+                                                  retryPolicy={"maxAttempts": 2, "initialBackoffSec": 0.1,
+                                                               "maxBackoffSec": 0.1}))).json()["jobId"]
+    manual = (await client.post(f"/jobs/{job_id}/runs")).json()["runId"]
+    await wait_for(lambda: _status_is(client, manual, "failed"), timeout=20, what="the manual run to fail")
+    assert (await client.get(f"/jobs/{job_id}")).status_code == 200  # a manual run does not end the one-off
+    moved = await client.patch(f"/jobs/{job_id}", json={"schedule": soon()})
+    assert moved.status_code == 200, moved.text
+    await wait_for(lambda: gone(client, job_id), timeout=20, what="the failed one-off to delete itself")
+    runs = (await client.get(f"/jobs/{job_id}/runs")).json()["runs"]
+    scheduled = [r for r in runs if r["trigger"] == "schedule"]
+    assert [(r["status"], r["attempt"]) for r in scheduled] == [("failed", 2)]  # after its retry
+
+
+async def _status_is(client: httpx.AsyncClient, run_id: str, status: str) -> bool:
+    return (await client.get(f"/runs/{run_id}")).json()["status"] == status
+
+
+async def test_only_a_one_off_can_delete_itself(client: httpx.AsyncClient, target: Target) -> None:
+    answer = await client.post("/jobs", json=job(target, "/cron", {"cron": "0 3 * * *"}, deleteAfterCompletion=True))
+    assert answer.status_code == 422 and answer.json()["field"] == "deleteAfterCompletion", answer.text
+    at = await client.post("/jobs", json=job(target, "/at", soon(3600), deleteAfterCompletion=True))
+    job_id = at.json()["jobId"]
+    before = (await client.get(f"/jobs/{job_id}")).json()
+    answer = await client.patch(f"/jobs/{job_id}", json={"schedule": {"cron": "0 3 * * *"}})
+    assert answer.status_code == 422 and answer.json()["field"] == "deleteAfterCompletion", answer.text
+    assert (await client.get(f"/jobs/{job_id}")).json() == before
+    assert len((await client.get("/jobs")).json()["jobs"]) == 1

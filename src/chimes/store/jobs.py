@@ -65,6 +65,7 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
         spec.notify_url,
         spec.start_deadline_sec,
         spec.pause_after_failures,
+        spec.delete_after_completion,
     )
 
 
@@ -92,6 +93,8 @@ def definition_of(row: asyncpg.Record) -> dict[str, Any]:
         definition["notifyUrl"] = row["notify_url"]
     if row["pause_after_failures"] is not None:
         definition["pauseAfterFailures"] = row["pause_after_failures"]
+    if row["delete_after_completion"]:
+        definition["deleteAfterCompletion"] = True
     return definition
 
 

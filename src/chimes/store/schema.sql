@@ -103,6 +103,7 @@ CREATE TABLE public.jobs (
     pause_after_failures integer,
     paused_by text,
     pause_note text,
+    delete_after_completion boolean DEFAULT false NOT NULL,
     CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text, 'replace'::text]))),
     CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),
     CONSTRAINT jobs_dst_gap CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
@@ -357,6 +358,34 @@ UNION ALL
   WHERE ((r.status = 'succeeded'::text) AND (NOT (EXISTS ( SELECT 1
            FROM run_attempts a
           WHERE ((a.run_id = r.run_id) AND (a.scheduled_at = r.scheduled_at) AND (a.attempt = r.attempt))))));
+
+CREATE OR REPLACE FUNCTION public.chimes_delete_completed(run_ids uuid[], scheduled_ats timestamp with time zone[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    deleted_jobs integer;
+BEGIN
+    WITH done AS (
+        SELECT DISTINCT r.job_id FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+        JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at
+        WHERE r.status IN ('succeeded', 'failed', 'cancelled') AND r.trigger IN ('schedule', 'catchup')
+    ),
+    gone AS (
+        DELETE FROM jobs j USING done d
+        WHERE j.job_id = d.job_id AND j.delete_after_completion AND j.run_at IS NOT NULL
+        RETURNING j.job_id
+    ),
+    untriggered AS (
+        DELETE FROM triggers t USING gone g WHERE t.job_id = g.job_id
+    ),
+    forgotten AS (
+        DELETE FROM job_pauses p USING gone g WHERE p.job_id = g.job_id
+    )
+    SELECT count(*) INTO deleted_jobs FROM gone;
+    RETURN deleted_jobs;
+END
+$function$;
 
 CREATE OR REPLACE FUNCTION public.chimes_drop_run_partitions(cutoff date)
  RETURNS integer

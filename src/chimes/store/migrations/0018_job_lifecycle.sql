@@ -59,3 +59,38 @@ BEGIN
     RETURN paused_jobs;
 END
 $$;
+
+-- A one-off job that deletes itself once its run ended for good (chimes_delete_completed), so
+-- finished one-offs stop counting against the owner's job quota. Its runs stay: nothing refers from
+-- runs to jobs by a foreign key, and the run history is kept until retention removes it.
+ALTER TABLE jobs ADD COLUMN delete_after_completion boolean DEFAULT false NOT NULL;
+
+-- Called with the runs that just ended, after the other bookkeeping of runs_ended (which reads the
+-- job): a one-off job with delete_after_completion whose scheduled run ended succeeded, failed for
+-- good or cancelled is deleted with its triggers and pause history. A manual run or a re-run of it
+-- does not end it.
+CREATE FUNCTION chimes_delete_completed(run_ids uuid[], scheduled_ats timestamptz[]) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    deleted_jobs integer;
+BEGIN
+    WITH done AS (
+        SELECT DISTINCT r.job_id FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+        JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at
+        WHERE r.status IN ('succeeded', 'failed', 'cancelled') AND r.trigger IN ('schedule', 'catchup')
+    ),
+    gone AS (
+        DELETE FROM jobs j USING done d
+        WHERE j.job_id = d.job_id AND j.delete_after_completion AND j.run_at IS NOT NULL
+        RETURNING j.job_id
+    ),
+    untriggered AS (
+        DELETE FROM triggers t USING gone g WHERE t.job_id = g.job_id
+    ),
+    forgotten AS (
+        DELETE FROM job_pauses p USING gone g WHERE p.job_id = g.job_id
+    )
+    SELECT count(*) INTO deleted_jobs FROM gone;
+    RETURN deleted_jobs;
+END
+$$;

@@ -143,7 +143,7 @@ ended AS (
     FROM outcome o
     WHERE r.run_id = o.run_id AND r.scheduled_at = o.scheduled_at
       AND r.status = 'running' AND r.lease_token = o.lease_token
-    RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.started_at,
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.started_at, r.trigger,
               r.attempt - (o.retry_at IS NOT NULL)::integer AS ended_attempt,
               o.status, o.error, o.output, GREATEST(r.started_at, LEAST(o.finished_at, now())) AS finished_at,
               o.finished_at AS reported_finish, o.retry_at, o.on_run AND r.worker_id = $9 AS on_run
@@ -162,15 +162,21 @@ retry_triggers AS (
     ON CONFLICT DO NOTHING
 )
 -- bookkeeping: whether runs_ended has anything to do for the run, once final: a failure to notify,
--- or a job whose runs are tracked in active_runs (skip and queue jobs, and a job changed from one of
--- them whose held runs still wait). Most outcomes (allow jobs that succeeded) need no second statement.
+-- a job whose runs are tracked in active_runs (skip and queue jobs, and a job changed from one of
+-- them whose held runs still wait), or a one-off job to delete (deleteAfterCompletion; looked up for
+-- the run of a one-off's schedule only). Most outcomes (allow jobs that succeeded) need no second statement.
 SELECT e.run_id, e.scheduled_at, e.job_id, e.retry_at IS NULL AS final,
-       e.status = 'failed' OR EXISTS (SELECT 1 FROM active_runs a WHERE a.job_id = e.job_id) AS bookkeeping
+       e.status = 'failed' OR EXISTS (SELECT 1 FROM active_runs a WHERE a.job_id = e.job_id)
+       OR (e.trigger <> 'manual' AND e.trigger <> 'rerun'
+           AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = e.job_id AND j.delete_after_completion)) AS bookkeeping
 FROM ended e;
 
 -- name: runs_ended
-SELECT chimes_runs_ended($1::uuid[], $2::uuid[]), chimes_notify_failed($2::uuid[], $3::timestamptz[]),
-       chimes_pause_failing($2::uuid[], $3::timestamptz[]);
+-- The job is deleted (deleteAfterCompletion) only after the rest has read it: the subquery is
+-- evaluated first (OFFSET 0 keeps it from being merged into the outer query).
+SELECT chimes_delete_completed($2::uuid[], $3::timestamptz[])
+FROM (SELECT chimes_runs_ended($1::uuid[], $2::uuid[]), chimes_notify_failed($2::uuid[], $3::timestamptz[]),
+             chimes_pause_failing($2::uuid[], $3::timestamptz[]) OFFSET 0) AS bookkeeping;
 
 -- name: release_runs
 -- Hands runs back to the queue untouched (a worker shutting down): same attempt, no attempt row,
