@@ -266,3 +266,18 @@ async def test_only_a_one_off_can_delete_itself(client: httpx.AsyncClient, targe
     assert answer.status_code == 422 and answer.json()["field"] == "deleteAfterCompletion", answer.text
     assert (await client.get(f"/jobs/{job_id}")).json() == before
     assert len((await client.get("/jobs")).json()["jobs"]) == 1
+
+
+async def test_the_cli_creates_jobs_with_the_lifecycle_options(
+    client: httpx.AsyncClient, api_url: str, tokens: dict[str, str], target: Target
+) -> None:
+    at = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    one_off = await cli(["create", "--name", "once", "--at", at, "--url", target.url + "/x",
+                         "--delete-after-completion", "--concurrency", "replace"], api_url, tokens["team-a"])
+    assert one_off.exit_code == 0, one_off.output
+    recurring = await cli(["create", "--name", "nightly", "--cron", "0 3 * * *", "--url", target.url + "/y",
+                           "--pause-after-failures", "3"], api_url, tokens["team-a"])
+    assert recurring.exit_code == 0, recurring.output
+    shown = {j["name"]: j for j in (await client.get("/jobs")).json()["jobs"]}
+    assert shown["once"]["deleteAfterCompletion"] is True and shown["once"]["concurrency"] == "replace"
+    assert shown["nightly"]["pauseAfterFailures"] == 3 and "deleteAfterCompletion" not in shown["nightly"]
