@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
@@ -18,6 +18,7 @@ from chimes.api.views import job_view, pause_view
 from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
 from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
+from chimes.store.jobs import JobFilter
 from chimes.store.shards import partition_moved
 from chimes.store.tokens import Principal
 
@@ -67,8 +68,17 @@ async def list_jobs(
     request: Request, caller: Caller,
     cursor: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    tag: Annotated[str | None, Query(min_length=1, max_length=64, description="jobs with this tag")] = None,
+    name_prefix: Annotated[str | None, Query(alias="namePrefix", min_length=1, max_length=200,
+                                             description="jobs whose name starts with this (case-sensitive)")] = None,
+    paused: Annotated[bool | None, Query(description="paused jobs (true) or active ones (false)")] = None,
+    kind: Annotated[Literal["cron", "at"] | None,
+                    Query(description="recurring (cron) or one-off (at) jobs")] = None,
 ) -> JSONResponse:
-    jobs = await homes.list_jobs(request, caller.owner_filter, _decode_cursor(cursor), limit + 1)
+    """The caller's jobs in creation order; the filters given all hold for each, and the cursor of a
+    filtered list pages through that same filtered list."""
+    where = JobFilter(tag=tag, name_prefix=name_prefix, paused=paused, kind=kind)
+    jobs = await homes.list_jobs(request, caller.owner_filter, _decode_cursor(cursor), limit + 1, where)
     page = jobs[:limit]
     next_cursor = _encode_cursor(page[-1].job_id) if len(jobs) > limit else None
     return JSONResponse({"jobs": [job_view(j) for j in page], "nextCursor": next_cursor})

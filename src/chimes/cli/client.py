@@ -301,14 +301,20 @@ def _tuning(opts: dict[str, Any]) -> dict[str, Any]:
 @api_options
 @click.option("--limit", type=click.IntRange(1, 500), help="Jobs per page (the API's default is 50).")
 @click.option("--all", "follow", is_flag=True, help="Follow nextCursor and list every job.")
+@click.option("--tag", help="Only jobs with this tag.")
+@click.option("--name-prefix", help="Only jobs whose name starts with this (case-sensitive).")
+@click.option("--paused/--active", "paused", default=None, help="Only paused jobs, or only active ones.")
+@click.option("--kind", type=click.Choice(["cron", "at"]), help="Only recurring (cron) or one-off (at) jobs.")
 @json_option
 @wide_option
-def list_jobs(api: Client, limit: int | None, follow: bool, as_json: bool, wide: bool) -> None:
-    """List your jobs (short ids and relative times in a terminal under 120 columns)."""
+def list_jobs(api: Client, limit: int | None, follow: bool, tag: str | None, name_prefix: str | None,
+              paused: bool | None, kind: str | None, as_json: bool, wide: bool) -> None:
+    """List your jobs (short ids and relative times in a terminal under 120 columns); the API filters."""
+    where: dict[str, Any] = {"tag": tag, "name_prefix": name_prefix, "paused": paused, "kind": kind}
     if follow:
-        listed, cursor = list(api.jobs.list(page_size=limit)), None
+        listed, cursor = list(api.jobs.list(page_size=limit, **where)), None
     else:
-        page = api.jobs.page(limit=limit)
+        page = api.jobs.page(limit=limit, **where)
         listed, cursor = page.items, page.next_cursor
     items = [job.raw for job in listed]
     if as_json:

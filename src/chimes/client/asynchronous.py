@@ -182,6 +182,11 @@ def _time(value: datetime | str) -> str:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
+def _job_filters(tag: str | None, name_prefix: str | None, paused: bool | None, kind: str | None) -> dict[str, Any]:
+    return {"tag": tag, "namePrefix": name_prefix, "paused": None if paused is None else str(paused).lower(),
+            "kind": kind}
+
+
 class AsyncJobs:
     """``/jobs``: create, read, list, change, pause, resume, delete, run now, backfill."""
 
@@ -201,13 +206,19 @@ class AsyncJobs:
     async def get(self, job_id: str) -> Job:
         return Job.from_api(await self._client.call("GET", _path("jobs", job_id)))
 
-    async def page(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Job]:
-        """One page of the caller's jobs, in creation order (an admin's: every owner's)."""
-        return await self._client._page(Job, "/jobs", "jobs", {"cursor": cursor, "limit": limit})
+    async def page(self, *, cursor: str | None = None, limit: int | None = None, tag: str | None = None,
+                   name_prefix: str | None = None, paused: bool | None = None, kind: str | None = None) -> Page[Job]:
+        """One page of the caller's jobs, in creation order (an admin's: every owner's); the filters
+        given (a tag, a name prefix, paused or not, ``"cron"`` or ``"at"``) all hold for each."""
+        query = {"cursor": cursor, "limit": limit} | _job_filters(tag, name_prefix, paused, kind)
+        return await self._client._page(Job, "/jobs", "jobs", query)
 
-    def list(self, *, page_size: int | None = None) -> AsyncIterator[Job]:
-        """Every job of the caller's, following the cursors: ``async for job in chimes.jobs.list()``."""
-        return self._client._all(Job, "/jobs", "jobs", {"limit": page_size})
+    def list(self, *, page_size: int | None = None, tag: str | None = None, name_prefix: str | None = None,
+             paused: bool | None = None, kind: str | None = None) -> AsyncIterator[Job]:
+        """Every job of the caller's (that the filters let through, as for :meth:`page`), following the
+        cursors: ``async for job in chimes.jobs.list()``."""
+        return self._client._all(Job, "/jobs", "jobs", {"limit": page_size} | _job_filters(tag, name_prefix, paused,
+                                                                                          kind))
 
     async def update(self, job_id: str, changes: Mapping[str, Any], *, if_version: int | None = None) -> Job:
         """Change the fields given (API.md ``PATCH``). With ``if_version`` the change is made only while

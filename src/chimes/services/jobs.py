@@ -20,7 +20,7 @@ from chimes.security.secrets import Keyring, default_keyring, has_secrets, keep_
 from chimes.slots import jitter_offset
 from chimes.store import jobs as job_store
 from chimes.store.db import Conn, Pool, transaction
-from chimes.store.jobs import CreatedJob, JobRecord, JobStore, LockedJob, PauseRecord
+from chimes.store.jobs import CreatedJob, JobFilter, JobRecord, JobStore, LockedJob, PauseRecord
 from chimes.store.owners import OwnerStore, count_jobs_up_to, lock_owner_for_job
 
 #: Task types that run code on the worker's machine: only for owners the operator allowed.
@@ -130,8 +130,9 @@ class JobService:
     async def get(self, job_id: uuid.UUID, owner: str | None) -> JobRecord | None:
         return await self.store.get(job_id, owner)
 
-    async def list(self, owner: str | None, after: uuid.UUID | None, limit: int) -> list[JobRecord]:
-        return await self.store.list(owner, after, limit)
+    async def list(self, owner: str | None, after: uuid.UUID | None, limit: int,
+                   where: JobFilter | None = None) -> list[JobRecord]:
+        return await self.store.list(owner, after, limit, where)
 
     async def pauses(self, job_id: uuid.UUID, owner: str | None, limit: int) -> builtins.list[PauseRecord] | None:
         """The job's pauses, newest first; None when the job is not found (for this owner)."""

@@ -34,6 +34,16 @@ class JobRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs a list shows (``GET /jobs``): each given criterion must hold; None: any."""
+
+    tag: str | None = None
+    name_prefix: str | None = None  # case-sensitive: the job's name starts with it
+    paused: bool | None = None
+    kind: str | None = None  # "cron" (recurring) or "at" (one-off)
+
+
+@dataclass(frozen=True, slots=True)
 class CreatedJob:
     job_id: uuid.UUID
     next_run_at: datetime | None
@@ -143,13 +153,16 @@ class JobStore:
             last = await _last_runs(conn, [job_id])
         return _record(row, last.get(job_id))
 
-    async def list(self, owner: str | None, after: uuid.UUID | None, limit: int) -> list[JobRecord]:
+    async def list(self, owner: str | None, after: uuid.UUID | None, limit: int,
+                   where: JobFilter | None = None) -> list[JobRecord]:
+        f = where or JobFilter()
+        criteria = (f.tag, f.name_prefix, f.paused, f.kind)
         async with self._pool.acquire() as conn:
             after = after or uuid.UUID(int=0)
             if owner is None:
-                rows = await conn.fetch(sql("list_all_jobs"), after, limit)
+                rows = await conn.fetch(sql("list_all_jobs"), after, limit, *criteria)
             else:
-                rows = await conn.fetch(sql("list_jobs"), owner, after, limit)
+                rows = await conn.fetch(sql("list_jobs"), owner, after, limit, *criteria)
             last = await _last_runs(conn, [r["job_id"] for r in rows])
         return [_record(r, last.get(r["job_id"])) for r in rows]
 

@@ -35,11 +35,17 @@ SELECT * FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) FOR UP
 
 -- name: list_jobs
 -- One owner's jobs in creation order: a range read of jobs_owner (a separate statement from the
--- admin's, so that neither plan has to serve both).
+-- admin's, so that neither plan has to serve both). The filters ($4 a tag, $5 a name prefix, $6
+-- paused or not, $7 the schedule kind; NULL: any) are checked on the rows of that range read, so a
+-- page of a rare filter reads further into the owner's jobs to fill itself.
 SELECT j.*,
        (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM jobs j
 WHERE j.owner = $1 AND j.job_id > $2
+  AND ($4::text IS NULL OR $4 = ANY (j.tags))
+  AND ($5::text IS NULL OR starts_with(j.name, $5))
+  AND ($6::boolean IS NULL OR j.paused = $6)
+  AND ($7::text IS NULL OR ($7 = 'cron') = (j.cron IS NOT NULL))
 ORDER BY j.job_id
 LIMIT $3;
 
@@ -48,6 +54,10 @@ SELECT j.*,
        (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM jobs j
 WHERE j.job_id > $1
+  AND ($3::text IS NULL OR $3 = ANY (j.tags))
+  AND ($4::text IS NULL OR starts_with(j.name, $4))
+  AND ($5::boolean IS NULL OR j.paused = $5)
+  AND ($6::text IS NULL OR ($6 = 'cron') = (j.cron IS NOT NULL))
 ORDER BY j.job_id
 LIMIT $2;
 
