@@ -218,6 +218,10 @@ class CatchUpPolicy(_Model):
     window_sec: Annotated[int, Field(alias="windowSec", ge=1, le=366 * 86400)] = CATCH_UP_WINDOW_SEC
 
 
+#: The events of a job's runs its webhook can be told of (``notifyOn``).
+RunEvent = Literal["failed", "succeeded", "started"]
+DEFAULT_NOTIFY_ON: tuple[RunEvent, ...] = ("failed",)
+
 JobTag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")]
 
 
@@ -242,8 +246,18 @@ class JobSpec(_Model):
     pause_after_failures: Annotated[int | None, Field(alias="pauseAfterFailures", ge=1, le=1000)] = None
     # A one-off job deletes itself once its run ended for good (docs/semantics.md); its runs stay.
     delete_after_completion: bool = Field(default=False, alias="deleteAfterCompletion")
+    # Which of its runs' events go to the webhook; "failed" alone is the default, as before it existed.
+    notify_on: Annotated[list[RunEvent], Field(alias="notifyOn", max_length=3)] = Field(
+        default_factory=lambda: list(DEFAULT_NOTIFY_ON), alias="notifyOn")
 
     _text = storable("name", "tags", "notify_url")
+
+    @field_validator("notify_on")
+    @classmethod
+    def _each_event_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("name each event once")
+        return value
 
     @field_validator("delete_after_completion")
     @classmethod
@@ -265,8 +279,11 @@ class JobSpec(_Model):
 
     def to_wire(self) -> dict[str, Any]:
         wire = self.model_dump(mode="json", by_alias=True, exclude_none=True)
-        if not self.delete_after_completion:  # left out when off, as before it existed (fingerprints)
+        # Left out at their defaults, as before they existed: the same definition, the same fingerprint.
+        if not self.delete_after_completion:
             del wire["deleteAfterCompletion"]
+        if self.notify_on == list(DEFAULT_NOTIFY_ON):
+            del wire["notifyOn"]
         return wire
 
     def fingerprint(self) -> bytes:
@@ -291,6 +308,7 @@ class JobPatch(_Model):
     start_deadline_sec: int | None = Field(default=None, alias="startDeadlineSec")
     pause_after_failures: int | None = Field(default=None, alias="pauseAfterFailures")
     delete_after_completion: bool | None = Field(default=None, alias="deleteAfterCompletion")
+    notify_on: list[str] | None = Field(default=None, alias="notifyOn")
     paused: bool | None = None
     # Why the job is paused, recorded with the pause and who asked for it (after ``paused``: read below).
     pause_note: Annotated[str | None, Field(alias="pauseNote", max_length=1000)] = None

@@ -1,6 +1,6 @@
 """A job's life beyond one run, end to end (real API, scheduler node, worker, PostgreSQL and HTTP
 target): concurrency replace, pauses with who and why, pausing after consecutive failures, one-offs that
-delete themselves."""
+delete themselves, notifications of started and succeeded runs."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import httpx
+import orjson
 from click.testing import CliRunner, Result
 
 from chimes.cli import client as cli_client
@@ -273,11 +274,62 @@ async def test_the_cli_creates_jobs_with_the_lifecycle_options(
 ) -> None:
     at = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     one_off = await cli(["create", "--name", "once", "--at", at, "--url", target.url + "/x",
-                         "--delete-after-completion", "--concurrency", "replace"], api_url, tokens["team-a"])
+                         "--delete-after-completion", "--concurrency", "replace", "--notify-on", "started",
+                         "--notify-on", "succeeded"], api_url, tokens["team-a"])
     assert one_off.exit_code == 0, one_off.output
     recurring = await cli(["create", "--name", "nightly", "--cron", "0 3 * * *", "--url", target.url + "/y",
                            "--pause-after-failures", "3"], api_url, tokens["team-a"])
     assert recurring.exit_code == 0, recurring.output
     shown = {j["name"]: j for j in (await client.get("/jobs")).json()["jobs"]}
     assert shown["once"]["deleteAfterCompletion"] is True and shown["once"]["concurrency"] == "replace"
+    assert shown["once"]["notifyOn"] == ["started", "succeeded"]
     assert shown["nightly"]["pauseAfterFailures"] == 3 and "deleteAfterCompletion" not in shown["nightly"]
+
+
+# --- notifyOn ----------------------------------------------------------------------------------------
+
+async def test_notify_on_started_and_succeeded_through_the_outbox(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    target.responders["/broken"] = lambda n: 500
+    burst = [(await client.post("/jobs", json=job(target, "/fine", soon(), name=f"fine-{i}", concurrency="allow",
+                                                  notifyOn=["started", "succeeded"],
+                                                  notifyUrl=target.url + "/alerts"))).json()["jobId"]
+             for i in range(10)]
+    # Told of successes only: its failure is not notified.
+    quiet = (await client.post("/jobs", json=job(target, "/broken", soon(), notifyOn=["succeeded"],
+                                                 retryPolicy={"maxAttempts": 1},
+                                                 notifyUrl=target.url + "/alerts"))).json()["jobId"]
+    await wait_for(lambda: len(target.calls_to("/alerts")) >= 20, timeout=30, what="20 notifications")
+    await wait_for(lambda: _run_ended(homes, quiet), timeout=20, what="the quiet job's run to fail")
+    await wait_for(lambda: _all_sent(homes), timeout=10, what="the outbox to be sent")
+    told = [orjson.loads(c.body) for c in target.calls_to("/alerts")]
+    assert sorted((n["jobId"], n["kind"]) for n in told) == sorted(
+        (j, kind) for j in burst for kind in ("run_started", "run_succeeded"))
+    for n in told:
+        assert n["status"] == ("running" if n["kind"] == "run_started" else "succeeded"), n
+        assert n["runId"] and n["attempt"] == 1 and n["startedAt"] is not None
+    shown = (await client.get(f"/jobs/{burst[0]}")).json()
+    assert shown["notifyOn"] == ["started", "succeeded"]
+    listed = (await client.get("/notifications")).json()["notifications"]
+    assert {n["kind"] for n in listed} == {"run_started", "run_succeeded"}
+
+
+async def _run_ended(homes: Homes, job_id: str) -> bool:
+    status = await homes.fetchval(job_id, "SELECT status FROM runs WHERE job_id = $1", uuid.UUID(job_id))
+    return status == "failed"
+
+
+async def _all_sent(homes: Homes) -> bool:
+    return await homes.total("SELECT count(*) FROM notifications WHERE sent_at IS NULL") == 0
+
+
+async def test_notify_on_defaults_to_failures_and_refuses_unknown_events(
+    client: httpx.AsyncClient, target: Target
+) -> None:
+    job_id = (await client.post("/jobs", json=job(target, "/x", {"cron": "0 3 * * *"}))).json()["jobId"]
+    assert "notifyOn" not in (await client.get(f"/jobs/{job_id}")).json()  # the default: failures only
+    for bad in (["finished"], ["failed", "failed"], "failed"):
+        answer = await client.post("/jobs", json=job(target, "/y", {"cron": "0 3 * * *"}, notifyOn=bad))
+        assert answer.status_code == 422 and answer.json()["field"].startswith("notifyOn"), answer.text
+    assert len((await client.get("/jobs")).json()["jobs"]) == 1

@@ -195,6 +195,8 @@ def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--notify-url", help="Webhook told when a run fails for good, starts late or stalls."),
         click.option("--pause-after-failures", type=click.IntRange(1, 1000),
                      help="Pause the job when this many consecutive runs failed for good."),
+        click.option("--notify-on", "notify_on", multiple=True, type=click.Choice(["failed", "succeeded", "started"]),
+                     help="Run events the webhook is told of (repeatable; default: failed)."),
         click.option("--delete-after-completion", is_flag=True, default=None,
                      help="One-off (--at) jobs: delete the job once its run ended for good (its runs stay)."),
     ]):
@@ -292,6 +294,8 @@ def _tuning(opts: dict[str, Any]) -> dict[str, Any]:
         out["notifyUrl"] = opts["notify_url"]
     if opts.get("pause_after_failures"):
         out["pauseAfterFailures"] = opts["pause_after_failures"]
+    if opts.get("notify_on"):
+        out["notifyOn"] = list(opts["notify_on"])
     if opts.get("delete_after_completion"):
         out["deleteAfterCompletion"] = True
     return out

@@ -12,7 +12,7 @@ import asyncpg
 
 from chimes.enums import Priority
 from chimes.ids import partition_of
-from chimes.jobs import AtScheduleSpec, CronScheduleSpec, JobSpec
+from chimes.jobs import DEFAULT_NOTIFY_ON, AtScheduleSpec, CronScheduleSpec, JobSpec
 from chimes.store.db import Conn, one_row
 from chimes.store.queries import sql
 
@@ -76,6 +76,7 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
         spec.start_deadline_sec,
         spec.pause_after_failures,
         spec.delete_after_completion,
+        list(spec.notify_on),
     )
 
 
@@ -105,6 +106,8 @@ def definition_of(row: asyncpg.Record) -> dict[str, Any]:
         definition["pauseAfterFailures"] = row["pause_after_failures"]
     if row["delete_after_completion"]:
         definition["deleteAfterCompletion"] = True
+    if tuple(row["notify_on"]) != DEFAULT_NOTIFY_ON:
+        definition["notifyOn"] = row["notify_on"]
     return definition
 
 

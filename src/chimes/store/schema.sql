@@ -104,6 +104,7 @@ CREATE TABLE public.jobs (
     paused_by text,
     pause_note text,
     delete_after_completion boolean DEFAULT false NOT NULL,
+    notify_on text[] DEFAULT '{failed}'::text[] NOT NULL,
     CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text, 'replace'::text]))),
     CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),
     CONSTRAINT jobs_dst_gap CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
@@ -472,6 +473,8 @@ AS $function$
                               array_agg(NULL::text))
     FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
     JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at AND r.status = 'failed'
+    LEFT JOIN jobs j ON j.job_id = r.job_id
+    WHERE j.job_id IS NULL OR 'failed' = ANY (j.notify_on)
 $function$;
 
 CREATE OR REPLACE FUNCTION public.chimes_notify_jobs(kind text, job_ids uuid[], keys text[], details text[], slots timestamp with time zone[], run_ids uuid[])
@@ -518,6 +521,17 @@ BEGIN
     GET DIAGNOSTICS queued = ROW_COUNT;
     RETURN queued;
 END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_notify_succeeded(run_ids uuid[], scheduled_ats timestamp with time zone[])
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    SELECT chimes_notify_runs('run_succeeded', array_agg(r.run_id), array_agg(r.scheduled_at),
+                              array_agg(NULL::text))
+    FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+    JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at AND r.status = 'succeeded'
+    JOIN jobs j ON j.job_id = r.job_id AND 'succeeded' = ANY (j.notify_on)
 $function$;
 
 CREATE OR REPLACE FUNCTION public.chimes_partition_of(job_id uuid)

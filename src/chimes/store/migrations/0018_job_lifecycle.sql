@@ -94,3 +94,30 @@ BEGIN
     RETURN deleted_jobs;
 END
 $$;
+
+-- notifyOn: which ends and starts of a job's runs are notified ('failed', 'succeeded', 'started');
+-- 'failed' alone is what every job was told before. start_missed and schedule_stalled do not depend
+-- on it. Started runs are queued by the claim (claim_runs), succeeded and failed ones here.
+ALTER TABLE jobs ADD COLUMN notify_on text[] DEFAULT '{failed}' NOT NULL;
+
+-- One notification per run that failed for good (never one per attempt), unless its job left
+-- 'failed' out of notifyOn. The run of a deleted job is notified as before (the fleet's URL).
+CREATE OR REPLACE FUNCTION chimes_notify_failed(run_ids uuid[], scheduled_ats timestamptz[]) RETURNS integer
+LANGUAGE sql AS $$
+    SELECT chimes_notify_runs('run_failed', array_agg(r.run_id), array_agg(r.scheduled_at),
+                              array_agg(NULL::text))
+    FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+    JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at AND r.status = 'failed'
+    LEFT JOIN jobs j ON j.job_id = r.job_id
+    WHERE j.job_id IS NULL OR 'failed' = ANY (j.notify_on)
+$$;
+
+-- One notification per run that succeeded, for the jobs with 'succeeded' in notifyOn.
+CREATE FUNCTION chimes_notify_succeeded(run_ids uuid[], scheduled_ats timestamptz[]) RETURNS integer
+LANGUAGE sql AS $$
+    SELECT chimes_notify_runs('run_succeeded', array_agg(r.run_id), array_agg(r.scheduled_at),
+                              array_agg(NULL::text))
+    FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+    JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at AND r.status = 'succeeded'
+    JOIN jobs j ON j.job_id = r.job_id AND 'succeeded' = ANY (j.notify_on)
+$$;

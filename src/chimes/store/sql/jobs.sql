@@ -1,10 +1,10 @@
 -- name: insert_job
 INSERT INTO jobs (job_id, owner, name, cron, run_at, timezone, jitter_sec, task, retry_policy,
                   timeout_sec, concurrency, priority, dst_gap, dst_fold, catch_up, queue_limit, tags, notify_url,
-                  start_deadline_sec, pause_after_failures, delete_after_completion, paused, idempotency_key,
-                  request_hash)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, false, $22,
-        $23)
+                  start_deadline_sec, pause_after_failures, delete_after_completion, notify_on, paused,
+                  idempotency_key, request_hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, false,
+        $23, $24)
 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING job_id;
 
@@ -72,12 +72,13 @@ CROSS JOIN LATERAL (
 UPDATE jobs SET name = $2, cron = $3, run_at = $4, timezone = $5, jitter_sec = $6, task = $7,
                 retry_policy = $8, timeout_sec = $9, concurrency = $10, priority = $11, dst_gap = $12,
                 dst_fold = $13, catch_up = $14, queue_limit = $15, tags = $16, notify_url = $17,
-                start_deadline_sec = $18, pause_after_failures = $19, delete_after_completion = $20, paused = $21,
-                paused_at = CASE WHEN $21 AND NOT paused THEN now() ELSE paused_at END,
-                resumed_at = CASE WHEN paused AND NOT $21 THEN now() ELSE resumed_at END,
-                -- who paused it ($22) and why ($23), kept while it stays paused
-                paused_by = CASE WHEN NOT $21 THEN NULL WHEN NOT paused THEN $22 ELSE paused_by END,
-                pause_note = CASE WHEN NOT $21 THEN NULL WHEN NOT paused THEN $23 ELSE pause_note END,
+                start_deadline_sec = $18, pause_after_failures = $19, delete_after_completion = $20,
+                notify_on = $21, paused = $22,
+                paused_at = CASE WHEN $22 AND NOT paused THEN now() ELSE paused_at END,
+                resumed_at = CASE WHEN paused AND NOT $22 THEN now() ELSE resumed_at END,
+                -- who paused it ($23) and why ($24), kept while it stays paused
+                paused_by = CASE WHEN NOT $22 THEN NULL WHEN NOT paused THEN $23 ELSE paused_by END,
+                pause_note = CASE WHEN NOT $22 THEN NULL WHEN NOT paused THEN $24 ELSE pause_note END,
                 version = version + 1, updated_at = now()
 WHERE job_id = $1
 RETURNING version, paused_at, resumed_at;

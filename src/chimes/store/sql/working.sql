@@ -58,8 +58,22 @@ claimed AS (
     WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
               j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority,
-              r.partition_id, coalesce((j.task ->> 'callback')::boolean, false) AS own_lease,
+              r.partition_id, coalesce((j.task ->> 'callback')::boolean, false) AS own_lease, j.name AS job_name,
+              CASE WHEN r.attempt = 1 AND 'started' = ANY (j.notify_on)
+                   THEN coalesce(j.notify_url, (SELECT value #>> '{}' FROM settings WHERE key = 'notify_url'))
+              END AS started_url,
               now() + make_interval(secs => coalesce(j.timeout_sec, $7::integer) + $4::float8) AS deadline_at
+),
+-- notifyOn "started": the run's first attempt started; queued in the outbox with the claim, as a
+-- failure's notification is with its outcome (the same id for the same run: never queued twice).
+started AS (
+    INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload)
+    SELECT md5(run_id::text || ':run_started')::uuid, job_id, owner, 'run_started', started_url,
+           jsonb_build_object('kind', 'run_started', 'runId', run_id, 'jobId', job_id, 'jobName', job_name,
+                              'owner', owner, 'scheduledAt', scheduled_at, 'status', 'running', 'attempt', attempt,
+                              'error', NULL, 'startedAt', started_at, 'finishedAt', NULL)
+    FROM claimed WHERE started_url IS NOT NULL
+    ON CONFLICT DO NOTHING
 ),
 own_leased AS (
     INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
@@ -163,12 +177,13 @@ retry_triggers AS (
 )
 -- bookkeeping: whether runs_ended has anything to do for the run, once final: a failure to notify,
 -- a job whose runs are tracked in active_runs (skip and queue jobs, and a job changed from one of
--- them whose held runs still wait), or a one-off job to delete (deleteAfterCompletion; looked up for
--- the run of a one-off's schedule only). Most outcomes (allow jobs that succeeded) need no second statement.
+-- them whose held runs still wait), a success to notify (notifyOn "succeeded") or a one-off job to
+-- delete (deleteAfterCompletion): the job's row is read by key for those two. Most outcomes (allow jobs that succeeded) need no second statement.
 SELECT e.run_id, e.scheduled_at, e.job_id, e.retry_at IS NULL AS final,
        e.status = 'failed' OR EXISTS (SELECT 1 FROM active_runs a WHERE a.job_id = e.job_id)
-       OR (e.trigger <> 'manual' AND e.trigger <> 'rerun'
-           AND EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = e.job_id AND j.delete_after_completion)) AS bookkeeping
+       OR EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = e.job_id
+                  AND (j.delete_after_completion AND e.trigger <> 'manual' AND e.trigger <> 'rerun'
+                       OR e.status = 'succeeded' AND 'succeeded' = ANY (j.notify_on))) AS bookkeeping
 FROM ended e;
 
 -- name: runs_ended
@@ -176,7 +191,8 @@ FROM ended e;
 -- evaluated first (OFFSET 0 keeps it from being merged into the outer query).
 SELECT chimes_delete_completed($2::uuid[], $3::timestamptz[])
 FROM (SELECT chimes_runs_ended($1::uuid[], $2::uuid[]), chimes_notify_failed($2::uuid[], $3::timestamptz[]),
-             chimes_pause_failing($2::uuid[], $3::timestamptz[]) OFFSET 0) AS bookkeeping;
+             chimes_notify_succeeded($2::uuid[], $3::timestamptz[]), chimes_pause_failing($2::uuid[], $3::timestamptz[])
+      OFFSET 0) AS bookkeeping;
 
 -- name: release_runs
 -- Hands runs back to the queue untouched (a worker shutting down): same attempt, no attempt row,
@@ -250,8 +266,22 @@ claimed AS (
     WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
               j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority,
-              r.partition_id, coalesce((j.task ->> 'callback')::boolean, false) AS own_lease,
+              r.partition_id, coalesce((j.task ->> 'callback')::boolean, false) AS own_lease, j.name AS job_name,
+              CASE WHEN r.attempt = 1 AND 'started' = ANY (j.notify_on)
+                   THEN coalesce(j.notify_url, (SELECT value #>> '{}' FROM settings WHERE key = 'notify_url'))
+              END AS started_url,
               now() + make_interval(secs => coalesce(j.timeout_sec, $5::integer) + $3::float8) AS deadline_at
+),
+-- notifyOn "started": the run's first attempt started; queued in the outbox with the claim, as a
+-- failure's notification is with its outcome (the same id for the same run: never queued twice).
+started AS (
+    INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload)
+    SELECT md5(run_id::text || ':run_started')::uuid, job_id, owner, 'run_started', started_url,
+           jsonb_build_object('kind', 'run_started', 'runId', run_id, 'jobId', job_id, 'jobName', job_name,
+                              'owner', owner, 'scheduledAt', scheduled_at, 'status', 'running', 'attempt', attempt,
+                              'error', NULL, 'startedAt', started_at, 'finishedAt', NULL)
+    FROM claimed WHERE started_url IS NOT NULL
+    ON CONFLICT DO NOTHING
 ),
 own_leased AS (
     INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
