@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -333,3 +334,28 @@ async def test_notify_on_defaults_to_failures_and_refuses_unknown_events(
         answer = await client.post("/jobs", json=job(target, "/y", {"cron": "0 3 * * *"}, notifyOn=bad))
         assert answer.status_code == 422 and answer.json()["field"].startswith("notifyOn"), answer.text
     assert len((await client.get("/jobs")).json()["jobs"]) == 1
+
+
+# --- the dashboard's job page ---------------------------------------------------------------------
+
+async def test_the_dashboard_pauses_with_its_user_and_shows_who_and_the_lifecycle_settings(
+    client: httpx.AsyncClient, api_url: str, pool: asyncpg.Pool, target: Target
+) -> None:
+    async with pool.acquire() as conn:
+        named = await create_token(conn, "team-a", name="night-shift")
+    job_id = (await client.post("/jobs", json=job(target, "/shown", {"cron": "0 3 * * *"}, concurrency="replace",
+                                                  pauseAfterFailures=5, notifyOn=["failed", "succeeded"],
+                                                  notifyUrl=target.url + "/alerts"))).json()["jobId"]
+    async with httpx.AsyncClient(base_url=api_url, timeout=30) as browser:
+        signed = await browser.post("/ui/login", data={"token": named, "next": "/ui/jobs"})
+        assert signed.status_code == 303, signed.text
+        page = (await browser.get(f"/ui/jobs/{job_id}")).text
+        assert "replace" in page and "5 consecutive failed runs" in page and "failed, succeeded" in page
+        csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+        assert csrf is not None
+        paused = await browser.post(f"/ui/jobs/{job_id}/pause", data={"csrf": csrf.group(1), "note": "db upgrade"})
+        assert paused.status_code == 303, paused.text
+        page = (await browser.get(f"/ui/jobs/{job_id}")).text
+    assert "by <strong>night-shift</strong>: db upgrade" in page
+    shown = (await client.get(f"/jobs/{job_id}")).json()
+    assert (shown["pausedBy"], shown["pauseNote"]) == ("night-shift", "db upgrade")
