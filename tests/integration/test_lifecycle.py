@@ -9,6 +9,7 @@ import itertools
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
 import httpx
@@ -16,6 +17,7 @@ import orjson
 from click.testing import CliRunner, Result
 
 from chimes.cli import client as cli_client
+from chimes.cli.main import cli as main_cli
 from chimes.store.owners import OwnerStore
 from chimes.store.tokens import create_token
 from tests.helpers import Homes, wait_for
@@ -359,3 +361,45 @@ async def test_the_dashboard_pauses_with_its_user_and_shows_who_and_the_lifecycl
     assert "by <strong>night-shift</strong>: db upgrade" in page
     shown = (await client.get(f"/jobs/{job_id}")).json()
     assert (shown["pausedBy"], shown["pauseNote"]) == ("night-shift", "db upgrade")
+
+
+# --- chimes apply -----------------------------------------------------------------------------------
+
+LIFECYCLE_JOBS = """
+owner: team-a
+jobs:
+  - name: latest-wins
+    schedule: {cron: "*/5 * * * *"}
+    task: {type: http, url: "http://127.0.0.1:9/sync"}
+    concurrency: replace
+    pauseAfterFailures: 3
+    notifyOn: [failed, succeeded]
+    notifyUrl: http://127.0.0.1:9/alerts
+  - name: migrate-once
+    schedule: {at: "2031-01-01T00:00:00Z"}
+    task: {type: http, url: "http://127.0.0.1:9/migrate"}
+    deleteAfterCompletion: true
+"""
+
+
+async def test_a_job_file_with_the_lifecycle_fields_applies_once(
+    client: httpx.AsyncClient, api_url: str, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(LIFECYCLE_JOBS)
+    env = {"CHIMES_TOKEN": tokens["team-a"], "CHIMES_API_URL": api_url, "COLUMNS": "200"}
+
+    async def apply() -> Result:
+        return await asyncio.to_thread(CliRunner().invoke, main_cli, ["apply", "-f", str(path)], env=env)
+
+    first = await apply()
+    assert "applied: 2 created, 0 updated, 0 deleted, 0 unchanged" in first.output, first.output
+    again = await apply()
+    assert "applied: 0 created, 0 updated, 0 deleted, 2 unchanged" in again.output, again.output
+    shown = {j["name"]: j for j in (await client.get("/jobs")).json()["jobs"]}
+    assert shown["latest-wins"]["concurrency"] == "replace" and shown["latest-wins"]["pauseAfterFailures"] == 3
+    assert shown["latest-wins"]["notifyOn"] == ["failed", "succeeded"]
+    assert shown["migrate-once"]["deleteAfterCompletion"] is True
+    path.write_text(LIFECYCLE_JOBS.replace("pauseAfterFailures: 3", "pauseAfterFailures: 4"))
+    changed = await apply()
+    assert "pauseAfterFailures: 3 -> 4" in changed.output, changed.output
