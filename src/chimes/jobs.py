@@ -19,6 +19,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -251,6 +252,10 @@ class CatchUpPolicy(_Model):
     window_sec: Annotated[int, Field(alias="windowSec", ge=1, le=366 * 86400)] = CATCH_UP_WINDOW_SEC
 
 
+#: The events of a job's runs its webhook can be told of (``notifyOn``).
+RunEvent = Literal["failed", "succeeded", "started"]
+DEFAULT_NOTIFY_ON: tuple[RunEvent, ...] = ("failed",)
+
 JobTag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")]
 
 
@@ -262,7 +267,8 @@ class JobSpec(_Model):
     task: TaskSpec
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy, alias="retryPolicy")
     timeout_sec: Annotated[int, Field(alias="timeoutSec", ge=1, le=MAX_TIMEOUT_SEC)] = RUN_TIMEOUT_SEC
-    concurrency: Literal["skip", "queue", "allow"] = "skip"
+    # What a slot does while an earlier run is active (docs/semantics.md): replace cancels that run.
+    concurrency: Literal["skip", "queue", "allow", "replace"] = "skip"
     queue_limit: Annotated[int, Field(alias="queueLimit", ge=1, le=1000)] = 10
     priority: Literal["high", "normal", "batch"] = "normal"
     catch_up: CatchUpPolicy = Field(default_factory=CatchUpPolicy, alias="catchUp")
@@ -270,9 +276,30 @@ class JobSpec(_Model):
     notify_url: Annotated[str | None, Field(alias="notifyUrl", max_length=4096, pattern=r"^https?://")] = None
     # A run waiting longer than this for a worker raises the same notification as a final failure.
     start_deadline_sec: Annotated[int, Field(alias="startDeadlineSec", ge=1, le=7 * 86400)] = 300
+    # The job pauses itself when this many consecutive runs failed for good (after their retries).
+    pause_after_failures: Annotated[int | None, Field(alias="pauseAfterFailures", ge=1, le=1000)] = None
+    # A one-off job deletes itself once its run ended for good (docs/semantics.md); its runs stay.
+    delete_after_completion: bool = Field(default=False, alias="deleteAfterCompletion")
+    # Which of its runs' events go to the webhook; "failed" alone is the default, as before it existed.
+    notify_on: Annotated[list[RunEvent], Field(alias="notifyOn", max_length=3)] = Field(
+        default_factory=lambda: list(DEFAULT_NOTIFY_ON), alias="notifyOn")
 
     _text = storable("name", "tags", "notify_url")
     _url = callable_url("notify_url")
+
+    @field_validator("notify_on")
+    @classmethod
+    def _each_event_once(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("name each event once")
+        return value
+
+    @field_validator("delete_after_completion")
+    @classmethod
+    def _one_offs_only(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and "schedule" in info.data and not isinstance(info.data["schedule"], AtScheduleSpec):
+            raise ValueError("only a one-off job (schedule 'at') can delete itself after its run")
+        return value
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -286,7 +313,13 @@ class JobSpec(_Model):
         return isinstance(self.schedule, CronScheduleSpec)
 
     def to_wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        wire = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        # Left out at their defaults, as before they existed: the same definition, the same fingerprint.
+        if not self.delete_after_completion:
+            del wire["deleteAfterCompletion"]
+        if self.notify_on == list(DEFAULT_NOTIFY_ON):
+            del wire["notifyOn"]
+        return wire
 
     def fingerprint(self) -> bytes:
         """A stable hash of the definition, to tell an idempotent retry from a different request."""
@@ -308,12 +341,24 @@ class JobPatch(_Model):
     tags: list[str] | None = None
     notify_url: str | None = Field(default=None, alias="notifyUrl")
     start_deadline_sec: int | None = Field(default=None, alias="startDeadlineSec")
+    pause_after_failures: int | None = Field(default=None, alias="pauseAfterFailures")
+    delete_after_completion: bool | None = Field(default=None, alias="deleteAfterCompletion")
+    notify_on: list[str] | None = Field(default=None, alias="notifyOn")
     paused: bool | None = None
+    # Why the job is paused, recorded with the pause and who asked for it (after ``paused``: read below).
+    pause_note: Annotated[str | None, Field(alias="pauseNote", max_length=1000)] = None
 
     _text = storable("*")
+
+    @field_validator("pause_note")
+    @classmethod
+    def _note_with_a_pause(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("paused") is not True:
+            raise ValueError("a pauseNote is given with \"paused\": true (it says why the job is paused)")
+        return value
 
     def apply_to(self, current: JobSpec) -> JobSpec:
         """The full definition after this patch, validated by the same rules as a create."""
         merged = current.to_wire()
-        merged.update(self.model_dump(by_alias=True, exclude_unset=True, exclude={"paused"}))
+        merged.update(self.model_dump(by_alias=True, exclude_unset=True, exclude={"paused", "pause_note"}))
         return JobSpec.model_validate(merged)

@@ -16,7 +16,7 @@ from chimes.ids import new_job_id, new_job_id_in, partition_of_key
 from chimes.services.jobs import JobService
 from chimes.store import db
 from chimes.store.db import Pool
-from chimes.store.jobs import JobRecord
+from chimes.store.jobs import JobFilter, JobRecord
 from chimes.store.runs import RunStore
 from chimes.store.shards import ShardPools
 
@@ -91,14 +91,15 @@ def new_job_id_for(request: Request, owner: str, idempotency_key: str | None) ->
     return new_job_id_in(partition_of_key(owner, idempotency_key)) if idempotency_key else new_job_id()
 
 
-async def list_jobs(request: Request, owner: str | None, after: uuid.UUID | None, limit: int) -> list[JobRecord]:
-    """Jobs in creation order (by id) after the cursor ``after``. With shards, each home's first
-    ``limit`` after it, merged: as stable under concurrent writes as one database's list, since the
-    cursor is a key and a job created later has a greater one."""
+async def list_jobs(request: Request, owner: str | None, after: uuid.UUID | None, limit: int,
+                    where: JobFilter | None = None) -> list[JobRecord]:
+    """Jobs in creation order (by id) after the cursor ``after`` (those ``where`` lets through).
+    With shards, each home's first ``limit`` after it, merged: as stable under concurrent writes as
+    one database's list, since the cursor is a key and a job created later has a greater one."""
     shards = sharded(request)
     if shards is None:
-        return await standby.jobs(request).list(owner, after, limit)
-    pages = await asyncio.gather(*(_services(request, pool)[0].list(owner, after, limit)
+        return await standby.jobs(request).list(owner, after, limit, where)
+    pages = await asyncio.gather(*(_services(request, pool)[0].list(owner, after, limit, where)
                                    for pool in await shards.homes()))
     merged: list[JobRecord] = list(heapq.merge(*pages, key=_job_id))[:limit]
     return merged

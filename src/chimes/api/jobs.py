@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
@@ -15,11 +15,12 @@ from chimes.api.auth import current_principal
 from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found
 from chimes.api.responses import JSONResponse
-from chimes.api.views import job_view
+from chimes.api.views import job_view, pause_view
 from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
 from chimes.security.refusals import PriorityNotAllowed
 from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
+from chimes.store.jobs import JobFilter
 from chimes.store.shards import partition_moved
 from chimes.store.tokens import Principal
 
@@ -72,8 +73,17 @@ async def list_jobs(
     request: Request, caller: Caller,
     cursor: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    tag: Annotated[str | None, Query(min_length=1, max_length=64, description="jobs with this tag")] = None,
+    name_prefix: Annotated[str | None, Query(alias="namePrefix", min_length=1, max_length=200,
+                                             description="jobs whose name starts with this (case-sensitive)")] = None,
+    paused: Annotated[bool | None, Query(description="paused jobs (true) or active ones (false)")] = None,
+    kind: Annotated[Literal["cron", "at"] | None,
+                    Query(description="recurring (cron) or one-off (at) jobs")] = None,
 ) -> JSONResponse:
-    jobs = await homes.list_jobs(request, caller.owner_filter, _decode_cursor(cursor), limit + 1)
+    """The caller's jobs in creation order; the filters given all hold for each, and the cursor of a
+    filtered list pages through that same filtered list."""
+    where = JobFilter(tag=tag, name_prefix=name_prefix, paused=paused, kind=kind)
+    jobs = await homes.list_jobs(request, caller.owner_filter, _decode_cursor(cursor), limit + 1, where)
     page = jobs[:limit]
     next_cursor = _encode_cursor(page[-1].job_id) if len(jobs) > limit else None
     return JSONResponse({"jobs": [job_view(j) for j in page], "nextCursor": next_cursor})
@@ -100,12 +110,23 @@ async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Cal
     try:
         job = await (await homes.jobs_of(request, parsed)).update(parsed, caller.owner_filter, patch,
                                                                   clock_of(request).now(), matching_versions(if_match),
-                                                                  note_of(request, caller))
+                                                                  note_of(request, caller), actor=caller.actor)
     except VersionMismatch as exc:
         raise precondition_failed(exc.current) from None
     if job is None:
         raise not_found("job")
     return JSONResponse(job_view(job), headers={"ETag": etag(job.version)})
+
+
+@router.get("/jobs/{job_id}/pauses", response_class=JSONResponse)
+async def job_pauses(job_id: str, request: Request, caller: Caller,
+                     limit: Annotated[int, Query(ge=1, le=500)] = 50) -> JSONResponse:
+    """The job's pauses, newest first: who paused it and why, and who resumed it."""
+    parsed = parse_id(job_id, "job")
+    found = await (await homes.jobs_of(request, parsed)).pauses(parsed, caller.owner_filter, limit)
+    if found is None:
+        raise not_found("job")
+    return JSONResponse({"pauses": [pause_view(p) for p in found]})
 
 
 @router.delete("/jobs/{job_id}", status_code=204)

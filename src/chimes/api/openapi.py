@@ -60,11 +60,29 @@ class Job(_Answer):
     schedule: dict[str, Any]
     task: dict[str, Any]
     paused: bool
+    pausedAt: datetime | None = Field(None, description="while paused: since when")
+    pausedBy: str | None = Field(None, description="while paused: who paused it (a token's name or owner, or "
+                                                   "chimes for pauseAfterFailures)")
+    pauseNote: str | None = Field(None, description="while paused: why, as given with the pause")
     version: int
     nextRunAt: datetime | None
     createdAt: datetime
     updatedAt: datetime
     lastRun: LastRun | None
+
+
+class Pause(_Answer):
+    pausedAt: datetime
+    pausedBy: str
+    note: str | None
+    resumedAt: datetime | None
+    resumedBy: str | None
+
+
+class PauseList(_Answer):
+    """A job's pauses, newest first."""
+
+    pauses: list[Pause]
 
 
 class JobList(_Answer):
@@ -202,6 +220,7 @@ SUCCESS: dict[tuple[str, str], dict[str, type[BaseModel] | str | None]] = {
     ("/jobs/{job_id}", "get"): {"200": Job},
     ("/jobs/{job_id}", "patch"): {"200": Job},
     ("/jobs/{job_id}", "delete"): {"204": None},
+    ("/jobs/{job_id}/pauses", "get"): {"200": PauseList},
     ("/jobs/{job_id}/runs", "get"): {"200": RunList},
     ("/jobs/{job_id}/runs", "post"): {"202": RunStarted},
     ("/runs/{run_id}", "get"): {"200": Run},

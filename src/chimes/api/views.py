@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from chimes.security.secrets import redact
-from chimes.store.jobs import JobRecord
+from chimes.store.jobs import JobRecord, PauseRecord
 
 
 def job_view(job: JobRecord) -> dict[str, Any]:
@@ -14,12 +14,20 @@ def job_view(job: JobRecord) -> dict[str, Any]:
         "owner": job.owner,
         **redact(job.definition),  # secret values never leave the database
         "paused": job.paused,
+        "pausedAt": job.paused_at,
+        "pausedBy": job.paused_by,
+        "pauseNote": job.pause_note,
         "version": job.version,
         "nextRunAt": job.next_run_at,
         "createdAt": job.created_at,
         "updatedAt": job.updated_at,
         "lastRun": job.last_run,
     }
+
+
+def pause_view(pause: PauseRecord) -> dict[str, Any]:
+    return {"pausedAt": pause.paused_at, "pausedBy": pause.paused_by, "note": pause.note,
+            "resumedAt": pause.resumed_at, "resumedBy": pause.resumed_by}
 
 
 def run_view(run: Any, attempts: list[Any] | None = None) -> dict[str, Any]:

@@ -188,13 +188,19 @@ def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--at", help="One-off run time, RFC 3339 with an offset, e.g. 2026-12-01T09:00:00Z."),
         click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempts before the run fails."),
         click.option("--timeout", type=click.IntRange(1), help="Seconds an attempt may take."),
-        click.option("--concurrency", type=click.Choice(["skip", "queue", "allow"]),
+        click.option("--concurrency", type=click.Choice(["skip", "queue", "allow", "replace"]),
                      help="What to do when a run is due while the last one still runs."),
         click.option("--priority", type=click.Choice(["high", "normal", "batch"]), help="Queue tier."),
         click.option("--catch-up", type=click.Choice(["one", "all", "none"]),
                      help="What happens to fires missed while the scheduler was down or the job paused."),
         click.option("--tag", "tags", multiple=True, help="A tag, for fleet-wide caps (repeatable)."),
         click.option("--notify-url", help="Webhook told when a run fails for good, starts late or stalls."),
+        click.option("--pause-after-failures", type=click.IntRange(1, 1000),
+                     help="Pause the job when this many consecutive runs failed for good."),
+        click.option("--notify-on", "notify_on", multiple=True, type=click.Choice(["failed", "succeeded", "started"]),
+                     help="Run events the webhook is told of (repeatable; default: failed)."),
+        click.option("--delete-after-completion", is_flag=True, default=None,
+                     help="One-off (--at) jobs: delete the job once its run ended for good (its runs stay)."),
     ]):
         func = option(func)
     return func
@@ -288,6 +294,12 @@ def _tuning(opts: dict[str, Any]) -> dict[str, Any]:
         out["tags"] = list(opts["tags"])
     if opts.get("notify_url"):
         out["notifyUrl"] = opts["notify_url"]
+    if opts.get("pause_after_failures"):
+        out["pauseAfterFailures"] = opts["pause_after_failures"]
+    if opts.get("notify_on"):
+        out["notifyOn"] = list(opts["notify_on"])
+    if opts.get("delete_after_completion"):
+        out["deleteAfterCompletion"] = True
     return out
 
 
@@ -295,14 +307,20 @@ def _tuning(opts: dict[str, Any]) -> dict[str, Any]:
 @api_options
 @click.option("--limit", type=click.IntRange(1, 500), help="Jobs per page (the API's default is 50).")
 @click.option("--all", "follow", is_flag=True, help="Follow nextCursor and list every job.")
+@click.option("--tag", help="Only jobs with this tag.")
+@click.option("--name-prefix", help="Only jobs whose name starts with this (case-sensitive).")
+@click.option("--paused/--active", "paused", default=None, help="Only paused jobs, or only active ones.")
+@click.option("--kind", type=click.Choice(["cron", "at"]), help="Only recurring (cron) or one-off (at) jobs.")
 @json_option
 @wide_option
-def list_jobs(api: Client, limit: int | None, follow: bool, as_json: bool, wide: bool) -> None:
-    """List your jobs (short ids and relative times in a terminal under 120 columns)."""
+def list_jobs(api: Client, limit: int | None, follow: bool, tag: str | None, name_prefix: str | None,
+              paused: bool | None, kind: str | None, as_json: bool, wide: bool) -> None:
+    """List your jobs (short ids and relative times in a terminal under 120 columns); the API filters."""
+    where: dict[str, Any] = {"tag": tag, "name_prefix": name_prefix, "paused": paused, "kind": kind}
     if follow:
-        listed, cursor = list(api.jobs.list(page_size=limit)), None
+        listed, cursor = list(api.jobs.list(page_size=limit, **where)), None
     else:
-        page = api.jobs.page(limit=limit)
+        page = api.jobs.page(limit=limit, **where)
         listed, cursor = page.items, page.next_cursor
     items = [job.raw for job in listed]
     if as_json:
@@ -329,11 +347,27 @@ def get_job(api: Client, job_id: str, as_json: bool) -> None:
 @jobs.command("pause")
 @api_options
 @click.argument("job_id")
-def pause(api: Client, job_id: str) -> None:
+@click.option("--note", help="Why the job is paused (shown with the job and in its pause history).")
+def pause(api: Client, job_id: str, note: str | None) -> None:
     """Pause a job: no runs fire until it is resumed."""
     job_id = _job_id(api, job_id)
-    api.jobs.pause(job_id)
-    click.echo(f"paused job {job_id}")
+    job = api.jobs.pause(job_id, note)
+    click.echo(f"paused job {job_id} (paused by {job.paused_by}{': ' + job.pause_note if job.pause_note else ''})")
+
+
+@jobs.command("pauses")
+@api_options
+@click.argument("job_id")
+@json_option
+def pauses(api: Client, job_id: str, as_json: bool) -> None:
+    """A job's pauses, newest first: who paused it, why, and who resumed it."""
+    found = api.jobs.pauses(_job_id(api, job_id))
+    if as_json:
+        _echo_json({"pauses": [p.raw for p in found]})
+        return
+    for p in found:
+        resumed = f"; resumed {render.when(p.resumed_at)} by {p.resumed_by}" if p.resumed_at else "; still paused"
+        click.echo(f"paused {render.when(p.paused_at)} by {p.paused_by}{': ' + p.note if p.note else ''}{resumed}")
 
 
 @jobs.command("resume")

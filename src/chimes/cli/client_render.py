@@ -140,13 +140,27 @@ def job_detail(job: dict[str, Any]) -> Group:
     rows = [
         ("id", job.get("jobId")), ("name", job.get("name")), ("owner", job.get("owner")),
         ("schedule", schedule_text(job.get("schedule"))), ("task", task_text(job.get("task"))),
-        ("paused", "yes" if job.get("paused") else "no"), ("version", job.get("version")),
+        ("paused", _paused_text(job)), ("version", job.get("version")),
         ("next run", when(job.get("nextRunAt"))), ("created", when(job.get("createdAt"))),
         ("updated", when(job.get("updatedAt"))),
         ("last run", last_run),
     ]
     definition = {k: v for k, v in job.items() if k not in JOB_METADATA}
     return Group(_key_values(rows), Text("definition:"), Text(json.dumps(definition, indent=2)))
+
+
+def _paused_text(job: dict[str, Any]) -> str:
+    """``no``, or since when, by whom and why: "yes, since 09:00 by ops-bot: incident 123"."""
+    if not job.get("paused"):
+        return "no"
+    text = "yes"
+    if job.get("pausedAt"):
+        text += f", since {when(job['pausedAt'])}"
+    if job.get("pausedBy"):
+        text += f" by {job['pausedBy']}"
+    if job.get("pauseNote"):
+        text += f": {job['pauseNote']}"
+    return text
 
 
 def runs_table(runs: list[dict[str, Any]], title: str | None = None, wide: bool = True) -> Table:

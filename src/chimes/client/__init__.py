@@ -38,6 +38,7 @@ from chimes.client.models import (
     LastRun,
     Notification,
     Page,
+    Pause,
     Run,
     RunPage,
 )
@@ -46,5 +47,5 @@ from chimes.jobs import JobSpec
 __all__ = [
     "ApiError", "ApiUnreachable", "AsyncClient", "Attempt", "Backfilled", "ChimesError", "Client", "Conflict",
     "Forbidden", "Identity", "InvalidRequest", "Job", "JobCreated", "JobSpec", "LastRun", "NotFound", "Notification",
-    "Page", "PreconditionFailed", "RateLimited", "Run", "RunPage", "Unauthorized",
+    "Page", "Pause", "PreconditionFailed", "RateLimited", "Run", "RunPage", "Unauthorized",
 ]

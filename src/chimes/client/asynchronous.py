@@ -6,6 +6,7 @@ limit and turns an error answer into an :class:`~chimes.client.errors.ApiError`.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import email.utils
 import logging
 import os
@@ -25,6 +26,7 @@ from chimes.client.models import (
     JobCreated,
     Notification,
     Page,
+    Pause,
     Run,
     RunPage,
     _FromApi,
@@ -180,6 +182,11 @@ def _time(value: datetime | str) -> str:
     return value.isoformat() if isinstance(value, datetime) else value
 
 
+def _job_filters(tag: str | None, name_prefix: str | None, paused: bool | None, kind: str | None) -> dict[str, Any]:
+    return {"tag": tag, "namePrefix": name_prefix, "paused": None if paused is None else str(paused).lower(),
+            "kind": kind}
+
+
 class AsyncJobs:
     """``/jobs``: create, read, list, change, pause, resume, delete, run now, backfill."""
 
@@ -199,13 +206,19 @@ class AsyncJobs:
     async def get(self, job_id: str) -> Job:
         return Job.from_api(await self._client.call("GET", _path("jobs", job_id)))
 
-    async def page(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Job]:
-        """One page of the caller's jobs, in creation order (an admin's: every owner's)."""
-        return await self._client._page(Job, "/jobs", "jobs", {"cursor": cursor, "limit": limit})
+    async def page(self, *, cursor: str | None = None, limit: int | None = None, tag: str | None = None,
+                   name_prefix: str | None = None, paused: bool | None = None, kind: str | None = None) -> Page[Job]:
+        """One page of the caller's jobs, in creation order (an admin's: every owner's); the filters
+        given (a tag, a name prefix, paused or not, ``"cron"`` or ``"at"``) all hold for each."""
+        query = {"cursor": cursor, "limit": limit} | _job_filters(tag, name_prefix, paused, kind)
+        return await self._client._page(Job, "/jobs", "jobs", query)
 
-    def list(self, *, page_size: int | None = None) -> AsyncIterator[Job]:
-        """Every job of the caller's, following the cursors: ``async for job in chimes.jobs.list()``."""
-        return self._client._all(Job, "/jobs", "jobs", {"limit": page_size})
+    def list(self, *, page_size: int | None = None, tag: str | None = None, name_prefix: str | None = None,
+             paused: bool | None = None, kind: str | None = None) -> AsyncIterator[Job]:
+        """Every job of the caller's (that the filters let through, as for :meth:`page`), following the
+        cursors: ``async for job in chimes.jobs.list()``."""
+        return self._client._all(Job, "/jobs", "jobs", {"limit": page_size} | _job_filters(tag, name_prefix, paused,
+                                                                                          kind))
 
     async def update(self, job_id: str, changes: Mapping[str, Any], *, if_version: int | None = None) -> Job:
         """Change the fields given (API.md ``PATCH``). With ``if_version`` the change is made only while
@@ -218,8 +231,15 @@ class AsyncJobs:
         """Delete the job; its runs stay listable until retention removes them."""
         await self._client.request("DELETE", _path("jobs", job_id), headers=_if_match(if_version))
 
-    async def pause(self, job_id: str) -> Job:
-        return await self.update(job_id, {"paused": True})
+    async def pause(self, job_id: str, note: str | None = None) -> Job:
+        """Pause the job; ``note`` says why, recorded with the pause and who asked."""
+        return await self.update(job_id, {"paused": True} if note is None else {"paused": True, "pauseNote": note})
+
+    async def pauses(self, job_id: str, *, limit: int | None = None) -> builtins.list[Pause]:
+        """The job's pauses, newest first: who paused it and why, and who resumed it."""
+        answer = await self._client.call("GET", _path("jobs", job_id, "pauses"),
+                                         params=None if limit is None else {"limit": limit})
+        return [Pause.from_api(p) for p in answer["pauses"]]
 
     async def resume(self, job_id: str) -> Job:
         return await self.update(job_id, {"paused": False})

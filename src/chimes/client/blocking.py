@@ -107,6 +107,7 @@ class Jobs(_Resource[AsyncJobs]):
     update = _blocking(AsyncJobs.update)
     delete = _blocking(AsyncJobs.delete)
     pause = _blocking(AsyncJobs.pause)
+    pauses = _blocking(AsyncJobs.pauses)
     resume = _blocking(AsyncJobs.resume)
     run_now = _blocking(AsyncJobs.run_now)
     backfill = _blocking(AsyncJobs.backfill)

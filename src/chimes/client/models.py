@@ -19,7 +19,8 @@ from chimes.client.errors import ChimesError
 from chimes.jobs import JobSpec
 
 # Fields of GET /jobs/{id} that the server adds; the rest is the job's definition.
-JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun")
+JOB_METADATA = ("jobId", "owner", "paused", "pausedAt", "pausedBy", "pauseNote", "version", "nextRunAt", "createdAt",
+                "updatedAt", "lastRun")
 _CAMEL = AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel)
 
 
@@ -65,6 +66,10 @@ class Job(JobSpec, _FromApi):
     job_id: str = Field(alias="jobId")
     owner: str
     paused: bool
+    # While paused: since when, who paused it (a token's name or owner; "chimes" for pauseAfterFailures), why.
+    paused_at: datetime | None = Field(default=None, alias="pausedAt")
+    paused_by: str | None = Field(default=None, alias="pausedBy")
+    pause_note: str | None = Field(default=None, alias="pauseNote")
     version: int
     next_run_at: datetime | None = Field(alias="nextRunAt")
     created_at: datetime = Field(alias="createdAt")
@@ -81,6 +86,16 @@ class Job(JobSpec, _FromApi):
         fields this version of Chimes does not know are left out)."""
         known = {f.alias or name for name, f in JobSpec.model_fields.items()}
         return JobSpec.model_validate({k: v for k, v in self.definition.items() if k in known})
+
+
+class Pause(Answer):
+    """One pause of a job (``GET /jobs/{id}/pauses``); ``resumed_at`` None while it lasts."""
+
+    paused_at: datetime
+    paused_by: str
+    note: str | None = None
+    resumed_at: datetime | None = None
+    resumed_by: str | None = None
 
 
 class JobCreated(Answer):

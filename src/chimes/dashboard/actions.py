@@ -79,13 +79,14 @@ async def resume(job_id: str, request: Request, who: Viewer) -> Response:
 
 
 async def _set_paused(job_id: str, request: Request, who: Principal, *, paused: bool) -> Response:
-    await session.checked_form(request, who)
+    form = await session.checked_form(request, who)
     parsed = id_from(job_id)
     if parsed is None:
         return not_found(request, who, "job")
     jobs = await homes.jobs_of(request, parsed)
-    job = await jobs.update(parsed, who.owner_filter, JobPatch(paused=paused), clock_of(request).now(),
-                            note=note_of(request, who))
+    pause_note = (form.get("note") or "").strip()[:1000] or None if paused else None
+    job = await jobs.update(parsed, who.owner_filter, JobPatch(paused=paused, pause_note=pause_note),
+                            clock_of(request).now(), note=note_of(request, who), actor=who.actor)
     if not job:
         return not_found(request, who, "job")
     return RedirectResponse(f"{P}/jobs/{job_id}?notice={'paused' if paused else 'resumed'}", status_code=303)

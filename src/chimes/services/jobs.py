@@ -6,6 +6,7 @@ create (so a quota holds exactly under concurrent creates) and the job's row loc
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
@@ -29,7 +30,7 @@ from chimes.slots import jitter_offset
 from chimes.store import jobs as job_store
 from chimes.store.audit import AuditNote, record
 from chimes.store.db import Conn, Pool, transaction
-from chimes.store.jobs import CreatedJob, JobRecord, JobStore, LockedJob
+from chimes.store.jobs import CreatedJob, JobFilter, JobRecord, JobStore, LockedJob, PauseRecord
 from chimes.store.owners import OwnerStore, count_jobs_up_to, lock_owner_for_job
 
 #: Task types that run code on the worker's machine: only for owners the operator allowed.
@@ -143,12 +144,23 @@ class JobService:
     async def get(self, job_id: uuid.UUID, owner: str | None) -> JobRecord | None:
         return await self.store.get(job_id, owner)
 
-    async def list(self, owner: str | None, after: uuid.UUID | None, limit: int) -> list[JobRecord]:
-        return await self.store.list(owner, after, limit)
+    async def list(self, owner: str | None, after: uuid.UUID | None, limit: int,
+                   where: JobFilter | None = None) -> list[JobRecord]:
+        return await self.store.list(owner, after, limit, where)
+
+    async def pauses(self, job_id: uuid.UUID, owner: str | None, limit: int) -> builtins.list[PauseRecord] | None:
+        """The job's pauses, newest first; None when the job is not found (for this owner)."""
+        if await self.store.get(job_id, owner) is None:
+            return None
+        return await job_store.pauses(self._pool, job_id, limit)
 
     async def update(self, job_id: uuid.UUID, owner: str | None, patch: JobPatch, now: datetime,
-                     matching: frozenset[int] | None = None, note: AuditNote | None = None) -> JobRecord | None:
+                     matching: frozenset[int] | None = None, note: AuditNote | None = None,
+                     actor: str | None = None) -> JobRecord | None:
         """Apply a patch: bump the version and rewrite the trigger in the same transaction.
+
+        ``actor``: who asks (a token's name, or its owner), recorded with a pause or a resume; the
+        job's owner when not given.
 
         ``matching``: the versions the caller's change was made against (If-Match), None for any.
         Raises VersionMismatch when the job is at another version, and pydantic.ValidationError when
@@ -159,6 +171,7 @@ class JobService:
             if job is None:
                 return None
             _check_version(job, matching)
+            actor = actor or job.owner
             current, sealed = split_sealed(job.definition)
             spec = patch.apply_to(JobSpec.model_validate(current))
             if patch.task is None:
@@ -169,7 +182,7 @@ class JobService:
                     raise TaskNotAllowed(job.owner, spec.task.type)
                 stored = seal_spec(spec, self._keyring, sealed) if has_secrets(spec) else spec
             paused = job.paused if patch.paused is None else patch.paused
-            version = await job_store.update_job(conn, job_id, stored, paused)
+            version = await job_store.update_job(conn, job_id, stored, paused, job.paused, actor, patch.pause_note)
             had_trigger = await job_store.delete_schedule_triggers(conn, job_id)
             resuming = job.paused and not paused
             fire_at = None if paused else first_fire(spec, job_id, now, job.paused_at if resuming else None)

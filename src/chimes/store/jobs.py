@@ -12,7 +12,7 @@ import asyncpg
 
 from chimes.enums import Priority
 from chimes.ids import partition_of
-from chimes.jobs import AtScheduleSpec, CronScheduleSpec, JobSpec
+from chimes.jobs import DEFAULT_NOTIFY_ON, AtScheduleSpec, CronScheduleSpec, JobSpec
 from chimes.store.db import Conn, one_row
 from chimes.store.queries import sql
 
@@ -28,6 +28,19 @@ class JobRecord:
     updated_at: datetime
     next_run_at: datetime | None
     last_run: dict[str, Any] | None = None
+    paused_at: datetime | None = None  # while paused: since when, by whom, why
+    paused_by: str | None = None
+    pause_note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    """Which jobs a list shows (``GET /jobs``): each given criterion must hold; None: any."""
+
+    tag: str | None = None
+    name_prefix: str | None = None  # case-sensitive: the job's name starts with it
+    paused: bool | None = None
+    kind: str | None = None  # "cron" (recurring) or "at" (one-off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +74,9 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
         list(spec.tags),
         spec.notify_url,
         spec.start_deadline_sec,
+        spec.pause_after_failures,
+        spec.delete_after_completion,
+        list(spec.notify_on),
     )
 
 
@@ -86,6 +102,12 @@ def definition_of(row: asyncpg.Record) -> dict[str, Any]:
     }
     if row["notify_url"]:
         definition["notifyUrl"] = row["notify_url"]
+    if row["pause_after_failures"] is not None:
+        definition["pauseAfterFailures"] = row["pause_after_failures"]
+    if row["delete_after_completion"]:
+        definition["deleteAfterCompletion"] = True
+    if tuple(row["notify_on"]) != DEFAULT_NOTIFY_ON:
+        definition["notifyOn"] = row["notify_on"]
     return definition
 
 
@@ -94,6 +116,7 @@ def _record(row: asyncpg.Record, last_run: dict[str, Any] | None = None) -> JobR
         job_id=row["job_id"], owner=row["owner"], definition=definition_of(row), paused=row["paused"],
         version=row["version"], created_at=row["created_at"], updated_at=row["updated_at"],
         next_run_at=row["next_run_at"], last_run=last_run,
+        paused_at=row["paused_at"] if row["paused"] else None, paused_by=row["paused_by"], pause_note=row["pause_note"],
     )
 
 
@@ -133,13 +156,16 @@ class JobStore:
             last = await _last_runs(conn, [job_id])
         return _record(row, last.get(job_id))
 
-    async def list(self, owner: str | None, after: uuid.UUID | None, limit: int) -> list[JobRecord]:
+    async def list(self, owner: str | None, after: uuid.UUID | None, limit: int,
+                   where: JobFilter | None = None) -> list[JobRecord]:
+        f = where or JobFilter()
+        criteria = (f.tag, f.name_prefix, f.paused, f.kind)
         async with self._pool.acquire() as conn:
             after = after or uuid.UUID(int=0)
             if owner is None:
-                rows = await conn.fetch(sql("list_all_jobs"), after, limit)
+                rows = await conn.fetch(sql("list_all_jobs"), after, limit, *criteria)
             else:
-                rows = await conn.fetch(sql("list_jobs"), owner, after, limit)
+                rows = await conn.fetch(sql("list_jobs"), owner, after, limit, *criteria)
             last = await _last_runs(conn, [r["job_id"] for r in rows])
         return [_record(r, last.get(r["job_id"])) for r in rows]
 
@@ -166,10 +192,37 @@ async def lock_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> LockedJo
                      definition_of(row))
 
 
-async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, paused: bool) -> int:
-    """Rewrite the definition; returns the job's new version."""
-    version: int = await conn.fetchval(sql("update_job"), job_id, *job_columns(spec), paused)
-    return version
+@dataclass(frozen=True, slots=True)
+class PauseRecord:
+    """One pause of a job: when, by whom and why, and when and by whom it was resumed (still paused: None)."""
+
+    paused_at: datetime
+    paused_by: str
+    note: str | None
+    resumed_at: datetime | None
+    resumed_by: str | None
+
+
+async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, paused: bool, was_paused: bool,
+                     actor: str, pause_note: str | None) -> int:
+    """Rewrite the definition; returns the job's new version. A pause or a resume is recorded in the
+    job's history of pauses with ``actor`` (and ``pause_note``, the reason a pause was given)."""
+    row = one_row(await conn.fetchrow(sql("update_job"), job_id, *job_columns(spec), paused, actor, pause_note))
+    if paused and not was_paused:
+        await record_pause(conn, job_id, actor, paused_at=row["paused_at"], note=pause_note)
+    elif was_paused and not paused:
+        await record_pause(conn, job_id, actor, resumed_at=row["resumed_at"])
+    return int(row["version"])
+
+
+async def record_pause(conn: Conn, job_id: uuid.UUID, actor: str, *, paused_at: datetime | None = None,
+                       note: str | None = None, resumed_at: datetime | None = None) -> None:
+    """A pause that began at ``paused_at``, or (without it) the end of the open one at ``resumed_at``."""
+    await conn.execute(sql("record_pause"), job_id, paused_at, actor, note, resumed_at)
+
+
+async def pauses(pool: asyncpg.Pool, job_id: uuid.UUID, limit: int) -> list[PauseRecord]:
+    return [PauseRecord(*row) for row in await pool.fetch(sql("job_pauses"), job_id, limit)]
 
 
 async def insert_schedule_trigger(conn: Conn, job_id: uuid.UUID, fire_at: datetime,

@@ -12,6 +12,7 @@ import asyncpg
 
 from chimes import __version__
 from chimes.enums import TriggerKind
+from chimes.ids import scheduled_at_of
 from chimes.slots import Slot
 from chimes.store.db import Conn, Row, one_row
 from chimes.store.queries import sql
@@ -199,6 +200,8 @@ class SchedulerStore:
             ))
             if row["enqueued"]:
                 await conn.execute(sql("notify_queue"))
+            if row["replacing"]:
+                await _replace_active_runs(conn, fires, row["replacing"])
             await self._notify_late_fires(conn, fires, fired_at)
         return FireResult(row["leases_held"], row["fired"], row["enqueued"], row["too_early"])
 
@@ -242,6 +245,19 @@ class SchedulerStore:
         """Delete the lease rows of claims whose worker is gone and whose runs all ended; returns how many."""
         status = await self._pool.execute(sql("forget_dead_claims"))
         return int(status.split()[-1])
+
+
+async def _replace_active_runs(conn: Conn, fires: Sequence[Fire], new_runs: Sequence[uuid.UUID]) -> None:
+    """concurrency replace: the fire made ``new_runs`` while other runs of their jobs were active; those
+    are cancelled in the fire's transaction, and the workers running them told at its commit."""
+    job_of = {s.run_id: f.trigger.job_id for f in fires for s in f.slots}
+    slot_of = {run_id: scheduled_at_of(run_id).isoformat().replace("+00:00", "Z") for run_id in new_runs}
+    reasons = [f"replaced by the run of {slot_of[run_id]} (concurrency replace)" for run_id in new_runs]
+    ended = await conn.fetch(sql("replace_active_runs"), list(new_runs), [job_of[r] for r in new_runs], reasons)
+    await runs_ended(conn, ended)
+    running = [str(r["run_id"]) for r in ended if r["was_running"]]
+    if running:
+        await conn.execute(sql("notify_cancels"), running)
 
 
 def late_slots(fires: Sequence[Fire], fired_at: datetime) -> list[Slot]:

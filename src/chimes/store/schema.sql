@@ -89,6 +89,16 @@ CREATE TABLE public.concurrency_caps (
     CONSTRAINT concurrency_caps_scope_check CHECK ((scope = ANY (ARRAY['owner'::text, 'tag'::text])))
 );
 
+CREATE TABLE public.job_pauses (
+    job_id uuid NOT NULL,
+    paused_at timestamp with time zone NOT NULL,
+    paused_by text NOT NULL,
+    note text,
+    resumed_at timestamp with time zone,
+    resumed_by text,
+    CONSTRAINT job_pauses_pkey PRIMARY KEY (job_id, paused_at)
+);
+
 CREATE TABLE public.jobs (
     job_id uuid NOT NULL,
     owner text NOT NULL,
@@ -117,7 +127,12 @@ CREATE TABLE public.jobs (
     start_deadline_sec integer DEFAULT 300 NOT NULL,
     paused_at timestamp with time zone,
     resumed_at timestamp with time zone,
-    CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text]))),
+    pause_after_failures integer,
+    paused_by text,
+    pause_note text,
+    delete_after_completion boolean DEFAULT false NOT NULL,
+    notify_on text[] DEFAULT '{failed}'::text[] NOT NULL,
+    CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text, 'replace'::text]))),
     CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),
     CONSTRAINT jobs_dst_gap CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
     CONSTRAINT jobs_one_schedule CHECK (((cron IS NULL) <> (run_at IS NULL))),
@@ -374,6 +389,34 @@ UNION ALL
            FROM run_attempts a
           WHERE ((a.run_id = r.run_id) AND (a.scheduled_at = r.scheduled_at) AND (a.attempt = r.attempt))))));
 
+CREATE OR REPLACE FUNCTION public.chimes_delete_completed(run_ids uuid[], scheduled_ats timestamp with time zone[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    deleted_jobs integer;
+BEGIN
+    WITH done AS (
+        SELECT DISTINCT r.job_id FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+        JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at
+        WHERE r.status IN ('succeeded', 'failed', 'cancelled') AND r.trigger IN ('schedule', 'catchup')
+    ),
+    gone AS (
+        DELETE FROM jobs j USING done d
+        WHERE j.job_id = d.job_id AND j.delete_after_completion AND j.run_at IS NOT NULL
+        RETURNING j.job_id
+    ),
+    untriggered AS (
+        DELETE FROM triggers t USING gone g WHERE t.job_id = g.job_id
+    ),
+    forgotten AS (
+        DELETE FROM job_pauses p USING gone g WHERE p.job_id = g.job_id
+    )
+    SELECT count(*) INTO deleted_jobs FROM gone;
+    RETURN deleted_jobs;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.chimes_drop_run_partitions(cutoff date)
  RETURNS integer
  LANGUAGE plpgsql
@@ -459,6 +502,8 @@ AS $function$
                               array_agg(NULL::text))
     FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
     JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at AND r.status = 'failed'
+    LEFT JOIN jobs j ON j.job_id = r.job_id
+    WHERE j.job_id IS NULL OR 'failed' = ANY (j.notify_on)
 $function$;
 
 CREATE OR REPLACE FUNCTION public.chimes_notify_jobs(kind text, job_ids uuid[], keys text[], details text[], slots timestamp with time zone[], run_ids uuid[])
@@ -507,11 +552,58 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.chimes_notify_succeeded(run_ids uuid[], scheduled_ats timestamp with time zone[])
+ RETURNS integer
+ LANGUAGE sql
+AS $function$
+    SELECT chimes_notify_runs('run_succeeded', array_agg(r.run_id), array_agg(r.scheduled_at),
+                              array_agg(NULL::text))
+    FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+    JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at AND r.status = 'succeeded'
+    JOIN jobs j ON j.job_id = r.job_id AND 'succeeded' = ANY (j.notify_on)
+$function$;
+
 CREATE OR REPLACE FUNCTION public.chimes_partition_of(job_id uuid)
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE STRICT
 RETURN ((crc32(uuid_send(job_id)) % (1024)::bigint))::integer;
+
+CREATE OR REPLACE FUNCTION public.chimes_pause_failing(run_ids uuid[], scheduled_ats timestamp with time zone[])
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    paused_jobs integer;
+BEGIN
+    WITH failed AS (
+        SELECT DISTINCT r.job_id FROM unnest(run_ids, scheduled_ats) AS e(run_id, scheduled_at)
+        JOIN runs r ON r.run_id = e.run_id AND r.scheduled_at = e.scheduled_at AND r.status = 'failed'
+    ),
+    failing AS (
+        SELECT j.job_id FROM failed f JOIN jobs j ON j.job_id = f.job_id
+        WHERE j.pause_after_failures IS NOT NULL AND NOT j.paused
+          AND (SELECT count(*) FILTER (WHERE newest.status = 'failed') FROM (
+                  SELECT r.status FROM runs r WHERE r.job_id = j.job_id AND r.status IN ('succeeded', 'failed')
+                  ORDER BY r.scheduled_at DESC LIMIT j.pause_after_failures) newest) = j.pause_after_failures
+    ),
+    stopped AS (
+        UPDATE jobs j SET paused = true, paused_at = now(), paused_by = 'chimes',
+                          pause_note = format('%s consecutive runs failed (pauseAfterFailures)', j.pause_after_failures),
+                          version = j.version + 1, updated_at = now()
+        FROM failing f WHERE j.job_id = f.job_id AND NOT j.paused
+        RETURNING j.job_id, j.paused_at, j.paused_by, j.pause_note
+    ),
+    untriggered AS (
+        DELETE FROM triggers t USING stopped s WHERE t.job_id = s.job_id AND t.kind = 0
+    )
+    INSERT INTO job_pauses (job_id, paused_at, paused_by, note)
+    SELECT job_id, paused_at, paused_by, pause_note FROM stopped
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS paused_jobs = ROW_COUNT;
+    RETURN paused_jobs;
+END
+$function$;
 
 CREATE OR REPLACE FUNCTION public.chimes_refuse_jobs_of_shards()
  RETURNS trigger

@@ -27,7 +27,12 @@ class Principal:
     admin: bool
     scope: str = "write"
     token_id: uuid.UUID | None = None
-    token_name: str | None = None
+    token_name: str | None = None  # the token's, when it was given one (chimes token create --name)
+
+    @property
+    def actor(self) -> str:
+        """Who did it, as the job's history records it: the token's name, or its owner's."""
+        return self.token_name or self.owner
 
     @property
     def owner_filter(self) -> str | None:

@@ -1,8 +1,10 @@
 -- name: insert_job
 INSERT INTO jobs (job_id, owner, name, cron, run_at, timezone, jitter_sec, task, retry_policy,
                   timeout_sec, concurrency, priority, dst_gap, dst_fold, catch_up, queue_limit, tags, notify_url,
-                  start_deadline_sec, paused, idempotency_key, request_hash)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, false, $20, $21)
+                  start_deadline_sec, pause_after_failures, delete_after_completion, notify_on, paused,
+                  idempotency_key, request_hash)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, false,
+        $23, $24)
 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING job_id;
 
@@ -33,11 +35,17 @@ SELECT * FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) FOR UP
 
 -- name: list_jobs
 -- One owner's jobs in creation order: a range read of jobs_owner (a separate statement from the
--- admin's, so that neither plan has to serve both).
+-- admin's, so that neither plan has to serve both). The filters ($4 a tag, $5 a name prefix, $6
+-- paused or not, $7 the schedule kind; NULL: any) are checked on the rows of that range read, so a
+-- page of a rare filter reads further into the owner's jobs to fill itself.
 SELECT j.*,
        (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM jobs j
 WHERE j.owner = $1 AND j.job_id > $2
+  AND ($4::text IS NULL OR $4 = ANY (j.tags))
+  AND ($5::text IS NULL OR starts_with(j.name, $5))
+  AND ($6::boolean IS NULL OR j.paused = $6)
+  AND ($7::text IS NULL OR ($7 = 'cron') = (j.cron IS NOT NULL))
 ORDER BY j.job_id
 LIMIT $3;
 
@@ -46,6 +54,10 @@ SELECT j.*,
        (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM jobs j
 WHERE j.job_id > $1
+  AND ($3::text IS NULL OR $3 = ANY (j.tags))
+  AND ($4::text IS NULL OR starts_with(j.name, $4))
+  AND ($5::boolean IS NULL OR j.paused = $5)
+  AND ($6::text IS NULL OR ($6 = 'cron') = (j.cron IS NOT NULL))
 ORDER BY j.job_id
 LIMIT $2;
 
@@ -60,12 +72,32 @@ CROSS JOIN LATERAL (
 UPDATE jobs SET name = $2, cron = $3, run_at = $4, timezone = $5, jitter_sec = $6, task = $7,
                 retry_policy = $8, timeout_sec = $9, concurrency = $10, priority = $11, dst_gap = $12,
                 dst_fold = $13, catch_up = $14, queue_limit = $15, tags = $16, notify_url = $17,
-                start_deadline_sec = $18, paused = $19,
-                paused_at = CASE WHEN $19 AND NOT paused THEN now() ELSE paused_at END,
-                resumed_at = CASE WHEN paused AND NOT $19 THEN now() ELSE resumed_at END,
+                start_deadline_sec = $18, pause_after_failures = $19, delete_after_completion = $20,
+                notify_on = $21, paused = $22,
+                paused_at = CASE WHEN $22 AND NOT paused THEN now() ELSE paused_at END,
+                resumed_at = CASE WHEN paused AND NOT $22 THEN now() ELSE resumed_at END,
+                -- who paused it ($23) and why ($24), kept while it stays paused
+                paused_by = CASE WHEN NOT $22 THEN NULL WHEN NOT paused THEN $23 ELSE paused_by END,
+                pause_note = CASE WHEN NOT $22 THEN NULL WHEN NOT paused THEN $24 ELSE pause_note END,
                 version = version + 1, updated_at = now()
 WHERE job_id = $1
-RETURNING version;
+RETURNING version, paused_at, resumed_at;
+
+-- name: record_pause
+-- A pause begins ($2 its start, $3 who, $4 why) or, with $2 NULL, the job's open pause ends ($5 the
+-- resume, $3 who): the job's history of pauses (GET /jobs/{id}/pauses).
+WITH begun AS (
+    INSERT INTO job_pauses (job_id, paused_at, paused_by, note)
+    SELECT $1, $2, $3, $4 WHERE $2::timestamptz IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
+UPDATE job_pauses SET resumed_at = $5, resumed_by = $3
+WHERE $2::timestamptz IS NULL AND job_id = $1 AND resumed_at IS NULL;
+
+-- name: job_pauses
+-- The job's pauses, newest first.
+SELECT paused_at, paused_by, note, resumed_at, resumed_by FROM job_pauses
+WHERE job_id = $1 ORDER BY paused_at DESC LIMIT $2;
 
 -- name: track_unfinished_runs
 -- A job changed from concurrency allow to skip or queue: its unfinished runs, which allow did not
@@ -76,5 +108,11 @@ SELECT job_id, run_id, scheduled_at FROM runs WHERE job_id = $1 AND status IN ('
 ON CONFLICT DO NOTHING;
 
 -- name: delete_job
-DELETE FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) RETURNING job_id;
+WITH deleted AS (
+    DELETE FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) RETURNING job_id
+),
+forgotten AS (
+    DELETE FROM job_pauses p USING deleted d WHERE p.job_id = d.job_id
+)
+SELECT job_id FROM deleted;
 

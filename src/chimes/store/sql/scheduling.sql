@@ -145,7 +145,8 @@ advanced AS (
 ),
 slot AS (
     SELECT s.*, l.job_id, l.owner, l.priority, l.partition_id, l.job_version, l.concurrency, l.queue_limit,
-           row_number() OVER (PARTITION BY l.job_id, s.outcome ORDER BY s.scheduled_at DESC) AS rank
+           row_number() OVER (PARTITION BY l.job_id, s.outcome ORDER BY s.scheduled_at DESC) AS rank,
+           max(s.scheduled_at) OVER (PARTITION BY l.job_id, s.outcome) AS newest
     FROM unnest($14::integer[], $15::uuid[], $16::timestamptz[], $17::text[], $18::text[], $19::text[])
          AS s(idx, run_id, scheduled_at, trigger, outcome, reason)
     JOIN live l ON l.idx = s.idx
@@ -155,6 +156,9 @@ decided AS (
            CASE
                WHEN slot.outcome = 'skip' THEN 'skip'
                WHEN slot.concurrency = 'allow' THEN 'run'
+               -- replace: the newest slot runs whatever is active; the runs it replaces are
+               -- cancelled after this statement (replace_active_runs), older slots of this fire skipped.
+               WHEN slot.concurrency = 'replace' THEN CASE WHEN slot.rank = 1 THEN 'run' ELSE 'skip' END
                WHEN slot.rank = 1 AND active.running = 0 AND active.held = 0 THEN 'run'
                WHEN slot.concurrency = 'queue' AND active.held + slot.rank - 1 < slot.queue_limit THEN 'hold'
                ELSE 'skip'
@@ -177,6 +181,9 @@ created AS (
                WHEN outcome = 'skip' THEN reason
                WHEN decision = 'skip' AND concurrency = 'queue'
                    THEN format('skipped: %s runs already waiting (queueLimit)', held_before + rank - 1)
+               WHEN decision = 'skip' AND concurrency = 'replace'
+                   THEN format('skipped: replaced by the run of %s (concurrency replace)',
+                               to_char(newest AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'))
                WHEN decision = 'skip' THEN 'skipped: the previous run is still active (concurrency skip)'
                WHEN decision = 'hold' THEN coalesce(reason || '; ', '') || 'waiting for the active run (concurrency queue)'
                ELSE reason
@@ -190,7 +197,8 @@ created AS (
     RETURNING run_id, scheduled_at, job_id, priority
 ),
 admitted AS (
-    SELECT c.*, d.decision, d.concurrency FROM created c JOIN decided d USING (run_id)
+    SELECT c.*, d.decision, d.concurrency, d.running + d.held_before > 0 AS replacing
+    FROM created c JOIN decided d USING (run_id)
     WHERE d.decision IN ('run', 'hold')
 ),
 -- The runs of skip and queue jobs are tracked until they end; those of allow jobs are not (no policy
@@ -222,7 +230,55 @@ requeued AS (
 SELECT (SELECT count(*) FROM lease) AS leases_held,
        (SELECT count(*) FROM fired) AS fired,
        (SELECT count(*) FROM enqueued) + (SELECT count(*) FROM requeued) AS enqueued,
-       (SELECT count(*) FROM batch WHERE fire_at > (SELECT now FROM moment)) AS too_early;
+       (SELECT count(*) FROM batch WHERE fire_at > (SELECT now FROM moment)) AS too_early,
+       -- The new runs of replace jobs that found runs still active, for replace_active_runs: NULL
+       -- (no second statement) unless a replace job had an active run.
+       (SELECT array_agg(run_id) FROM admitted WHERE concurrency = 'replace' AND replacing) AS replacing;
+
+-- name: replace_active_runs
+-- concurrency replace: the new runs $1 (of jobs $2) end their jobs' other unfinished runs, each
+-- cancelled with the reason $3 exactly as cancel_run cancels one (runs.sql), in the fire's
+-- transaction. A run waiting in the queue or for a retry is cancelled as well: the newest slot wins.
+-- The caller tells the workers holding the running ones (notify_cancels) and ends their bookkeeping.
+WITH newer AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) AS n(run_id, job_id, reason)
+),
+target AS (
+    SELECT r.run_id, r.scheduled_at, r.status AS was, r.worker_id, r.attempt, r.started_at, n.reason
+    FROM newer n
+    JOIN active_runs a ON a.job_id = n.job_id AND a.run_id <> n.run_id
+    JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at
+    WHERE r.status IN ('scheduled', 'running')
+    FOR UPDATE OF r
+),
+cancelled AS (
+    UPDATE runs r SET status = 'cancelled', finished_at = now(), error = t.reason, lease_token = NULL
+    FROM target t
+    WHERE r.run_id = t.run_id AND r.scheduled_at = t.scheduled_at
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, t.was, t.worker_id, t.attempt, t.started_at,
+              t.reason
+),
+interrupted AS (
+    INSERT INTO run_attempts (run_id, scheduled_at, attempt, worker_id, status, started_at, finished_at, error)
+    SELECT run_id, scheduled_at, attempt, worker_id, 'cancelled', started_at, now(), reason
+    FROM cancelled WHERE was = 'running'
+    ON CONFLICT DO NOTHING
+),
+dequeued AS (
+    DELETE FROM run_queue q USING cancelled c WHERE q.run_id = c.run_id AND c.was = 'scheduled'
+),
+unleased AS (
+    DELETE FROM run_leases WHERE run_id IN (SELECT run_id FROM cancelled)
+),
+untriggered AS (
+    DELETE FROM triggers t USING cancelled c
+    WHERE t.partition_id = c.partition_id AND t.trigger_id = c.run_id AND t.kind = 1
+)
+SELECT run_id, scheduled_at, job_id, was = 'running' AS was_running FROM cancelled;
+
+-- name: notify_cancels
+-- At commit, the workers running the runs $1 stop their attempts (chimes.store.working.CANCEL_CHANNEL).
+SELECT pg_notify('chimes_run_cancel', run_id) FROM unnest($1::text[]) AS r(run_id);
 
 -- name: notify_queue
 SELECT pg_notify('chimes_run_queue', '');
@@ -447,7 +503,7 @@ SELECT r.run_id, r.scheduled_at, r.job_id, r.owner, coalesce(r.started_at, r.sch
 FROM active_runs a
 JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at
 JOIN jobs j ON j.job_id = a.job_id
-WHERE NOT a.held AND j.cron IS NOT NULL AND j.concurrency <> 'allow' AND NOT j.paused
+WHERE NOT a.held AND j.cron IS NOT NULL AND j.concurrency IN ('skip', 'queue') AND NOT j.paused
   AND coalesce(r.started_at, r.scheduled_at) < now() - make_interval(secs => $1)
 LIMIT 1000;
 

@@ -63,8 +63,22 @@ claimed AS (
     WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
               j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority,
-              r.partition_id, coalesce((j.task ->> 'callback')::boolean, false) AS own_lease,
+              r.partition_id, coalesce((j.task ->> 'callback')::boolean, false) AS own_lease, j.name AS job_name,
+              CASE WHEN r.attempt = 1 AND 'started' = ANY (j.notify_on)
+                   THEN coalesce(j.notify_url, (SELECT value #>> '{}' FROM settings WHERE key = 'notify_url'))
+              END AS started_url,
               now() + make_interval(secs => coalesce(j.timeout_sec, $7::integer) + $4::float8) AS deadline_at
+),
+-- notifyOn "started": the run's first attempt started; queued in the outbox with the claim, as a
+-- failure's notification is with its outcome (the same id for the same run: never queued twice).
+started AS (
+    INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload)
+    SELECT md5(run_id::text || ':run_started')::uuid, job_id, owner, 'run_started', started_url,
+           jsonb_build_object('kind', 'run_started', 'runId', run_id, 'jobId', job_id, 'jobName', job_name,
+                              'owner', owner, 'scheduledAt', scheduled_at, 'status', 'running', 'attempt', attempt,
+                              'error', NULL, 'startedAt', started_at, 'finishedAt', NULL)
+    FROM claimed WHERE started_url IS NOT NULL
+    ON CONFLICT DO NOTHING
 ),
 own_leased AS (
     INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
@@ -148,7 +162,7 @@ ended AS (
     FROM outcome o
     WHERE r.run_id = o.run_id AND r.scheduled_at = o.scheduled_at
       AND r.status = 'running' AND r.lease_token = o.lease_token
-    RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.started_at,
+    RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.started_at, r.trigger,
               r.attempt - (o.retry_at IS NOT NULL)::integer AS ended_attempt,
               o.status, o.error, o.output, GREATEST(r.started_at, LEAST(o.finished_at, now())) AS finished_at,
               o.finished_at AS reported_finish, o.retry_at, o.on_run AND r.worker_id = $9 AS on_run
@@ -167,14 +181,23 @@ retry_triggers AS (
     ON CONFLICT DO NOTHING
 )
 -- bookkeeping: whether runs_ended has anything to do for the run, once final: a failure to notify,
--- or a job whose runs are tracked in active_runs (skip and queue jobs, and a job changed from one of
--- them whose held runs still wait). Most outcomes (allow jobs that succeeded) need no second statement.
+-- a job whose runs are tracked in active_runs (skip and queue jobs, and a job changed from one of
+-- them whose held runs still wait), a success to notify (notifyOn "succeeded") or a one-off job to
+-- delete (deleteAfterCompletion): the job's row is read by key for those two. Most outcomes (allow jobs that succeeded) need no second statement.
 SELECT e.run_id, e.scheduled_at, e.job_id, e.retry_at IS NULL AS final,
-       e.status = 'failed' OR EXISTS (SELECT 1 FROM active_runs a WHERE a.job_id = e.job_id) AS bookkeeping
+       e.status = 'failed' OR EXISTS (SELECT 1 FROM active_runs a WHERE a.job_id = e.job_id)
+       OR EXISTS (SELECT 1 FROM jobs j WHERE j.job_id = e.job_id
+                  AND (j.delete_after_completion AND e.trigger <> 'manual' AND e.trigger <> 'rerun'
+                       OR e.status = 'succeeded' AND 'succeeded' = ANY (j.notify_on))) AS bookkeeping
 FROM ended e;
 
 -- name: runs_ended
-SELECT chimes_runs_ended($1::uuid[], $2::uuid[]), chimes_notify_failed($2::uuid[], $3::timestamptz[]);
+-- The job is deleted (deleteAfterCompletion) only after the rest has read it: the subquery is
+-- evaluated first (OFFSET 0 keeps it from being merged into the outer query).
+SELECT chimes_delete_completed($2::uuid[], $3::timestamptz[])
+FROM (SELECT chimes_runs_ended($1::uuid[], $2::uuid[]), chimes_notify_failed($2::uuid[], $3::timestamptz[]),
+             chimes_notify_succeeded($2::uuid[], $3::timestamptz[]), chimes_pause_failing($2::uuid[], $3::timestamptz[])
+      OFFSET 0) AS bookkeeping;
 
 -- name: release_runs
 -- Hands runs back to the queue untouched (a worker shutting down): same attempt, no attempt row,
@@ -248,8 +271,22 @@ claimed AS (
     WHERE r.run_id = p.run_id AND r.scheduled_at = p.scheduled_at AND r.status = 'scheduled'
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.attempt, r.lease_token, r.started_at, r.trigger, j.task,
               j.retry_policy, j.timeout_sec, j.job_id IS NOT NULL AS job_exists, r.owner, r.priority,
-              r.partition_id, coalesce((j.task ->> 'callback')::boolean, false) AS own_lease,
+              r.partition_id, coalesce((j.task ->> 'callback')::boolean, false) AS own_lease, j.name AS job_name,
+              CASE WHEN r.attempt = 1 AND 'started' = ANY (j.notify_on)
+                   THEN coalesce(j.notify_url, (SELECT value #>> '{}' FROM settings WHERE key = 'notify_url'))
+              END AS started_url,
               now() + make_interval(secs => coalesce(j.timeout_sec, $5::integer) + $3::float8) AS deadline_at
+),
+-- notifyOn "started": the run's first attempt started; queued in the outbox with the claim, as a
+-- failure's notification is with its outcome (the same id for the same run: never queued twice).
+started AS (
+    INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload)
+    SELECT md5(run_id::text || ':run_started')::uuid, job_id, owner, 'run_started', started_url,
+           jsonb_build_object('kind', 'run_started', 'runId', run_id, 'jobId', job_id, 'jobName', job_name,
+                              'owner', owner, 'scheduledAt', scheduled_at, 'status', 'running', 'attempt', attempt,
+                              'error', NULL, 'startedAt', started_at, 'finishedAt', NULL)
+    FROM claimed WHERE started_url IS NOT NULL
+    ON CONFLICT DO NOTHING
 ),
 own_leased AS (
     INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
