@@ -19,7 +19,13 @@ def job_view(job: JobRecord) -> dict[str, Any]:
         "createdAt": job.created_at,
         "updatedAt": job.updated_at,
         "lastRun": job.last_run,
+        # Past its endAt: nothing is left to fire (docs/api.md, "Bounds").
+        "scheduleEnded": schedule_ended(job),
     }
+
+
+def schedule_ended(job: JobRecord) -> bool:
+    return "endAt" in job.definition["schedule"] and job.next_run_at is None and not job.paused
 
 
 def run_view(run: Any, attempts: list[Any] | None = None) -> dict[str, Any]:

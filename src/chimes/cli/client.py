@@ -183,6 +183,12 @@ def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--name", help="Job name."),
         click.option("--cron", help="Cron expression (5 fields, 6 with seconds, or @daily etc.)."),
         click.option("--timezone", help="IANA timezone of --cron (default UTC)."),
+        click.option("--every", help="Interval schedule: fire every DURATION (90m, 1h30m, 45s, 2d), counted "
+                                     "from the Unix epoch, so fires never drift."),
+        click.option("--phase", help="With --every: how far past each multiple of the interval it fires "
+                                     "(--every 90m --phase 15m fires at 00:15, 01:45, 03:15 UTC ...)."),
+        click.option("--start-at", help="Recurring schedule: no fire before this time (RFC 3339 with an offset)."),
+        click.option("--end-at", help="Recurring schedule: no fire after this time (RFC 3339 with an offset)."),
         click.option("--at", help="One-off run time, RFC 3339 with an offset, e.g. 2026-12-01T09:00:00Z."),
         click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempts before the run fails."),
         click.option("--timeout", type=click.IntRange(1), help="Seconds an attempt may take."),
@@ -231,13 +237,31 @@ def _definition(opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def _new_schedule(opts: dict[str, Any]) -> dict[str, Any]:
-    if bool(opts["cron"]) == bool(opts["at"]):
-        raise click.UsageError("give exactly one of --cron (recurring) or --at (one-off)")
+    if bool(opts["cron"]) + bool(opts["every"]) + bool(opts["at"]) != 1:
+        raise click.UsageError("give exactly one of --cron or --every (recurring) or --at (one-off)")
+    _check_schedule_options(opts)
     if opts["at"]:
-        if opts["timezone"]:
-            raise click.UsageError("--timezone goes with --cron; give --at with an offset instead")
+        if opts["start_at"] or opts["end_at"]:
+            raise click.UsageError("--start-at and --end-at go with --cron or --every")
         return {"at": opts["at"]}
-    return {"cron": opts["cron"], "timezone": opts["timezone"] or "UTC"}
+    if opts["every"]:
+        schedule = {"every": opts["every"]} | ({"phase": opts["phase"]} if opts["phase"] else {})
+    else:
+        schedule = {"cron": opts["cron"], "timezone": opts["timezone"] or "UTC"}
+    return schedule | _bounds(opts)
+
+
+def _check_schedule_options(opts: dict[str, Any]) -> None:
+    if opts["timezone"] and (opts["at"] or opts["every"]):
+        raise click.UsageError("--timezone goes with --cron (an interval counts elapsed time; give --at with "
+                               "an offset instead)")
+    if opts["phase"] and not opts["every"]:
+        raise click.UsageError("--phase goes with --every")
+
+
+def _bounds(opts: dict[str, Any]) -> dict[str, Any]:
+    given = {"startAt": opts["start_at"], "endAt": opts["end_at"]}
+    return {key: value for key, value in given.items() if value}
 
 
 def _task(opts: dict[str, Any]) -> dict[str, Any]:
@@ -363,7 +387,7 @@ def update(api: Client, job_id: str, file: IO[str] | None, **opts: Any) -> None:
 
     if opts["name"]:
         patch["name"] = opts["name"]
-    if opts["at"] or opts["cron"] or opts["timezone"]:
+    if any(opts[key] for key in ("at", "cron", "timezone", "every", "phase", "start_at", "end_at")):
         patch["schedule"] = _changed_schedule(opts, job)
     tuning = _tuning(opts)
     if "retryPolicy" in tuning:
@@ -379,18 +403,32 @@ def update(api: Client, job_id: str, file: IO[str] | None, **opts: Any) -> None:
 
 
 def _changed_schedule(opts: dict[str, Any], job: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The job's schedule with the options given applied; a new rule (--cron, --every) keeps the
+    jitter and the bounds of a recurring one."""
+    if opts["cron"] and opts["every"]:
+        raise click.UsageError("give either --cron or --every")
     if opts["at"]:
-        if opts["cron"] or opts["timezone"]:
-            raise click.UsageError("give either --at or --cron/--timezone")
+        if any(opts[key] for key in ("cron", "every", "phase", "timezone", "start_at", "end_at")):
+            raise click.UsageError("give either --at or a recurring schedule (--cron/--every)")
         return {"at": opts["at"]}
     schedule = job().get("schedule") or {}
-    if "cron" not in schedule:
-        if not opts["cron"]:
-            raise click.UsageError("this job runs once (--at); give --cron to make it recurring")
-        schedule = {}
-    changed = {**schedule, "cron": opts["cron"] or schedule["cron"]}
-    changed["timezone"] = opts["timezone"] or schedule.get("timezone") or "UTC"
-    return changed
+    if "at" in schedule and not (opts["cron"] or opts["every"]):
+        raise click.UsageError("this job runs once (--at); give --cron or --every to make it recurring")
+    kept = {k: v for k, v in schedule.items() if k in ("jitterSec", "startAt", "endAt")}
+    if opts["every"] or ("everySec" in schedule and not opts["cron"]):
+        if opts["timezone"]:
+            raise click.UsageError("--timezone goes with --cron: an interval counts elapsed time")
+        rule: dict[str, Any] = ({"every": opts["every"]} if opts["every"]
+                                else {"everySec": schedule["everySec"], "phaseSec": schedule.get("phaseSec", 0)})
+        if opts["phase"]:
+            rule = {k: v for k, v in rule.items() if k != "phaseSec"} | {"phase": opts["phase"]}
+    else:
+        if opts["phase"]:
+            raise click.UsageError("--phase goes with an interval schedule (--every)")
+        same = {k: v for k, v in schedule.items() if k in ("cron", "timezone", "dstGap", "dstFold")}
+        rule = same | {"cron": opts["cron"] or schedule["cron"],
+                       "timezone": opts["timezone"] or schedule.get("timezone") or "UTC"}
+    return rule | kept | _bounds(opts)
 
 
 @jobs.command("delete")

@@ -230,7 +230,7 @@ def export(owner: str, jobs: Sequence[Job]) -> dict[str, Any]:
 
 def _exported(job: Job) -> dict[str, Any]:
     wire = job.spec().to_wire()
-    schedule = {k: wire["schedule"][k] for k in ("cron", "at") if k in wire["schedule"]}
+    schedule = {k: wire["schedule"][k] for k in ("cron", "everySec", "at") if k in wire["schedule"]}
     task = {k: wire["task"][k] for k in REQUIRED_TASK_FIELDS.get(wire["task"].get("type"), ("type",))
             if k in wire["task"]}
     baseline = JobSpec.model_validate({"name": job.name, "schedule": schedule, "task": task}).to_wire()

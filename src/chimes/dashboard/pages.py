@@ -100,7 +100,7 @@ async def job_page(
         "stall": stall, "dead_notifications": dead_notifications,
         "viewer": who, "nav": "jobs", "job": job, "runs": runs, "status_filter": status, "statuses": RUN_STATUSES,
         "before": before, "next_before": next_before, "started": started, "notice": NOTICES.get(notice or ""),
-        "next_fires": views.next_fires(job.definition, job.next_run_at),
+        "next_fires": views.next_fires(job.definition, job.next_run_at, job.job_id),
         "chart": _chart(runs), "task": job.definition["task"],
         "headers": views.masked(job.definition["task"].get("headers")),
         "env": views.masked(job.definition["task"].get("env")),

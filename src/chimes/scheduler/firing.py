@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from chimes import cron
+from chimes import schedules
 from chimes.enums import TriggerKind
 from chimes.ids import scheduled_at_of
 from chimes.settings import MISSED_AFTER_SEC
@@ -17,24 +17,18 @@ from chimes.store.scheduling import DueTrigger, Fire
 MISSED_AFTER = timedelta(seconds=MISSED_AFTER_SEC)
 
 
-def schedule_of(trigger: DueTrigger) -> cron.CronSchedule | None:
-    if trigger.cron is None or trigger.timezone is None:
-        return None
-    return cron.CronSchedule(trigger.cron, trigger.timezone, trigger.dst_gap, trigger.dst_fold)
-
-
 def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: timedelta = MISSED_AFTER) -> Fire:
     """Pure: ``now`` is passed in. The next fire is computed from the slot, never from the clock, so
     a recurring job does not drift however late this fire is. Without ``now`` the fire is on time."""
     if trigger.kind == TriggerKind.RETRY:
         return Fire(trigger, trigger.trigger_id, scheduled_at_of(trigger.trigger_id), None)
-    schedule = schedule_of(trigger)
+    schedule = trigger.recurrence
     offset = jitter_offset(trigger.job_id, trigger.jitter_sec)
     nominal = trigger.fire_at - offset
     paused = _while_paused(trigger, nominal)
     if now is None or (not paused and now - trigger.fire_at <= missed_after):
         slots = [on_time(trigger.job_id, nominal)]
-        following = cron.next_fire(schedule, nominal) if schedule is not None else None
+        following = schedules.next_fire(schedule, nominal) if schedule is not None else None
     else:
         slots, following = catch_up(trigger.job_id, schedule, nominal, now, trigger.catch_up or {},
                                     "paused" if paused else "missed")
@@ -62,4 +56,4 @@ def follow_up(fire: Fire) -> DueTrigger | None:
     t = fire.trigger
     return DueTrigger(t.partition_id, fire.next_fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
                       t.cron, t.timezone, t.dst_gap, t.dst_fold, t.jitter_sec, t.catch_up, t.paused_at,
-                      t.resumed_at, t.start_deadline_sec)
+                      t.resumed_at, t.start_deadline_sec, t.every_sec, t.phase_sec, t.start_at, t.end_at)

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from chimes import cron
+from chimes import schedules
 from chimes.ids import new_job_id
 from chimes.jobs import AtScheduleSpec, JobPatch, JobSpec
 from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
@@ -43,7 +43,7 @@ def first_fire(spec: JobSpec, job_id: uuid.UUID, now: datetime, since: datetime 
     (the pause, when resuming) or ``now``, moved by the job's jitter."""
     if isinstance(spec.schedule, AtScheduleSpec):
         return spec.schedule.at
-    nominal = cron.next_fire(spec.schedule.as_cron(), since or now)
+    nominal = schedules.next_fire(spec.schedule.recurrence(), since or now)
     return None if nominal is None else nominal + jitter_offset(job_id, spec.schedule.jitter_sec)
 
 

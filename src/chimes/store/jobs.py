@@ -12,7 +12,7 @@ import asyncpg
 
 from chimes.enums import Priority
 from chimes.ids import partition_of
-from chimes.jobs import AtScheduleSpec, CronScheduleSpec, JobSpec
+from chimes.jobs import AtScheduleSpec, CronScheduleSpec, IntervalScheduleSpec, JobSpec
 from chimes.store.db import Conn, one_row
 from chimes.store.queries import sql
 
@@ -43,12 +43,14 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
     wire = spec.to_wire()
     schedule = spec.schedule
     cron_spec = schedule if isinstance(schedule, CronScheduleSpec) else None
+    interval = schedule if isinstance(schedule, IntervalScheduleSpec) else None
+    recurring = None if isinstance(schedule, AtScheduleSpec) else schedule
     return (
         spec.name,
         cron_spec.cron if cron_spec else None,
         schedule.at if isinstance(schedule, AtScheduleSpec) else None,
         cron_spec.timezone if cron_spec else "UTC",
-        cron_spec.jitter_sec if cron_spec else 0,
+        recurring.jitter_sec if recurring else 0,
         wire["task"],
         wire["retryPolicy"],
         spec.timeout_sec,
@@ -61,6 +63,10 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
         list(spec.tags),
         spec.notify_url,
         spec.start_deadline_sec,
+        interval.every_sec if interval else None,
+        interval.phase_sec if interval else None,
+        recurring.start_at if recurring else None,
+        recurring.end_at if recurring else None,
     )
 
 
@@ -69,8 +75,15 @@ def definition_of(row: asyncpg.Record) -> dict[str, Any]:
         schedule: dict[str, Any] = {"cron": row["cron"], "timezone": row["timezone"]}
         optional = {"jitterSec": row["jitter_sec"], "dstGap": row["dst_gap"], "dstFold": row["dst_fold"]}
         schedule.update((key, value) for key, value in optional.items() if value)
+    elif row["every_sec"] is not None:
+        schedule = {"everySec": row["every_sec"], "phaseSec": row["phase_sec"]}
+        if row["jitter_sec"]:
+            schedule["jitterSec"] = row["jitter_sec"]
     else:
         schedule = {"at": row["run_at"]}
+    if row["run_at"] is None:
+        schedule.update((key, row[column]) for key, column in (("startAt", "start_at"), ("endAt", "end_at"))
+                        if row[column] is not None)
     definition = {
         "name": row["name"],
         "schedule": schedule,

@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 
 from chimes.enums import TriggerKind
+from chimes.schedules import Recurrence, recurrence_of
 from chimes.slots import Slot
 from chimes.store.db import Conn, Row, one_row
 from chimes.store.queries import sql
@@ -41,10 +42,20 @@ class DueTrigger:
     paused_at: datetime | None = None
     resumed_at: datetime | None = None
     start_deadline_sec: int | None = None  # the job's; None: not read (a retry trigger)
+    every_sec: int | None = None
+    phase_sec: int | None = None
+    start_at: datetime | None = None
+    end_at: datetime | None = None
 
     @property
     def key(self) -> TriggerKey:
         return (self.partition_id, self.fire_at, self.trigger_id)
+
+    @property
+    def recurrence(self) -> Recurrence | None:
+        """The job's recurring schedule; None for a one-off job or a retry."""
+        return recurrence_of(self.cron, self.timezone, self.dst_gap, self.dst_fold, self.every_sec, self.phase_sec,
+                             self.start_at, self.end_at)
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,10 +90,16 @@ CREATE TABLE public.jobs (
     start_deadline_sec integer DEFAULT 300 NOT NULL,
     paused_at timestamp with time zone,
     resumed_at timestamp with time zone,
+    every_sec integer,
+    phase_sec integer,
+    start_at timestamp with time zone,
+    end_at timestamp with time zone,
+    CONSTRAINT jobs_bounds CHECK ((end_at > start_at)),
     CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text]))),
     CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),
     CONSTRAINT jobs_dst_gap CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
-    CONSTRAINT jobs_one_schedule CHECK (((cron IS NULL) <> (run_at IS NULL))),
+    CONSTRAINT jobs_interval CHECK ((((every_sec IS NULL) AND (phase_sec IS NULL)) OR ((every_sec >= 1) AND (phase_sec >= 0) AND (phase_sec < every_sec)))),
+    CONSTRAINT jobs_one_schedule CHECK ((num_nonnulls(cron, run_at, every_sec) = 1)),
     CONSTRAINT jobs_pkey PRIMARY KEY (job_id),
     CONSTRAINT jobs_priority CHECK (((priority >= 0) AND (priority <= 2)))
 );

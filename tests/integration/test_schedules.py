@@ -1,0 +1,143 @@
+"""Interval schedules and startAt/endAt bounds through the real API and scheduler (in-process fleet,
+real PostgreSQL, real HTTP target): the grid they fire on, catch-up, concurrency, and bad input."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import httpx
+import pytest
+
+from chimes.slots import jitter_offset
+from tests.helpers import Homes, wait_for
+from tests.integration.fleet import Fleet
+from tests.integration.test_semantics import _count, _node_for_catch_up, _outage, _settled, job, runs
+from tests.target import Target
+
+
+def epoch_seconds(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+async def test_an_interval_with_a_phase_fires_on_its_grid_with_jitter(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    created = await client.post("/jobs", json=job(target, "/every", {"every": "2s", "phase": "1s", "jitterSec": 1},
+                                                  concurrency="allow"))
+    assert created.status_code == 201, created.text
+    job_id = created.json()["jobId"]
+    offset = jitter_offset(uuid.UUID(job_id), 1)
+    first = datetime.fromisoformat(created.json()["nextRunAt"])
+    assert (first - offset).microsecond == 0 and int(epoch_seconds(first - offset)) % 2 == 1
+    shown = (await client.get(f"/jobs/{job_id}")).json()
+    assert shown["schedule"] == {"everySec": 2, "phaseSec": 1, "jitterSec": 1}
+    pool = await homes.for_job(job_id)
+    await wait_for(lambda: _count(pool, job_id, "succeeded", 3), timeout=20, what="three interval runs")
+    assert (await client.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
+    history = await runs(pool, job_id)
+    # Odd seconds since the epoch, 2 s apart, none missing; each fired no earlier than slot + jitter.
+    assert all(int(epoch_seconds(r["scheduled_at"])) % 2 == 1 for r in history)
+    assert all(b["scheduled_at"] - a["scheduled_at"] == timedelta(seconds=2) for a, b in itertools.pairwise(history))
+    assert all(r["fired_at"] >= r["scheduled_at"] + offset for r in history)
+
+
+async def test_an_interval_job_skips_a_fire_while_its_run_is_still_active(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    target.delays["/slow-every"] = lambda n: 2.5  # longer than the interval
+    created = await client.post("/jobs", json=job(target, "/slow-every", {"everySec": 1}, concurrency="skip"))
+    job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)
+    await wait_for(lambda: _count(pool, job_id, "skipped", 2), timeout=20, what="two skipped fires")
+    assert (await client.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
+    await wait_for(lambda: _settled(pool, job_id), timeout=20, what="the last run to end")
+    skipped = [r for r in await runs(pool, job_id) if r["status"] == "skipped"]
+    assert all("previous run is still active" in r["reason"] for r in skipped)
+
+
+async def test_an_interval_job_catches_up_by_its_policy(client: httpx.AsyncClient, target: Target,
+                                                       homes: Homes) -> None:
+    created = await client.post("/jobs", json=job(target, "/every-catch-up", {"every": "10s"},
+                                                  catchUp={"policy": "one"}, concurrency="allow"))
+    job_id = created.json()["jobId"]
+    pool = await homes.for_job(job_id)
+    await _outage(pool, job_id, 60)  # seven 10-second slots missed, the last one just now
+    node, task = await _node_for_catch_up(pool)
+    try:
+        await wait_for(lambda: _catch_up_run(pool, job_id), timeout=20, what="the catch-up run")
+    finally:
+        node.stop()
+        await task
+    history = await runs(pool, job_id)
+    last = max(i for i, r in enumerate(history) if r["trigger"] == "catchup")
+    missed = history[:last + 1]
+    assert len(missed) in (7, 8)
+    assert all(r["status"] == "skipped" and "caught up by the run of" in r["reason"] for r in missed[:-1])
+    assert all(int(epoch_seconds(r["scheduled_at"])) % 10 == 0 for r in missed)
+
+
+async def _catch_up_run(pool: asyncpg.Pool, job_id: str) -> bool:
+    return await pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND trigger = 'catchup'",
+                               uuid.UUID(job_id)) > 0
+
+
+async def test_start_and_end_bound_the_fires_and_an_ended_job_has_no_next_run(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    start = (datetime.now(UTC) + timedelta(seconds=2)).replace(microsecond=0)
+    end = start + timedelta(seconds=3)
+    created = await client.post("/jobs", json=job(target, "/bounded", {
+        "cron": "* * * * * *", "startAt": start.isoformat(), "endAt": end.isoformat()}, concurrency="allow"))
+    assert created.status_code == 201, created.text
+    job_id = created.json()["jobId"]
+    assert datetime.fromisoformat(created.json()["nextRunAt"]) == start
+    pool = await homes.for_job(job_id)
+    await wait_for(lambda: _no_next_run(client, job_id), timeout=20, what="the schedule to end")
+    await wait_for(lambda: _settled(pool, job_id), timeout=20, what="the last run to end")
+    assert [r["scheduled_at"] for r in await runs(pool, job_id)] == [start + timedelta(seconds=s) for s in range(4)]
+    shown = (await client.get(f"/jobs/{job_id}")).json()
+    assert shown["nextRunAt"] is None and shown["scheduleEnded"] is True
+    assert shown["schedule"]["endAt"] == end.isoformat().replace("+00:00", "Z")
+
+
+async def _no_next_run(client: httpx.AsyncClient, job_id: str) -> bool:
+    return (await client.get(f"/jobs/{job_id}")).json()["nextRunAt"] is None
+
+
+async def test_a_cron_job_changed_to_an_interval_fires_on_the_new_grid(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    created = await client.post("/jobs", json=job(target, "/changed-rule", {"cron": "0 0 1 1 *"}))
+    job_id = created.json()["jobId"]
+    changed = await client.patch(f"/jobs/{job_id}", json={"schedule": {"every": "1h30m", "phase": "15m"}})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["schedule"] == {"everySec": 5400, "phaseSec": 900}
+    following = datetime.fromisoformat(changed.json()["nextRunAt"])
+    assert (epoch_seconds(following) - 900) % 5400 == 0
+    assert timedelta(0) < following - datetime.now(UTC) <= timedelta(minutes=90)
+
+
+BAD_SCHEDULES = [
+    ({"everySec": 0}, "schedule.everySec", "greater than or equal to 1"),
+    ({"every": "0s"}, "schedule.everySec", "greater than or equal to 1"),
+    ({"every": "ninety minutes"}, "schedule", "invalid duration"),
+    ({"every": "1h", "phase": "2h"}, "schedule.phaseSec", "less than everySec"),
+    ({"every": "1h", "cron": "* * * * *"}, "schedule", "exactly one"),
+    ({"cron": "* * * * *", "startAt": "2030-02-01T00:00:00Z", "endAt": "2030-01-01T00:00:00Z"}, "schedule.endAt",
+     "after startAt"),
+    ({"everySec": 60, "startAt": "2030-02-01T00:00:00"}, "schedule.startAt", "offset"),
+]
+
+
+@pytest.mark.parametrize(("schedule", "field", "words"), BAD_SCHEDULES, ids=[b[1] + ":" + b[2] for b in BAD_SCHEDULES])
+async def test_a_bad_schedule_is_refused_naming_the_field_and_nothing_is_written(
+    client: httpx.AsyncClient, target: Target, homes: Homes, schedule: dict, field: str, words: str
+) -> None:
+    response = await client.post("/jobs", json=job(target, "/bad", schedule))
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["error"] == "invalid_request" and body["field"] == field and words in body["message"]
+    assert await homes.total("SELECT count(*) FROM jobs") == 0
