@@ -10,7 +10,19 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 
 from chimes import __version__, dashboard, metrics
-from chimes.api import errors, health, homes, jobs, notifications, openapi, runs, standby, unavailable, whoami
+from chimes.api import (
+    errors,
+    health,
+    homes,
+    jobs,
+    notifications,
+    openapi,
+    runs,
+    schedules,
+    standby,
+    unavailable,
+    whoami,
+)
 from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
 from chimes.api.responses import JSONResponse
 from chimes.clock import SYSTEM_CLOCK, Clock
@@ -91,6 +103,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     app.include_router(runs.router)
     app.include_router(notifications.router)
     app.include_router(whoami.router)
+    app.include_router(schedules.router)
 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:

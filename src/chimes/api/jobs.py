@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
-from chimes import tracing
+from chimes import previews, tracing
 from chimes.api import homes, standby
 from chimes.api.auth import current_principal
 from chimes.api.clock import clock_of
@@ -75,7 +75,11 @@ async def list_jobs(
 
 
 @router.get("/jobs/{job_id}", response_class=JSONResponse)
-async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse:
+async def get_job(
+    job_id: str, request: Request, caller: Caller,
+    preview: Annotated[int | None, Query(ge=1, le=previews.MAX_PREVIEW,
+                                         description="add nextRuns: the job's next N fire times")] = None,
+) -> JSONResponse:
     parsed = parse_id(job_id, "job")
     job = await (await homes.jobs_of(request, parsed)).get(parsed, caller.owner_filter)
     if job is None:
@@ -83,7 +87,10 @@ async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse
             raise ApiError(404, "job_deleted", f"job {parsed} was deleted; its runs stay listable at "
                            f"GET /jobs/{parsed}/runs until retention removes them")
         raise not_found("job")
-    return JSONResponse(job_view(job), headers={"ETag": etag(job.version)})
+    view = job_view(job)
+    if preview is not None:
+        view["nextRuns"] = previews.upcoming(job.definition, job.job_id, job.next_run_at, preview)
+    return JSONResponse(view, headers={"ETag": etag(job.version)})
 
 
 @router.patch("/jobs/{job_id}", response_class=JSONResponse)

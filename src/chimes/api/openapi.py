@@ -65,6 +65,18 @@ class Job(_Answer):
     createdAt: datetime
     updatedAt: datetime
     lastRun: LastRun | None
+    scheduleEnded: bool = Field(False, description="the schedule is past its endAt: nothing is left to fire")
+    nextRuns: list[datetime] | None = Field(
+        None, description="with ?preview=N: the next N fire times, as the scheduler fires them (DST policy, "
+                          "jitter, interval phase, startAt/endAt)")
+
+
+class SchedulePreview(_Answer):
+    """The next fire times of a schedule not saved yet."""
+
+    fires: list[datetime]
+    jitterSec: int | None = Field(None, description="each fire of a job with this schedule comes a fixed delay "
+                                                    "in [0, jitterSec) later, set by the job's id")
 
 
 class JobList(_Answer):
@@ -181,6 +193,7 @@ SUCCESS: dict[tuple[str, str], dict[str, type[BaseModel] | str | None]] = {
     ("/queue", "get"): {"200": Queue},
     ("/notifications", "get"): {"200": NotificationList},
     ("/whoami", "get"): {"200": Identity},
+    ("/schedules/preview", "post"): {"200": SchedulePreview},
     ("/healthz", "get"): {"200": Health, "503": Health},
     ("/metrics", "get"): {"200": PROMETHEUS_TEXT},
 }
@@ -202,7 +215,7 @@ WITH_ETAG = frozenset({("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{jo
 ETAG_HEADER = {"ETag": {"description": "the job's version, quoted: send it as If-Match on PATCH or DELETE",
                         "schema": {"type": "string"}}}
 MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue,
-          NotificationList, Identity)
+          NotificationList, Identity, SchedulePreview)
 
 
 def install(app: FastAPI) -> None:

@@ -19,15 +19,19 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 
+from chimes import cron, previews
 from chimes.cli import client_render as render
 from chimes.client import ApiError, ChimesError, Client
 from chimes.client.asynchronous import DEFAULT_API_URL, RATE_LIMIT_RETRIES, RETRY_AFTER_CAP_SEC
+from chimes.jobs import UNION_TAGS
 
 __all__ = ["DEFAULT_API_URL", "RATE_LIMIT_RETRIES", "RETRY_AFTER_CAP_SEC", "jobs", "runs"]
 log = logging.getLogger("chimes.cli")
@@ -338,10 +342,12 @@ def list_jobs(api: Client, limit: int | None, follow: bool, as_json: bool, wide:
 @jobs.command("get")
 @api_options
 @click.argument("job_id")
+@click.option("--next", "-n", "preview", type=click.IntRange(1, previews.MAX_PREVIEW),
+              help="Also show the next N fire times, as the scheduler fires them (DST policy, jitter, bounds).")
 @json_option
-def get_job(api: Client, job_id: str, as_json: bool) -> None:
+def get_job(api: Client, job_id: str, preview: int | None, as_json: bool) -> None:
     """Show one job and its definition."""
-    job = api.jobs.get(_job_id(api, job_id)).raw
+    job = api.jobs.get(_job_id(api, job_id), preview=preview).raw
     if as_json:
         _echo_json(job)
     else:
@@ -551,3 +557,62 @@ def watch(api: Client, job_id: str, interval: float, status: str | None, limit: 
                 live.update(table(), refresh=True)
     except KeyboardInterrupt:
         pass
+
+
+# ------------------------------------------------------------------------------------------ schedules
+
+
+@click.group("cron")
+def cron_group() -> None:
+    """Check schedules before making jobs of them (computed here, by the scheduler's own rules)."""
+
+
+@cron_group.command("next")
+@click.argument("expression", required=False)
+@click.option("--timezone", help="IANA time zone of EXPRESSION (default UTC).")
+@click.option("--every", help="An interval schedule instead of EXPRESSION: every DURATION (90m, 1h30m, 45s).")
+@click.option("--phase", help="With --every: how far past each multiple of the interval it fires.")
+@click.option("--dst-gap", type=click.Choice(["shift", "skip"]), help="A cron time in a spring-forward gap.")
+@click.option("--dst-fold", type=click.Choice(["first", "last", "both"]), help="A cron time in a fall-back fold.")
+@click.option("--start-at", help="No fire before this time (RFC 3339 with an offset).")
+@click.option("--end-at", help="No fire after this time (RFC 3339 with an offset).")
+@click.option("--after", help="List fires after this time (RFC 3339 with an offset; default now).")
+@click.option("-n", "count", type=click.IntRange(1, previews.MAX_PREVIEW), default=10, show_default=True,
+              help="How many fire times.")
+def cron_next(expression: str | None, count: int, **opts: Any) -> None:
+    """The next fire times of a cron EXPRESSION (or of --every), in UTC and in the schedule's zone.
+
+    \b
+    chimes cron next '30 2 * * *' --timezone America/New_York -n 5
+    chimes cron next --every 90m --phase 15m
+    """
+    if bool(expression) == bool(opts["every"]):
+        raise click.UsageError("give exactly one of EXPRESSION or --every")
+    schedule: dict[str, Any] = ({"cron": expression, "timezone": opts["timezone"] or "UTC"} if expression
+                                else {"every": opts["every"]})
+    given = {"phase": opts["phase"], "dstGap": opts["dst_gap"], "dstFold": opts["dst_fold"],
+             "startAt": opts["start_at"], "endAt": opts["end_at"]}
+    schedule |= {key: value for key, value in given.items() if value}
+    try:
+        parsed = previews.parse_schedule(schedule)
+        after = datetime.fromisoformat(opts["after"]) if opts["after"] else datetime.now(UTC)
+    except (ValidationError, ValueError) as exc:
+        raise click.BadParameter(_first_problem(exc)) from None
+    if after.tzinfo is None:
+        raise click.BadParameter("--after needs an offset, e.g. 2026-12-01T09:00:00Z")
+    zone = cron.parse_timezone(opts["timezone"] or "UTC")
+    fires = previews.fires_after(parsed, None, after, count)
+    for fire in fires:
+        local = fire.astimezone(zone)
+        click.echo(f"{fire.isoformat().replace('+00:00', 'Z')}  {local.strftime('%a %Y-%m-%d %H:%M:%S %Z')}")
+    if not fires:
+        click.echo("no fires: the schedule ends before that")
+
+
+def _first_problem(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        error = exc.errors()[0]
+        loc = error["loc"][1:] if error["loc"] and error["loc"][0] in UNION_TAGS["schedule"] else error["loc"]
+        where = ".".join(str(part) for part in loc)
+        return f"{where}: {error['msg'].removeprefix('Value error, ')}" if where else error["msg"]
+    return str(exc)

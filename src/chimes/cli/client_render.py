@@ -13,7 +13,8 @@ from rich.text import Text
 from chimes import schedules
 
 # Fields of GET /jobs/{id} that the server adds; the rest is the job's definition.
-JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun")
+JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun",
+                "scheduleEnded", "nextRuns")
 ERROR_WIDTH = 60
 OUTPUT_LINES = 40
 WIDE_COLUMNS = 120  # from this terminal width on, lists show whole ids and times
@@ -155,6 +156,10 @@ def job_detail(job: dict[str, Any]) -> Group:
         ("updated", when(job.get("updatedAt"))),
         ("last run", last_run),
     ]
+    if job.get("scheduleEnded"):
+        rows.append(("ended", "past its endAt: nothing is left to fire"))
+    if job.get("nextRuns") is not None:
+        rows.append(("next runs", "\n".join(when(t) for t in job["nextRuns"]) or "none"))
     definition = {k: v for k, v in job.items() if k not in JOB_METADATA}
     return Group(_key_values(rows), Text("definition:"), Text(json.dumps(definition, indent=2)))
 

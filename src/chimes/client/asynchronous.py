@@ -196,8 +196,16 @@ class AsyncJobs:
         answer = _json(response)
         return JobCreated.from_api({**answer, "version": _version(response), "created": response.status_code == 201})
 
-    async def get(self, job_id: str) -> Job:
-        return Job.from_api(await self._client.call("GET", _path("jobs", job_id)))
+    async def get(self, job_id: str, *, preview: int | None = None) -> Job:
+        """The job; with ``preview``, its next ``preview`` fire times in ``next_runs``."""
+        return Job.from_api(await self._client.call("GET", _path("jobs", job_id), params={"preview": preview}))
+
+    async def preview(self, schedule: Mapping[str, Any], *, n: int = 10,
+                      after: datetime | None = None) -> list[datetime]:
+        """The next ``n`` fire times of a schedule not saved yet (``POST /schedules/preview``)."""
+        body = {"schedule": dict(schedule), "n": n} | ({"after": after.isoformat()} if after else {})
+        answer = await self._client.call("POST", "/schedules/preview", body=body)
+        return [datetime.fromisoformat(fire) for fire in answer["fires"]]
 
     async def page(self, *, cursor: str | None = None, limit: int | None = None) -> Page[Job]:
         """One page of the caller's jobs, in creation order (an admin's: every owner's)."""

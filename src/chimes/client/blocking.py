@@ -102,6 +102,7 @@ class Jobs(_Resource[AsyncJobs]):
     __doc__ = AsyncJobs.__doc__
     create = _blocking(AsyncJobs.create)
     get = _blocking(AsyncJobs.get)
+    preview = _blocking(AsyncJobs.preview)
     page = _blocking(AsyncJobs.page)
     list = _blocking_iter(AsyncJobs.list)
     update = _blocking(AsyncJobs.update)

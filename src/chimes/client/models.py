@@ -19,7 +19,8 @@ from chimes.client.errors import ChimesError
 from chimes.jobs import JobSpec
 
 # Fields of GET /jobs/{id} that the server adds; the rest is the job's definition.
-JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun")
+JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun",
+                "scheduleEnded", "nextRuns")
 _CAMEL = AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel)
 
 
@@ -70,6 +71,10 @@ class Job(JobSpec, _FromApi):
     created_at: datetime = Field(alias="createdAt")
     updated_at: datetime = Field(alias="updatedAt")
     last_run: LastRun | None = Field(default=None, alias="lastRun")
+    #: Past its endAt: nothing is left to fire.
+    schedule_ended: bool = Field(default=False, alias="scheduleEnded")
+    #: The next fire times, when asked for with ``jobs.get(job_id, preview=N)``.
+    next_runs: list[datetime] | None = Field(default=None, alias="nextRuns")
 
     @property
     def definition(self) -> dict[str, Any]:
