@@ -31,6 +31,7 @@ from chimes.security.storable import storable_problem
 from chimes.settings import CATCH_UP_WINDOW_SEC, RUN_TIMEOUT_SEC
 
 MAX_TIMEOUT_SEC = 7 * 24 * 3600
+MAX_RUNS = 1_000_000_000
 
 
 class _Model(BaseModel):
@@ -72,6 +73,8 @@ class CronScheduleSpec(_Model):
     dst_fold: Literal["first", "last", "both"] | None = Field(default=None, alias="dstFold")
     start_at: AwareDatetime | None = Field(default=None, alias="startAt")
     end_at: AwareDatetime | None = Field(default=None, alias="endAt")
+    # Stop after this many slots (docs/semantics.md, "Run cap").
+    max_runs: Annotated[int | None, Field(alias="maxRuns", ge=1, le=MAX_RUNS)] = None
 
     _text = storable("cron", "timezone")
     _bounds = field_validator("start_at", "end_at")(_bound_millis)
@@ -104,6 +107,8 @@ class IntervalScheduleSpec(_Model):
     jitter_sec: Annotated[int, Field(alias="jitterSec", ge=0, le=3600)] = 0
     start_at: AwareDatetime | None = Field(default=None, alias="startAt")
     end_at: AwareDatetime | None = Field(default=None, alias="endAt")
+    # Stop after this many slots (docs/semantics.md, "Run cap").
+    max_runs: Annotated[int | None, Field(alias="maxRuns", ge=1, le=MAX_RUNS)] = None
 
     _bounds = field_validator("start_at", "end_at")(_bound_millis)
 

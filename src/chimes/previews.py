@@ -37,6 +37,8 @@ def fires_after(schedule: Any, job_id: uuid.UUID | None, after: datetime, count:
     (a schedule not saved yet) the jitter is not known, and the slots are given as they are."""
     if isinstance(schedule, AtScheduleSpec):
         return [schedule.at] if schedule.at > after and count > 0 else []
+    if schedule.max_runs is not None:
+        count = min(count, schedule.max_runs)
     offset = jitter_offset(job_id, schedule.jitter_sec) if job_id is not None else timedelta(0)
     nominal_after = after - offset
     slots = schedules.fire_times(schedule.recurrence(), nominal_after, nominal_after + _HORIZON, count)
@@ -44,12 +46,17 @@ def fires_after(schedule: Any, job_id: uuid.UUID | None, after: datetime, count:
 
 
 def upcoming(definition: Mapping[str, Any], job_id: uuid.UUID, next_run_at: datetime | None,
-             count: int) -> list[datetime]:
+             count: int, slots_fired: int = 0) -> list[datetime]:
     """A saved job's next ``count`` fires, from its pending trigger (``next_run_at``) on; none when
-    it has no trigger (paused, ended, or a one-off that ran)."""
+    it has no trigger (paused, ended, or a one-off that ran). ``slots_fired``: the slots counted
+    against its maxRuns so far."""
+    schedule = parse_schedule(definition["schedule"])
+    if not isinstance(schedule, AtScheduleSpec) and schedule.max_runs is not None:
+        count = min(count, schedule.max_runs - slots_fired)
     if next_run_at is None or count <= 0:
         return []
-    schedule = parse_schedule(definition["schedule"])
     if isinstance(schedule, AtScheduleSpec):
         return [next_run_at]
-    return [next_run_at, *fires_after(schedule, job_id, next_run_at, count - 1)]
+    # The cap is counted here, from the pending trigger: the rest of the schedule has no cap of its own.
+    uncapped = schedule.model_copy(update={"max_runs": None})
+    return [next_run_at, *fires_after(uncapped, job_id, next_run_at, count - 1)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -132,6 +132,20 @@ def fire_times(schedule: Recurrence, start: datetime, end: datetime, limit: int)
         found.append(following)
         cursor = following
     return found
+
+
+def capped(schedule: Recurrence, first: datetime, remaining: int, until: datetime) -> Recurrence:
+    """The schedule ending at its ``remaining``-th slot counted from ``first`` (the first of them)
+    when that slot is at or before ``until``: a run cap (schedule.maxRuns) is an end the slots reach.
+    Walks at most the slots up to ``until``, as planning a fire does anyway."""
+    last: datetime | None = first
+    for _ in range(remaining - 1):
+        last = next_fire(schedule, last) if last is not None else None
+        if last is None or last > until:
+            return schedule
+    if last is None or (schedule.end_at is not None and schedule.end_at <= last):
+        return schedule
+    return replace(schedule, end_at=last)
 
 
 def describe(rule: Rule) -> str:

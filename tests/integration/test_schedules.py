@@ -246,3 +246,33 @@ async def test_apply_takes_an_interval_as_a_duration_and_reapplying_changes_noth
     assert again.exit_code == 0 and "1 unchanged" in again.output, again.output
     exported = await chimes(api_url, tokens["team-a"], "export")
     assert "everySec: 5400" in exported.output and "phaseSec: 900" in exported.output
+
+
+async def test_a_run_cap_stops_the_job_after_its_slots_counting_skipped_ones(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    target.delays["/capped"] = lambda n: 1.5  # a fire while it runs is skipped, and counts
+    created = await client.post("/jobs", json=job(target, "/capped", {"everySec": 1, "maxRuns": 4},
+                                                  concurrency="skip"))
+    assert created.status_code == 201, created.text
+    job_id = created.json()["jobId"]
+    assert (await client.get(f"/jobs/{job_id}")).json()["remainingRuns"] == 4
+    pool = await homes.for_job(job_id)
+    await wait_for(lambda: _no_next_run(client, job_id), timeout=20, what="the run cap to be reached")
+    await wait_for(lambda: _settled(pool, job_id), timeout=20, what="the last run to end")
+    history = await runs(pool, job_id)
+    assert len(history) == 4 and {r["status"] for r in history} == {"succeeded", "skipped"}
+    shown = (await client.get(f"/jobs/{job_id}", params={"preview": 3})).json()
+    assert shown["remainingRuns"] == 0 and shown["scheduleEnded"] is True and shown["nextRuns"] == []
+    # A higher cap lets it go on from where it is; resuming it does not start the count again.
+    more = await client.patch(f"/jobs/{job_id}", json={"schedule": {"everySec": 1, "maxRuns": 6}})
+    assert more.json()["remainingRuns"] == 2 and more.json()["nextRunAt"] is not None
+    await wait_for(lambda: _no_next_run(client, job_id), timeout=20, what="the new cap to be reached")
+    await wait_for(lambda: _settled(pool, job_id), timeout=20, what="the last run to end")
+    assert len(await runs(pool, job_id)) == 6
+
+
+async def test_a_bad_run_cap_is_refused(client: httpx.AsyncClient, target: Target, homes: Homes) -> None:
+    response = await client.post("/jobs", json=job(target, "/bad-cap", {"cron": "@daily", "maxRuns": 0}))
+    assert response.status_code == 422 and response.json()["field"] == "schedule.maxRuns"
+    assert await homes.total("SELECT count(*) FROM jobs") == 0

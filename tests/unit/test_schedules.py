@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from chimes import cron, previews, schedules
 from chimes.enums import TriggerKind
 from chimes.jobs import IntervalScheduleSpec, JobSpec
-from chimes.scheduler.firing import plan_fire
+from chimes.scheduler.firing import follow_up, plan_fire
 from chimes.schedules import IntervalSchedule, Recurrence
 from chimes.slots import jitter_offset
 from chimes.store.scheduling import DueTrigger
@@ -142,3 +142,30 @@ def test_previews_apply_dst_policy_and_jitter_like_the_scheduler() -> None:
     assert previews.upcoming(definition, JOB, first, 3) == [
         first, z(2026, 3, 9, 6, 30) + offset, z(2026, 3, 10, 6, 30) + offset]
     assert previews.upcoming(definition, JOB, None, 3) == []
+
+
+def test_a_run_cap_ends_the_schedule_at_its_last_slot() -> None:
+    trigger = DueTrigger(0, z(2026, 1, 1, 10), JOB, JOB, 1, TriggerKind.SCHEDULE, "0 * * * *", "UTC",
+                         max_runs=3, slots_fired=1)
+    second = plan_fire(trigger)
+    assert second.next_fire_at == z(2026, 1, 1, 11)
+    third = follow_up(second)
+    assert third is not None and third.slots_fired == 2
+    assert plan_fire(third).next_fire_at is None  # the third slot was the last
+
+
+def test_a_run_cap_bounds_a_catch_up_to_the_slots_left() -> None:
+    """Two slots left, seven missed: the two oldest are the job's last; nothing after is recorded."""
+    trigger = DueTrigger(0, z(2026, 1, 1, 10), JOB, JOB, 1, TriggerKind.SCHEDULE, "*/10 * * * *", "UTC",
+                         catch_up={"policy": "one"}, max_runs=5, slots_fired=3)
+    fire = plan_fire(trigger, z(2026, 1, 1, 11, 1))
+    assert [(s.scheduled_at, s.outcome) for s in fire.slots] == [
+        (z(2026, 1, 1, 10), "skip"), (z(2026, 1, 1, 10, 10), "run")]
+    assert fire.next_fire_at is None
+
+
+def test_previews_stop_at_the_run_cap() -> None:
+    definition = {"schedule": {"everySec": 60, "maxRuns": 5}}
+    first = z(2026, 1, 1, 0, 1)
+    assert previews.upcoming(definition, JOB, first, 10, slots_fired=2) == [z(2026, 1, 1, 0, m) for m in (1, 2, 3)]
+    assert previews.upcoming(definition, JOB, None, 10, slots_fired=5) == []

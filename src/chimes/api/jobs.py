@@ -89,7 +89,7 @@ async def get_job(
         raise not_found("job")
     view = job_view(job)
     if preview is not None:
-        view["nextRuns"] = previews.upcoming(job.definition, job.job_id, job.next_run_at, preview)
+        view["nextRuns"] = previews.upcoming(job.definition, job.job_id, job.next_run_at, preview, job.slots_fired)
     return JSONResponse(view, headers={"ETag": etag(job.version)})
 
 

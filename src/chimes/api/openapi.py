@@ -66,6 +66,7 @@ class Job(_Answer):
     updatedAt: datetime
     lastRun: LastRun | None
     scheduleEnded: bool = Field(False, description="the schedule is past its endAt: nothing is left to fire")
+    remainingRuns: int | None = Field(None, description="the slots left to a job with schedule.maxRuns")
     nextRuns: list[datetime] | None = Field(
         None, description="with ?preview=N: the next N fire times, as the scheduler fires them (DST policy, "
                           "jitter, interval phase, startAt/endAt)")

@@ -14,7 +14,7 @@ from chimes import schedules
 
 # Fields of GET /jobs/{id} that the server adds; the rest is the job's definition.
 JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun",
-                "scheduleEnded", "nextRuns")
+                "scheduleEnded", "nextRuns", "remainingRuns")
 ERROR_WIDTH = 60
 OUTPUT_LINES = 40
 WIDE_COLUMNS = 120  # from this terminal width on, lists show whole ids and times
@@ -156,8 +156,10 @@ def job_detail(job: dict[str, Any]) -> Group:
         ("updated", when(job.get("updatedAt"))),
         ("last run", last_run),
     ]
+    if job.get("remainingRuns") is not None:
+        rows.append(("runs left", f"{job['remainingRuns']} of {job['schedule'].get('maxRuns')}"))
     if job.get("scheduleEnded"):
-        rows.append(("ended", "past its endAt: nothing is left to fire"))
+        rows.append(("ended", "past its endAt or maxRuns: nothing is left to fire"))
     if job.get("nextRuns") is not None:
         rows.append(("next runs", "\n".join(when(t) for t in job["nextRuns"]) or "none"))
     definition = {k: v for k, v in job.items() if k not in JOB_METADATA}

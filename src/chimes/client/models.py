@@ -20,7 +20,7 @@ from chimes.jobs import JobSpec
 
 # Fields of GET /jobs/{id} that the server adds; the rest is the job's definition.
 JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun",
-                "scheduleEnded", "nextRuns")
+                "scheduleEnded", "nextRuns", "remainingRuns")
 _CAMEL = AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel)
 
 
@@ -73,6 +73,8 @@ class Job(JobSpec, _FromApi):
     last_run: LastRun | None = Field(default=None, alias="lastRun")
     #: Past its endAt: nothing is left to fire.
     schedule_ended: bool = Field(default=False, alias="scheduleEnded")
+    #: The slots left to a job with a run cap (schedule.maxRuns); None without one.
+    remaining_runs: int | None = Field(default=None, alias="remainingRuns")
     #: The next fire times, when asked for with ``jobs.get(job_id, preview=N)``.
     next_runs: list[datetime] | None = Field(default=None, alias="nextRuns")
 

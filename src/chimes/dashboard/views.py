@@ -101,10 +101,10 @@ def schedule_text(definition: Mapping[str, Any]) -> str:
 
 
 def next_fires(definition: Mapping[str, Any], next_run_at: datetime | None, job_id: uuid.UUID,
-               count: int = 5) -> list[datetime]:
+               count: int = 5, slots_fired: int = 0) -> list[datetime]:
     """The next ``count`` fire times, starting from the job's pending trigger, as the scheduler fires
-    them (DST policy, jitter, interval phase, bounds): the API's preview (chimes.previews)."""
-    return previews.upcoming(definition, job_id, next_run_at, count)
+    them (DST policy, jitter, interval phase, bounds, run cap): the API's preview (chimes.previews)."""
+    return previews.upcoming(definition, job_id, next_run_at, count, slots_fired)
 
 
 def task_summary(task: Mapping[str, Any]) -> str:

@@ -26,7 +26,12 @@ def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: ti
     offset = jitter_offset(trigger.job_id, trigger.jitter_sec)
     nominal = trigger.fire_at - offset
     paused = _while_paused(trigger, nominal)
-    if now is None or (not paused and now - trigger.fire_at <= missed_after):
+    on_time_fire = now is None or (not paused and now - trigger.fire_at <= missed_after)
+    remaining = trigger.remaining_runs
+    if schedule is not None and remaining is not None:
+        until = now if now is not None and not on_time_fire else nominal
+        schedule = schedules.capped(schedule, nominal, max(remaining, 1), until)
+    if now is None or on_time_fire:
         slots = [on_time(trigger.job_id, nominal)]
         following = schedules.next_fire(schedule, nominal) if schedule is not None else None
     else:
@@ -56,4 +61,5 @@ def follow_up(fire: Fire) -> DueTrigger | None:
     t = fire.trigger
     return DueTrigger(t.partition_id, fire.next_fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
                       t.cron, t.timezone, t.dst_gap, t.dst_fold, t.jitter_sec, t.catch_up, t.paused_at,
-                      t.resumed_at, t.start_deadline_sec, t.every_sec, t.phase_sec, t.start_at, t.end_at)
+                      t.resumed_at, t.start_deadline_sec, t.every_sec, t.phase_sec, t.start_at, t.end_at, t.max_runs,
+                      t.slots_fired + len(fire.slots) if t.max_runs is not None else 0)

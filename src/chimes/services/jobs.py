@@ -38,11 +38,15 @@ class VersionMismatch(Exception):
         self.current = current
 
 
-def first_fire(spec: JobSpec, job_id: uuid.UUID, now: datetime, since: datetime | None = None) -> datetime | None:
+def first_fire(spec: JobSpec, job_id: uuid.UUID, now: datetime, since: datetime | None = None,
+               slots_fired: int = 0) -> datetime | None:
     """When a newly written (or resumed) definition fires first: its first slot after ``since``
-    (the pause, when resuming) or ``now``, moved by the job's jitter."""
+    (the pause, when resuming) or ``now``, moved by the job's jitter; None once its schedule ended
+    (past endAt, or ``slots_fired`` reached its maxRuns)."""
     if isinstance(spec.schedule, AtScheduleSpec):
         return spec.schedule.at
+    if spec.schedule.max_runs is not None and slots_fired >= spec.schedule.max_runs:
+        return None
     nominal = schedules.next_fire(spec.schedule.recurrence(), since or now)
     return None if nominal is None else nominal + jitter_offset(job_id, spec.schedule.jitter_sec)
 
@@ -158,7 +162,8 @@ class JobService:
             version = await job_store.update_job(conn, job_id, stored, paused)
             had_trigger = await job_store.delete_schedule_triggers(conn, job_id)
             resuming = job.paused and not paused
-            fire_at = None if paused else first_fire(spec, job_id, now, job.paused_at if resuming else None)
+            fire_at = None if paused else first_fire(spec, job_id, now, job.paused_at if resuming else None,
+                                                     job.slots_fired)
             if fire_at is not None and not _one_off_done(spec, job, had_trigger):
                 await job_store.insert_schedule_trigger(conn, job_id, fire_at, version)
             if current.get("concurrency") == "allow" and spec.concurrency != "allow":

@@ -28,6 +28,13 @@ class JobRecord:
     updated_at: datetime
     next_run_at: datetime | None
     last_run: dict[str, Any] | None = None
+    slots_fired: int = 0  # the slots recorded for its schedule, counted for schedule.maxRuns
+
+    @property
+    def remaining_runs(self) -> int | None:
+        """The slots left to a job with a run cap (schedule.maxRuns); None without one."""
+        cap = self.definition["schedule"].get("maxRuns")
+        return None if cap is None else max(0, cap - self.slots_fired)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,7 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
         interval.phase_sec if interval else None,
         recurring.start_at if recurring else None,
         recurring.end_at if recurring else None,
+        recurring.max_runs if recurring else None,
     )
 
 
@@ -82,8 +90,8 @@ def definition_of(row: asyncpg.Record) -> dict[str, Any]:
     else:
         schedule = {"at": row["run_at"]}
     if row["run_at"] is None:
-        schedule.update((key, row[column]) for key, column in (("startAt", "start_at"), ("endAt", "end_at"))
-                        if row[column] is not None)
+        bounds = (("startAt", "start_at"), ("endAt", "end_at"), ("maxRuns", "max_runs"))
+        schedule.update((key, row[column]) for key, column in bounds if row[column] is not None)
     definition = {
         "name": row["name"],
         "schedule": schedule,
@@ -106,7 +114,7 @@ def _record(row: asyncpg.Record, last_run: dict[str, Any] | None = None) -> JobR
     return JobRecord(
         job_id=row["job_id"], owner=row["owner"], definition=definition_of(row), paused=row["paused"],
         version=row["version"], created_at=row["created_at"], updated_at=row["updated_at"],
-        next_run_at=row["next_run_at"], last_run=last_run,
+        next_run_at=row["next_run_at"], last_run=last_run, slots_fired=row.get("slots_fired") or 0,
     )
 
 
@@ -121,6 +129,7 @@ class LockedJob:
     paused_at: datetime | None
     run_at: datetime | None  # a one-off job's time
     definition: dict[str, Any]  # the JobSpec in its wire form, sealed secrets as stored
+    slots_fired: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +185,7 @@ async def lock_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> LockedJo
     if row is None:
         return None
     return LockedJob(row["job_id"], row["owner"], row["version"], row["paused"], row["paused_at"], row["run_at"],
-                     definition_of(row))
+                     definition_of(row), row["slots_fired"] or 0)
 
 
 async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, paused: bool) -> int:
@@ -206,6 +215,7 @@ async def delete_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> bool:
     deleted = await conn.fetchval(sql("delete_job"), job_id, owner)
     if deleted is not None:
         await delete_schedule_triggers(conn, job_id)
+        await conn.execute(sql("delete_slot_count"), job_id)
     return deleted is not None
 
 

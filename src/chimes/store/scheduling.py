@@ -46,6 +46,12 @@ class DueTrigger:
     phase_sec: int | None = None
     start_at: datetime | None = None
     end_at: datetime | None = None
+    max_runs: int | None = None  # the job's schedule.maxRuns
+    slots_fired: int = 0  # its slots recorded so far, counted for max_runs
+
+    @property
+    def remaining_runs(self) -> int | None:
+        return None if self.max_runs is None else self.max_runs - self.slots_fired
 
     @property
     def key(self) -> TriggerKey:
@@ -196,16 +202,19 @@ class SchedulerStore:
         lease_ids = [p for p in partitions if p in leases]
         triggers: list[list[Any]] = [[] for _ in range(10)]
         slots: list[list[Any]] = [[] for _ in range(6)]
+        counted: list[list[Any]] = [[], []]  # the jobs with a run cap, and how many slots this batch records
         for index, f in enumerate(fires):
             t = f.trigger
             _append(triggers, (index, t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
                                f.run_id, f.scheduled_at, f.next_fire_at))
             for s in f.slots:
                 _append(slots, (index, s.run_id, s.scheduled_at, s.trigger, s.outcome, s.reason))
+            if t.max_runs is not None and f.slots:
+                _append(counted, (t.job_id, len(f.slots)))
         async with self._pool.acquire() as conn, conn.transaction():
             row = one_row(await conn.fetchrow(
                 sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *triggers, *slots,
-                fired_at,
+                fired_at, *counted,
             ))
             if row["enqueued"]:
                 await conn.execute(sql("notify_queue"))

@@ -62,6 +62,12 @@ CREATE TABLE public.concurrency_caps (
     CONSTRAINT concurrency_caps_scope_check CHECK ((scope = ANY (ARRAY['owner'::text, 'tag'::text])))
 );
 
+CREATE TABLE public.job_slot_counts (
+    job_id uuid NOT NULL,
+    slots_fired integer NOT NULL,
+    CONSTRAINT job_slot_counts_pkey PRIMARY KEY (job_id)
+);
+
 CREATE TABLE public.jobs (
     job_id uuid NOT NULL,
     owner text NOT NULL,
@@ -94,11 +100,13 @@ CREATE TABLE public.jobs (
     phase_sec integer,
     start_at timestamp with time zone,
     end_at timestamp with time zone,
+    max_runs integer,
     CONSTRAINT jobs_bounds CHECK ((end_at > start_at)),
     CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text]))),
     CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),
     CONSTRAINT jobs_dst_gap CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
     CONSTRAINT jobs_interval CHECK ((((every_sec IS NULL) AND (phase_sec IS NULL)) OR ((every_sec >= 1) AND (phase_sec >= 0) AND (phase_sec < every_sec)))),
+    CONSTRAINT jobs_max_runs CHECK ((max_runs >= 1)),
     CONSTRAINT jobs_one_schedule CHECK ((num_nonnulls(cron, run_at, every_sec) = 1)),
     CONSTRAINT jobs_pkey PRIMARY KEY (job_id),
     CONSTRAINT jobs_priority CHECK (((priority >= 0) AND (priority <= 2)))

@@ -1,9 +1,10 @@
 -- name: insert_job
 INSERT INTO jobs (job_id, owner, name, cron, run_at, timezone, jitter_sec, task, retry_policy,
                   timeout_sec, concurrency, priority, dst_gap, dst_fold, catch_up, queue_limit, tags, notify_url,
-                  start_deadline_sec, every_sec, phase_sec, start_at, end_at, paused, idempotency_key, request_hash)
+                  start_deadline_sec, every_sec, phase_sec, start_at, end_at, max_runs, paused, idempotency_key,
+                  request_hash)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23,
-        false, $24, $25)
+        $24, false, $25, $26)
 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING job_id;
 
@@ -25,17 +26,20 @@ DELETE FROM triggers WHERE job_id = $1 AND kind = 0;
 
 -- name: get_job
 SELECT j.*,
+       (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) AS slots_fired,
        (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM jobs j
 WHERE j.job_id = $1 AND ($2::text IS NULL OR j.owner = $2);
 
 -- name: lock_job
-SELECT * FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) FOR UPDATE;
+SELECT j.*, (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) AS slots_fired
+FROM jobs j WHERE j.job_id = $1 AND ($2::text IS NULL OR j.owner = $2) FOR UPDATE OF j;
 
 -- name: list_jobs
 -- One owner's jobs in creation order: a range read of jobs_owner (a separate statement from the
 -- admin's, so that neither plan has to serve both).
 SELECT j.*,
+       (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) AS slots_fired,
        (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM jobs j
 WHERE j.owner = $1 AND j.job_id > $2
@@ -44,6 +48,7 @@ LIMIT $3;
 
 -- name: list_all_jobs
 SELECT j.*,
+       (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) AS slots_fired,
        (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM jobs j
 WHERE j.job_id > $1
@@ -62,9 +67,9 @@ UPDATE jobs SET name = $2, cron = $3, run_at = $4, timezone = $5, jitter_sec = $
                 retry_policy = $8, timeout_sec = $9, concurrency = $10, priority = $11, dst_gap = $12,
                 dst_fold = $13, catch_up = $14, queue_limit = $15, tags = $16, notify_url = $17,
                 start_deadline_sec = $18, every_sec = $19, phase_sec = $20, start_at = $21, end_at = $22,
-                paused = $23,
-                paused_at = CASE WHEN $23 AND NOT paused THEN now() ELSE paused_at END,
-                resumed_at = CASE WHEN paused AND NOT $23 THEN now() ELSE resumed_at END,
+                max_runs = $23, paused = $24,
+                paused_at = CASE WHEN $24 AND NOT paused THEN now() ELSE paused_at END,
+                resumed_at = CASE WHEN paused AND NOT $24 THEN now() ELSE resumed_at END,
                 version = version + 1, updated_at = now()
 WHERE job_id = $1
 RETURNING version;
@@ -79,4 +84,7 @@ ON CONFLICT DO NOTHING;
 
 -- name: delete_job
 DELETE FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) RETURNING job_id;
+
+-- name: delete_slot_count
+DELETE FROM job_slot_counts WHERE job_id = $1;
 
