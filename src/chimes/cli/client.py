@@ -193,6 +193,7 @@ def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
                                      "(--every 90m --phase 15m fires at 00:15, 01:45, 03:15 UTC ...)."),
         click.option("--start-at", help="Recurring schedule: no fire before this time (RFC 3339 with an offset)."),
         click.option("--end-at", help="Recurring schedule: no fire after this time (RFC 3339 with an offset)."),
+        click.option("--max-runs", type=click.IntRange(1), help="Recurring schedule: stop after this many slots."),
         click.option("--at", help="One-off run time, RFC 3339 with an offset, e.g. 2026-12-01T09:00:00Z."),
         click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempts before the run fails."),
         click.option("--timeout", type=click.IntRange(1), help="Seconds an attempt may take."),
@@ -245,8 +246,8 @@ def _new_schedule(opts: dict[str, Any]) -> dict[str, Any]:
         raise click.UsageError("give exactly one of --cron or --every (recurring) or --at (one-off)")
     _check_schedule_options(opts)
     if opts["at"]:
-        if opts["start_at"] or opts["end_at"]:
-            raise click.UsageError("--start-at and --end-at go with --cron or --every")
+        if opts["start_at"] or opts["end_at"] or opts["max_runs"]:
+            raise click.UsageError("--start-at, --end-at and --max-runs go with --cron or --every")
         return {"at": opts["at"]}
     if opts["every"]:
         schedule = {"every": opts["every"]} | ({"phase": opts["phase"]} if opts["phase"] else {})
@@ -264,7 +265,7 @@ def _check_schedule_options(opts: dict[str, Any]) -> None:
 
 
 def _bounds(opts: dict[str, Any]) -> dict[str, Any]:
-    given = {"startAt": opts["start_at"], "endAt": opts["end_at"]}
+    given = {"startAt": opts["start_at"], "endAt": opts["end_at"], "maxRuns": opts["max_runs"]}
     return {key: value for key, value in given.items() if value}
 
 
@@ -393,7 +394,7 @@ def update(api: Client, job_id: str, file: IO[str] | None, **opts: Any) -> None:
 
     if opts["name"]:
         patch["name"] = opts["name"]
-    if any(opts[key] for key in ("at", "cron", "timezone", "every", "phase", "start_at", "end_at")):
+    if any(opts[key] for key in ("at", "cron", "timezone", "every", "phase", "start_at", "end_at", "max_runs")):
         patch["schedule"] = _changed_schedule(opts, job)
     tuning = _tuning(opts)
     if "retryPolicy" in tuning:
@@ -414,13 +415,13 @@ def _changed_schedule(opts: dict[str, Any], job: Callable[[], dict[str, Any]]) -
     if opts["cron"] and opts["every"]:
         raise click.UsageError("give either --cron or --every")
     if opts["at"]:
-        if any(opts[key] for key in ("cron", "every", "phase", "timezone", "start_at", "end_at")):
+        if any(opts[key] for key in ("cron", "every", "phase", "timezone", "start_at", "end_at", "max_runs")):
             raise click.UsageError("give either --at or a recurring schedule (--cron/--every)")
         return {"at": opts["at"]}
     schedule = job().get("schedule") or {}
     if "at" in schedule and not (opts["cron"] or opts["every"]):
         raise click.UsageError("this job runs once (--at); give --cron or --every to make it recurring")
-    kept = {k: v for k, v in schedule.items() if k in ("jitterSec", "startAt", "endAt")}
+    kept = {k: v for k, v in schedule.items() if k in ("jitterSec", "startAt", "endAt", "maxRuns")}
     if opts["every"] or ("everySec" in schedule and not opts["cron"]):
         if opts["timezone"]:
             raise click.UsageError("--timezone goes with --cron: an interval counts elapsed time")
