@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from chimes import cron, schedules
+from chimes.calendars import CALENDAR_NAME
 from chimes.cron import CronSchedule
 from chimes.ids import schedulable, truncate_to_millis
 from chimes.security.headers import forbidden_header, header_value_problem
@@ -64,6 +65,9 @@ def _bound_millis(cls: type, value: datetime | None, info: ValidationInfo) -> da
     return value
 
 
+ExcludeCalendars = Annotated[list[Annotated[str, Field(pattern=CALENDAR_NAME)]] | None, Field(max_length=20)]
+
+
 class CronScheduleSpec(_Model):
     cron: Annotated[str, Field(min_length=1, max_length=200)]
     timezone: Annotated[str, Field(min_length=1, max_length=64)] = "UTC"
@@ -75,8 +79,10 @@ class CronScheduleSpec(_Model):
     end_at: AwareDatetime | None = Field(default=None, alias="endAt")
     # Stop after this many slots (docs/semantics.md, "Run cap").
     max_runs: Annotated[int | None, Field(alias="maxRuns", ge=1, le=MAX_RUNS)] = None
+    # Named calendars of the owner's whose days and windows the job does not run in (chimes.calendars).
+    exclude_calendars: ExcludeCalendars = Field(default=None, alias="excludeCalendars")
 
-    _text = storable("cron", "timezone")
+    _text = storable("cron", "timezone", "exclude_calendars")
     _bounds = field_validator("start_at", "end_at")(_bound_millis)
 
     @field_validator("cron")
@@ -109,7 +115,10 @@ class IntervalScheduleSpec(_Model):
     end_at: AwareDatetime | None = Field(default=None, alias="endAt")
     # Stop after this many slots (docs/semantics.md, "Run cap").
     max_runs: Annotated[int | None, Field(alias="maxRuns", ge=1, le=MAX_RUNS)] = None
+    # Named calendars of the owner's whose days and windows the job does not run in (chimes.calendars).
+    exclude_calendars: ExcludeCalendars = Field(default=None, alias="excludeCalendars")
 
+    _text = storable("exclude_calendars")
     _bounds = field_validator("start_at", "end_at")(_bound_millis)
 
     @model_validator(mode="before")

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request, Response
 
 from chimes import __version__, dashboard, metrics
 from chimes.api import (
+    calendars,
     errors,
     health,
     homes,
@@ -104,6 +105,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     app.include_router(notifications.router)
     app.include_router(whoami.router)
     app.include_router(schedules.router)
+    app.include_router(calendars.router)
 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:

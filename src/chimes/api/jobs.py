@@ -17,7 +17,8 @@ from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view
 from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
-from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
+from chimes.services.jobs import IdempotencyConflict, JobService, UnknownCalendar, VersionMismatch
+from chimes.store.calendars import calendars_named
 from chimes.store.shards import partition_moved
 from chimes.store.tokens import Principal
 
@@ -53,6 +54,8 @@ async def create_job(
                         raise ApiError(503, "shard_map_changed", "the shard map changed while the job was "
                                        "created, and nothing was written; retry the request") from None
             traced |= {"chimes.job_id": str(created.job_id), "chimes.owner": caller.owner}
+    except UnknownCalendar as exc:
+        raise unknown_calendar(exc) from None
     except IdempotencyConflict:
         raise ApiError(409, "idempotency_conflict",
                        "this Idempotency-Key was already used for a different job definition",
@@ -89,7 +92,10 @@ async def get_job(
         raise not_found("job")
     view = job_view(job)
     if preview is not None:
-        view["nextRuns"] = previews.upcoming(job.definition, job.job_id, job.next_run_at, preview, job.slots_fired)
+        names = job.definition["schedule"].get("excludeCalendars") or []
+        calendars = await calendars_named(request.app.state.pool, job.owner, names) if names else []
+        view["nextRuns"] = previews.upcoming(job.definition, job.job_id, job.next_run_at, preview, job.slots_fired,
+                                             calendars)
     return JSONResponse(view, headers={"ETag": etag(job.version)})
 
 
@@ -102,9 +108,15 @@ async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Cal
                                                                   clock_of(request).now(), matching_versions(if_match))
     except VersionMismatch as exc:
         raise precondition_failed(exc.current) from None
+    except UnknownCalendar as exc:
+        raise unknown_calendar(exc) from None
     if job is None:
         raise not_found("job")
     return JSONResponse(job_view(job), headers={"ETag": etag(job.version)})
+
+
+def unknown_calendar(exc: UnknownCalendar) -> ApiError:
+    return ApiError(422, "invalid_request", f"schedule.excludeCalendars: {exc}", "schedule.excludeCalendars")
 
 
 @router.delete("/jobs/{job_id}", status_code=204)

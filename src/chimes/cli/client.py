@@ -194,6 +194,8 @@ def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--start-at", help="Recurring schedule: no fire before this time (RFC 3339 with an offset)."),
         click.option("--end-at", help="Recurring schedule: no fire after this time (RFC 3339 with an offset)."),
         click.option("--max-runs", type=click.IntRange(1), help="Recurring schedule: stop after this many slots."),
+        click.option("--exclude-calendar", "exclude_calendars", multiple=True,
+                     help="Recurring schedule: skip the days and windows of this calendar (repeatable)."),
         click.option("--at", help="One-off run time, RFC 3339 with an offset, e.g. 2026-12-01T09:00:00Z."),
         click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempts before the run fails."),
         click.option("--timeout", type=click.IntRange(1), help="Seconds an attempt may take."),
@@ -246,8 +248,8 @@ def _new_schedule(opts: dict[str, Any]) -> dict[str, Any]:
         raise click.UsageError("give exactly one of --cron or --every (recurring) or --at (one-off)")
     _check_schedule_options(opts)
     if opts["at"]:
-        if opts["start_at"] or opts["end_at"] or opts["max_runs"]:
-            raise click.UsageError("--start-at, --end-at and --max-runs go with --cron or --every")
+        if opts["start_at"] or opts["end_at"] or opts["max_runs"] or opts["exclude_calendars"]:
+            raise click.UsageError("--start-at, --end-at, --max-runs and --exclude-calendar go with --cron or --every")
         return {"at": opts["at"]}
     if opts["every"]:
         schedule = {"every": opts["every"]} | ({"phase": opts["phase"]} if opts["phase"] else {})
@@ -265,7 +267,8 @@ def _check_schedule_options(opts: dict[str, Any]) -> None:
 
 
 def _bounds(opts: dict[str, Any]) -> dict[str, Any]:
-    given = {"startAt": opts["start_at"], "endAt": opts["end_at"], "maxRuns": opts["max_runs"]}
+    given = {"startAt": opts["start_at"], "endAt": opts["end_at"], "maxRuns": opts["max_runs"],
+             "excludeCalendars": list(opts["exclude_calendars"])}
     return {key: value for key, value in given.items() if value}
 
 
@@ -394,7 +397,8 @@ def update(api: Client, job_id: str, file: IO[str] | None, **opts: Any) -> None:
 
     if opts["name"]:
         patch["name"] = opts["name"]
-    if any(opts[key] for key in ("at", "cron", "timezone", "every", "phase", "start_at", "end_at", "max_runs")):
+    if any(opts[key] for key in ("at", "cron", "timezone", "every", "phase", "start_at", "end_at", "max_runs",
+                                 "exclude_calendars")):
         patch["schedule"] = _changed_schedule(opts, job)
     tuning = _tuning(opts)
     if "retryPolicy" in tuning:
@@ -415,13 +419,14 @@ def _changed_schedule(opts: dict[str, Any], job: Callable[[], dict[str, Any]]) -
     if opts["cron"] and opts["every"]:
         raise click.UsageError("give either --cron or --every")
     if opts["at"]:
-        if any(opts[key] for key in ("cron", "every", "phase", "timezone", "start_at", "end_at", "max_runs")):
+        if any(opts[key] for key in ("cron", "every", "phase", "timezone", "start_at", "end_at", "max_runs",
+                                     "exclude_calendars")):
             raise click.UsageError("give either --at or a recurring schedule (--cron/--every)")
         return {"at": opts["at"]}
     schedule = job().get("schedule") or {}
     if "at" in schedule and not (opts["cron"] or opts["every"]):
         raise click.UsageError("this job runs once (--at); give --cron or --every to make it recurring")
-    kept = {k: v for k, v in schedule.items() if k in ("jitterSec", "startAt", "endAt", "maxRuns")}
+    kept = {k: v for k, v in schedule.items() if k in ("jitterSec", "startAt", "endAt", "maxRuns", "excludeCalendars")}
     if opts["every"] or ("everySec" in schedule and not opts["cron"]):
         if opts["timezone"]:
             raise click.UsageError("--timezone goes with --cron: an interval counts elapsed time")
@@ -617,3 +622,67 @@ def _first_problem(exc: Exception) -> str:
         where = ".".join(str(part) for part in loc)
         return f"{where}: {error['msg'].removeprefix('Value error, ')}" if where else error["msg"]
     return str(exc)
+
+
+# ------------------------------------------------------------------------------------------ calendars
+
+
+@click.group("calendars")
+def calendars() -> None:
+    """Exclusion calendars: days and windows that jobs naming them in schedule.excludeCalendars skip."""
+
+
+@calendars.command("put")
+@api_options
+@click.argument("name")
+@click.option("--timezone", help="IANA time zone the dates are days in (default UTC).")
+@click.option("--date", "dates", multiple=True, metavar="YYYY-MM-DD", help="An excluded day (repeatable).")
+@click.option("--window", "windows", multiple=True, metavar="START/END",
+              help="An excluded time range, RFC 3339 times with offsets, e.g. "
+                   "2026-12-20T00:00:00Z/2027-01-04T00:00:00Z (repeatable).")
+@click.option("--file", type=click.File("r"), help="The whole calendar as JSON ('-' for stdin).")
+def put_calendar(api: Client, name: str, timezone: str | None, dates: tuple[str, ...], windows: tuple[str, ...],
+                 file: IO[str] | None) -> None:
+    """Create or replace the calendar NAME (it replaces all its days and windows)."""
+    if file is not None:
+        if timezone or dates or windows:
+            raise click.UsageError("--file cannot be combined with --timezone, --date or --window")
+        body = _read_json(file, "--file")
+    else:
+        body = {"timezone": timezone or "UTC", "dates": list(dates), "windows": [_window(w) for w in windows]}
+    calendar = api.calendars.put(name, body)
+    click.echo(f"calendar {calendar.name}: {len(calendar.dates)} days, {len(calendar.windows)} windows "
+               f"({calendar.timezone}), version {calendar.version}")
+
+
+def _window(text: str) -> dict[str, str]:
+    start, slash, end = text.partition("/")
+    if not slash or not start or not end:
+        raise click.BadParameter(f"{text!r} is not START/END", param_hint="--window")
+    return {"start": start, "end": end}
+
+
+@calendars.command("get")
+@api_options
+@click.argument("name")
+def get_calendar(api: Client, name: str) -> None:
+    """Show the calendar NAME as JSON."""
+    _echo_json(api.calendars.get(name).raw)
+
+
+@calendars.command("list")
+@api_options
+def list_calendars(api: Client) -> None:
+    """The caller's calendars."""
+    for calendar in api.calendars.list():
+        click.echo(f"{calendar.name}\t{calendar.timezone}\t{len(calendar.dates)} days\t"
+                   f"{len(calendar.windows)} windows\tversion {calendar.version}")
+
+
+@calendars.command("delete")
+@api_options
+@click.argument("name")
+def delete_calendar(api: Client, name: str) -> None:
+    """Delete the calendar NAME (refused while jobs name it)."""
+    api.calendars.delete(name)
+    click.echo(f"deleted calendar {name}")

@@ -20,6 +20,7 @@ import httpx
 from chimes.client.errors import ApiError, ApiUnreachable, ChimesError
 from chimes.client.models import (
     Backfilled,
+    Calendar,
     Identity,
     Job,
     JobCreated,
@@ -96,6 +97,7 @@ class AsyncClient:
         self.jobs = AsyncJobs(self)
         self.runs = AsyncRuns(self)
         self.notifications = AsyncNotifications(self)
+        self.calendars = AsyncCalendars(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -289,3 +291,25 @@ class AsyncNotifications:
              page_size: int | None = None) -> AsyncIterator[Notification]:
         params = {"status": status, "jobId": job_id, "limit": page_size}
         return self._client._all(Notification, "/notifications", "notifications", params)
+
+
+class AsyncCalendars:
+    """``/calendars``: the caller's exclusion calendars, named by jobs in ``schedule.excludeCalendars``."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def put(self, name: str, calendar: Mapping[str, Any]) -> Calendar:
+        """Create or replace: ``{"timezone": ..., "dates": [...], "windows": [{"start", "end"}]}``."""
+        return Calendar.from_api(await self._client.call("PUT", _path("calendars", name), body=dict(calendar)))
+
+    async def get(self, name: str) -> Calendar:
+        return Calendar.from_api(await self._client.call("GET", _path("calendars", name)))
+
+    async def list(self) -> list[Calendar]:
+        answer = await self._client.call("GET", "/calendars")
+        return [Calendar.from_api(c) for c in answer["calendars"]]
+
+    async def delete(self, name: str) -> None:
+        """Refused (:class:`~chimes.client.errors.Conflict`) while jobs name it."""
+        await self._client.call("DELETE", _path("calendars", name))

@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from chimes.client.asynchronous import AsyncClient, AsyncJobs, AsyncNotifications, AsyncRuns
+from chimes.client.asynchronous import AsyncCalendars, AsyncClient, AsyncJobs, AsyncNotifications, AsyncRuns
 from chimes.client.models import Identity
 
 P = ParamSpec("P")
@@ -128,6 +128,14 @@ class Notifications(_Resource[AsyncNotifications]):
     list = _blocking_iter(AsyncNotifications.list)
 
 
+class Calendars(_Resource[AsyncCalendars]):
+    __doc__ = AsyncCalendars.__doc__
+    put = _blocking(AsyncCalendars.put)
+    get = _blocking(AsyncCalendars.get)
+    list = _blocking(AsyncCalendars.list)
+    delete = _blocking(AsyncCalendars.delete)
+
+
 class Client:
     """The Chimes API from plain code; the arguments are :class:`AsyncClient`'s, except that ``sleep``
     may also be a plain function (it then blocks the client's own loop, which nothing else uses).
@@ -146,6 +154,7 @@ class Client:
         self.jobs = Jobs(self._loop, self._async.jobs)
         self.runs = Runs(self._loop, self._async.runs)
         self.notifications = Notifications(self._loop, self._async.notifications)
+        self.calendars = Calendars(self._loop, self._async.calendars)
 
     def __enter__(self) -> Client:
         return self

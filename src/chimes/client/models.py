@@ -9,7 +9,7 @@ the API's) plus what Chimes knows about it; secret values read back as ``"******
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Generic, Self, TypeVar
 
 from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -146,6 +146,18 @@ class Notification(Answer):
     dead_at: datetime | None = None
     last_error: str | None = None
     payload: Any = None
+
+
+class Calendar(Answer):
+    """An exclusion calendar (``/calendars``): days and windows, in ``timezone``, jobs do not run in."""
+
+    name: str
+    owner: str
+    timezone: str
+    dates: list[date]
+    windows: list[dict[str, Any]]
+    version: int
+    updated_at: datetime
 
 
 class Identity(Answer):

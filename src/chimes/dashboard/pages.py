@@ -22,6 +22,7 @@ from chimes.dashboard import views
 from chimes.dashboard.render import not_found, page
 from chimes.dashboard.session import viewer
 from chimes.ids import id_from, run_id_from, scheduled_at_of
+from chimes.store.calendars import calendars_named
 from chimes.store.dashboard import (
     JOB_FILTERS,
     LAG_BOUNDS,
@@ -96,12 +97,14 @@ async def job_page(
     runs = rows[:PAGE_SIZE]
     next_before = _encode_run_cursor(runs[-1]["run_id"]) if len(rows) > PAGE_SIZE else None
     stall, dead_notifications = await store.job_alerts(job.job_id, DEAD_SHOWN)
+    names = job.definition["schedule"].get("excludeCalendars") or []
+    calendars = await calendars_named(request.app.state.pool, job.owner, names) if names else []
     context = {
         "stall": stall, "dead_notifications": dead_notifications,
         "viewer": who, "nav": "jobs", "job": job, "runs": runs, "status_filter": status, "statuses": RUN_STATUSES,
         "before": before, "next_before": next_before, "started": started, "notice": NOTICES.get(notice or ""),
         "next_fires": views.next_fires(job.definition, job.next_run_at, job.job_id,
-                                       slots_fired=job.slots_fired),
+                                       slots_fired=job.slots_fired, calendars=calendars),
         "remaining_runs": job.remaining_runs,
         "chart": _chart(runs), "task": job.definition["task"],
         "headers": views.masked(job.definition["task"].get("headers")),

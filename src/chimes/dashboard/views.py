@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from chimes import previews, schedules
+from chimes.calendars import Calendar
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "skipped"})
 # Header and environment names whose values are secrets more often than not: shown masked.
@@ -101,10 +102,11 @@ def schedule_text(definition: Mapping[str, Any]) -> str:
 
 
 def next_fires(definition: Mapping[str, Any], next_run_at: datetime | None, job_id: uuid.UUID,
-               count: int = 5, slots_fired: int = 0) -> list[datetime]:
+               count: int = 5, slots_fired: int = 0, calendars: Sequence[Calendar] = ()) -> list[datetime]:
     """The next ``count`` fire times, starting from the job's pending trigger, as the scheduler fires
-    them (DST policy, jitter, interval phase, bounds, run cap): the API's preview (chimes.previews)."""
-    return previews.upcoming(definition, job_id, next_run_at, count, slots_fired)
+    them (DST policy, jitter, interval phase, bounds, run cap, calendars): the API's preview
+    (chimes.previews)."""
+    return previews.upcoming(definition, job_id, next_run_at, count, slots_fired, calendars)
 
 
 def task_summary(task: Mapping[str, Any]) -> str:

@@ -18,6 +18,7 @@ from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
 from chimes.security.secrets import Keyring, default_keyring, has_secrets, keep_sealed, seal_spec, split_sealed
 from chimes.slots import jitter_offset
 from chimes.store import jobs as job_store
+from chimes.store.calendars import missing_calendars
 from chimes.store.db import Conn, Pool, transaction
 from chimes.store.jobs import CreatedJob, JobRecord, JobStore, LockedJob
 from chimes.store.owners import OwnerStore, count_jobs_up_to, lock_owner_for_job
@@ -28,6 +29,23 @@ COMMAND_TASK_TYPES = frozenset({"command", "container"})
 
 class IdempotencyConflict(Exception):
     """The Idempotency-Key was already used by this owner for a different job definition."""
+
+
+class UnknownCalendar(Exception):
+    """schedule.excludeCalendars names calendars the owner does not have."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(f"unknown calendar {', '.join(repr(n) for n in names)}: create it first "
+                         "(PUT /calendars/{name}, chimes calendars put)")
+        self.names = names
+
+
+async def _check_calendars(conn: Conn, owner: str, spec: JobSpec) -> None:
+    names = None if isinstance(spec.schedule, AtScheduleSpec) else spec.schedule.exclude_calendars
+    if names:
+        missing = await missing_calendars(conn, owner, names)
+        if missing:
+            raise UnknownCalendar(missing)
 
 
 class VersionMismatch(Exception):
@@ -97,10 +115,12 @@ class JobService:
             if self._catalog is None:
                 conn = await stack.enter_async_context(transaction(self._pool))
                 quota = await self._admit(conn, owner, spec)
+                await _check_calendars(conn, owner, spec)
                 elsewhere = await self._count_elsewhere(owner, quota, None)
             else:
                 owners = await stack.enter_async_context(transaction(self._catalog))
                 quota = await self._admit(owners, owner, spec)
+                await _check_calendars(owners, owner, spec)
                 elsewhere = await self._count_elsewhere(owner, quota, owners)
                 conn = await stack.enter_async_context(transaction(self._pool))
             if not await job_store.insert_job(conn, job_id, owner, stored, idempotency_key, fingerprint):
@@ -158,6 +178,11 @@ class JobService:
                 if spec.task.type in COMMAND_TASK_TYPES and not await owners.allows_commands(job.owner):
                     raise TaskNotAllowed(job.owner, spec.task.type)
                 stored = seal_spec(spec, self._keyring, sealed) if has_secrets(spec) else spec
+            if self._catalog is None:
+                await _check_calendars(conn, job.owner, spec)
+            else:  # the catalog's calendars, checked without a lock across the two databases
+                async with transaction(self._catalog) as catalog:
+                    await _check_calendars(catalog, job.owner, spec)
             paused = job.paused if patch.paused is None else patch.paused
             version = await job_store.update_job(conn, job_id, stored, paused)
             had_trigger = await job_store.delete_schedule_triggers(conn, job_id)

@@ -75,6 +75,7 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
         recurring.start_at if recurring else None,
         recurring.end_at if recurring else None,
         recurring.max_runs if recurring else None,
+        recurring.exclude_calendars if recurring else None,
     )
 
 
@@ -90,7 +91,8 @@ def definition_of(row: asyncpg.Record) -> dict[str, Any]:
     else:
         schedule = {"at": row["run_at"]}
     if row["run_at"] is None:
-        bounds = (("startAt", "start_at"), ("endAt", "end_at"), ("maxRuns", "max_runs"))
+        bounds = (("startAt", "start_at"), ("endAt", "end_at"), ("maxRuns", "max_runs"),
+                  ("excludeCalendars", "exclude_calendars"))
         schedule.update((key, row[column]) for key, column in bounds if row[column] is not None)
     definition = {
         "name": row["name"],

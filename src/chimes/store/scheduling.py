@@ -48,6 +48,8 @@ class DueTrigger:
     end_at: datetime | None = None
     max_runs: int | None = None  # the job's schedule.maxRuns
     slots_fired: int = 0  # its slots recorded so far, counted for max_runs
+    owner: str | None = None
+    exclude_calendars: Sequence[str] | None = None  # names of the owner's calendars
 
     @property
     def remaining_runs(self) -> int | None:

@@ -4,6 +4,8 @@
 -- Left out: owners and grants, and the day partitions of runs and run_attempts, which
 -- chimes_ensure_run_partitions makes as days come.
 
+CREATE SEQUENCE public.calendar_versions AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
+
 CREATE TABLE public.active_runs (
     job_id uuid NOT NULL,
     run_id uuid NOT NULL,
@@ -26,6 +28,17 @@ CREATE TABLE public.api_tokens (
     CONSTRAINT api_tokens_pkey PRIMARY KEY (token_id),
     CONSTRAINT api_tokens_scope CHECK ((scope = ANY (ARRAY['read'::text, 'write'::text, 'admin'::text]))),
     CONSTRAINT api_tokens_token_hash_key UNIQUE (token_hash)
+);
+
+CREATE TABLE public.calendars (
+    owner text NOT NULL,
+    name text NOT NULL,
+    timezone text NOT NULL,
+    dates date[] NOT NULL,
+    windows jsonb NOT NULL,
+    version bigint NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT calendars_pkey PRIMARY KEY (owner, name)
 );
 
 CREATE TABLE public.cap_slots (
@@ -101,6 +114,7 @@ CREATE TABLE public.jobs (
     start_at timestamp with time zone,
     end_at timestamp with time zone,
     max_runs integer,
+    exclude_calendars text[],
     CONSTRAINT jobs_bounds CHECK ((end_at > start_at)),
     CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text]))),
     CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),

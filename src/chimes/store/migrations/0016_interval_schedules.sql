@@ -34,3 +34,18 @@ CREATE TABLE job_slot_counts (
     slots_fired integer NOT NULL,
     CONSTRAINT job_slot_counts_pkey PRIMARY KEY (job_id)
 );
+
+-- Exclusion calendars (chimes.calendars): an owner's named days and windows, in the catalog, that
+-- jobs refer to by name in `exclude_calendars`. Each write takes a new `version` from the sequence.
+CREATE SEQUENCE calendar_versions;
+CREATE TABLE calendars (
+    owner text NOT NULL,
+    name text NOT NULL,
+    timezone text NOT NULL,
+    dates date[] NOT NULL,
+    windows jsonb NOT NULL,
+    version bigint NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT calendars_pkey PRIMARY KEY (owner, name)
+);
+ALTER TABLE jobs ADD COLUMN exclude_calendars text[];

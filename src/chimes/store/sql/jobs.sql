@@ -1,10 +1,10 @@
 -- name: insert_job
 INSERT INTO jobs (job_id, owner, name, cron, run_at, timezone, jitter_sec, task, retry_policy,
                   timeout_sec, concurrency, priority, dst_gap, dst_fold, catch_up, queue_limit, tags, notify_url,
-                  start_deadline_sec, every_sec, phase_sec, start_at, end_at, max_runs, paused, idempotency_key,
-                  request_hash)
+                  start_deadline_sec, every_sec, phase_sec, start_at, end_at, max_runs, exclude_calendars, paused,
+                  idempotency_key, request_hash)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23,
-        $24, false, $25, $26)
+        $24, $25, false, $26, $27)
 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING job_id;
 
@@ -67,9 +67,9 @@ UPDATE jobs SET name = $2, cron = $3, run_at = $4, timezone = $5, jitter_sec = $
                 retry_policy = $8, timeout_sec = $9, concurrency = $10, priority = $11, dst_gap = $12,
                 dst_fold = $13, catch_up = $14, queue_limit = $15, tags = $16, notify_url = $17,
                 start_deadline_sec = $18, every_sec = $19, phase_sec = $20, start_at = $21, end_at = $22,
-                max_runs = $23, paused = $24,
-                paused_at = CASE WHEN $24 AND NOT paused THEN now() ELSE paused_at END,
-                resumed_at = CASE WHEN paused AND NOT $24 THEN now() ELSE resumed_at END,
+                max_runs = $23, exclude_calendars = $24, paused = $25,
+                paused_at = CASE WHEN $25 AND NOT paused THEN now() ELSE paused_at END,
+                resumed_at = CASE WHEN paused AND NOT $25 THEN now() ELSE resumed_at END,
                 version = version + 1, updated_at = now()
 WHERE job_id = $1
 RETURNING version;

@@ -49,13 +49,14 @@ RETURNING l.partition_id, l.token;
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
        j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
-       coalesce(j.slots_fired, 0) AS slots_fired
+       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars
 FROM triggers t
 LEFT JOIN LATERAL (
     SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
            j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
            CASE WHEN j.max_runs IS NOT NULL  -- counted only for the jobs with a run cap
-               THEN (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) END AS slots_fired
+               THEN (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) END AS slots_fired,
+           j.owner, j.exclude_calendars
     FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
     LIMIT 1
 ) j ON true
@@ -85,14 +86,15 @@ GROUP BY partition_id;
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
        j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
-       coalesce(j.slots_fired, 0) AS slots_fired
+       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars
 FROM unnest($1::smallint[], $2::timestamptz[], $3::uuid[]) AS k(partition_id, fire_at, trigger_id)
 JOIN triggers t ON t.partition_id = k.partition_id AND t.fire_at = k.fire_at AND t.trigger_id = k.trigger_id
 LEFT JOIN LATERAL (  -- by key, as in scan_due_triggers
     SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
            j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
            CASE WHEN j.max_runs IS NOT NULL  -- counted only for the jobs with a run cap
-               THEN (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) END AS slots_fired
+               THEN (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) END AS slots_fired,
+           j.owner, j.exclude_calendars
     FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
     LIMIT 1
 ) j ON true;
