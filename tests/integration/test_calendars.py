@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
 import httpx
@@ -105,3 +106,34 @@ async def test_the_cli_puts_lists_and_deletes_calendars(api_url: str, tokens: di
     assert created.exit_code == 0, created.output
     refused = await chimes(api_url, token, "calendars", "delete", "holidays")
     assert refused.exit_code != 0 and "excludeCalendars" in refused.output
+
+
+async def test_apply_makes_the_calendars_its_jobs_name_and_reapplying_changes_nothing(
+    api_url: str, tokens: dict[str, str], client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text(APPLIED)
+    first = await chimes(api_url, tokens["team-a"], "apply", "-f", str(path))
+    assert first.exit_code == 0, first.output
+    assert "create    calendar holidays" in first.output
+    assert (await client.get("/calendars/holidays")).json()["dates"] == ["2026-12-25"]
+    again = await chimes(api_url, tokens["team-a"], "apply", "-f", str(path))
+    assert again.exit_code == 0 and "unchanged calendar holidays" in again.output and "1 unchanged" in again.output
+    path.write_text(APPLIED.replace("2026-12-25", "2026-12-24"))
+    changed = await chimes(api_url, tokens["team-a"], "apply", "-f", str(path))
+    assert changed.exit_code == 0 and "update    calendar holidays" in changed.output
+    assert (await client.get("/calendars/holidays")).json()["dates"] == ["2026-12-24"]
+    path.write_text(APPLIED.replace("timezone: Europe/Berlin", "timezone: Mars/Base"))
+    refused = await chimes(api_url, tokens["team-a"], "apply", "-f", str(path))
+    assert refused.exit_code != 0 and "calendars.holidays: timezone" in refused.output
+
+
+APPLIED = """
+owner: team-a
+calendars:
+  holidays: {timezone: Europe/Berlin, dates: ["2026-12-25"]}
+jobs:
+  - name: nightly
+    schedule: {cron: "0 2 * * *", excludeCalendars: [holidays]}
+    task: {type: http, url: "http://127.0.0.1:9/"}
+"""

@@ -80,6 +80,22 @@ class SchedulePreview(_Answer):
                                                     "in [0, jitterSec) later, set by the job's id")
 
 
+class Calendar(_Answer):
+    """An exclusion calendar: whole days in its time zone and time windows that jobs naming it skip."""
+
+    name: str
+    owner: str
+    timezone: str
+    dates: list[str]
+    windows: list[dict[str, Any]]
+    version: int
+    updatedAt: datetime
+
+
+class CalendarList(_Answer):
+    calendars: list[Calendar]
+
+
 class JobList(_Answer):
     jobs: list[Job]
     nextCursor: str | None
@@ -195,6 +211,10 @@ SUCCESS: dict[tuple[str, str], dict[str, type[BaseModel] | str | None]] = {
     ("/notifications", "get"): {"200": NotificationList},
     ("/whoami", "get"): {"200": Identity},
     ("/schedules/preview", "post"): {"200": SchedulePreview},
+    ("/calendars", "get"): {"200": CalendarList},
+    ("/calendars/{name}", "get"): {"200": Calendar},
+    ("/calendars/{name}", "put"): {"200": Calendar, "201": Calendar},
+    ("/calendars/{name}", "delete"): {"204": None},
     ("/healthz", "get"): {"200": Health, "503": Health},
     ("/metrics", "get"): {"200": PROMETHEUS_TEXT},
 }
@@ -216,7 +236,7 @@ WITH_ETAG = frozenset({("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{jo
 ETAG_HEADER = {"ETag": {"description": "the job's version, quoted: send it as If-Match on PATCH or DELETE",
                         "schema": {"type": "string"}}}
 MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue,
-          NotificationList, Identity, SchedulePreview)
+          NotificationList, Identity, SchedulePreview, Calendar, CalendarList)
 
 
 def install(app: FastAPI) -> None:
