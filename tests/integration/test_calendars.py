@@ -86,6 +86,11 @@ async def test_a_calendar_in_use_is_not_deleted_and_previews_leave_its_days_out(
     job_id = created.json()["jobId"]
     previewed = (await client.get(f"/jobs/{job_id}", params={"preview": 3})).json()["nextRuns"]
     assert tomorrow.isoformat() not in " ".join(previewed) and len(previewed) == 3
+    unsaved = await client.post("/schedules/preview", json={
+        "schedule": {"cron": "0 12 * * *", "excludeCalendars": ["days-off"]}, "n": 3})
+    assert unsaved.json()["fires"] == previewed
+    unknown = await client.post("/schedules/preview", json={"schedule": {"cron": "@daily", "excludeCalendars": ["x"]}})
+    assert unknown.status_code == 422 and unknown.json()["field"] == "schedule.excludeCalendars"
     refused = await client.delete("/calendars/days-off")
     assert refused.status_code == 409 and job_id in refused.json()["message"], refused.text
     assert (await client.get("/calendars/days-off")).status_code == 200
