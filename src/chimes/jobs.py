@@ -68,13 +68,9 @@ def _bound_millis(cls: type, value: datetime | None, info: ValidationInfo) -> da
 ExcludeCalendars = Annotated[list[Annotated[str, Field(pattern=CALENDAR_NAME)]] | None, Field(max_length=20)]
 
 
-class CronScheduleSpec(_Model):
-    cron: Annotated[str, Field(min_length=1, max_length=200)]
-    timezone: Annotated[str, Field(min_length=1, max_length=64)] = "UTC"
-    jitter_sec: Annotated[int, Field(alias="jitterSec", ge=0, le=3600)] = 0
-    # DST policy (cron.py): None follows cron's customs; see docs/semantics.md.
-    dst_gap: Literal["shift", "skip"] | None = Field(default=None, alias="dstGap")
-    dst_fold: Literal["first", "last", "both"] | None = Field(default=None, alias="dstFold")
+class _RecurringScheduleSpec(_Model):
+    """What every recurring schedule may have besides its rule: bounds, a run cap, calendars."""
+
     start_at: AwareDatetime | None = Field(default=None, alias="startAt")
     end_at: AwareDatetime | None = Field(default=None, alias="endAt")
     # Stop after this many slots (docs/semantics.md, "Run cap").
@@ -82,8 +78,19 @@ class CronScheduleSpec(_Model):
     # Named calendars of the owner's whose days and windows the job does not run in (chimes.calendars).
     exclude_calendars: ExcludeCalendars = Field(default=None, alias="excludeCalendars")
 
-    _text = storable("cron", "timezone", "exclude_calendars")
+    _text = storable("exclude_calendars")
     _bounds = field_validator("start_at", "end_at")(_bound_millis)
+
+
+class CronScheduleSpec(_RecurringScheduleSpec):
+    cron: Annotated[str, Field(min_length=1, max_length=200)]
+    timezone: Annotated[str, Field(min_length=1, max_length=64)] = "UTC"
+    jitter_sec: Annotated[int, Field(alias="jitterSec", ge=0, le=3600)] = 0
+    # DST policy (cron.py): None follows cron's customs; see docs/semantics.md.
+    dst_gap: Literal["shift", "skip"] | None = Field(default=None, alias="dstGap")
+    dst_fold: Literal["first", "last", "both"] | None = Field(default=None, alias="dstFold")
+
+    _text = storable("cron", "timezone", "exclude_calendars")
 
     @field_validator("cron")
     @classmethod
@@ -104,22 +111,13 @@ class CronScheduleSpec(_Model):
         return schedules.Recurrence(self.as_cron(), self.start_at, self.end_at)
 
 
-class IntervalScheduleSpec(_Model):
+class IntervalScheduleSpec(_RecurringScheduleSpec):
     """Every ``everySec`` seconds at ``phaseSec`` past each multiple of it since the epoch (chimes.schedules).
     ``every`` and ``phase`` take the same as durations (``90m``, ``15m``); the stored form is in seconds."""
 
     every_sec: Annotated[int, Field(alias="everySec", ge=schedules.MIN_INTERVAL_SEC, le=schedules.MAX_INTERVAL_SEC)]
     phase_sec: Annotated[int, Field(alias="phaseSec", ge=0, lt=schedules.MAX_INTERVAL_SEC)] = 0
     jitter_sec: Annotated[int, Field(alias="jitterSec", ge=0, le=3600)] = 0
-    start_at: AwareDatetime | None = Field(default=None, alias="startAt")
-    end_at: AwareDatetime | None = Field(default=None, alias="endAt")
-    # Stop after this many slots (docs/semantics.md, "Run cap").
-    max_runs: Annotated[int | None, Field(alias="maxRuns", ge=1, le=MAX_RUNS)] = None
-    # Named calendars of the owner's whose days and windows the job does not run in (chimes.calendars).
-    exclude_calendars: ExcludeCalendars = Field(default=None, alias="excludeCalendars")
-
-    _text = storable("exclude_calendars")
-    _bounds = field_validator("start_at", "end_at")(_bound_millis)
 
     @model_validator(mode="before")
     @classmethod
@@ -273,7 +271,6 @@ ScheduleSpec = Annotated[
     | Annotated[AtScheduleSpec, Tag("at")],
     Discriminator(_schedule_kind),
 ]
-RecurringScheduleSpec = CronScheduleSpec | IntervalScheduleSpec
 # Union members that pydantic names in error locations; errors read better without them.
 UNION_TAGS = {"schedule": {"cron", "interval", "at"}, "task": {"http", "command", "container"}}
 
