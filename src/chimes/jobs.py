@@ -25,7 +25,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from chimes import cron
+from chimes import cron, schedules
+from chimes.calendars import CALENDAR_NAME
 from chimes.cron import CronSchedule
 from chimes.ids import schedulable, truncate_to_millis
 from chimes.security.headers import forbidden_header, header_value_problem
@@ -34,6 +35,7 @@ from chimes.security.storable import storable_problem
 from chimes.settings import CATCH_UP_WINDOW_SEC, RUN_TIMEOUT_SEC
 
 MAX_TIMEOUT_SEC = 7 * 24 * 3600
+MAX_RUNS = 1_000_000_000
 
 
 class _Model(BaseModel):
@@ -69,7 +71,35 @@ def storable(*fields: str) -> Any:
     return field_validator(*fields)(_refuse_unstorable)
 
 
-class CronScheduleSpec(_Model):
+def _bound_millis(cls: type, value: datetime | None, info: ValidationInfo) -> datetime | None:
+    if value is None:
+        return None
+    schedulable(value)
+    value = truncate_to_millis(value)
+    start = info.data.get("start_at")  # validated first: declared first
+    if info.field_name == "end_at" and start is not None and value <= start:
+        raise ValueError(f"must be after startAt ({start.isoformat()})")
+    return value
+
+
+ExcludeCalendars = Annotated[list[Annotated[str, Field(pattern=CALENDAR_NAME)]] | None, Field(max_length=20)]
+
+
+class _RecurringScheduleSpec(_Model):
+    """What every recurring schedule may have besides its rule: bounds, a run cap, calendars."""
+
+    start_at: AwareDatetime | None = Field(default=None, alias="startAt")
+    end_at: AwareDatetime | None = Field(default=None, alias="endAt")
+    # Stop after this many slots (docs/semantics.md, "Run cap").
+    max_runs: Annotated[int | None, Field(alias="maxRuns", ge=1, le=MAX_RUNS)] = None
+    # Named calendars of the owner's whose days and windows the job does not run in (chimes.calendars).
+    exclude_calendars: ExcludeCalendars = Field(default=None, alias="excludeCalendars")
+
+    _text = storable("exclude_calendars")
+    _bounds = field_validator("start_at", "end_at")(_bound_millis)
+
+
+class CronScheduleSpec(_RecurringScheduleSpec):
     cron: Annotated[str, Field(min_length=1, max_length=200)]
     timezone: Annotated[str, Field(min_length=1, max_length=64)] = "UTC"
     jitter_sec: Annotated[int, Field(alias="jitterSec", ge=0, le=3600)] = 0
@@ -77,7 +107,7 @@ class CronScheduleSpec(_Model):
     dst_gap: Literal["shift", "skip"] | None = Field(default=None, alias="dstGap")
     dst_fold: Literal["first", "last", "both"] | None = Field(default=None, alias="dstFold")
 
-    _text = storable("cron", "timezone")
+    _text = storable("cron", "timezone", "exclude_calendars")
 
     @field_validator("cron")
     @classmethod
@@ -109,6 +139,49 @@ class CronScheduleSpec(_Model):
 
     def as_cron(self) -> CronSchedule:  # not cron.CronSchedule: in the class, `cron` is the field
         return cron.CronSchedule(self.cron, self.timezone, self.dst_gap, self.dst_fold)
+
+    def recurrence(self) -> schedules.Recurrence:
+        return schedules.Recurrence(self.as_cron(), self.start_at, self.end_at)
+
+
+class IntervalScheduleSpec(_RecurringScheduleSpec):
+    """Every ``everySec`` seconds at ``phaseSec`` past each multiple of it since the epoch (chimes.schedules).
+    ``every`` and ``phase`` take the same as durations (``90m``, ``15m``); the stored form is in seconds."""
+
+    every_sec: Annotated[int, Field(alias="everySec", ge=schedules.MIN_INTERVAL_SEC, le=schedules.MAX_INTERVAL_SEC)]
+    phase_sec: Annotated[int, Field(alias="phaseSec", ge=0, lt=schedules.MAX_INTERVAL_SEC)] = 0
+    jitter_sec: Annotated[int, Field(alias="jitterSec", ge=0, le=3600)] = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _durations(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        value = dict(value)
+        for text_key, seconds_key in (("every", "everySec"), ("phase", "phaseSec")):
+            if text_key not in value:
+                continue
+            if seconds_key in value:
+                raise ValueError(f"give either '{text_key}' or '{seconds_key}', not both")
+            text = value.pop(text_key)
+            try:
+                value[seconds_key] = schedules.parse_duration(text)
+            except schedules.ScheduleError as exc:
+                raise ValueError(f"{text_key}: {exc}") from None
+        return value
+
+    @field_validator("phase_sec")
+    @classmethod
+    def _phase_within(cls, value: int, info: ValidationInfo) -> int:
+        every = info.data.get("every_sec")
+        if every is not None and value >= every:
+            raise ValueError(f"must be less than everySec ({every}): the fires are everySec apart, "
+                             "phaseSec past each multiple of it since the epoch")
+        return value
+
+    def recurrence(self) -> schedules.Recurrence:
+        return schedules.Recurrence(schedules.IntervalSchedule(self.every_sec, self.phase_sec),
+                                    self.start_at, self.end_at)
 
 
 class AtScheduleSpec(_Model):
@@ -214,18 +287,26 @@ class ContainerTaskSpec(_Model):
 TaskSpec = Annotated[HttpTaskSpec | CommandTaskSpec | ContainerTaskSpec, Field(discriminator="type")]
 
 
+_INTERVAL_KEYS = ("every", "everySec", "every_sec")
+
+
 def _schedule_kind(value: Any) -> str:
     if isinstance(value, dict):
-        return "at" if "at" in value else "cron"
-    return "at" if isinstance(value, AtScheduleSpec) else "cron"
+        if "at" in value:
+            return "at"
+        return "interval" if any(key in value for key in _INTERVAL_KEYS) else "cron"
+    if isinstance(value, AtScheduleSpec):
+        return "at"
+    return "interval" if isinstance(value, IntervalScheduleSpec) else "cron"
 
 
 ScheduleSpec = Annotated[
-    Annotated[CronScheduleSpec, Tag("cron")] | Annotated[AtScheduleSpec, Tag("at")],
+    Annotated[CronScheduleSpec, Tag("cron")] | Annotated[IntervalScheduleSpec, Tag("interval")]
+    | Annotated[AtScheduleSpec, Tag("at")],
     Discriminator(_schedule_kind),
 ]
 # Union members that pydantic names in error locations; errors read better without them.
-UNION_TAGS = {"schedule": {"cron", "at"}, "task": {"http", "command", "container"}}
+UNION_TAGS = {"schedule": {"cron", "interval", "at"}, "task": {"http", "command", "container"}}
 
 
 class RetryPolicy(_Model):
@@ -304,13 +385,15 @@ class JobSpec(_Model):
     @field_validator("schedule", mode="before")
     @classmethod
     def _one_schedule_kind(cls, value: Any) -> Any:
-        if isinstance(value, dict) and ("cron" in value) == ("at" in value):
-            raise ValueError("give exactly one of 'cron' (recurring) or 'at' (one-off)")
+        if isinstance(value, dict):
+            kinds = ("cron" in value) + ("at" in value) + any(key in value for key in _INTERVAL_KEYS)
+            if kinds != 1:
+                raise ValueError("give exactly one of 'cron' or 'every' (recurring) or 'at' (one-off)")
         return value
 
     @property
     def is_recurring(self) -> bool:
-        return isinstance(self.schedule, CronScheduleSpec)
+        return not isinstance(self.schedule, AtScheduleSpec)
 
     def to_wire(self) -> dict[str, Any]:
         wire = self.model_dump(mode="json", by_alias=True, exclude_none=True)

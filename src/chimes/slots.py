@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from chimes import cron
+from chimes import schedules
 from chimes.enums import RunTrigger
 from chimes.ids import run_id_for
 from chimes.settings import CATCH_UP_WINDOW_SEC
@@ -35,7 +35,7 @@ class Slot:
 
 
 def jitter_offset(job_id: uuid.UUID, jitter_sec: int) -> timedelta:
-    """A stable per-job delay in [0, jitter_sec): spreads jobs that share a cron expression."""
+    """A stable per-job delay in [0, jitter_sec): spreads jobs that share a schedule."""
     if jitter_sec <= 0:
         return timedelta(0)
     digest = hashlib.blake2b(job_id.bytes, digest_size=8).digest()
@@ -48,7 +48,7 @@ def on_time(job_id: uuid.UUID, nominal: datetime) -> Slot:
 
 def catch_up(
     job_id: uuid.UUID,
-    schedule: cron.CronSchedule | None,
+    schedule: schedules.Recurrence | None,
     first: datetime,
     now: datetime,
     policy: Mapping[str, Any],
@@ -74,7 +74,7 @@ def catch_up(
 
 
 def _missed_slots(
-    schedule: cron.CronSchedule | None, first: datetime, now: datetime, policy: Mapping[str, Any]
+    schedule: schedules.Recurrence | None, first: datetime, now: datetime, policy: Mapping[str, Any]
 ) -> tuple[list[datetime], int, datetime | None]:
     """The newest MAX_RECORDED slots in [first, now], how many older ones were left out, and the next slot."""
     if schedule is None:
@@ -87,10 +87,10 @@ def _missed_slots(
         walked += 1
         if walked == MAX_WALK:  # a very long outage of a very frequent job: jump to the window
             window_start = now - timedelta(seconds=int(policy.get("windowSec", CATCH_UP_WINDOW_SEC)))
-            jump = cron.next_fire(schedule, max(slot, window_start - timedelta(seconds=1)))
-            slot = jump if jump is not None and jump > slot else cron.next_fire(schedule, slot)
+            jump = schedules.next_fire(schedule, max(slot, window_start - timedelta(seconds=1)))
+            slot = jump if jump is not None and jump > slot else schedules.next_fire(schedule, slot)
             continue
-        slot = cron.next_fire(schedule, slot)
+        slot = schedules.next_fire(schedule, slot)
     return list(kept), max(0, walked - len(kept)), slot
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
+from chimes.scheduler.calendar_book import CalendarBook
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode
 from chimes.security.ssrf import EgressPolicy
@@ -72,7 +73,7 @@ async def running_fleet(pool: asyncpg.Pool, database_url: str, homes: Homes, *,
     shard_ids = [None, *dict.fromkeys(r.shard_id for r in homes.map.ranges)]
     nodes = [] if scheduler is None else [
         SchedulerNode(home, scheduler, node_id=node_id, egress=egress, serves=held,
-                      signing_secrets=secrets if sharded else None)
+                      signing_secrets=secrets if sharded else None, calendars=CalendarBook(pool))
         for home, held in zip(home_pools, serves, strict=True)]
     workers = []
     if worker is not None:

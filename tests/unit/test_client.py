@@ -13,6 +13,7 @@ from chimes.client import Client, asynchronous, blocking
     (blocking.Jobs, asynchronous.AsyncJobs),
     (blocking.Runs, asynchronous.AsyncRuns),
     (blocking.Notifications, asynchronous.AsyncNotifications),
+    (blocking.Calendars, asynchronous.AsyncCalendars),
 ])
 def test_every_async_method_has_its_blocking_alias(sync: type, async_: type) -> None:
     def public(cls: type) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from chimes.dashboard import views
 
 NOW = datetime(2026, 3, 7, 12, 0, 0, tzinfo=UTC)
+JOB = uuid.UUID(int=7)
 
 
 @pytest.mark.parametrize("offset, text", [
@@ -30,11 +32,11 @@ def test_duration(seconds: float | None, text: str) -> None:
 def test_next_fires_follow_the_cron_in_its_time_zone_from_the_pending_trigger() -> None:
     definition = {"schedule": {"cron": "30 2 * * *", "timezone": "America/New_York"}}
     first = datetime(2026, 3, 7, 7, 30, tzinfo=UTC)  # 02:30 EST
-    fires = views.next_fires(definition, first, count=3)
+    fires = views.next_fires(definition, first, JOB, count=3)
     # 2026-03-08 02:30 does not exist in New York: it runs at 03:00 EDT (07:00Z), then 02:30 EDT.
     assert fires == [first, datetime(2026, 3, 8, 7, 0, tzinfo=UTC), datetime(2026, 3, 9, 6, 30, tzinfo=UTC)]
-    assert views.next_fires({"schedule": {"at": first}}, first) == [first]
-    assert views.next_fires(definition, None) == []
+    assert views.next_fires({"schedule": {"at": first}}, first, JOB) == [first]
+    assert views.next_fires(definition, None, JOB) == []
 
 
 def test_secret_looking_headers_and_env_are_masked() -> None:

@@ -11,6 +11,7 @@ from chimes import cron
 from chimes.enums import TriggerKind
 from chimes.ids import run_id_for
 from chimes.scheduler.firing import plan_fire
+from chimes.schedules import Recurrence
 from chimes.slots import MAX_RECORDED, catch_up, jitter_offset
 from chimes.store.scheduling import DueTrigger
 
@@ -72,7 +73,7 @@ def test_a_late_fire_within_the_threshold_is_just_late() -> None:
     assert fire.next_fire_at == z(2026, 12, 1, 10, 1)
 
 
-EVERY_MINUTE = cron.CronSchedule("* * * * *", "UTC")
+EVERY_MINUTE = Recurrence(cron.CronSchedule("* * * * *", "UTC"))
 
 
 @pytest.mark.parametrize(("policy", "outcomes"), [
@@ -101,7 +102,7 @@ def test_catch_up_window_skips_the_old_ones() -> None:
 
 
 def test_a_long_outage_records_a_bounded_number_of_slots() -> None:
-    every_second = cron.CronSchedule("* * * * * *", "UTC")
+    every_second = Recurrence(cron.CronSchedule("* * * * * *", "UTC"))
     start = z(2026, 12, 1, 0, 0)
     slots, following = catch_up(JOB, every_second, start, start + timedelta(hours=1), {"policy": "one"}, "missed")
     assert len(slots) == MAX_RECORDED

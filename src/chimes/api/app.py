@@ -13,6 +13,7 @@ from chimes import __version__, dashboard, metrics
 from chimes.api import (
     actors,
     audit,
+    calendars,
     errors,
     health,
     homes,
@@ -20,6 +21,7 @@ from chimes.api import (
     notifications,
     openapi,
     runs,
+    schedules,
     standby,
     unavailable,
     whoami,
@@ -105,6 +107,8 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
     app.include_router(notifications.router)
     app.include_router(whoami.router)
     app.include_router(audit.router)
+    app.include_router(schedules.router)
+    app.include_router(calendars.router)
 
     @app.get("/healthz", tags=["health"])
     async def healthz(request: Request) -> JSONResponse:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
-from chimes import tracing
+from chimes import previews, tracing
 from chimes.api import homes, standby
 from chimes.api.actors import note_of
 from chimes.api.auth import current_principal
@@ -19,7 +19,8 @@ from chimes.api.views import job_view, pause_view
 from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
 from chimes.security.refusals import PriorityNotAllowed
-from chimes.services.jobs import IdempotencyConflict, JobService, VersionMismatch
+from chimes.services.jobs import IdempotencyConflict, JobService, UnknownCalendar, VersionMismatch
+from chimes.store.calendars import calendars_named
 from chimes.store.jobs import JobFilter
 from chimes.store.shards import partition_moved
 from chimes.store.tokens import Principal
@@ -59,6 +60,8 @@ async def create_job(
                         raise ApiError(503, "shard_map_changed", "the shard map changed while the job was "
                                        "created, and nothing was written; retry the request") from None
             traced |= {"chimes.job_id": str(created.job_id), "chimes.owner": caller.owner}
+    except UnknownCalendar as exc:
+        raise unknown_calendar(exc) from None
     except IdempotencyConflict:
         raise ApiError(409, "idempotency_conflict",
                        "this Idempotency-Key was already used for a different job definition",
@@ -90,7 +93,11 @@ async def list_jobs(
 
 
 @router.get("/jobs/{job_id}", response_class=JSONResponse)
-async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse:
+async def get_job(
+    job_id: str, request: Request, caller: Caller,
+    preview: Annotated[int | None, Query(ge=1, le=previews.MAX_PREVIEW,
+                                         description="add nextRuns: the job's next N fire times")] = None,
+) -> JSONResponse:
     parsed = parse_id(job_id, "job")
     job = await (await homes.jobs_of(request, parsed)).get(parsed, caller.owner_filter)
     if job is None:
@@ -98,7 +105,13 @@ async def get_job(job_id: str, request: Request, caller: Caller) -> JSONResponse
             raise ApiError(404, "job_deleted", f"job {parsed} was deleted; its runs stay listable at "
                            f"GET /jobs/{parsed}/runs until retention removes them")
         raise not_found("job")
-    return JSONResponse(job_view(job), headers={"ETag": etag(job.version)})
+    view = job_view(job)
+    if preview is not None:
+        names = job.definition["schedule"].get("excludeCalendars") or []
+        calendars = await calendars_named(request.app.state.pool, job.owner, names) if names else []
+        view["nextRuns"] = previews.upcoming(job.definition, job.job_id, job.next_run_at, preview, job.slots_fired,
+                                             calendars)
+    return JSONResponse(view, headers={"ETag": etag(job.version)})
 
 
 @router.patch("/jobs/{job_id}", response_class=JSONResponse)
@@ -113,6 +126,8 @@ async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Cal
                                                                   note_of(request, caller), actor=caller.actor)
     except VersionMismatch as exc:
         raise precondition_failed(exc.current) from None
+    except UnknownCalendar as exc:
+        raise unknown_calendar(exc) from None
     if job is None:
         raise not_found("job")
     return JSONResponse(job_view(job), headers={"ETag": etag(job.version)})
@@ -127,6 +142,8 @@ async def job_pauses(job_id: str, request: Request, caller: Caller,
     if found is None:
         raise not_found("job")
     return JSONResponse({"pauses": [pause_view(p) for p in found]})
+def unknown_calendar(exc: UnknownCalendar) -> ApiError:
+    return ApiError(422, "invalid_request", f"schedule.excludeCalendars: {exc}", "schedule.excludeCalendars")
 
 
 @router.delete("/jobs/{job_id}", status_code=204)

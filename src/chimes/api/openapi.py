@@ -69,6 +69,35 @@ class Job(_Answer):
     createdAt: datetime
     updatedAt: datetime
     lastRun: LastRun | None
+    scheduleEnded: bool = Field(False, description="the schedule is past its endAt: nothing is left to fire")
+    remainingRuns: int | None = Field(None, description="the slots left to a job with schedule.maxRuns")
+    nextRuns: list[datetime] | None = Field(
+        None, description="with ?preview=N: the next N fire times, as the scheduler fires them (DST policy, "
+                          "jitter, interval phase, startAt/endAt)")
+
+
+class SchedulePreview(_Answer):
+    """The next fire times of a schedule not saved yet."""
+
+    fires: list[datetime]
+    jitterSec: int | None = Field(None, description="each fire of a job with this schedule comes a fixed delay "
+                                                    "in [0, jitterSec) later, set by the job's id")
+
+
+class Calendar(_Answer):
+    """An exclusion calendar: whole days in its time zone and time windows that jobs naming it skip."""
+
+    name: str
+    owner: str
+    timezone: str
+    dates: list[str]
+    windows: list[dict[str, Any]]
+    version: int
+    updatedAt: datetime
+
+
+class CalendarList(_Answer):
+    calendars: list[Calendar]
 
 
 class Pause(_Answer):
@@ -233,6 +262,11 @@ SUCCESS: dict[tuple[str, str], dict[str, type[BaseModel] | str | None]] = {
     ("/notifications", "get"): {"200": NotificationList},
     ("/whoami", "get"): {"200": Identity},
     ("/audit", "get"): {"200": AuditList},
+    ("/schedules/preview", "post"): {"200": SchedulePreview},
+    ("/calendars", "get"): {"200": CalendarList},
+    ("/calendars/{name}", "get"): {"200": Calendar},
+    ("/calendars/{name}", "put"): {"200": Calendar, "201": Calendar},
+    ("/calendars/{name}", "delete"): {"204": None},
     ("/healthz", "get"): {"200": Health, "503": Health},
     ("/metrics", "get"): {"200": PROMETHEUS_TEXT},
 }
@@ -254,7 +288,7 @@ WITH_ETAG = frozenset({("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{jo
 ETAG_HEADER = {"ETag": {"description": "the job's version, quoted: send it as If-Match on PATCH or DELETE",
                         "schema": {"type": "string"}}}
 MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue,
-          NotificationList, Identity, AuditList)
+          NotificationList, Identity, AuditList, SchedulePreview, Calendar, CalendarList)
 
 
 def install(app: FastAPI) -> None:

@@ -22,7 +22,16 @@ def job_view(job: JobRecord) -> dict[str, Any]:
         "createdAt": job.created_at,
         "updatedAt": job.updated_at,
         "lastRun": job.last_run,
-    }
+        # Past its endAt or its maxRuns: nothing is left to fire (docs/semantics.md, "Bounds").
+        "scheduleEnded": schedule_ended(job),
+    } | ({} if job.remaining_runs is None else {"remainingRuns": job.remaining_runs})
+
+
+def schedule_ended(job: JobRecord) -> bool:
+    schedule = job.definition["schedule"]
+    if "at" in schedule or job.paused:
+        return False
+    return job.remaining_runs == 0 or ("endAt" in schedule and job.next_run_at is None)
 
 
 def pause_view(pause: PauseRecord) -> dict[str, Any]:

@@ -10,13 +10,14 @@ computed from (If-Match): a job changed in between is refused, not overwritten.
 from __future__ import annotations
 
 import json
-from typing import IO
+from typing import IO, Any
 
 import click
 
 from chimes.cli import jobfile
 from chimes.cli.client import ClientError, api_options, error_message
 from chimes.client import ChimesError, Client, Job
+from chimes.client.errors import NotFound
 
 PAGE = 500
 SYMBOLS = {"create": "create   ", "update": "update   ", "delete": "delete   ", "unchanged": "unchanged"}
@@ -52,6 +53,9 @@ def apply_jobs(api: Client, file: IO[str], dry_run: bool, prune: bool, update_se
         changes = jobfile.plan(wanted, current, prune=prune, update_secrets=update_secrets, source=source)
     except jobfile.JobFileError as exc:
         raise ClientError(f"{exc}\nnothing was changed") from None
+    calendar_changes = _calendar_changes(api, wanted.calendars)
+    for name, action in calendar_changes:
+        click.echo(f"{SYMBOLS[action]} calendar {name}")
     for change in changes:
         _print(change)
     counts = {action: sum(c.action == action for c in changes) for action in SYMBOLS}
@@ -60,6 +64,12 @@ def apply_jobs(api: Client, file: IO[str], dry_run: bool, prune: bool, update_se
                    f"delete, {counts['unchanged']} unchanged; nothing was changed")
         return
     done = 0
+    for name, action in calendar_changes:
+        if action != "unchanged":
+            try:
+                api.calendars.put(name, wanted.calendars[name])
+            except ChimesError as exc:
+                raise ClientError(f"calendar {name}: {error_message(exc)}\nno job was changed") from None
     for change in changes:
         try:
             _make(api, change)
@@ -69,6 +79,20 @@ def apply_jobs(api: Client, file: IO[str], dry_run: bool, prune: bool, update_se
         done += change.action != "unchanged"
     click.echo(f"applied: {counts['create']} created, {counts['update']} updated, {counts['delete']} deleted, "
                f"{counts['unchanged']} unchanged")
+
+
+def _calendar_changes(api: Client, wanted: dict[str, dict[str, Any]]) -> list[tuple[str, jobfile.Action]]:
+    """What applying the file's calendars would do to each: create, update, or nothing."""
+    changes: list[tuple[str, jobfile.Action]] = []
+    for name, calendar in wanted.items():
+        try:
+            current = api.calendars.get(name).raw
+        except NotFound:
+            changes.append((name, "create"))
+            continue
+        same = all(current.get(key) == value for key, value in calendar.items())
+        changes.append((name, "unchanged" if same else "update"))
+    return changes
 
 
 def _print(change: jobfile.Change) -> None:

@@ -21,15 +21,19 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import IO, Any
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 
+from chimes import cron, previews
 from chimes.cli import client_render as render
 from chimes.client import ApiError, ChimesError, Client
 from chimes.client.asynchronous import DEFAULT_API_URL, RATE_LIMIT_RETRIES, RETRY_AFTER_CAP_SEC
+from chimes.jobs import UNION_TAGS
 
 __all__ = ["DEFAULT_API_URL", "RATE_LIMIT_RETRIES", "RETRY_AFTER_CAP_SEC", "jobs", "runs"]
 log = logging.getLogger("chimes.cli")
@@ -185,6 +189,15 @@ def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--name", help="Job name."),
         click.option("--cron", help="Cron expression (5 fields, 6 with seconds, or @daily etc.)."),
         click.option("--timezone", help="IANA timezone of --cron (default UTC)."),
+        click.option("--every", help="Interval schedule: fire every DURATION (90m, 1h30m, 45s, 2d), counted "
+                                     "from the Unix epoch, so fires never drift."),
+        click.option("--phase", help="With --every: how far past each multiple of the interval it fires "
+                                     "(--every 90m --phase 15m fires at 00:15, 01:45, 03:15 UTC ...)."),
+        click.option("--start-at", help="Recurring schedule: no fire before this time (RFC 3339 with an offset)."),
+        click.option("--end-at", help="Recurring schedule: no fire after this time (RFC 3339 with an offset)."),
+        click.option("--max-runs", type=click.IntRange(1), help="Recurring schedule: stop after this many slots."),
+        click.option("--exclude-calendar", "exclude_calendars", multiple=True,
+                     help="Recurring schedule: skip the days and windows of this calendar (repeatable)."),
         click.option("--at", help="One-off run time, RFC 3339 with an offset, e.g. 2026-12-01T09:00:00Z."),
         click.option("--max-attempts", type=click.IntRange(1, 100), help="Attempts before the run fails."),
         click.option("--timeout", type=click.IntRange(1), help="Seconds an attempt may take."),
@@ -239,13 +252,32 @@ def _definition(opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def _new_schedule(opts: dict[str, Any]) -> dict[str, Any]:
-    if bool(opts["cron"]) == bool(opts["at"]):
-        raise click.UsageError("give exactly one of --cron (recurring) or --at (one-off)")
+    if bool(opts["cron"]) + bool(opts["every"]) + bool(opts["at"]) != 1:
+        raise click.UsageError("give exactly one of --cron or --every (recurring) or --at (one-off)")
+    _check_schedule_options(opts)
     if opts["at"]:
-        if opts["timezone"]:
-            raise click.UsageError("--timezone goes with --cron; give --at with an offset instead")
+        if opts["start_at"] or opts["end_at"] or opts["max_runs"] or opts["exclude_calendars"]:
+            raise click.UsageError("--start-at, --end-at, --max-runs and --exclude-calendar go with --cron or --every")
         return {"at": opts["at"]}
-    return {"cron": opts["cron"], "timezone": opts["timezone"] or "UTC"}
+    if opts["every"]:
+        schedule = {"every": opts["every"]} | ({"phase": opts["phase"]} if opts["phase"] else {})
+    else:
+        schedule = {"cron": opts["cron"], "timezone": opts["timezone"] or "UTC"}
+    return schedule | _bounds(opts)
+
+
+def _check_schedule_options(opts: dict[str, Any]) -> None:
+    if opts["timezone"] and (opts["at"] or opts["every"]):
+        raise click.UsageError("--timezone goes with --cron (an interval counts elapsed time; give --at with "
+                               "an offset instead)")
+    if opts["phase"] and not opts["every"]:
+        raise click.UsageError("--phase goes with --every")
+
+
+def _bounds(opts: dict[str, Any]) -> dict[str, Any]:
+    given = {"startAt": opts["start_at"], "endAt": opts["end_at"], "maxRuns": opts["max_runs"],
+             "excludeCalendars": list(opts["exclude_calendars"])}
+    return {key: value for key, value in given.items() if value}
 
 
 def _task(opts: dict[str, Any]) -> dict[str, Any]:
@@ -334,10 +366,12 @@ def list_jobs(api: Client, limit: int | None, follow: bool, tag: str | None, nam
 @jobs.command("get")
 @api_options
 @click.argument("job_id")
+@click.option("--next", "-n", "preview", type=click.IntRange(1, previews.MAX_PREVIEW),
+              help="Also show the next N fire times, as the scheduler fires them (DST policy, jitter, bounds).")
 @json_option
-def get_job(api: Client, job_id: str, as_json: bool) -> None:
+def get_job(api: Client, job_id: str, preview: int | None, as_json: bool) -> None:
     """Show one job and its definition."""
-    job = api.jobs.get(_job_id(api, job_id)).raw
+    job = api.jobs.get(_job_id(api, job_id), preview=preview).raw
     if as_json:
         _echo_json(job)
     else:
@@ -399,7 +433,8 @@ def update(api: Client, job_id: str, file: IO[str] | None, **opts: Any) -> None:
 
     if opts["name"]:
         patch["name"] = opts["name"]
-    if opts["at"] or opts["cron"] or opts["timezone"]:
+    if any(opts[key] for key in ("at", "cron", "timezone", "every", "phase", "start_at", "end_at", "max_runs",
+                                 "exclude_calendars")):
         patch["schedule"] = _changed_schedule(opts, job)
     tuning = _tuning(opts)
     if "retryPolicy" in tuning:
@@ -415,18 +450,33 @@ def update(api: Client, job_id: str, file: IO[str] | None, **opts: Any) -> None:
 
 
 def _changed_schedule(opts: dict[str, Any], job: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The job's schedule with the options given applied; a new rule (--cron, --every) keeps the
+    jitter and the bounds of a recurring one."""
+    if opts["cron"] and opts["every"]:
+        raise click.UsageError("give either --cron or --every")
     if opts["at"]:
-        if opts["cron"] or opts["timezone"]:
-            raise click.UsageError("give either --at or --cron/--timezone")
+        if any(opts[key] for key in ("cron", "every", "phase", "timezone", "start_at", "end_at", "max_runs",
+                                     "exclude_calendars")):
+            raise click.UsageError("give either --at or a recurring schedule (--cron/--every)")
         return {"at": opts["at"]}
     schedule = job().get("schedule") or {}
-    if "cron" not in schedule:
-        if not opts["cron"]:
-            raise click.UsageError("this job runs once (--at); give --cron to make it recurring")
-        schedule = {}
-    changed = {**schedule, "cron": opts["cron"] or schedule["cron"]}
-    changed["timezone"] = opts["timezone"] or schedule.get("timezone") or "UTC"
-    return changed
+    if "at" in schedule and not (opts["cron"] or opts["every"]):
+        raise click.UsageError("this job runs once (--at); give --cron or --every to make it recurring")
+    kept = {k: v for k, v in schedule.items() if k in ("jitterSec", "startAt", "endAt", "maxRuns", "excludeCalendars")}
+    if opts["every"] or ("everySec" in schedule and not opts["cron"]):
+        if opts["timezone"]:
+            raise click.UsageError("--timezone goes with --cron: an interval counts elapsed time")
+        rule: dict[str, Any] = ({"every": opts["every"]} if opts["every"]
+                                else {"everySec": schedule["everySec"], "phaseSec": schedule.get("phaseSec", 0)})
+        if opts["phase"]:
+            rule = {k: v for k, v in rule.items() if k != "phaseSec"} | {"phase": opts["phase"]}
+    else:
+        if opts["phase"]:
+            raise click.UsageError("--phase goes with an interval schedule (--every)")
+        same = {k: v for k, v in schedule.items() if k in ("cron", "timezone", "dstGap", "dstFold")}
+        rule = same | {"cron": opts["cron"] or schedule["cron"],
+                       "timezone": opts["timezone"] or schedule.get("timezone") or "UTC"}
+    return rule | kept | _bounds(opts)
 
 
 @jobs.command("delete")
@@ -597,3 +647,126 @@ def _silence_stdout() -> None:
     # Python flushes stdout again at exit and would report the broken pipe there.
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
+
+
+# ------------------------------------------------------------------------------------------ schedules
+
+
+@click.group("cron")
+def cron_group() -> None:
+    """Check schedules before making jobs of them (computed here, by the scheduler's own rules)."""
+
+
+@cron_group.command("next")
+@click.argument("expression", required=False)
+@click.option("--timezone", help="IANA time zone of EXPRESSION (default UTC).")
+@click.option("--every", help="An interval schedule instead of EXPRESSION: every DURATION (90m, 1h30m, 45s).")
+@click.option("--phase", help="With --every: how far past each multiple of the interval it fires.")
+@click.option("--dst-gap", type=click.Choice(["shift", "skip"]), help="A cron time in a spring-forward gap.")
+@click.option("--dst-fold", type=click.Choice(["first", "last", "both"]), help="A cron time in a fall-back fold.")
+@click.option("--start-at", help="No fire before this time (RFC 3339 with an offset).")
+@click.option("--end-at", help="No fire after this time (RFC 3339 with an offset).")
+@click.option("--after", help="List fires after this time (RFC 3339 with an offset; default now).")
+@click.option("-n", "count", type=click.IntRange(1, previews.MAX_PREVIEW), default=10, show_default=True,
+              help="How many fire times.")
+def cron_next(expression: str | None, count: int, **opts: Any) -> None:
+    """The next fire times of a cron EXPRESSION (or of --every), in UTC and in the schedule's zone.
+
+    \b
+    chimes cron next '30 2 * * *' --timezone America/New_York -n 5
+    chimes cron next --every 90m --phase 15m
+    """
+    if bool(expression) == bool(opts["every"]):
+        raise click.UsageError("give exactly one of EXPRESSION or --every")
+    schedule: dict[str, Any] = ({"cron": expression, "timezone": opts["timezone"] or "UTC"} if expression
+                                else {"every": opts["every"]})
+    given = {"phase": opts["phase"], "dstGap": opts["dst_gap"], "dstFold": opts["dst_fold"],
+             "startAt": opts["start_at"], "endAt": opts["end_at"]}
+    schedule |= {key: value for key, value in given.items() if value}
+    try:
+        parsed = previews.parse_schedule(schedule)
+        after = datetime.fromisoformat(opts["after"]) if opts["after"] else datetime.now(UTC)
+    except (ValidationError, ValueError) as exc:
+        raise click.BadParameter(_first_problem(exc)) from None
+    if after.tzinfo is None:
+        raise click.BadParameter("--after needs an offset, e.g. 2026-12-01T09:00:00Z")
+    zone = cron.parse_timezone(opts["timezone"] or "UTC")
+    fires = previews.fires_after(parsed, None, after, count)
+    for fire in fires:
+        local = fire.astimezone(zone)
+        click.echo(f"{fire.isoformat().replace('+00:00', 'Z')}  {local.strftime('%a %Y-%m-%d %H:%M:%S %Z')}")
+    if not fires:
+        click.echo("no fires: the schedule ends before that")
+
+
+def _first_problem(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        error = exc.errors()[0]
+        loc = error["loc"][1:] if error["loc"] and error["loc"][0] in UNION_TAGS["schedule"] else error["loc"]
+        where = ".".join(str(part) for part in loc)
+        return f"{where}: {error['msg'].removeprefix('Value error, ')}" if where else error["msg"]
+    return str(exc)
+
+
+# ------------------------------------------------------------------------------------------ calendars
+
+
+@click.group("calendars")
+def calendars() -> None:
+    """Exclusion calendars: days and windows that jobs naming them in schedule.excludeCalendars skip."""
+
+
+@calendars.command("put")
+@api_options
+@click.argument("name")
+@click.option("--timezone", help="IANA time zone the dates are days in (default UTC).")
+@click.option("--date", "dates", multiple=True, metavar="YYYY-MM-DD", help="An excluded day (repeatable).")
+@click.option("--window", "windows", multiple=True, metavar="START/END",
+              help="An excluded time range, RFC 3339 times with offsets, e.g. "
+                   "2026-12-20T00:00:00Z/2027-01-04T00:00:00Z (repeatable).")
+@click.option("--file", type=click.File("r"), help="The whole calendar as JSON ('-' for stdin).")
+def put_calendar(api: Client, name: str, timezone: str | None, dates: tuple[str, ...], windows: tuple[str, ...],
+                 file: IO[str] | None) -> None:
+    """Create or replace the calendar NAME (it replaces all its days and windows)."""
+    if file is not None:
+        if timezone or dates or windows:
+            raise click.UsageError("--file cannot be combined with --timezone, --date or --window")
+        body = _read_json(file, "--file")
+    else:
+        body = {"timezone": timezone or "UTC", "dates": list(dates), "windows": [_window(w) for w in windows]}
+    calendar = api.calendars.put(name, body)
+    click.echo(f"calendar {calendar.name}: {len(calendar.dates)} days, {len(calendar.windows)} windows "
+               f"({calendar.timezone}), version {calendar.version}")
+
+
+def _window(text: str) -> dict[str, str]:
+    start, slash, end = text.partition("/")
+    if not slash or not start or not end:
+        raise click.BadParameter(f"{text!r} is not START/END", param_hint="--window")
+    return {"start": start, "end": end}
+
+
+@calendars.command("get")
+@api_options
+@click.argument("name")
+def get_calendar(api: Client, name: str) -> None:
+    """Show the calendar NAME as JSON."""
+    _echo_json(api.calendars.get(name).raw)
+
+
+@calendars.command("list")
+@api_options
+def list_calendars(api: Client) -> None:
+    """The caller's calendars."""
+    for calendar in api.calendars.list():
+        click.echo(f"{calendar.name}\t{calendar.timezone}\t{len(calendar.dates)} days\t"
+                   f"{len(calendar.windows)} windows\tversion {calendar.version}")
+
+
+@calendars.command("delete")
+@api_options
+@click.argument("name")
+def delete_calendar(api: Client, name: str) -> None:
+    """Delete the calendar NAME (refused while jobs name it)."""
+    api.calendars.delete(name)
+    click.echo(f"deleted calendar {name}")

@@ -10,8 +10,11 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from chimes import schedules
+
 # Fields of GET /jobs/{id} that the server adds; the rest is the job's definition.
-JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun")
+JOB_METADATA = ("jobId", "owner", "paused", "version", "nextRunAt", "createdAt", "updatedAt", "lastRun",
+                "scheduleEnded", "nextRuns", "remainingRuns")
 ERROR_WIDTH = 60
 OUTPUT_LINES = 40
 WIDE_COLUMNS = 120  # from this terminal width on, lists show whole ids and times
@@ -75,7 +78,7 @@ def schedule_text(schedule: dict[str, Any] | None) -> str:
         return ""
     if "at" in schedule:
         return f"at {when(schedule['at'])}"
-    return f"{schedule.get('cron', '')} ({schedule.get('timezone') or 'UTC'})"
+    return schedules.wire_text(schedule)
 
 
 def task_text(task: dict[str, Any] | None) -> str:
@@ -130,8 +133,16 @@ def _narrow_jobs_table(jobs: list[dict[str, Any]]) -> Table:
         next_run = "paused" if job.get("paused") else relative(job.get("nextRunAt"), now)
         last_run = f"{last.get('status', '')} {relative(last.get('scheduledAt'), now)}".strip()
         _row(table, short_id(job.get("jobId")), job.get("name", ""),
-             schedule.get("cron") or ("once" if "at" in schedule else ""), next_run or "-", last_run)
+             _short_schedule(schedule), next_run or "-", last_run)
     return table
+
+
+def _short_schedule(schedule: dict[str, Any]) -> str:
+    if "at" in schedule:
+        return "once"
+    if "everySec" in schedule:
+        return schedules.describe(schedules.IntervalSchedule(schedule["everySec"], schedule.get("phaseSec") or 0))
+    return str(schedule.get("cron") or "")
 
 
 def job_detail(job: dict[str, Any]) -> Group:
@@ -145,6 +156,12 @@ def job_detail(job: dict[str, Any]) -> Group:
         ("updated", when(job.get("updatedAt"))),
         ("last run", last_run),
     ]
+    if job.get("remainingRuns") is not None:
+        rows.append(("runs left", f"{job['remainingRuns']} of {job['schedule'].get('maxRuns')}"))
+    if job.get("scheduleEnded"):
+        rows.append(("ended", "past its endAt or maxRuns: nothing is left to fire"))
+    if job.get("nextRuns") is not None:
+        rows.append(("next runs", "\n".join(when(t) for t in job["nextRuns"]) or "none"))
     definition = {k: v for k, v in job.items() if k not in JOB_METADATA}
     return Group(_key_values(rows), Text("definition:"), Text(json.dumps(definition, indent=2)))
 

@@ -25,12 +25,13 @@ import yaml
 from pydantic import ValidationError
 
 from chimes.api.errors import field_path
+from chimes.calendars import CALENDAR_NAME, CalendarSpec
 from chimes.client.models import Job
 from chimes.jobs import JobSpec
 from chimes.security.secrets import REDACTED
 
 SECRET_FIELDS = ("secretHeaders", "secretEnv")
-FILE_KEYS = {"owner", "jobs"}
+FILE_KEYS = {"owner", "calendars", "jobs"}
 ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # What each task type needs; everything else in an exported task is left out when it is the default.
 REQUIRED_TASK_FIELDS = {"http": ("type", "url"), "command": ("type", "argv"), "container": ("type", "image")}
@@ -56,6 +57,9 @@ class FileJob:
 class JobFile:
     owner: str | None
     jobs: list[FileJob]
+    # The exclusion calendars the jobs name, by name, as PUT /calendars/{name} takes them: applied
+    # before the jobs, so that a job may name a calendar the same file makes.
+    calendars: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def load(text: str, source: str, environ: Mapping[str, str] | None = None) -> JobFile:
@@ -66,8 +70,9 @@ def load(text: str, source: str, environ: Mapping[str, str] | None = None) -> Jo
         raise JobFileError([f"{source}: not valid YAML: {exc}"]) from None
     if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
         raise JobFileError([f"{source}: must be a mapping with a list of `jobs` (and optionally `owner`)"])
-    problems = [f"{source}: unknown key {key!r} (a file has `owner` and `jobs`)"
+    problems = [f"{source}: unknown key {key!r} (a file has `owner`, `calendars` and `jobs`)"
                 for key in document if key not in FILE_KEYS]
+    calendars = _calendars(document.get("calendars") or {}, source, problems)
     owner = document.get("owner")
     if owner is not None and not isinstance(owner, str):
         problems.append(f"{source}: owner: must be a team name")
@@ -83,7 +88,25 @@ def load(text: str, source: str, environ: Mapping[str, str] | None = None) -> Jo
         jobs.append(job)
     if problems:
         raise JobFileError(problems)
-    return JobFile(owner, jobs)
+    return JobFile(owner, jobs, calendars)
+
+
+def _calendars(given: Any, source: str, problems: list[str]) -> dict[str, dict[str, Any]]:
+    if not isinstance(given, dict):
+        problems.append(f"{source}: calendars: must be a mapping of names to calendars")
+        return {}
+    calendars = {}
+    for name, item in given.items():
+        if not isinstance(name, str) or not re.fullmatch(CALENDAR_NAME, name):
+            problems.append(f"{source}: calendars: {name!r} is not a calendar name (letters, digits, _ . -)")
+            continue
+        try:
+            calendars[name] = CalendarSpec.model_validate(item).to_wire()
+        except ValidationError as exc:
+            for error in exc.errors():
+                text = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+                problems.append(f"{source}: calendars.{name}: {field_path(error.get('loc', ()))}: {text}")
+    return calendars
 
 
 def _job(item: Any, index: int, source: str, environ: Mapping[str, str], problems: list[str]) -> FileJob | None:
@@ -230,7 +253,7 @@ def export(owner: str, jobs: Sequence[Job]) -> dict[str, Any]:
 
 def _exported(job: Job) -> dict[str, Any]:
     wire = job.spec().to_wire()
-    schedule = {k: wire["schedule"][k] for k in ("cron", "at") if k in wire["schedule"]}
+    schedule = {k: wire["schedule"][k] for k in ("cron", "everySec", "at") if k in wire["schedule"]}
     task = {k: wire["task"][k] for k in REQUIRED_TASK_FIELDS.get(wire["task"].get("type"), ("type",))
             if k in wire["task"]}
     baseline = JobSpec.model_validate({"name": job.name, "schedule": schedule, "task": task}).to_wire()

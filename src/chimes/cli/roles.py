@@ -17,6 +17,7 @@ from chimes.api.app import create_app
 from chimes.cli.runtime import api_server, migrate_shards, on_shutdown_signals, prepare_role_database
 from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.cli.served_homes import Role, ServedHomes, StartHome
+from chimes.scheduler.calendar_book import CalendarBook
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode, new_node_id
 from chimes.security.secrets import Keyring, SecretKeyError
@@ -62,7 +63,8 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
 
     def start_home(home: db.Pool, url: str, serves: frozenset[int] | None, shard_id: int | None) -> list[Role]:
         node = SchedulerNode(home, node_id=node_id, serves=serves, egress=work.egress if work else None,
-                             signing_secrets=SigningSecrets(pool, work.keyring if work else None))
+                             signing_secrets=SigningSecrets(pool, work.keyring if work else None),
+                             calendars=CalendarBook(pool))
         config = WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands, tiers=tiers)
         worker = Worker(home, url, config,
                         worker_id=worker_id,
@@ -152,7 +154,8 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
     def start_home(home: db.Pool, url: str, serves: frozenset[int] | None, shard_id: int | None) -> list[Role]:
         return [SchedulerNode(home, config, node_id=node_id,
                               signing_secrets=SigningSecrets(pool, outgoing.keyring if outgoing else None),
-                              egress=outgoing.egress if outgoing else None, serves=serves)]
+                              egress=outgoing.egress if outgoing else None, serves=serves,
+                              calendars=CalendarBook(pool))]
 
     await _serve_homes(pool, dsn, shard_map, start_home, pool_size=6, server_settings=settings)
 

@@ -21,6 +21,7 @@ import httpx
 from chimes.client.errors import ApiError, ApiUnreachable, ChimesError
 from chimes.client.models import (
     Backfilled,
+    Calendar,
     Identity,
     Job,
     JobCreated,
@@ -98,6 +99,7 @@ class AsyncClient:
         self.jobs = AsyncJobs(self)
         self.runs = AsyncRuns(self)
         self.notifications = AsyncNotifications(self)
+        self.calendars = AsyncCalendars(self)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -203,8 +205,16 @@ class AsyncJobs:
         answer = _json(response)
         return JobCreated.from_api({**answer, "version": _version(response), "created": response.status_code == 201})
 
-    async def get(self, job_id: str) -> Job:
-        return Job.from_api(await self._client.call("GET", _path("jobs", job_id)))
+    async def get(self, job_id: str, *, preview: int | None = None) -> Job:
+        """The job; with ``preview``, its next ``preview`` fire times in ``next_runs``."""
+        return Job.from_api(await self._client.call("GET", _path("jobs", job_id), params={"preview": preview}))
+
+    async def preview(self, schedule: Mapping[str, Any], *, n: int = 10,
+                      after: datetime | None = None) -> list[datetime]:
+        """The next ``n`` fire times of a schedule not saved yet (``POST /schedules/preview``)."""
+        body = {"schedule": dict(schedule), "n": n} | ({"after": after.isoformat()} if after else {})
+        answer = await self._client.call("POST", "/schedules/preview", body=body)
+        return [datetime.fromisoformat(fire) for fire in answer["fires"]]
 
     async def page(self, *, cursor: str | None = None, limit: int | None = None, tag: str | None = None,
                    name_prefix: str | None = None, paused: bool | None = None, kind: str | None = None) -> Page[Job]:
@@ -301,3 +311,25 @@ class AsyncNotifications:
              page_size: int | None = None) -> AsyncIterator[Notification]:
         params = {"status": status, "jobId": job_id, "limit": page_size}
         return self._client._all(Notification, "/notifications", "notifications", params)
+
+
+class AsyncCalendars:
+    """``/calendars``: the caller's exclusion calendars, named by jobs in ``schedule.excludeCalendars``."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def put(self, name: str, calendar: Mapping[str, Any]) -> Calendar:
+        """Create or replace: ``{"timezone": ..., "dates": [...], "windows": [{"start", "end"}]}``."""
+        return Calendar.from_api(await self._client.call("PUT", _path("calendars", name), body=dict(calendar)))
+
+    async def get(self, name: str) -> Calendar:
+        return Calendar.from_api(await self._client.call("GET", _path("calendars", name)))
+
+    async def list(self) -> list[Calendar]:
+        answer = await self._client.call("GET", "/calendars")
+        return [Calendar.from_api(c) for c in answer["calendars"]]
+
+    async def delete(self, name: str) -> None:
+        """Refused (:class:`~chimes.client.errors.Conflict`) while jobs name it."""
+        await self._client.call("DELETE", _path("calendars", name))

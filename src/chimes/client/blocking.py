@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from chimes.client.asynchronous import AsyncClient, AsyncJobs, AsyncNotifications, AsyncRuns
+from chimes.client.asynchronous import AsyncCalendars, AsyncClient, AsyncJobs, AsyncNotifications, AsyncRuns
 from chimes.client.models import Identity
 
 P = ParamSpec("P")
@@ -102,6 +102,7 @@ class Jobs(_Resource[AsyncJobs]):
     __doc__ = AsyncJobs.__doc__
     create = _blocking(AsyncJobs.create)
     get = _blocking(AsyncJobs.get)
+    preview = _blocking(AsyncJobs.preview)
     page = _blocking(AsyncJobs.page)
     list = _blocking_iter(AsyncJobs.list)
     update = _blocking(AsyncJobs.update)
@@ -128,6 +129,14 @@ class Notifications(_Resource[AsyncNotifications]):
     list = _blocking_iter(AsyncNotifications.list)
 
 
+class Calendars(_Resource[AsyncCalendars]):
+    __doc__ = AsyncCalendars.__doc__
+    put = _blocking(AsyncCalendars.put)
+    get = _blocking(AsyncCalendars.get)
+    list = _blocking(AsyncCalendars.list)
+    delete = _blocking(AsyncCalendars.delete)
+
+
 class Client:
     """The Chimes API from plain code; the arguments are :class:`AsyncClient`'s, except that ``sleep``
     may also be a plain function (it then blocks the client's own loop, which nothing else uses).
@@ -146,6 +155,7 @@ class Client:
         self.jobs = Jobs(self._loop, self._async.jobs)
         self.runs = Runs(self._loop, self._async.runs)
         self.notifications = Notifications(self._loop, self._async.notifications)
+        self.calendars = Calendars(self._loop, self._async.calendars)
 
     def __enter__(self) -> Client:
         return self

@@ -9,7 +9,7 @@ the API's) plus what Chimes knows about it; secret values read back as ``"******
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Generic, Self, TypeVar
 
 from pydantic import AliasGenerator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -20,7 +20,7 @@ from chimes.jobs import JobSpec
 
 # Fields of GET /jobs/{id} that the server adds; the rest is the job's definition.
 JOB_METADATA = ("jobId", "owner", "paused", "pausedAt", "pausedBy", "pauseNote", "version", "nextRunAt", "createdAt",
-                "updatedAt", "lastRun")
+                "updatedAt", "lastRun", "scheduleEnded", "nextRuns", "remainingRuns")
 _CAMEL = AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel)
 
 
@@ -75,6 +75,12 @@ class Job(JobSpec, _FromApi):
     created_at: datetime = Field(alias="createdAt")
     updated_at: datetime = Field(alias="updatedAt")
     last_run: LastRun | None = Field(default=None, alias="lastRun")
+    #: Past its endAt: nothing is left to fire.
+    schedule_ended: bool = Field(default=False, alias="scheduleEnded")
+    #: The slots left to a job with a run cap (schedule.maxRuns); None without one.
+    remaining_runs: int | None = Field(default=None, alias="remainingRuns")
+    #: The next fire times, when asked for with ``jobs.get(job_id, preview=N)``.
+    next_runs: list[datetime] | None = Field(default=None, alias="nextRuns")
 
     @property
     def definition(self) -> dict[str, Any]:
@@ -154,6 +160,18 @@ class Notification(Answer):
     dead_at: datetime | None = None
     last_error: str | None = None
     payload: Any = None
+
+
+class Calendar(Answer):
+    """An exclusion calendar (``/calendars``): days and windows, in ``timezone``, jobs do not run in."""
+
+    name: str
+    owner: str
+    timezone: str
+    dates: list[date]
+    windows: list[dict[str, Any]]
+    version: int
+    updated_at: datetime
 
 
 class Identity(Answer):

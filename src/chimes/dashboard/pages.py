@@ -23,6 +23,7 @@ from chimes.dashboard.render import not_found, page
 from chimes.dashboard.session import viewer
 from chimes.ids import id_from, run_id_from, scheduled_at_of
 from chimes.store import audit
+from chimes.store.calendars import calendars_named
 from chimes.store.dashboard import (
     JOB_FILTERS,
     LAG_BOUNDS,
@@ -101,12 +102,16 @@ async def job_page(
     async with (await homes.pools_for(request, job.job_id))[0].acquire() as conn:
         changes = await audit.list_entries(conn, audit.AuditFilter(subject_owner=who.owner_filter, job_id=job.job_id),
                                            None, AUDIT_SHOWN)
+    names = job.definition["schedule"].get("excludeCalendars") or []
+    calendars = await calendars_named(request.app.state.pool, job.owner, names) if names else []
     context = {
         "audit": changes,
         "stall": stall, "dead_notifications": dead_notifications,
         "viewer": who, "nav": "jobs", "job": job, "runs": runs, "status_filter": status, "statuses": RUN_STATUSES,
         "before": before, "next_before": next_before, "started": started, "notice": NOTICES.get(notice or ""),
-        "next_fires": views.next_fires(job.definition, job.next_run_at),
+        "next_fires": views.next_fires(job.definition, job.next_run_at, job.job_id,
+                                       slots_fired=job.slots_fired, calendars=calendars),
+        "remaining_runs": job.remaining_runs,
         "chart": _chart(runs), "task": job.definition["task"],
         "headers": views.masked(job.definition["task"].get("headers")),
         "env": views.masked(job.definition["task"].get("env")),

@@ -8,12 +8,14 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from chimes import cron
+from chimes import previews, schedules
+from chimes.calendars import Calendar
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "skipped"})
 # Header and environment names whose values are secrets more often than not: shown masked.
@@ -94,20 +96,17 @@ def short_id(value: Any) -> str:
 
 def schedule_text(definition: Mapping[str, Any]) -> str:
     schedule = definition["schedule"]
-    if "cron" in schedule:
-        return f"{schedule['cron']} ({schedule.get('timezone', 'UTC')})"
-    return f"once at {utc(schedule['at'])}"
+    if "at" in schedule:
+        return f"once at {utc(schedule['at'])}"
+    return schedules.wire_text(schedule)
 
 
-def next_fires(definition: Mapping[str, Any], next_run_at: datetime | None, count: int = 5) -> list[datetime]:
-    """The next ``count`` fire times, starting from the job's pending trigger."""
-    if next_run_at is None:
-        return []
-    schedule = definition["schedule"]
-    if "cron" not in schedule:
-        return [next_run_at]
-    parsed = cron.CronSchedule(schedule["cron"], schedule.get("timezone", "UTC"))
-    return [next_run_at, *cron.fire_times(parsed, next_run_at, next_run_at + timedelta(days=3660), count - 1)]
+def next_fires(definition: Mapping[str, Any], next_run_at: datetime | None, job_id: uuid.UUID,
+               count: int = 5, slots_fired: int = 0, calendars: Sequence[Calendar] = ()) -> list[datetime]:
+    """The next ``count`` fire times, starting from the job's pending trigger, as the scheduler fires
+    them (DST policy, jitter, interval phase, bounds, run cap, calendars): the API's preview
+    (chimes.previews)."""
+    return previews.upcoming(definition, job_id, next_run_at, count, slots_fired, calendars)
 
 
 def task_summary(task: Mapping[str, Any]) -> str:

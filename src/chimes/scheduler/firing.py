@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
-from chimes import cron
+from chimes import schedules
+from chimes.calendars import Calendar, excluded_by
 from chimes.enums import TriggerKind
 from chimes.ids import scheduled_at_of
 from chimes.settings import MISSED_AFTER_SEC
-from chimes.slots import catch_up, jitter_offset, on_time
+from chimes.slots import Slot, catch_up, jitter_offset, on_time
 from chimes.store.scheduling import DueTrigger, Fire
 
 # A trigger this late was missed (the scheduler was down, or the job paused), not merely delayed
@@ -17,30 +18,50 @@ from chimes.store.scheduling import DueTrigger, Fire
 MISSED_AFTER = timedelta(seconds=MISSED_AFTER_SEC)
 
 
-def schedule_of(trigger: DueTrigger) -> cron.CronSchedule | None:
-    if trigger.cron is None or trigger.timezone is None:
-        return None
-    return cron.CronSchedule(trigger.cron, trigger.timezone, trigger.dst_gap, trigger.dst_fold)
-
-
-def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: timedelta = MISSED_AFTER) -> Fire:
+def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: timedelta = MISSED_AFTER,
+              calendars: Mapping[tuple[str, str], Calendar] | None = None) -> Fire:
     """Pure: ``now`` is passed in. The next fire is computed from the slot, never from the clock, so
-    a recurring job does not drift however late this fire is. Without ``now`` the fire is on time."""
+    a recurring job does not drift however late this fire is. Without ``now`` the fire is on time.
+    ``calendars``: the owners' exclusion calendars, by (owner, name)."""
     if trigger.kind == TriggerKind.RETRY:
         return Fire(trigger, trigger.trigger_id, scheduled_at_of(trigger.trigger_id), None)
-    schedule = schedule_of(trigger)
+    schedule = trigger.recurrence
     offset = jitter_offset(trigger.job_id, trigger.jitter_sec)
     nominal = trigger.fire_at - offset
     paused = _while_paused(trigger, nominal)
-    if now is None or (not paused and now - trigger.fire_at <= missed_after):
+    on_time_fire = now is None or (not paused and now - trigger.fire_at <= missed_after)
+    remaining = trigger.remaining_runs
+    if schedule is not None and remaining is not None:
+        until = now if now is not None and not on_time_fire else nominal
+        schedule = schedules.capped(schedule, nominal, max(remaining, 1), until)
+    if now is None or on_time_fire:
         slots = [on_time(trigger.job_id, nominal)]
-        following = cron.next_fire(schedule, nominal) if schedule is not None else None
+        following = schedules.next_fire(schedule, nominal) if schedule is not None else None
     else:
         slots, following = catch_up(trigger.job_id, schedule, nominal, now, trigger.catch_up or {},
                                     "paused" if paused else "missed")
+    excluding = _excluding(trigger, calendars)
+    if excluding:
+        slots = [_excluded(slot, excluding) for slot in slots]
     last = slots[-1]
     return Fire(trigger, last.run_id, last.scheduled_at, None if following is None else following + offset,
                 tuple(slots))
+
+
+def _excluding(trigger: DueTrigger, calendars: Mapping[tuple[str, str], Calendar] | None) -> list[Calendar]:
+    if not trigger.exclude_calendars or calendars is None:
+        return []
+    found = (calendars.get((trigger.owner or "", name)) for name in trigger.exclude_calendars)
+    return [calendar for calendar in found if calendar is not None]
+
+
+def _excluded(slot: Slot, excluding: list[Calendar]) -> Slot:
+    """A slot that would run, recorded as skipped when a calendar excludes its time."""
+    name = excluded_by(excluding, slot.scheduled_at) if slot.outcome == "run" else None
+    if name is None:
+        return slot
+    reason = f"excluded by calendar {name}" + (f" ({slot.reason})" if slot.reason else "")
+    return Slot(slot.run_id, slot.scheduled_at, slot.trigger, "skip", reason)
 
 
 def _while_paused(trigger: DueTrigger, nominal: datetime) -> bool:
@@ -62,4 +83,5 @@ def follow_up(fire: Fire) -> DueTrigger | None:
     t = fire.trigger
     return DueTrigger(t.partition_id, fire.next_fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
                       t.cron, t.timezone, t.dst_gap, t.dst_fold, t.jitter_sec, t.catch_up, t.paused_at,
-                      t.resumed_at, t.start_deadline_sec)
+                      t.resumed_at, t.start_deadline_sec, t.every_sec, t.phase_sec, t.start_at, t.end_at, t.max_runs,
+                      t.slots_fired + len(fire.slots) if t.max_runs is not None else 0, t.owner, t.exclude_calendars)

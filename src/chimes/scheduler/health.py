@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from chimes import cron
+from chimes import schedules
 from chimes.ids import run_id_for, scheduled_at_of
 from chimes.slots import jitter_offset
 from chimes.store.db import Pool
@@ -45,20 +45,21 @@ JOBS_PER_SWEEP = 20_000
 _BEFORE_ALL_IDS = uuid.UUID(int=0)
 
 
-def interval_of(schedule: cron.CronSchedule, around: datetime) -> timedelta | None:
-    """The gap between two fires of the schedule after ``around``."""
-    first = cron.next_fire(schedule, around)
-    second = cron.next_fire(schedule, first) if first is not None else None
+def interval_of(schedule: schedules.Recurrence, around: datetime) -> timedelta | None:
+    """The gap between two fires of the schedule after ``around``; None once it ends."""
+    first = schedules.next_fire(schedule, around)
+    second = schedules.next_fire(schedule, first) if first is not None else None
     return None if first is None or second is None else second - first
 
 
-def stalled(since: datetime, schedule: cron.CronSchedule, now: datetime, grace: timedelta = GRACE) -> bool:
-    interval = interval_of(schedule, since)
+def stalled(since: datetime, schedule: schedules.Recurrence | None, now: datetime, grace: timedelta = GRACE) -> bool:
+    interval = None if schedule is None else interval_of(schedule, since)
     return interval is not None and now - since > interval + grace
 
 
-def _schedule(row: UntriggeredSchedule | BlockingRun) -> cron.CronSchedule:
-    return cron.CronSchedule(row.cron, row.timezone, row.dst_gap, row.dst_fold)
+def _schedule(row: UntriggeredSchedule | BlockingRun) -> schedules.Recurrence | None:
+    return schedules.recurrence_of(row.cron, row.timezone, row.dst_gap, row.dst_fold, row.every_sec, row.phase_sec,
+                                   row.start_at, row.end_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +107,9 @@ class HealthCheck:
         # the slot will make, so a late fire of it later is not notified a second time.
         never = []
         for t in overdue:
-            slot = t.fire_at - jitter_offset(t.job_id, t.jitter_sec) if t.cron else scheduled_at_of(t.trigger_id)
+            slot = t.fire_at - jitter_offset(t.job_id, t.jitter_sec) if t.recurring else scheduled_at_of(t.trigger_id)
             if now - t.fire_at > timedelta(seconds=t.start_deadline_sec):
-                run_id = run_id_for(t.job_id, slot) if t.cron else t.trigger_id
+                run_id = run_id_for(t.job_id, slot) if t.recurring else t.trigger_id
                 never.append((t, slot, run_id))
         if never:
             queued += await self._store.notify_jobs(
@@ -122,7 +123,7 @@ class HealthCheck:
     async def _stalled_schedules(self, now: datetime, overdue: list[OverdueTrigger]) -> int:
         stalls: dict[uuid.UUID, Stall] = {}
         for t in overdue:
-            if t.cron is not None and now - t.fire_at > self.grace:
+            if t.recurring and now - t.fire_at > self.grace:
                 stalls[t.job_id] = Stall(
                     t.job_id, t.owner, "overdue", t.fire_at,
                     f"its fire due at {t.fire_at.isoformat()} has not happened: {_why_not_fired(t)}", t.fire_at)

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from chimes import failures, metrics, tracing
 from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.notifier import Notifier, NotifierConfig
+from chimes.scheduler.calendar_book import CALENDAR_REFRESH_SEC, CalendarBook
 from chimes.scheduler.database_clock import DatabaseClock
 from chimes.scheduler.firing import follow_up, plan_fire
 from chimes.scheduler.health import HealthCheck
@@ -77,8 +78,9 @@ class SchedulerNode:
     def __init__(self, pool: Pool, config: SchedulerConfig | None = None,
                  node_id: str | None = None, clock: Clock = SYSTEM_CLOCK, *,
                  signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None,
-                 serves: frozenset[int] | None = None) -> None:
-        """``serves``: with shards, the partitions ``pool``'s database holds (for the partitions gauge)."""
+                 serves: frozenset[int] | None = None, calendars: CalendarBook | None = None) -> None:
+        """``serves``: with shards, the partitions ``pool``'s database holds (for the partitions gauge).
+        ``calendars``: read from the catalog (``pool`` without shards)."""
         self.config = config or SchedulerConfig()
         self.store = SchedulerStore(pool, node_id or new_node_id())
         self.wheel = TimerWheel()
@@ -88,6 +90,7 @@ class SchedulerNode:
         self.notifier = Notifier(pool, signing_secrets or SigningSecrets(pool), NotifierConfig(
             egress=egress, give_up_after_sec=self.config.notify_give_up_sec))
         self.health = HealthCheck(pool)
+        self.calendars = calendars or CalendarBook(pool)
         self.retention = Retention(pool, self.config.retention_days)
         self.stats = SchedulerStats()
         self._pool = pool
@@ -122,6 +125,7 @@ class SchedulerNode:
         log.info("scheduler node %s starting", self.node_id)
         loops = [
             self._every(self.config.clock_every_sec, self._measure_clock),
+            self._every(CALENDAR_REFRESH_SEC, self._refresh_calendars),
             self._every(self.config.lease.renew_every_sec, self._sync_leases),
             self._every(self.config.scan_every_sec, self._scan),
             self._every(self.config.reap_every_sec, self.after_burst(self._reap)),
@@ -170,6 +174,9 @@ class SchedulerNode:
             # (The database would refuse stale fires anyway; this just avoids the wasted work.)
             self.leases.drop_all()
             raise
+
+    async def _refresh_calendars(self) -> None:
+        await self.calendars.refresh()
 
     async def _measure_clock(self) -> None:
         self.clock.record(await self.store.clock_sample(self.clock.host.time))
@@ -369,7 +376,7 @@ class SchedulerNode:
         fires = []
         for trigger in due:
             try:
-                fires.append(plan_fire(trigger, fired_at, missed_after))
+                fires.append(plan_fire(trigger, fired_at, missed_after, self.calendars.calendars))
             except Exception as exc:  # a schedule or a time its slots cannot be computed for
                 self._set_aside(trigger, exc)
         return fires

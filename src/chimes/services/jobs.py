@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
-from chimes import cron
+from chimes import schedules
 from chimes.ids import new_job_id
 from chimes.jobs import AtScheduleSpec, JobPatch, JobSpec
 from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
@@ -29,6 +29,7 @@ from chimes.security.secrets import (
 from chimes.slots import jitter_offset
 from chimes.store import jobs as job_store
 from chimes.store.audit import AuditNote, record
+from chimes.store.calendars import missing_calendars
 from chimes.store.db import Conn, Pool, transaction
 from chimes.store.jobs import CreatedJob, JobFilter, JobRecord, JobStore, LockedJob, PauseRecord
 from chimes.store.owners import OwnerStore, count_jobs_up_to, lock_owner_for_job
@@ -41,6 +42,23 @@ class IdempotencyConflict(Exception):
     """The Idempotency-Key was already used by this owner for a different job definition."""
 
 
+class UnknownCalendar(Exception):
+    """schedule.excludeCalendars names calendars the owner does not have."""
+
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(f"unknown calendar {', '.join(repr(n) for n in names)}: create it first "
+                         "(PUT /calendars/{name}, chimes calendars put)")
+        self.names = names
+
+
+async def _check_calendars(conn: Conn, owner: str, spec: JobSpec) -> None:
+    names = None if isinstance(spec.schedule, AtScheduleSpec) else spec.schedule.exclude_calendars
+    if names:
+        missing = await missing_calendars(conn, owner, names)
+        if missing:
+            raise UnknownCalendar(missing)
+
+
 class VersionMismatch(Exception):
     """A change was conditional on versions of the job (If-Match) that it no longer has."""
 
@@ -49,12 +67,16 @@ class VersionMismatch(Exception):
         self.current = current
 
 
-def first_fire(spec: JobSpec, job_id: uuid.UUID, now: datetime, since: datetime | None = None) -> datetime | None:
+def first_fire(spec: JobSpec, job_id: uuid.UUID, now: datetime, since: datetime | None = None,
+               slots_fired: int = 0) -> datetime | None:
     """When a newly written (or resumed) definition fires first: its first slot after ``since``
-    (the pause, when resuming) or ``now``, moved by the job's jitter."""
+    (the pause, when resuming) or ``now``, moved by the job's jitter; None once its schedule ended
+    (past endAt, or ``slots_fired`` reached its maxRuns)."""
     if isinstance(spec.schedule, AtScheduleSpec):
         return spec.schedule.at
-    nominal = cron.next_fire(spec.schedule.as_cron(), since or now)
+    if spec.schedule.max_runs is not None and slots_fired >= spec.schedule.max_runs:
+        return None
+    nominal = schedules.next_fire(spec.schedule.recurrence(), since or now)
     return None if nominal is None else nominal + jitter_offset(job_id, spec.schedule.jitter_sec)
 
 
@@ -105,10 +127,12 @@ class JobService:
             if self._catalog is None:
                 conn = await stack.enter_async_context(transaction(self._pool))
                 quota = await self._admit(conn, owner, spec)
+                await _check_calendars(conn, owner, spec)
                 elsewhere = await self._count_elsewhere(owner, quota, None)
             else:
                 owners = await stack.enter_async_context(transaction(self._catalog))
                 quota = await self._admit(owners, owner, spec)
+                await _check_calendars(owners, owner, spec)
                 elsewhere = await self._count_elsewhere(owner, quota, owners)
                 conn = await stack.enter_async_context(transaction(self._pool))
             if not await job_store.insert_job(conn, job_id, owner, stored, idempotency_key, fingerprint):
@@ -181,11 +205,17 @@ class JobService:
                 if spec.task.type in COMMAND_TASK_TYPES and not await owners.allows_commands(job.owner):
                     raise TaskNotAllowed(job.owner, spec.task.type)
                 stored = seal_spec(spec, self._keyring, sealed) if has_secrets(spec) else spec
+            if self._catalog is None:
+                await _check_calendars(conn, job.owner, spec)
+            else:  # the catalog's calendars, checked without a lock across the two databases
+                async with transaction(self._catalog) as catalog:
+                    await _check_calendars(catalog, job.owner, spec)
             paused = job.paused if patch.paused is None else patch.paused
             version = await job_store.update_job(conn, job_id, stored, paused, job.paused, actor, patch.pause_note)
             had_trigger = await job_store.delete_schedule_triggers(conn, job_id)
             resuming = job.paused and not paused
-            fire_at = None if paused else first_fire(spec, job_id, now, job.paused_at if resuming else None)
+            fire_at = None if paused else first_fire(spec, job_id, now, job.paused_at if resuming else None,
+                                                     job.slots_fired)
             if fire_at is not None and not _one_off_done(spec, job, had_trigger):
                 await job_store.insert_schedule_trigger(conn, job_id, fire_at, version)
             if current.get("concurrency") == "allow" and spec.concurrency != "allow":

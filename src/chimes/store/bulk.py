@@ -18,7 +18,9 @@ from chimes.store.jobs import job_columns
 
 JOB_COLUMNS = ("job_id", "owner", "name", "cron", "run_at", "timezone", "jitter_sec", "task", "retry_policy",
                "timeout_sec", "concurrency", "priority", "dst_gap", "dst_fold", "catch_up", "queue_limit", "tags",
-               "notify_url", "start_deadline_sec")
+               "notify_url", "start_deadline_sec", "pause_after_failures", "delete_after_completion", "notify_on",
+               "every_sec", "phase_sec", "start_at", "end_at",
+               "max_runs", "exclude_calendars")
 TRIGGER_COLUMNS = ("partition_id", "fire_at", "trigger_id", "job_id", "job_version", "kind")
 
 

@@ -224,4 +224,5 @@ def _job(row: asyncpg.Record, last_run: asyncpg.Record | None) -> JobRecord:
         job_id=row["job_id"], owner=row["owner"], definition=definition_of(row), paused=row["paused"],
         version=row["version"], created_at=row["created_at"], updated_at=row["updated_at"],
         next_run_at=row["next_run_at"], last_run=dict(last_run) if last_run else None,
+        slots_fired=row.get("slots_fired") or 0,
     )

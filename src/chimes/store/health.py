@@ -29,7 +29,12 @@ class OverdueTrigger:
     dst_fold: str | None
     jitter_sec: int
     start_deadline_sec: int
+    every_sec: int | None  # an interval job's (cron and every_sec both None: a one-off job)
     leased: bool  # its partition has a live owner: the fleet is behind, rather than absent
+
+    @property
+    def recurring(self) -> bool:
+        return self.cron is not None or self.every_sec is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +54,14 @@ class UntriggeredSchedule:
 
     job_id: uuid.UUID
     owner: str
-    cron: str
+    cron: str | None  # None: an interval job
     timezone: str
     dst_gap: str | None
     dst_fold: str | None
+    every_sec: int | None
+    phase_sec: int | None
+    start_at: datetime | None
+    end_at: datetime | None
     last_fire: datetime
 
 
@@ -65,10 +74,14 @@ class BlockingRun:
     job_id: uuid.UUID
     owner: str
     since: datetime  # started, or scheduled when not started yet
-    cron: str
+    cron: str | None  # None: an interval job
     timezone: str
     dst_gap: str | None
     dst_fold: str | None
+    every_sec: int | None
+    phase_sec: int | None
+    start_at: datetime | None
+    end_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

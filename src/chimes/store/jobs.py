@@ -12,7 +12,7 @@ import asyncpg
 
 from chimes.enums import Priority
 from chimes.ids import partition_of
-from chimes.jobs import DEFAULT_NOTIFY_ON, AtScheduleSpec, CronScheduleSpec, JobSpec
+from chimes.jobs import DEFAULT_NOTIFY_ON, AtScheduleSpec, CronScheduleSpec, IntervalScheduleSpec, JobSpec
 from chimes.store.db import Conn, one_row
 from chimes.store.queries import sql
 
@@ -31,6 +31,13 @@ class JobRecord:
     paused_at: datetime | None = None  # while paused: since when, by whom, why
     paused_by: str | None = None
     pause_note: str | None = None
+    slots_fired: int = 0  # the slots recorded for its schedule, counted for schedule.maxRuns
+
+    @property
+    def remaining_runs(self) -> int | None:
+        """The slots left to a job with a run cap (schedule.maxRuns); None without one."""
+        cap = self.definition["schedule"].get("maxRuns")
+        return None if cap is None else max(0, cap - self.slots_fired)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +63,14 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
     wire = spec.to_wire()
     schedule = spec.schedule
     cron_spec = schedule if isinstance(schedule, CronScheduleSpec) else None
+    interval = schedule if isinstance(schedule, IntervalScheduleSpec) else None
+    recurring = None if isinstance(schedule, AtScheduleSpec) else schedule
     return (
         spec.name,
         cron_spec.cron if cron_spec else None,
         schedule.at if isinstance(schedule, AtScheduleSpec) else None,
         cron_spec.timezone if cron_spec else "UTC",
-        cron_spec.jitter_sec if cron_spec else 0,
+        recurring.jitter_sec if recurring else 0,
         wire["task"],
         wire["retryPolicy"],
         spec.timeout_sec,
@@ -77,6 +86,12 @@ def job_columns(spec: JobSpec) -> tuple[Any, ...]:
         spec.pause_after_failures,
         spec.delete_after_completion,
         list(spec.notify_on),
+        interval.every_sec if interval else None,
+        interval.phase_sec if interval else None,
+        recurring.start_at if recurring else None,
+        recurring.end_at if recurring else None,
+        recurring.max_runs if recurring else None,
+        recurring.exclude_calendars if recurring else None,
     )
 
 
@@ -85,8 +100,16 @@ def definition_of(row: asyncpg.Record) -> dict[str, Any]:
         schedule: dict[str, Any] = {"cron": row["cron"], "timezone": row["timezone"]}
         optional = {"jitterSec": row["jitter_sec"], "dstGap": row["dst_gap"], "dstFold": row["dst_fold"]}
         schedule.update((key, value) for key, value in optional.items() if value)
+    elif row["every_sec"] is not None:
+        schedule = {"everySec": row["every_sec"], "phaseSec": row["phase_sec"]}
+        if row["jitter_sec"]:
+            schedule["jitterSec"] = row["jitter_sec"]
     else:
         schedule = {"at": row["run_at"]}
+    if row["run_at"] is None:
+        bounds = (("startAt", "start_at"), ("endAt", "end_at"), ("maxRuns", "max_runs"),
+                  ("excludeCalendars", "exclude_calendars"))
+        schedule.update((key, row[column]) for key, column in bounds if row[column] is not None)
     definition = {
         "name": row["name"],
         "schedule": schedule,
@@ -115,7 +138,7 @@ def _record(row: asyncpg.Record, last_run: dict[str, Any] | None = None) -> JobR
     return JobRecord(
         job_id=row["job_id"], owner=row["owner"], definition=definition_of(row), paused=row["paused"],
         version=row["version"], created_at=row["created_at"], updated_at=row["updated_at"],
-        next_run_at=row["next_run_at"], last_run=last_run,
+        next_run_at=row["next_run_at"], last_run=last_run, slots_fired=row.get("slots_fired") or 0,
         paused_at=row["paused_at"] if row["paused"] else None, paused_by=row["paused_by"], pause_note=row["pause_note"],
     )
 
@@ -131,6 +154,7 @@ class LockedJob:
     paused_at: datetime | None
     run_at: datetime | None  # a one-off job's time
     definition: dict[str, Any]  # the JobSpec in its wire form, sealed secrets as stored
+    slots_fired: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +213,7 @@ async def lock_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> LockedJo
     if row is None:
         return None
     return LockedJob(row["job_id"], row["owner"], row["version"], row["paused"], row["paused_at"], row["run_at"],
-                     definition_of(row))
+                     definition_of(row), row["slots_fired"] or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +270,7 @@ async def delete_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> bool:
     deleted = await conn.fetchval(sql("delete_job"), job_id, owner)
     if deleted is not None:
         await delete_schedule_triggers(conn, job_id)
+        await conn.execute(sql("delete_slot_count"), job_id)
     return deleted is not None
 
 

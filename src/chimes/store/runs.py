@@ -9,7 +9,6 @@ from datetime import datetime
 
 import asyncpg
 
-from chimes import cron
 from chimes.backoff import plan_retry
 from chimes.enums import RunStatus, RunTrigger
 from chimes.ids import (
@@ -20,6 +19,7 @@ from chimes.ids import (
     scheduled_at_of_or_none,
     truncate_to_millis,
 )
+from chimes.schedules import fire_times, recurrence_of
 from chimes.store.audit import AuditNote, record
 from chimes.store.db import Row, one_row
 from chimes.store.queries import sql
@@ -109,10 +109,11 @@ class RunStore:
             job = await conn.fetchrow(sql("job_for_backfill"), job_id, owner)
             if job is None:
                 return None
-            if job["cron"] is None:
-                raise BackfillError("schedule", "backfill needs a recurring (cron) schedule")
-            schedule = cron.CronSchedule(job["cron"], job["timezone"], job["dst_gap"], job["dst_fold"])
-            slots = cron.fire_times(schedule, start, end, limit + 1)
+            schedule = recurrence_of(job["cron"], job["timezone"], job["dst_gap"], job["dst_fold"], job["every_sec"],
+                                     job["phase_sec"], job["start_at"], job["end_at"])
+            if schedule is None:
+                raise BackfillError("schedule", "backfill needs a recurring (cron or interval) schedule")
+            slots = fire_times(schedule, start, end, limit + 1)
             if len(slots) > limit:
                 raise BackfillError("end", f"the range holds more than {limit} fires; backfill it in parts")
             run_ids = [run_id_for(job_id, s) for s in slots]

@@ -13,6 +13,7 @@ import asyncpg
 from chimes import __version__
 from chimes.enums import TriggerKind
 from chimes.ids import scheduled_at_of
+from chimes.schedules import Recurrence, recurrence_of
 from chimes.slots import Slot
 from chimes.store.db import Conn, Row, one_row
 from chimes.store.queries import sql
@@ -43,10 +44,28 @@ class DueTrigger:
     paused_at: datetime | None = None
     resumed_at: datetime | None = None
     start_deadline_sec: int | None = None  # the job's; None: not read (a retry trigger)
+    every_sec: int | None = None
+    phase_sec: int | None = None
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    max_runs: int | None = None  # the job's schedule.maxRuns
+    slots_fired: int = 0  # its slots recorded so far, counted for max_runs
+    owner: str | None = None
+    exclude_calendars: Sequence[str] | None = None  # names of the owner's calendars
+
+    @property
+    def remaining_runs(self) -> int | None:
+        return None if self.max_runs is None else self.max_runs - self.slots_fired
 
     @property
     def key(self) -> TriggerKey:
         return (self.partition_id, self.fire_at, self.trigger_id)
+
+    @property
+    def recurrence(self) -> Recurrence | None:
+        """The job's recurring schedule; None for a one-off job or a retry."""
+        return recurrence_of(self.cron, self.timezone, self.dst_gap, self.dst_fold, self.every_sec, self.phase_sec,
+                             self.start_at, self.end_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,16 +206,19 @@ class SchedulerStore:
         lease_ids = [p for p in partitions if p in leases]
         triggers: list[list[Any]] = [[] for _ in range(10)]
         slots: list[list[Any]] = [[] for _ in range(6)]
+        counted: list[list[Any]] = [[], []]  # the jobs with a run cap, and how many slots this batch records
         for index, f in enumerate(fires):
             t = f.trigger
             _append(triggers, (index, t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
                                f.run_id, f.scheduled_at, f.next_fire_at))
             for s in f.slots:
                 _append(slots, (index, s.run_id, s.scheduled_at, s.trigger, s.outcome, s.reason))
+            if t.max_runs is not None and f.slots:
+                _append(counted, (t.job_id, len(f.slots)))
         async with self._pool.acquire() as conn, conn.transaction():
             row = one_row(await conn.fetchrow(
                 sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *triggers, *slots,
-                fired_at,
+                fired_at, *counted,
             ))
             if row["enqueued"]:
                 await conn.execute(sql("notify_queue"))

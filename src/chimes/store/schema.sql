@@ -4,6 +4,8 @@
 -- Left out: owners and grants, and the day partitions of runs and run_attempts, which
 -- chimes_ensure_run_partitions makes as days come.
 
+CREATE SEQUENCE public.calendar_versions AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
+
 CREATE TABLE public.active_runs (
     job_id uuid NOT NULL,
     run_id uuid NOT NULL,
@@ -55,6 +57,17 @@ CREATE TABLE public.audit_log (
 CREATE INDEX audit_log_at ON public.audit_log USING btree (at DESC, entry_id DESC);
 CREATE INDEX audit_log_job ON public.audit_log USING btree (job_id, at DESC) WHERE (job_id IS NOT NULL);
 
+CREATE TABLE public.calendars (
+    owner text NOT NULL,
+    name text NOT NULL,
+    timezone text NOT NULL,
+    dates date[] NOT NULL,
+    windows jsonb NOT NULL,
+    version bigint NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT calendars_pkey PRIMARY KEY (owner, name)
+);
+
 CREATE TABLE public.cap_slots (
     scope text NOT NULL,
     name text NOT NULL,
@@ -99,6 +112,12 @@ CREATE TABLE public.job_pauses (
     CONSTRAINT job_pauses_pkey PRIMARY KEY (job_id, paused_at)
 );
 
+CREATE TABLE public.job_slot_counts (
+    job_id uuid NOT NULL,
+    slots_fired integer NOT NULL,
+    CONSTRAINT job_slot_counts_pkey PRIMARY KEY (job_id)
+);
+
 CREATE TABLE public.jobs (
     job_id uuid NOT NULL,
     owner text NOT NULL,
@@ -127,15 +146,24 @@ CREATE TABLE public.jobs (
     start_deadline_sec integer DEFAULT 300 NOT NULL,
     paused_at timestamp with time zone,
     resumed_at timestamp with time zone,
+    every_sec integer,
+    phase_sec integer,
+    start_at timestamp with time zone,
+    end_at timestamp with time zone,
+    max_runs integer,
+    exclude_calendars text[],
     pause_after_failures integer,
     paused_by text,
     pause_note text,
     delete_after_completion boolean DEFAULT false NOT NULL,
     notify_on text[] DEFAULT '{failed}'::text[] NOT NULL,
+    CONSTRAINT jobs_bounds CHECK ((end_at > start_at)),
     CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text, 'replace'::text]))),
     CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),
     CONSTRAINT jobs_dst_gap CHECK ((dst_gap = ANY (ARRAY['shift'::text, 'skip'::text]))),
-    CONSTRAINT jobs_one_schedule CHECK (((cron IS NULL) <> (run_at IS NULL))),
+    CONSTRAINT jobs_interval CHECK ((((every_sec IS NULL) AND (phase_sec IS NULL)) OR ((every_sec >= 1) AND (phase_sec >= 0) AND (phase_sec < every_sec)))),
+    CONSTRAINT jobs_max_runs CHECK ((max_runs >= 1)),
+    CONSTRAINT jobs_one_schedule CHECK ((num_nonnulls(cron, run_at, every_sec) = 1)),
     CONSTRAINT jobs_pkey PRIMARY KEY (job_id),
     CONSTRAINT jobs_priority CHECK (((priority >= 0) AND (priority <= 2)))
 );

@@ -1,10 +1,11 @@
 -- name: insert_job
 INSERT INTO jobs (job_id, owner, name, cron, run_at, timezone, jitter_sec, task, retry_policy,
                   timeout_sec, concurrency, priority, dst_gap, dst_fold, catch_up, queue_limit, tags, notify_url,
-                  start_deadline_sec, pause_after_failures, delete_after_completion, notify_on, paused,
+                  start_deadline_sec, pause_after_failures, delete_after_completion, notify_on,
+                  every_sec, phase_sec, start_at, end_at, max_runs, exclude_calendars, paused,
                   idempotency_key, request_hash)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, false,
-        $23, $24)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23,
+        $24, $25, $26, $27, $28, false, $29, $30)
 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING job_id;
 
@@ -26,12 +27,14 @@ DELETE FROM triggers WHERE job_id = $1 AND kind = 0;
 
 -- name: get_job
 SELECT j.*,
+       (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) AS slots_fired,
        (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM jobs j
 WHERE j.job_id = $1 AND ($2::text IS NULL OR j.owner = $2);
 
 -- name: lock_job
-SELECT * FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) FOR UPDATE;
+SELECT j.*, (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) AS slots_fired
+FROM jobs j WHERE j.job_id = $1 AND ($2::text IS NULL OR j.owner = $2) FOR UPDATE OF j;
 
 -- name: list_jobs
 -- One owner's jobs in creation order: a range read of jobs_owner (a separate statement from the
@@ -39,6 +42,7 @@ SELECT * FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) FOR UP
 -- paused or not, $7 the schedule kind; NULL: any) are checked on the rows of that range read, so a
 -- page of a rare filter reads further into the owner's jobs to fill itself.
 SELECT j.*,
+       (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) AS slots_fired,
        (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM jobs j
 WHERE j.owner = $1 AND j.job_id > $2
@@ -51,6 +55,7 @@ LIMIT $3;
 
 -- name: list_all_jobs
 SELECT j.*,
+       (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) AS slots_fired,
        (SELECT min(t.fire_at) FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0) AS next_run_at
 FROM jobs j
 WHERE j.job_id > $1
@@ -73,12 +78,13 @@ UPDATE jobs SET name = $2, cron = $3, run_at = $4, timezone = $5, jitter_sec = $
                 retry_policy = $8, timeout_sec = $9, concurrency = $10, priority = $11, dst_gap = $12,
                 dst_fold = $13, catch_up = $14, queue_limit = $15, tags = $16, notify_url = $17,
                 start_deadline_sec = $18, pause_after_failures = $19, delete_after_completion = $20,
-                notify_on = $21, paused = $22,
-                paused_at = CASE WHEN $22 AND NOT paused THEN now() ELSE paused_at END,
-                resumed_at = CASE WHEN paused AND NOT $22 THEN now() ELSE resumed_at END,
-                -- who paused it ($23) and why ($24), kept while it stays paused
-                paused_by = CASE WHEN NOT $22 THEN NULL WHEN NOT paused THEN $23 ELSE paused_by END,
-                pause_note = CASE WHEN NOT $22 THEN NULL WHEN NOT paused THEN $24 ELSE pause_note END,
+                notify_on = $21, every_sec = $22, phase_sec = $23, start_at = $24, end_at = $25,
+                max_runs = $26, exclude_calendars = $27, paused = $28,
+                paused_at = CASE WHEN $28 AND NOT paused THEN now() ELSE paused_at END,
+                resumed_at = CASE WHEN paused AND NOT $28 THEN now() ELSE resumed_at END,
+                -- who paused it ($29) and why ($30), kept while it stays paused
+                paused_by = CASE WHEN NOT $28 THEN NULL WHEN NOT paused THEN $29 ELSE paused_by END,
+                pause_note = CASE WHEN NOT $28 THEN NULL WHEN NOT paused THEN $30 ELSE pause_note END,
                 version = version + 1, updated_at = now()
 WHERE job_id = $1
 RETURNING version, paused_at, resumed_at;
@@ -115,4 +121,7 @@ forgotten AS (
     DELETE FROM job_pauses p USING deleted d WHERE p.job_id = d.job_id
 )
 SELECT job_id FROM deleted;
+
+-- name: delete_slot_count
+DELETE FROM job_slot_counts WHERE job_id = $1;
 

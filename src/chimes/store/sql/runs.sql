@@ -86,7 +86,7 @@ untriggered AS (
 SELECT run_id, scheduled_at, job_id, was = 'running' AS was_running FROM cancelled;
 
 -- name: job_for_backfill
-SELECT job_id, owner, version, priority, cron, timezone, dst_gap, dst_fold
+SELECT job_id, owner, version, priority, cron, timezone, dst_gap, dst_fold, every_sec, phase_sec, start_at, end_at
 FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2);
 
 -- name: backfill_runs

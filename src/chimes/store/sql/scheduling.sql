@@ -49,11 +49,15 @@ RETURNING l.partition_id, l.token;
 -- every schedule (0.87 s at a million) that grew with the index, not with the burst.
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
-       j.start_deadline_sec
+       j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
+       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars
 FROM triggers t
 LEFT JOIN LATERAL (
     SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
-           j.start_deadline_sec
+           j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
+           CASE WHEN j.max_runs IS NOT NULL  -- counted only for the jobs with a run cap
+               THEN (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) END AS slots_fired,
+           j.owner, j.exclude_calendars
     FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
     LIMIT 1
 ) j ON true
@@ -82,12 +86,16 @@ GROUP BY partition_id;
 -- name: due_triggers_by_key
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
-       j.start_deadline_sec
+       j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
+       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars
 FROM unnest($1::smallint[], $2::timestamptz[], $3::uuid[]) AS k(partition_id, fire_at, trigger_id)
 JOIN triggers t ON t.partition_id = k.partition_id AND t.fire_at = k.fire_at AND t.trigger_id = k.trigger_id
 LEFT JOIN LATERAL (  -- by key, as in scan_due_triggers
     SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
-           j.start_deadline_sec
+           j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
+           CASE WHEN j.max_runs IS NOT NULL  -- counted only for the jobs with a run cap
+               THEN (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) END AS slots_fired,
+           j.owner, j.exclude_calendars
     FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
     LIMIT 1
 ) j ON true;
@@ -142,6 +150,15 @@ advanced AS (
     SELECT partition_id, next_fire_at, trigger_id, job_id, job_version, 0
     FROM live WHERE next_fire_at IS NOT NULL
     ON CONFLICT DO NOTHING
+),
+-- The slots recorded for jobs with a schedule.maxRuns, counted ($21/$22: those jobs and their slots in
+-- this batch); jobs without one are not written.
+counted AS (
+    INSERT INTO job_slot_counts (job_id, slots_fired)
+    SELECT c.job_id, c.slots
+    FROM unnest($21::uuid[], $22::integer[]) AS c(job_id, slots)
+    JOIN live l ON l.job_id = c.job_id
+    ON CONFLICT (job_id) DO UPDATE SET slots_fired = job_slot_counts.slots_fired + excluded.slots_fired
 ),
 slot AS (
     SELECT s.*, l.job_id, l.owner, l.priority, l.partition_id, l.job_version, l.concurrency, l.queue_limit,
@@ -438,7 +455,7 @@ CROSS JOIN LATERAL (
 -- the cost does not grow with the number of schedules. Whether the partition has a live owner says
 -- which of the two it is.
 SELECT p.partition_id, t.fire_at, t.trigger_id, j.job_id, j.owner, j.cron, j.timezone, j.dst_gap, j.dst_fold,
-       j.jitter_sec, j.start_deadline_sec, (l.owner IS NOT NULL AND l.expires_at > now()) AS leased
+       j.jitter_sec, j.start_deadline_sec, j.every_sec, (l.owner IS NOT NULL AND l.expires_at > now()) AS leased
 FROM generate_series(0, 1023) AS p(partition_id)
 CROSS JOIN LATERAL (
     SELECT t.fire_at, t.trigger_id, t.job_id, t.job_version FROM triggers t
@@ -465,11 +482,13 @@ WITH missing AS MATERIALIZED (
     WHERE j.job_id > $1 AND j.job_id <= $2
       AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.job_id = j.job_id AND t.kind = 0)
 )
-SELECT j.job_id, j.owner, j.cron, j.timezone, j.dst_gap, j.dst_fold,
+SELECT j.job_id, j.owner, j.cron, j.timezone, j.dst_gap, j.dst_fold, j.every_sec, j.phase_sec, j.start_at, j.end_at,
        greatest(j.created_at, j.resumed_at, (SELECT max(r.scheduled_at) FROM runs r WHERE r.job_id = j.job_id))
            AS last_fire
 FROM missing m JOIN jobs j ON j.job_id = m.job_id
-WHERE j.cron IS NOT NULL AND NOT j.paused;
+WHERE j.run_at IS NULL AND NOT j.paused
+  AND (j.max_runs IS NULL
+       OR j.max_runs > coalesce((SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id), 0));
 
 -- name: record_stalls
 -- A stalled schedule is recorded once per incident: a job already recorded keeps its row (and its
@@ -499,11 +518,11 @@ SELECT chimes_notify_jobs($1, $2::uuid[], $3::text[], $4::text[], $5::timestampt
 -- Unfinished runs that hold back a recurring job with concurrency skip or queue, for the dead man's
 -- switch (the caller compares their age with the job's interval; a run is notified once).
 SELECT r.run_id, r.scheduled_at, r.job_id, r.owner, coalesce(r.started_at, r.scheduled_at) AS since, j.cron,
-       j.timezone, j.dst_gap, j.dst_fold
+       j.timezone, j.dst_gap, j.dst_fold, j.every_sec, j.phase_sec, j.start_at, j.end_at
 FROM active_runs a
 JOIN runs r ON r.run_id = a.run_id AND r.scheduled_at = a.scheduled_at
 JOIN jobs j ON j.job_id = a.job_id
-WHERE NOT a.held AND j.cron IS NOT NULL AND j.concurrency IN ('skip', 'queue') AND NOT j.paused
+WHERE NOT a.held AND j.run_at IS NULL AND j.concurrency IN ('skip', 'queue') AND NOT j.paused
   AND coalesce(r.started_at, r.scheduled_at) < now() - make_interval(secs => $1)
 LIMIT 1000;
 
