@@ -225,3 +225,25 @@ async def test_entries_are_kept_as_long_as_run_history(
 ])
 def test_changes_keep_only_the_fields_that_differ(before: Any, after: Any, expected: dict[str, Any]) -> None:
     assert changes(before, after) == expected
+
+
+async def test_calendar_edits_and_a_pause_note_are_recorded(client: httpx.AsyncClient, tokens: dict[str, str]) -> None:
+    holidays = {"timezone": "Europe/Berlin", "dates": ["2026-12-25"]}
+    assert (await client.put("/calendars/holidays", json=holidays)).status_code == 201
+    assert (await client.put("/calendars/holidays", json={**holidays, "dates": ["2026-12-26"]})).status_code == 200
+    assert (await client.delete("/calendars/holidays")).status_code == 204
+    job_id = await create(client, http_job("noted"))
+    paused = await client.patch(f"/jobs/{job_id}", json={"paused": True, "pauseNote": "incident 123"})
+    assert paused.status_code == 200, paused.text
+
+    edits = [e for e in await entries(client, tokens["team-a"]) if e["subject"] == "calendar holidays"]
+    assert [e["action"] for e in edits] == ["calendar.delete", "calendar.put", "calendar.put"]
+    assert edits[2]["changes"]["dates"] == {"before": None, "after": ["2026-12-25"]}
+    assert edits[1]["changes"] == {"dates": {"before": ["2026-12-25"], "after": ["2026-12-26"]}}
+    assert edits[0]["changes"]["timezone"] == {"before": "Europe/Berlin", "after": None}
+    assert all(e["owner"] == "team-a" for e in edits)
+    assert [e for e in await entries(client, tokens["team-b"]) if e["subject"] == "calendar holidays"] == [], \
+        "another owner's calendar is not shown"
+    pause = (await entries(client, tokens["team-a"], jobId=job_id, action="job.pause"))[0]
+    assert pause["changes"] == {"paused": {"before": False, "after": True},
+                                "pauseNote": {"before": None, "after": "incident 123"}}

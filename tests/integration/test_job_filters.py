@@ -13,14 +13,16 @@ from chimes.cli import client as cli_client
 
 AT = {"at": "2031-01-01T00:00:00Z"}
 NIGHTLY = {"cron": "0 3 * * *"}
+EVERY_HOUR = {"every": "1h"}
 TASK = {"type": "http", "url": "http://127.0.0.1:9/x"}
 
 
 async def make_jobs(client: httpx.AsyncClient) -> dict[str, str]:
-    """Six jobs of team-a in this order, and one of team-b with a matching tag and name."""
+    """Seven jobs of team-a in this order, and one of team-b with a matching tag and name."""
     specs = [("report-daily", NIGHTLY, ["db"], False), ("report-once", AT, ["db"], False),
              ("report-paused", NIGHTLY, ["db", "slow"], True), ("cleanup", NIGHTLY, ["db"], False),
-             ("Report-caps", NIGHTLY, ["db"], False), ("report-weekly", NIGHTLY, [], False)]
+             ("Report-caps", NIGHTLY, ["db"], False), ("report-weekly", NIGHTLY, [], False),
+             ("sweep", EVERY_HOUR, [], False)]
     ids = {}
     for name, schedule, tags, paused in specs:
         created = await client.post("/jobs", json={"name": name, "schedule": schedule, "task": TASK, "tags": tags})
@@ -56,10 +58,11 @@ async def test_filters_combine_and_page_with_the_cursor(
                                                          "report-weekly"]
     assert await names(client, paused="true") == ["report-paused"]
     assert await names(client, kind="at") == ["report-once"]
+    assert await names(client, kind="interval") == ["sweep"]
     assert await names(client, tag="db", namePrefix="report", paused="false", kind="cron") == ["report-daily"]
     assert await names(client, tag="slow", paused="false") == []
     everything = await names(client)
-    assert len(everything) == 6 and "report-b" not in everything
+    assert len(everything) == 7 and "report-b" not in everything
 
 
 async def test_a_bad_filter_is_refused_by_name(client: httpx.AsyncClient) -> None:
@@ -83,4 +86,5 @@ async def test_the_cli_lists_with_the_apis_filters(client: httpx.AsyncClient, ap
 
     assert await listed("--tag", "db", "--active", "--kind", "cron") == ["report-daily", "cleanup", "Report-caps"]
     assert await listed("--paused") == ["report-paused"]
+    assert await listed("--kind", "interval") == ["sweep"]
     assert await listed("--name-prefix", "Report") == ["Report-caps"]

@@ -8,11 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Request, Response
 
 from chimes.api import homes
+from chimes.api.actors import note_of
 from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError, not_found
 from chimes.api.responses import JSONResponse
 from chimes.calendars import CALENDAR_NAME, CalendarSpec
 from chimes.store import calendars as calendar_store
+from chimes.store.audit import record
 from chimes.store.calendars import CalendarRecord
 from chimes.store.db import Pool, transaction
 from chimes.store.tokens import Principal
@@ -36,11 +38,15 @@ def calendar_view(record: CalendarRecord) -> dict[str, Any]:
 @router.put("/calendars/{name}", response_class=JSONResponse)
 async def put_calendar(name: Name, spec: CalendarSpec, request: Request, caller: Caller) -> JSONResponse:
     """Create or replace the calendar; scheduler nodes fire by the new one within seconds."""
-    _, created = await calendar_store.put_calendar(_catalog(request), caller.owner, name, spec)
-    record = await calendar_store.get_calendar(_catalog(request), caller.owner, name)
-    if record is None:  # deleted in between
+    async with transaction(_catalog(request)) as conn:
+        before = await calendar_store.get_calendar(conn, caller.owner, name)
+        _, created = await calendar_store.put_calendar(conn, caller.owner, name, spec)
+        await record(conn, note_of(request, caller), "calendar.put", f"calendar {name}",
+                     None if before is None else before.spec.to_wire(), spec.to_wire(), subject_owner=caller.owner)
+    saved = await calendar_store.get_calendar(_catalog(request), caller.owner, name)
+    if saved is None:  # deleted in between
         raise not_found("calendar")
-    return JSONResponse(calendar_view(record), status_code=201 if created else 200)
+    return JSONResponse(calendar_view(saved), status_code=201 if created else 200)
 
 
 @router.get("/calendars", response_class=JSONResponse)
@@ -65,6 +71,7 @@ async def delete_calendar(name: Name, request: Request, caller: Caller) -> Respo
         # Locked first: a job being written that names it waits for this delete, or this for it.
         if not await calendar_store.lock_calendar(conn, caller.owner, name):
             raise not_found("calendar")
+        before = await calendar_store.get_calendar(conn, caller.owner, name)
         using = []
         for pool in await homes.pools_for(request, None):
             using += await calendar_store.jobs_using_calendar(pool, caller.owner, name, JOBS_NAMED)
@@ -73,4 +80,6 @@ async def delete_calendar(name: Name, request: Request, caller: Caller) -> Respo
                            f"calendar {name!r} is named in schedule.excludeCalendars of jobs "
                            f"{', '.join(str(j) for j in using[:JOBS_NAMED])}: remove it from them first", "name")
         await calendar_store.delete_calendar(conn, caller.owner, name)
+        await record(conn, note_of(request, caller), "calendar.delete", f"calendar {name}",
+                     None if before is None else before.spec.to_wire(), None, subject_owner=caller.owner)
     return Response(status_code=204)

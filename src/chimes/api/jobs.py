@@ -80,8 +80,8 @@ async def list_jobs(
     name_prefix: Annotated[str | None, Query(alias="namePrefix", min_length=1, max_length=200,
                                              description="jobs whose name starts with this (case-sensitive)")] = None,
     paused: Annotated[bool | None, Query(description="paused jobs (true) or active ones (false)")] = None,
-    kind: Annotated[Literal["cron", "at"] | None,
-                    Query(description="recurring (cron) or one-off (at) jobs")] = None,
+    kind: Annotated[Literal["cron", "interval", "at"] | None,
+                    Query(description="jobs on a cron schedule, on an interval, or one-off (at)")] = None,
 ) -> JSONResponse:
     """The caller's jobs in creation order; the filters given all hold for each, and the cursor of a
     filtered list pages through that same filtered list."""

@@ -342,7 +342,8 @@ def _tuning(opts: dict[str, Any]) -> dict[str, Any]:
 @click.option("--tag", help="Only jobs with this tag.")
 @click.option("--name-prefix", help="Only jobs whose name starts with this (case-sensitive).")
 @click.option("--paused/--active", "paused", default=None, help="Only paused jobs, or only active ones.")
-@click.option("--kind", type=click.Choice(["cron", "at"]), help="Only recurring (cron) or one-off (at) jobs.")
+@click.option("--kind", type=click.Choice(["cron", "interval", "at"]),
+              help="Only jobs on a cron schedule, on an interval, or one-off (at).")
 @json_option
 @wide_option
 def list_jobs(api: Client, limit: int | None, follow: bool, tag: str | None, name_prefix: str | None,

@@ -222,6 +222,8 @@ class JobService:
                 await job_store.track_unfinished_runs(conn, job_id)
             if note is not None:
                 before, after = _audited(_wire(job.definition), job.paused), _audited(stored.to_wire(), paused)
+                if paused and not job.paused and patch.pause_note:
+                    after["pauseNote"] = patch.pause_note  # why, beside who: "paused by ops-bot: incident 123"
                 await record(conn, note, _update_action(before, after), f"job {job_id}", before, after,
                              job_id=job_id, subject_owner=job.owner, shown=redact)
         return await self.get(job_id, owner)
@@ -258,8 +260,9 @@ def _wire(definition: dict[str, Any]) -> dict[str, Any]:
 
 
 def _update_action(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """``job.pause`` and ``job.resume`` for a change of ``paused`` alone, ``job.update`` otherwise."""
-    if {key for key in after if before.get(key) != after.get(key)} == {"paused"}:
+    """``job.pause`` and ``job.resume`` for a change of ``paused`` alone (a pause's note with it),
+    ``job.update`` otherwise."""
+    if {key for key in after if before.get(key) != after.get(key)} - {"pauseNote"} == {"paused"}:
         return "job.pause" if after["paused"] else "job.resume"
     return "job.update"
 

@@ -47,7 +47,7 @@ class JobFilter:
     tag: str | None = None
     name_prefix: str | None = None  # case-sensitive: the job's name starts with it
     paused: bool | None = None
-    kind: str | None = None  # "cron" (recurring) or "at" (one-off)
+    kind: str | None = None  # "cron", "interval" or "at" (one-off)
 
 
 @dataclass(frozen=True, slots=True)

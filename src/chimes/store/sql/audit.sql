@@ -9,13 +9,14 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
 
 -- name: list_audit_entries
 -- Newest first, after the cursor ($1, $2: the last entry's time and id), each filter ignored when NULL:
--- $3 the subject's owner (an owner's token: only its own jobs' entries), $4 the actor's owner or token name, $5 a job,
+-- $3 the subject's owner (an owner's token: only the entries of its own jobs and calendars, what it changes
+-- itself; operators' changes of its caps and settings stay the admins'), $4 the actor's owner or token name, $5 a job,
 -- $6 an action, $7 and $8 the time range [since, until).
 SELECT entry_id, at, actor_token, actor_name, actor_owner, request_id, action, subject, job_id, subject_owner,
        changes
 FROM audit_log
 WHERE ($1::timestamptz IS NULL OR (at, entry_id) < ($1, $2::uuid))
-  AND ($3::text IS NULL OR (subject_owner = $3 AND job_id IS NOT NULL))
+  AND ($3::text IS NULL OR (subject_owner = $3 AND (job_id IS NOT NULL OR action LIKE 'calendar.%')))
   AND ($4::text IS NULL OR actor_owner = $4 OR actor_name = $4)
   AND ($5::uuid IS NULL OR job_id = $5)
   AND ($6::text IS NULL OR action = $6)

@@ -49,7 +49,8 @@ WHERE j.owner = $1 AND j.job_id > $2
   AND ($4::text IS NULL OR $4 = ANY (j.tags))
   AND ($5::text IS NULL OR starts_with(j.name, $5))
   AND ($6::boolean IS NULL OR j.paused = $6)
-  AND ($7::text IS NULL OR ($7 = 'cron') = (j.cron IS NOT NULL))
+  AND ($7::text IS NULL OR $7 = CASE WHEN j.cron IS NOT NULL THEN 'cron' WHEN j.every_sec IS NOT NULL THEN 'interval'
+                                   ELSE 'at' END)
 ORDER BY j.job_id
 LIMIT $3;
 
@@ -62,7 +63,8 @@ WHERE j.job_id > $1
   AND ($3::text IS NULL OR $3 = ANY (j.tags))
   AND ($4::text IS NULL OR starts_with(j.name, $4))
   AND ($5::boolean IS NULL OR j.paused = $5)
-  AND ($6::text IS NULL OR ($6 = 'cron') = (j.cron IS NOT NULL))
+  AND ($6::text IS NULL OR $6 = CASE WHEN j.cron IS NOT NULL THEN 'cron' WHEN j.every_sec IS NOT NULL THEN 'interval'
+                                   ELSE 'at' END)
 ORDER BY j.job_id
 LIMIT $2;
 
