@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +61,31 @@ def cli(log_level: str, log_format: str) -> None:
 @egress_loopback_option(default=True)  # the README's tour calls a target on 127.0.0.1
 @allow_commands_option(default=True)  # one person on their own machine: the README's tour runs commands
 @key_file_option
+@click.option("--single-process", envvar="CHIMES_SINGLE_PROCESS", show_envvar=True, is_flag=True, default=False,
+              help="Run the scheduler and the worker inside this process too, as threads of one event loop "
+                   "(one core), instead of as child processes (docs/operations.md, \"How chimes up runs\").")
 def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_concurrency: int,
-       **security: Any) -> None:
-    """Everything in one process: embedded PostgreSQL (unless --database-url), API, scheduler, worker."""
-    from chimes.cli.roles import run_all_in_one
+       single_process: bool, **security: Any) -> None:
+    """Everything with one command: embedded PostgreSQL (unless --database-url), API, and a scheduler and a
+    worker as child processes it supervises (or all in this process with --single-process)."""
+    from chimes.cli.role_processes import role_commands
+    from chimes.cli.roles import run_all_in_one, run_up
 
     settings = settings_from(database_url, data_dir, host, port)
     api_settings, worker_settings = api_security(data_dir, security), worker_security(data_dir, security)
     with db.database_url(settings) as dsn:
-        run_async(lambda: run_all_in_one(dsn, settings, worker_concurrency, api_settings, worker_settings))
+        if single_process:
+            run_async(lambda: run_all_in_one(dsn, settings, worker_concurrency, api_settings, worker_settings))
+            return
+        context = click.get_current_context()
+        children = role_commands(context.find_root(), context.params, dsn)
+        run_async(lambda: run_up(dsn, settings, children, _stop_wait_sec(), api_settings, worker_settings))
+
+
+def _stop_wait_sec() -> float:
+    """How long ``chimes up`` waits for its children on SIGTERM before it kills them: the worker's
+    shutdown grace (its option's variable, as the child reads it) and time to hand its runs back."""
+    return float(os.environ.get("CHIMES_SHUTDOWN_GRACE_SEC") or SHUTDOWN_GRACE_SEC) + 30
 
 
 @cli.command()
