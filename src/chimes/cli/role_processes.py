@@ -26,7 +26,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,9 +80,24 @@ def _variables(command: click.Command, values: Mapping[str, Any]) -> dict[str, s
     return found
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _parent_death_signal() -> Callable[[], None] | None:
+    """What a child runs between fork and exec so that the kernel sends it SIGTERM when ``chimes up``
+    dies; None off Linux. libc's prctl is looked up here, in the parent: a lookup (dlopen) in a child
+    forked while another thread held its lock would never return."""
+    if sys.platform != "linux":
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def die_with_parent() -> None:  # pragma: no cover - runs in the child
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the signal was asked for
+            os._exit(1)
+
+    return die_with_parent
 
 
 class RoleProcesses:
@@ -96,12 +111,13 @@ class RoleProcesses:
 
     async def start(self) -> None:
         base = {k: v for k, v in os.environ.items() if k not in _NOT_HANDED_ON}
+        die_with_parent = _parent_death_signal()
         try:
             for command in self._commands:
                 # stdin closed; stdout and stderr are the parent's: one stream of log lines.
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "chimes", command.role, env=base | dict(command.env),
-                    stdin=asyncio.subprocess.DEVNULL, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                    stdin=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent)
                 self.procs[command.role] = proc
                 log.info("started the %s process (pid %d)", command.role, proc.pid)
         except BaseException:
