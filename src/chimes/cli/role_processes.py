@@ -3,7 +3,7 @@
 One Python process runs its Python on one core at a time; the API, the firing and the calls in one
 process share that core, and a burst of runs waits on it. ``chimes up`` keeps the API (and the
 embedded PostgreSQL) in the process you started, and runs ``chimes scheduler`` and ``chimes worker``
-as its children, so each role has a core of its own to use.
+as its children, so that the roles can run on several cores at once.
 
 The children are the same commands an operator runs on their own, configured the way ``chimes up``
 was: each option they share with ``up`` is handed on through its ``CHIMES_*`` variable (never on the
