@@ -2,6 +2,8 @@
 
 Scenarios:
   burst        N one-off HTTP jobs due at one instant, through real scheduler and worker processes
+  up           N one-off HTTP jobs created through the API of a plain `chimes up`, due at one instant: its
+               default (every role in one process) and --processes, alternating
   top-of-hour  N recurring jobs sharing a cron expression, on top of M idle schedules (scheduler path)
   steady       a rate of runs per second for a duration, end to end
   load         bulk import of N schedules with ``chimes jobs import``
@@ -66,14 +68,14 @@ def _identifier(text: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenario", choices=["burst", "top-of-hour", "steady", "load", "peers", "ha-cost", "idle-wal",
-                                             "async-loss", "shards", "http-calls"])
+    parser.add_argument("scenario", choices=["burst", "up", "top-of-hour", "steady", "load", "peers", "ha-cost",
+                                             "idle-wal", "async-loss", "shards", "http-calls"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
     parser.add_argument("--database-prefix", type=_identifier, default="bench",
                         help="name prefix of the databases created on the server (two benchmarks can share one)")
     parser.add_argument("--runs", type=int, default=10_000,
-                        help="runs in the burst (burst, top-of-hour, peers, ha-cost), calls (http-calls)")
+                        help="runs in the burst (burst, up, top-of-hour, peers, ha-cost), calls (http-calls)")
     parser.add_argument("--creates", type=_positive, default=300,
                         help="jobs created through the API one at a time, for their latency (ha-cost, shards)")
     parser.add_argument("--shards", type=_shard_counts, default="1,2,4",
@@ -117,8 +119,10 @@ async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Result], 
         rounds: list[quiet.Quietness] = []
         try:
             # top-of-hour repeats its burst on one seeded index itself, async-loss its failovers on one cluster
-            for attempt in range(1 if args.scenario in ("top-of-hour", "async-loss") else args.repeat):
-                if args.repeat > 1:
+            # up alternates its two modes over the rounds itself
+            once = ("top-of-hour", "async-loss", "up")
+            for attempt in range(1 if args.scenario in once else args.repeat):
+                if args.repeat > 1 and args.scenario not in once:
                     say(f"round {attempt + 1} of {args.repeat}")
                 await _settle(args.settle)
                 async with quiet.watch() as quietness:
@@ -146,6 +150,10 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
     if args.scenario == "burst":
         return [await chimes_runs.end_to_end(env, target, runs=args.runs, spread_sec=0, shape=shape,
                                              scenario="burst", say=say)]
+    if args.scenario == "up":
+        from bench.up_burst import up_bursts
+
+        return await up_bursts(env, target, runs=args.runs, rounds=args.repeat, say=say)
     if args.scenario == "steady":
         runs = int(args.rate * args.duration)
         return [await chimes_runs.end_to_end(env, target, runs=runs, spread_sec=args.duration, shape=shape,

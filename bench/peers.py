@@ -6,6 +6,9 @@ history; each PostgreSQL-based peer runs in one process of its own (``bench/peer
 what most Python teams run, needs a broker: the benchmark starts a redis-server of its own and real
 ``celery worker`` processes shaped like Chimes' workers (``bench/celery_peer.py``), and sends the burst
 as ETA tasks (its one-off jobs; beat only sends recurring ones, which this burst has none of).
+
+On a fresh machine the peers' packages and Celery's redis-server are installed first where they can
+be (``bench/peer_setup.py``); a peer that cannot be set up is skipped with a line saying why.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import celery_peer, chimes_runs, quiet
+from bench import celery_peer, chimes_runs, peer_setup, quiet
 from bench.env import Env, drop_database, fresh_database
 from bench.procs import CpuMeter, Proc, python
 from bench.report import Result, percentiles
@@ -48,12 +51,9 @@ async def peers(env: Env, target: TargetProcess, *, runs: int, systems: list[str
     unknown = [s for s in systems if s != "chimes" and s not in PEERS]
     if unknown:
         raise SystemExit(f"unknown system {unknown[0]!r}; choose from chimes, {', '.join(PEERS)}")
-    # what a peer needs is checked before any system runs, not after the others have taken minutes
-    missing = [s for s in systems if s in PEERS and _version(s) == "not installed"]
-    if missing:
-        raise SystemExit(f"{', '.join(missing)} not installed: pip install -e '.[bench]'")
-    if "celery" in systems:
-        celery_peer.check_redis_server()
+    # What a peer needs is installed, or the peer skipped, before any system runs, not after the
+    # others have taken minutes; the rest are measured either way.
+    systems = peer_setup.prepare(systems, say)
     results = []
     records: list[quiet.Quietness] = []
     for system in systems:

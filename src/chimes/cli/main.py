@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,16 @@ def cli(log_level: str, log_format: str) -> None:
               default=ARCHIVE_TIMEOUT_SEC, show_default=True, type=click.IntRange(1, 86400),
               help="Seconds after which a WAL segment with commits in it is archived even if not full: the most "
                    "work a lost disk can take with it.")
+@click.option("--processes/--single-process", "processes", envvar="CHIMES_UP_PROCESSES", show_envvar=True,
+              default=False, show_default=True,
+              help="Run the scheduler and the worker as child processes this one supervises, instead of in this "
+                   "process's event loop (docs/operations.md, \"How chimes up runs its roles\").")
 def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_concurrency: int,
-       backup_dir: Path | None, archive_timeout: int, **security: Any) -> None:
-    """Everything in one process: embedded PostgreSQL (unless --database-url), API, scheduler, worker."""
-    from chimes.cli.roles import run_all_in_one
+       backup_dir: Path | None, archive_timeout: int, processes: bool, **security: Any) -> None:
+    """Everything with one command: embedded PostgreSQL (unless --database-url), API, scheduler and worker
+    in one process (or the scheduler and the worker as supervised child processes with --processes)."""
+    from chimes.cli.role_processes import role_commands
+    from chimes.cli.roles import run_all_in_one, run_up
 
     if database_url and backup_dir is not None:
         raise click.BadParameter("archives the embedded PostgreSQL's WAL; back up a PostgreSQL of your own with its "
@@ -86,7 +93,18 @@ def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_co
     settings = settings_from(database_url, data_dir, host, port)
     api_settings, worker_settings = api_security(data_dir, security), worker_security(data_dir, security)
     with db.database_url(settings, None if database_url else archiving) as dsn:
-        run_async(lambda: run_all_in_one(dsn, settings, worker_concurrency, api_settings, worker_settings))
+        if not processes:
+            run_async(lambda: run_all_in_one(dsn, settings, worker_concurrency, api_settings, worker_settings))
+            return
+        context = click.get_current_context()
+        children = role_commands(context.find_root(), context.params, dsn)
+        run_async(lambda: run_up(dsn, settings, children, _stop_wait_sec(), api_settings, worker_settings))
+
+
+def _stop_wait_sec() -> float:
+    """How long ``chimes up`` waits for its children on SIGTERM before it kills them: the worker's
+    shutdown grace (its option's variable, as the child reads it) and time to hand its runs back."""
+    return float(os.environ.get("CHIMES_SHUTDOWN_GRACE_SEC") or SHUTDOWN_GRACE_SEC) + 30
 
 
 @cli.command()

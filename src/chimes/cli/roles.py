@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from chimes.api import presence
 from chimes.api.app import create_app
+from chimes.cli.role_processes import RoleCommand, RoleProcesses, describe_exit
 from chimes.cli.runtime import api_server, migrate_shards, on_shutdown_signals, prepare_role_database
 from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.cli.served_homes import Role, ServedHomes, StartHome
@@ -94,6 +95,49 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     finally:
         await homes.close()
         await pool.close()
+
+
+async def run_up(dsn: str, settings: Settings, children: list[RoleCommand], stop_wait_sec: float,
+                 api: ApiSecurity | None = None, work: WorkerSecurity | None = None) -> None:
+    """``chimes up``: the API here, the scheduler and the worker as supervised child processes
+    (chimes.cli.role_processes); until SIGTERM or SIGINT, or until a child exits on its own."""
+    await prepare_role_database(dsn)
+    await _announce_admin_token(dsn, allow_commands=bool(work and work.allow_commands))
+    if work is not None:  # before any child starts: a wrong key must not leave half the roles running
+        pool = await db.create_pool(dsn, min_size=1, max_size=1,
+                                    command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
+        try:
+            await _require_database_key(pool, work.keyring)
+        finally:
+            await pool.close()
+    server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
+    roles = RoleProcesses(children, stop_wait_sec)
+    await roles.start()
+
+    def stop() -> None:
+        server.stop()
+        roles.stop()
+
+    on_shutdown_signals(stop)
+    click.echo(f"Chimes is up: API on http://{settings.host}:{settings.port}, scheduler and worker in processes "
+               f"{', '.join(str(p.pid) for p in roles.procs.values())} (Ctrl-C to stop)", err=True)
+    serving = asyncio.create_task(server.serve())
+    child_exit = asyncio.create_task(roles.first_exit())
+    failed: str | None = None
+    try:
+        await asyncio.wait({serving, child_exit}, return_when=asyncio.FIRST_COMPLETED)
+        if child_exit.done() and not roles.stopping:
+            role, pid, status = child_exit.result()
+            failed = f"the {role} process (pid {pid}) {describe_exit(status)}: chimes up stops"
+            log.error("%s", failed)
+        stop()
+        await serving
+    finally:
+        child_exit.cancel()
+        roles.stop()
+        await roles.wait()
+    if failed:
+        raise click.ClickException(failed)
 
 
 async def _require_database_key(pool: db.Pool, keyring: Keyring) -> None:
