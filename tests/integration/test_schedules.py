@@ -276,3 +276,30 @@ async def test_a_bad_run_cap_is_refused(client: httpx.AsyncClient, target: Targe
     response = await client.post("/jobs", json=job(target, "/bad-cap", {"cron": "@daily", "maxRuns": 0}))
     assert response.status_code == 422 and response.json()["field"] == "schedule.maxRuns"
     assert await homes.total("SELECT count(*) FROM jobs") == 0
+
+
+async def test_while_a_node_of_release_0_1_0_runs_the_schedule_features_it_would_misread_are_refused(
+    client: httpx.AsyncClient, homes: Homes
+) -> None:
+    """A rolling upgrade: a 0.1.0 node reads an interval job as a one-off and ignores bounds, caps and
+    calendars, so such jobs wait until no such node is live; other jobs are accepted meanwhile."""
+    for home in await homes.homes():  # an old node heartbeats on every home it serves, without a release
+        await home.execute("INSERT INTO scheduler_nodes (node_id, hostname, pid) VALUES ('old-node', 'h', 1)")
+    task = {"type": "http", "url": "http://127.0.0.1:9/"}
+    refused = await client.post("/jobs", json={"name": "sweep", "schedule": {"every": "5m"}, "task": task})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"] == "upgrade_in_progress" and refused.json()["field"] == "schedule"
+    assert "interval schedules need every scheduler node at release 0.2.0" in refused.json()["message"]
+    capped = await client.post("/jobs", json={"name": "c", "schedule": {"cron": "0 3 * * *", "maxRuns": 3},
+                                              "task": task})
+    assert capped.status_code == 409 and "maxRuns" in capped.json()["message"], capped.text
+    assert await homes.total("SELECT count(*) FROM jobs") == 0, "nothing written"
+    plain = await client.post("/jobs", json={"name": "nightly", "schedule": {"cron": "0 3 * * *"}, "task": task})
+    assert plain.status_code == 201, plain.text
+    changed = await client.patch(f"/jobs/{plain.json()['jobId']}", json={"schedule": {"every": "1h"}})
+    assert changed.status_code == 409, changed.text
+
+    for home in await homes.homes():
+        await home.execute("UPDATE scheduler_nodes SET release = '0.2.0' WHERE node_id = 'old-node'")
+    assert (await client.post("/jobs", json={"name": "sweep", "schedule": {"every": "5m"}, "task": task})
+            ).status_code == 201

@@ -19,7 +19,7 @@ from chimes.api.views import job_view, pause_view
 from chimes.ids import id_from, run_id_from
 from chimes.jobs import JobPatch, JobSpec
 from chimes.security.refusals import PriorityNotAllowed
-from chimes.services.jobs import IdempotencyConflict, JobService, UnknownCalendar, VersionMismatch
+from chimes.services.jobs import IdempotencyConflict, JobService, UnknownCalendar, UpgradeInProgress, VersionMismatch
 from chimes.store.calendars import calendars_named
 from chimes.store.jobs import JobFilter
 from chimes.store.shards import partition_moved
@@ -62,6 +62,8 @@ async def create_job(
             traced |= {"chimes.job_id": str(created.job_id), "chimes.owner": caller.owner}
     except UnknownCalendar as exc:
         raise unknown_calendar(exc) from None
+    except UpgradeInProgress as exc:
+        raise upgrade_in_progress(exc) from None
     except IdempotencyConflict:
         raise ApiError(409, "idempotency_conflict",
                        "this Idempotency-Key was already used for a different job definition",
@@ -128,6 +130,8 @@ async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Cal
         raise precondition_failed(exc.current) from None
     except UnknownCalendar as exc:
         raise unknown_calendar(exc) from None
+    except UpgradeInProgress as exc:
+        raise upgrade_in_progress(exc) from None
     if job is None:
         raise not_found("job")
     return JSONResponse(job_view(job), headers={"ETag": etag(job.version)})
@@ -142,6 +146,10 @@ async def job_pauses(job_id: str, request: Request, caller: Caller,
     if found is None:
         raise not_found("job")
     return JSONResponse({"pauses": [pause_view(p) for p in found]})
+def upgrade_in_progress(exc: UpgradeInProgress) -> ApiError:
+    return ApiError(409, "upgrade_in_progress", f"schedule: {exc}", "schedule")
+
+
 def unknown_calendar(exc: UnknownCalendar) -> ApiError:
     return ApiError(422, "invalid_request", f"schedule.excludeCalendars: {exc}", "schedule.excludeCalendars")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from chimes import schedules
 from chimes.ids import new_job_id
-from chimes.jobs import AtScheduleSpec, JobPatch, JobSpec
+from chimes.jobs import AtScheduleSpec, IntervalScheduleSpec, JobPatch, JobSpec
 from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
 from chimes.security.secrets import (
     Keyring,
@@ -57,6 +57,37 @@ async def _check_calendars(conn: Conn, owner: str, spec: JobSpec) -> None:
         missing = await missing_calendars(conn, owner, names)
         if missing:
             raise UnknownCalendar(missing)
+
+
+class UpgradeInProgress(Exception):
+    """Scheduler nodes of release 0.1.0 still fire this job's partitions and would misread it."""
+
+    def __init__(self, feature: str, nodes: int) -> None:
+        super().__init__(f"{feature} need every scheduler node at release 0.2.0 or later, and {nodes} of "
+                         "release 0.1.0 still run: finish the upgrade first (docs/operations.md, \"Upgrades\")")
+
+
+def _feature_old_nodes_misread(spec: JobSpec) -> str | None:
+    """What of ``spec`` a scheduler node of release 0.1.0 would get wrong: it reads a job with neither
+    cron nor run_at as a one-off that fires once, and ignores bounds, run caps and calendars."""
+    schedule = spec.schedule
+    if isinstance(schedule, AtScheduleSpec):
+        return None
+    if isinstance(schedule, IntervalScheduleSpec):
+        return "interval schedules"
+    if schedule.start_at or schedule.end_at or schedule.max_runs is not None or schedule.exclude_calendars:
+        return "schedule.startAt, endAt, maxRuns and excludeCalendars"
+    return None
+
+
+async def _check_nodes_read(conn: Conn, spec: JobSpec) -> None:
+    """During a rolling upgrade, refuse (and write nothing of) a job the older nodes still firing its
+    home would fire wrongly; every other job is accepted as before."""
+    feature = _feature_old_nodes_misread(spec)
+    if feature is not None:
+        nodes = await job_store.count_nodes_before_releases(conn)
+        if nodes:
+            raise UpgradeInProgress(feature, nodes)
 
 
 class VersionMismatch(Exception):
@@ -135,6 +166,7 @@ class JobService:
                 await _check_calendars(owners, owner, spec)
                 elsewhere = await self._count_elsewhere(owner, quota, owners)
                 conn = await stack.enter_async_context(transaction(self._pool))
+            await _check_nodes_read(conn, spec)
             if not await job_store.insert_job(conn, job_id, owner, stored, idempotency_key, fingerprint):
                 assert idempotency_key is not None  # only a used key makes the insert write nothing
                 keyed = await job_store.job_of_key(conn, owner, idempotency_key)
@@ -210,6 +242,7 @@ class JobService:
             else:  # the catalog's calendars, checked without a lock across the two databases
                 async with transaction(self._catalog) as catalog:
                     await _check_calendars(catalog, job.owner, spec)
+            await _check_nodes_read(conn, spec)
             paused = job.paused if patch.paused is None else patch.paused
             version = await job_store.update_job(conn, job_id, stored, paused, job.paused, actor, patch.pause_note)
             had_trigger = await job_store.delete_schedule_triggers(conn, job_id)

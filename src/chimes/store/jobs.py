@@ -227,6 +227,11 @@ class PauseRecord:
     resumed_by: str | None
 
 
+async def count_nodes_before_releases(conn: Conn) -> int:
+    """Live scheduler nodes of this database that record no release: 0.1.0 or earlier."""
+    return int(await conn.fetchval(sql("count_nodes_before_releases")))
+
+
 async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, paused: bool, was_paused: bool,
                      actor: str, pause_note: str | None) -> int:
     """Rewrite the definition; returns the job's new version. A pause or a resume is recorded in the

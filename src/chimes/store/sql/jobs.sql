@@ -127,3 +127,8 @@ SELECT job_id FROM deleted;
 -- name: delete_slot_count
 DELETE FROM job_slot_counts WHERE job_id = $1;
 
+
+-- name: count_nodes_before_releases
+-- Scheduler nodes of release 0.1.0 (they record no release) live on this database, as
+-- upgrades.sql's live_processes counts them: a rolling upgrade is under way.
+SELECT count(*) FROM scheduler_nodes WHERE release IS NULL AND heartbeat_at > now() - interval '30 seconds';
