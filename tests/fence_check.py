@@ -152,7 +152,7 @@ FENCES: tuple[Fence, ...] = (
           t("test_owner_fence_backfill"), OWNER),
     Fence("get job: owner", "sql/jobs.sql", "get_job", ("($2::text IS NULL OR j.owner = $2)",),
           t("test_owner_fence_get_job"), OWNER),
-    Fence("update / pause / resume job: owner", "sql/jobs.sql", "lock_job", ("($2::text IS NULL OR owner = $2)",),
+    Fence("update / pause / resume job: owner", "sql/jobs.sql", "lock_job", ("($2::text IS NULL OR j.owner = $2)",),
           t("test_owner_fence_lock_job"), OWNER),
     Fence("delete job: owner", "sql/jobs.sql", "delete_job", ("($2::text IS NULL OR owner = $2)",),
           t("test_owner_fence_delete_job"), OWNER),

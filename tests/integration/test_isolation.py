@@ -80,6 +80,12 @@ ROUTES: dict[tuple[str, str], Kind] = {
     ("GET", "/notifications"): API_LIST,
     ("GET", "/whoami"): API_LIST,  # the caller's own owner and scope
     ("GET", "/audit"): API_LIST,  # the entries of the caller's own jobs (every entry for an admin)
+    ("GET", "/jobs/{job_id}/pauses"): API_READ_OWN,
+    ("POST", "/schedules/preview"): API_LIST,  # computes and changes nothing: any valid token, read-only too
+    ("GET", "/calendars"): API_LIST,
+    ("GET", "/calendars/{name}"): API_READ_OWN,  # another team has none by that name: 404
+    ("DELETE", "/calendars/{name}"): API_WRITE_OWN,  # before PUT: another team's PUT makes its own of that name
+    ("PUT", "/calendars/{name}"): API_CREATE,  # creates the caller's own calendar of that name
     ("GET", "/"): REDIRECT,
     ("GET", "/ui"): REDIRECT,
     ("GET", "/ui/static/htmx.min.js"): PUBLIC,  # the mount /ui/static: files shipped with Chimes
@@ -96,6 +102,7 @@ ROUTES: dict[tuple[str, str], Kind] = {
     ("POST", "/ui/runs/{run_id}/rerun"): UI_ACTION_OWN,
     ("POST", "/ui/runs/{run_id}/cancel"): UI_ACTION_OWN,
 }
+CALENDAR = "team-a-days"  # team A's calendar in the world
 MOUNTS = {"/ui/static": "/ui/static/htmx.min.js"}
 
 
@@ -132,6 +139,7 @@ async def world(api_url: str, pool: asyncpg.Pool, homes: Homes, tokens: dict[str
         revoked = await create_token(conn, "team-a")
         await conn.execute("UPDATE api_tokens SET revoked_at = now() WHERE token_hash = $1", hash_token(revoked))
     async with httpx.AsyncClient(base_url=api_url, headers=auth_as(tokens["team-a"])) as http:
+        assert (await http.put(f"/calendars/{CALENDAR}", json={"timezone": "UTC", "dates": []})).status_code == 201
         job = await http.post("/jobs", json=_job("team-a job"))
         job_id = job.json()["jobId"]
         assert (await http.patch(f"/jobs/{job_id}", json={"paused": True})).status_code == 200
@@ -158,7 +166,7 @@ def _job(name: str) -> dict:
 
 
 async def _call(http: httpx.AsyncClient, world: World, method: str, path: str, token: str | None) -> httpx.Response:
-    url = path.replace("{job_id}", world.job_id).replace("{run_id}", world.run_id)
+    url = path.replace("{job_id}", world.job_id).replace("{run_id}", world.run_id).replace("{name}", CALENDAR)
     http.cookies.clear()  # a sign-in sets a cookie: no call may carry one it was not given
     if path.startswith("/ui"):
         headers = {"Cookie": f"{COOKIE}={token}"} if token else {}
@@ -177,7 +185,11 @@ async def _call(http: httpx.AsyncClient, world: World, method: str, path: str, t
         "/jobs/{job_id}/backfill": {"start": (past - timedelta(days=1)).isoformat(), "end": past.isoformat()},
         "/runs/{run_id}/heartbeat": {"leaseToken": world.lease_token},
         "/runs/{run_id}/complete": {"leaseToken": world.lease_token, "status": "succeeded"},
+        "/schedules/preview": {"schedule": {"cron": "0 3 * * *"}, "n": 2},
+        "/calendars/{name}": {"timezone": "UTC", "dates": ["2031-01-01"]},
     }.get(path)
+    if method == "PUT":
+        return await http.put(url, json=body, headers=headers)
     return await http.request(method, url, json=body if method in ("POST", "PATCH") else None, headers=headers)
 
 
@@ -193,8 +205,8 @@ async def test_every_endpoint_refuses_what_is_not_the_callers(world: World, home
                     wrong.append(f"{method} {path} as {caller}: {response.status_code}, expected "
                                  f"{kind.expected(caller)}: {response.text[:200]}")
                 elif kind is API_LIST and caller == AS_OTHER_TEAM:
-                    if world.job_id in response.text:
-                        wrong.append(f"{method} {path} as {caller} shows team A's job")
+                    if world.job_id in response.text or CALENDAR in response.text:
+                        wrong.append(f"{method} {path} as {caller} shows team A's job or calendar")
                 elif caller == READ_ONLY and kind in (API_WRITE_OWN, API_CREATE, CALLBACK_OWN):
                     assert "read-only" in response.json()["message"], response.text
     assert not wrong, "\n".join(wrong)

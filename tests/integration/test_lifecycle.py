@@ -355,6 +355,8 @@ async def test_the_dashboard_pauses_with_its_user_and_shows_who_and_the_lifecycl
         assert "replace" in page and "5 consecutive failed runs" in page and "failed, succeeded" in page
         csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
         assert csrf is not None
+        assert re.search(r'action="/ui/jobs/[0-9a-f-]+/pause"[^>]*>\s*<input type="hidden" name="csrf"[^>]*>\s*'
+                         r'<input type="text" name="note"', page), "the Pause button has a field for the note"
         paused = await browser.post(f"/ui/jobs/{job_id}/pause", data={"csrf": csrf.group(1), "note": "db upgrade"})
         assert paused.status_code == 303, paused.text
         page = (await browser.get(f"/ui/jobs/{job_id}")).text

@@ -38,7 +38,9 @@ async def stall_inside_a_fire(conn: asyncpg.Connection, token: int) -> None:
     lease lock), then send nothing more."""
     await conn.execute("BEGIN")
     empty: list[list[object]] = [[] for _ in range(16)]
-    row = await conn.fetchrow(sql("fire_triggers"), [PARTITION], [token], "node-a", *empty, datetime.now(UTC))
+    counted: list[list[object]] = [[], []]  # no run caps to count
+    row = await conn.fetchrow(sql("fire_triggers"), [PARTITION], [token], "node-a", *empty, datetime.now(UTC),
+                              *counted)
     assert row["leases_held"] == 1
 
 

@@ -20,6 +20,14 @@ READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 async def current_principal(request: Request) -> Principal:
+    principal = await reading_principal(request)
+    check_scope(principal, request.method)
+    return principal
+
+
+async def reading_principal(request: Request) -> Principal:
+    """The caller, whatever its scope: for a POST that changes nothing (a preview), which a read-only
+    token may make."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if not header:
@@ -30,7 +38,6 @@ async def current_principal(request: Request) -> Principal:
     if principal is None:
         note_failed_credential(request.scope, token.strip())
         raise ApiError(401, "unauthorized", "invalid or revoked token", headers=_CHALLENGE)
-    check_scope(principal, request.method)
     return principal
 
 

