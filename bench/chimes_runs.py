@@ -52,7 +52,9 @@ class Fleet:
         self.dsn = dsn
         self.shape = shape
         common = {"CHIMES_DATABASE_URL": dsn, "CHIMES_DATA_DIR": str(env.workdir / "chimes"),
-                  "CHIMES_LOG_FORMAT": "json", "CHIMES_EGRESS_ALLOW_LOOPBACK": "true"}  # targets on 127.0.0.1
+                  "CHIMES_LOG_FORMAT": "json", "CHIMES_EGRESS_ALLOW_LOOPBACK": "true",  # targets on 127.0.0.1
+                  # One team's burst, as a fleet that serves one team runs it: every slot for that owner.
+                  "CHIMES_OWNER_SHARE": "1.0"}
         self.procs: list[Proc] = []
         for i in range(shape.schedulers):
             self.procs.append(Proc(f"scheduler{i + 1}" if shape.schedulers > 1 else "scheduler",
