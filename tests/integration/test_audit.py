@@ -120,6 +120,7 @@ async def test_an_owner_reads_only_its_own_jobs_entries_and_an_admin_reads_all(
     assert {e["jobId"] for e in await entries(client, tokens["admin"])} == {mine, theirs}
     assert [e["jobId"] for e in await entries(client, tokens["admin"], actor="team-b")] == [theirs]
     assert (await client.get("/audit", params={"since": "yesterday"})).status_code == 422
+    assert (await client.get("/audit", params={"actor": "a\x00"})).json()["field"] == "actor"
     assert (await client.get("/audit", params={"cursor": "nonsense"})).status_code == 400
 
 

@@ -67,7 +67,8 @@ async def test_filters_combine_and_page_with_the_cursor(
 
 async def test_a_bad_filter_is_refused_by_name(client: httpx.AsyncClient) -> None:
     for query, field in (({"kind": "interval-ish"}, "kind"), ({"paused": "maybe"}, "paused"),
-                         ({"tag": ""}, "tag"), ({"namePrefix": "x" * 201}, "namePrefix")):
+                         ({"tag": ""}, "tag"), ({"namePrefix": "x" * 201}, "namePrefix"),
+                         ({"namePrefix": "a\x00b"}, "namePrefix"), ({"tag": "x\x00"}, "tag")):
         answer = await client.get("/jobs", params=query)
         assert answer.status_code == 422, (query, answer.text)
         assert answer.json()["field"] == field, answer.json()

@@ -16,7 +16,7 @@ from pydantic import AwareDatetime
 
 from chimes.api import homes
 from chimes.api.auth import current_principal
-from chimes.api.errors import ApiError
+from chimes.api.errors import ApiError, refuse_unstorable
 from chimes.api.jobs import parse_id
 from chimes.api.responses import JSONResponse
 from chimes.store.audit import AuditEntry, AuditFilter, list_entries
@@ -39,7 +39,8 @@ async def audit(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JSONResponse:
     """Audit entries, newest first. An admin reads every entry; an owner's token only those about its
-    own jobs (and its own owner settings, tokens and caps)."""
+    own jobs and calendars."""
+    refuse_unstorable(actor=actor, action=action)
     job = parse_id(job_id, "job") if job_id else None
     where = AuditFilter(subject_owner=caller.owner_filter, actor=actor, job_id=job, action=action,
                         since=since, until=until)

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from chimes.api.responses import JSONResponse
 from chimes.jobs import UNION_TAGS
+from chimes.security.storable import storable_problem
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,15 @@ class ApiError(Exception):
 
 def not_found(what: str) -> ApiError:
     return ApiError(404, "not_found", f"{what} not found")
+
+
+def refuse_unstorable(**query: str | None) -> None:
+    """422 naming the query parameter whose text PostgreSQL cannot compare (a NUL, a lone surrogate),
+    before it reaches a statement."""
+    for name, value in query.items():
+        problem = None if value is None else storable_problem(value)
+        if problem is not None:
+            raise ApiError(422, "invalid_request", f"{name}: {problem}", name)
 
 
 def error_body(code: str, message: str, field: str | None = None,

@@ -13,7 +13,7 @@ from chimes.api import homes, standby
 from chimes.api.actors import note_of
 from chimes.api.auth import current_principal
 from chimes.api.clock import clock_of
-from chimes.api.errors import ApiError, not_found
+from chimes.api.errors import ApiError, not_found, refuse_unstorable
 from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view, pause_view
 from chimes.ids import id_from, run_id_from
@@ -87,6 +87,7 @@ async def list_jobs(
 ) -> JSONResponse:
     """The caller's jobs in creation order; the filters given all hold for each, and the cursor of a
     filtered list pages through that same filtered list."""
+    refuse_unstorable(tag=tag, namePrefix=name_prefix)
     where = JobFilter(tag=tag, name_prefix=name_prefix, paused=paused, kind=kind)
     jobs = await homes.list_jobs(request, caller.owner_filter, _decode_cursor(cursor), limit + 1, where)
     page = jobs[:limit]

@@ -288,7 +288,7 @@ WITH_ETAG = frozenset({("/jobs", "post"), ("/jobs/{job_id}", "get"), ("/jobs/{jo
 ETAG_HEADER = {"ETag": {"description": "the job's version, quoted: send it as If-Match on PATCH or DELETE",
                         "schema": {"type": "string"}}}
 MODELS = (Error, JobCreated, Job, JobList, Run, RunList, RunStarted, Health, Backfilled, LeaseExtended, Queue,
-          NotificationList, Identity, AuditList, SchedulePreview, Calendar, CalendarList)
+          NotificationList, Identity, AuditList, SchedulePreview, Calendar, CalendarList, PauseList)
 
 
 def install(app: FastAPI) -> None:
