@@ -243,6 +243,7 @@ def _wait_for_promotion(server: EmbeddedPostgres, timeout_sec: float) -> None:
         if time.monotonic() > deadline:
             raise BackupError(f"replay did not end within {timeout_sec:g} s; the log ends with:\n"
                               + _tail(server.pgdata / "server.log"))
+        # PostgreSQL tells nobody when it removes recovery.signal: the file is polled, under the deadline.
         time.sleep(0.2)
 
 
