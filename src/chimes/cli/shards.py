@@ -5,6 +5,7 @@ in the catalog itself (docs/scaling.md, "Shards")."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -12,8 +13,9 @@ from typing import TypeVar
 import click
 
 from chimes.cli.options import database_options, settings_from
-from chimes.cli.runtime import on_migrated_database
+from chimes.cli.runtime import migrate_database, on_migrated_database
 from chimes.store import db
+from chimes.store import moves as move_store
 from chimes.store import shards as shard_store
 
 T = TypeVar("T")
@@ -36,6 +38,8 @@ def list_shards(database_url: str | None, data_dir: Path) -> None:
     rows += [(first, last, "catalog", "(the --database-url database)") for first, last in shard_map.in_catalog()]
     for first, last, home, where in sorted(rows):
         click.echo(f"{first}-{last}\t{home}\t{where}")
+    for move in _on_catalog(database_url, data_dir, move_store.recent_moves):
+        click.echo(move.describe())
 
 
 @shards.command("add")
@@ -62,6 +66,82 @@ def add_shard(database_url: str | None, data_dir: Path, url: str, partitions: st
     click.echo("Running API, scheduler and worker processes follow the map within a second: no restart is "
                "needed. Until an API process has read it, the catalog refuses these partitions' new jobs, and the "
                "process reads the map and creates them on the shard.", err=True)
+
+
+@shards.command("move")
+@database_options
+@click.argument("partitions", required=False, metavar="FIRST-LAST")
+@click.option("--to", "target", metavar="SHARD",
+              help="Where the range goes: 'catalog', a shard's id (chimes shards list), or the PostgreSQL URL "
+                   "of a database (a new one becomes a shard).")
+@click.option("--dry-run", is_flag=True, help="Check the move and say what it would copy; change nothing.")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="SEC",
+              help="After the fence, how long to wait for the range's runs in flight on the source to end; "
+                   "past it the move is cancelled, with nothing lost.")
+@click.option("--resume", is_flag=True, help="Take the move under way on from where it is (its mover was stopped).")
+@click.option("--cancel", is_flag=True, help="Cancel the move under way, before its cut-over.")
+def move_partitions(database_url: str | None, data_dir: Path, partitions: str | None, target: str | None,
+                    dry_run: bool, drain_timeout: float, resume: bool, cancel: bool) -> None:
+    """Move partitions FIRST-LAST, with their jobs, triggers and run history, to another database while
+    the fleet runs.
+
+    The source serves the range while it is copied; then, for about as long as the range's runs in
+    flight take to end plus a last copy, the range neither fires nor takes job writes (the API waits
+    and replays them), and the catalog hands it to the target (docs/scaling.md, "Moving
+    partitions"). A mover that was stopped is taken on with --resume; --cancel gives the range
+    back to its source before the cut-over."""
+    if sum((partitions is not None, resume, cancel)) != 1:
+        raise click.UsageError("give FIRST-LAST (with --to), or --resume, or --cancel")
+    if partitions is not None and not target:
+        raise click.UsageError("--to is required with FIRST-LAST")
+
+    async def act(catalog: db.Connection, dsn: str) -> None:
+        if partitions is not None:
+            first, last = shard_store.parse_partitions(partitions)
+            assert target is not None
+            move, plan = await move_store.begin_move(catalog, dsn, first, last, target, dry_run=dry_run)
+            click.echo(plan)
+            if move is None:
+                return
+        else:
+            found = await move_store.move_under_way(catalog)
+            if found is None:
+                raise move_store.MoveError("no move is under way")
+            move = found
+        await move_store.lock_mover(catalog)
+        homes = await move_store.homes_of(catalog, dsn, move)
+        mover = move_store.Mover(catalog, homes, move, report=lambda m: click.echo(m.describe()),
+                                 drain_timeout_sec=drain_timeout)
+        if cancel:
+            await mover.open_for_cancel()
+            try:
+                await mover.cancel("cancelled with chimes shards move --cancel")
+            finally:
+                await mover.close()
+            return
+        ended = await mover.run()
+        if ended.phase == "cancelled":
+            raise move_store.MoveError(f"the move was cancelled: {ended.note}")
+
+    _on_catalog_url(database_url, data_dir, act)
+
+
+def _on_catalog_url(database_url: str | None, data_dir: Path,
+                    action: Callable[[db.Connection, str], Awaitable[None]]) -> None:
+    """``action`` on a connection to the migrated catalog, with its URL."""
+    async def main(dsn: str) -> None:
+        await migrate_database(dsn)
+        conn = await db.connect(dsn)
+        try:
+            await action(conn, dsn)
+        finally:
+            await conn.close()
+
+    with db.database_url(settings_from(database_url, data_dir)) as dsn:
+        try:
+            asyncio.run(main(dsn))
+        except shard_store.ShardMapError as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 def _on_catalog(database_url: str | None, data_dir: Path,

@@ -209,6 +209,7 @@ CREATE TABLE public.partition_leases (
     owner text,
     token bigint DEFAULT 0 NOT NULL,
     expires_at timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    closed_by_move bigint,
     CONSTRAINT partition_leases_pkey PRIMARY KEY (partition_id)
 ) WITH (fillfactor=40, autovacuum_analyze_scale_factor=100);
 
@@ -328,6 +329,41 @@ CREATE TABLE public.shard_map (
     CONSTRAINT shard_map_pkey PRIMARY KEY (singleton),
     CONSTRAINT shard_map_version CHECK ((version >= 0))
 );
+
+CREATE TABLE public.shard_move_copies (
+    move_id bigint NOT NULL,
+    table_name text NOT NULL,
+    partition_id smallint NOT NULL,
+    fingerprint text NOT NULL,
+    row_count bigint NOT NULL,
+    CONSTRAINT shard_move_copies_pkey PRIMARY KEY (move_id, table_name, partition_id)
+);
+
+CREATE TABLE public.shard_moves (
+    move_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    first_partition smallint NOT NULL,
+    last_partition smallint NOT NULL,
+    source_shard integer,
+    target_shard integer,
+    phase text DEFAULT 'copying'::text NOT NULL,
+    passes integer DEFAULT 0 NOT NULL,
+    rows_copied bigint DEFAULT 0 NOT NULL,
+    rows_per_sec double precision,
+    rows_left bigint,
+    note text,
+    mover text,
+    heartbeat_at timestamp with time zone,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    fenced_at timestamp with time zone,
+    cut_over_at timestamp with time zone,
+    cut_over_version bigint,
+    finished_at timestamp with time zone,
+    CONSTRAINT shard_moves_phase CHECK ((phase = ANY (ARRAY['copying'::text, 'fenced'::text, 'cut_over'::text, 'done'::text, 'cancelled'::text]))),
+    CONSTRAINT shard_moves_pkey PRIMARY KEY (move_id),
+    CONSTRAINT shard_moves_range CHECK (((0 <= first_partition) AND (first_partition <= last_partition) AND (last_partition <= 1023))),
+    CONSTRAINT shard_moves_two_homes CHECK ((source_shard IS DISTINCT FROM target_shard))
+);
+CREATE UNIQUE INDEX shard_moves_one_at_a_time ON public.shard_moves USING btree ((true)) WHERE (phase = ANY (ARRAY['copying'::text, 'fenced'::text, 'cut_over'::text]));
 
 CREATE TABLE public.shard_ranges (
     first_partition smallint NOT NULL,
@@ -633,6 +669,16 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.chimes_refuse_jobs_moved()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM chimes_refuse_moved(NEW.job_id);
+    RETURN NEW;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.chimes_refuse_jobs_of_shards()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -640,11 +686,28 @@ AS $function$
 DECLARE
     partition integer := chimes_partition_of(NEW.job_id);
 BEGIN
-    IF EXISTS (SELECT 1 FROM shard_ranges WHERE partition BETWEEN first_partition AND last_partition) THEN
+    IF EXISTS (SELECT 1 FROM shard_ranges WHERE partition BETWEEN first_partition AND last_partition)
+       AND coalesce(current_setting('chimes.moving', true), '') <> 'on' THEN
         RAISE EXCEPTION 'partition % of job % is held by a shard: reload the shard map', partition, NEW.job_id
             USING ERRCODE = 'CH001';
     END IF;
     RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_refuse_moved(job_id uuid)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    partition integer := chimes_partition_of(job_id);
+BEGIN
+    IF EXISTS (SELECT 1 FROM partition_leases WHERE partition_id = partition AND closed_by_move IS NOT NULL)
+       AND coalesce(current_setting('chimes.moving', true), '') <> 'on' THEN
+        RAISE EXCEPTION 'partition % of job % is moving to another database: reload the shard map', partition, job_id
+            USING ERRCODE = 'CH001';
+    END IF;
+    RETURN true;
 END
 $function$;
 

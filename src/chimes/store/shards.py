@@ -148,7 +148,7 @@ def _describe_partitions(partitions: list[int]) -> str:
     return shown + (f" and {len(partitions) - 10} more" if len(partitions) > 10 else "")
 
 
-async def _check_new_shard(catalog: asyncpg.Connection, url: str) -> None:
+async def check_new_shard(catalog: asyncpg.Connection, url: str) -> None:
     """Refuse a database that is the catalog, or that holds jobs already; write nothing to it."""
     key = secrets.randbits(62)  # advisory lock keys are bigints; this one is the catalog's mark
 
@@ -185,7 +185,7 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
     _refuse_overlap(current.ranges, first, last)
     horizon = await catalog.fetchval(sql("snapshot_horizon"))  # before the scan's snapshot
     _refuse_busy(await partitions_holding_jobs(catalog, first, last))
-    await _check_new_shard(catalog, url)
+    await check_new_shard(catalog, url)
     await db.with_connection(url, migrate)
     await copy_settings(catalog, url)
     return await give_range(catalog, url, first, last, horizon)

@@ -33,8 +33,14 @@ FROM jobs j
 WHERE j.job_id = $1 AND ($2::text IS NULL OR j.owner = $2);
 
 -- name: lock_job
+-- Every change of a job begins here. chimes_refuse_moved: the job's partition is being moved away
+-- from this database (or has been), and the writer's map is older than the move: SQLSTATE CH001,
+-- and the API reads the map again and retries where the job lives now (migration 0021). Checked
+-- once, in a subquery of its own, whether or not the row is here: the source may have deleted it.
 SELECT j.*, (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) AS slots_fired
-FROM jobs j WHERE j.job_id = $1 AND ($2::text IS NULL OR j.owner = $2) FOR UPDATE OF j;
+FROM (SELECT chimes_refuse_moved($1::uuid)) AS fence, jobs j
+WHERE j.job_id = $1 AND ($2::text IS NULL OR j.owner = $2)
+FOR UPDATE OF j;
 
 -- name: list_jobs
 -- One owner's jobs in creation order: a range read of jobs_owner (a separate statement from the

@@ -31,7 +31,7 @@ SELECT owner FROM runs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) LI
 -- A manual run or a re-run: created and enqueued at once, outside the schedule, with an id of its own
 -- (ids.new_run_id), so each call is a run of its own.
 WITH job AS (
-    SELECT job_id, owner, version, priority FROM jobs
+    SELECT job_id, owner, version, priority FROM (SELECT chimes_refuse_moved($1::uuid)) AS fence, jobs  -- as lock_job
     WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2)
 ),
 created AS (
@@ -57,7 +57,7 @@ SELECT (SELECT count(*) FROM job) AS job_found, (SELECT count(*) FROM enqueued) 
 WITH target AS (
     SELECT run_id, scheduled_at, status AS was, worker_id, attempt, started_at FROM runs
     WHERE run_id = $1 AND scheduled_at = $2 AND ($3::text IS NULL OR owner = $3)
-      AND status IN ('scheduled', 'running')
+      AND status IN ('scheduled', 'running') AND chimes_refuse_moved(job_id)  -- as lock_job
     FOR UPDATE
 ),
 cancelled AS (
@@ -87,7 +87,8 @@ SELECT run_id, scheduled_at, job_id, was = 'running' AS was_running FROM cancell
 
 -- name: job_for_backfill
 SELECT job_id, owner, version, priority, cron, timezone, dst_gap, dst_fold, every_sec, phase_sec, start_at, end_at
-FROM jobs WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2);
+FROM (SELECT chimes_refuse_moved($1::uuid)) AS fence, jobs  -- as lock_job
+WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2);
 
 -- name: backfill_runs
 -- The runs a schedule would have made in a past range; a slot that already has a run keeps it.
@@ -95,7 +96,8 @@ WITH slot AS (
     SELECT * FROM unnest($2::uuid[], $3::timestamptz[]) AS s(run_id, scheduled_at)
 ),
 job AS (
-    SELECT job_id, owner, version, priority FROM jobs WHERE job_id = $1
+    SELECT job_id, owner, version, priority FROM (SELECT chimes_refuse_moved($1::uuid)) AS fence, jobs  -- as lock_job
+    WHERE job_id = $1
 ),
 created AS (
     INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority, fired_at,

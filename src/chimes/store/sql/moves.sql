@@ -1,0 +1,143 @@
+-- Moving ranges of partitions between homes (chimes.store.moves, migration 0021).
+
+-- name: lock_mover
+-- One mover at a time, held for the mover's whole life on its catalog connection (a mover killed
+-- drops its connection, and the lock with it). False: another mover runs.
+SELECT pg_try_advisory_lock(hashtext('chimes_shard_mover'));
+
+-- name: move_under_way
+SELECT * FROM shard_moves WHERE phase IN ('copying', 'fenced', 'cut_over');
+
+-- name: recent_moves
+-- The move under way, if any, then the last ones that ended, newest first.
+SELECT * FROM shard_moves ORDER BY phase IN ('copying', 'fenced', 'cut_over') DESC, move_id DESC LIMIT $1;
+
+-- name: begin_move
+INSERT INTO shard_moves (first_partition, last_partition, source_shard, target_shard, mover, heartbeat_at)
+VALUES ($1, $2, $3, $4, $5, now())
+RETURNING *;
+
+-- name: move_progress
+UPDATE shard_moves
+SET passes = $2, rows_copied = $3, rows_per_sec = $4, rows_left = $5, note = $6, mover = $7, heartbeat_at = now()
+WHERE move_id = $1
+RETURNING *;
+
+-- name: move_fenced
+UPDATE shard_moves SET phase = 'fenced', fenced_at = now(), note = $2, heartbeat_at = now()
+WHERE move_id = $1 AND phase IN ('copying', 'fenced')
+RETURNING *;
+
+-- name: move_cut_over
+UPDATE shard_moves SET phase = 'cut_over', cut_over_at = now(), cut_over_version = $2, note = NULL,
+                       heartbeat_at = now()
+WHERE move_id = $1 AND phase = 'fenced'
+RETURNING *;
+
+-- name: move_ended
+-- $2: 'done' or 'cancelled'; $3 the note (why it was cancelled).
+UPDATE shard_moves SET phase = $2, note = $3, finished_at = now(), heartbeat_at = now()
+WHERE move_id = $1 AND phase IN ('copying', 'fenced', 'cut_over')
+RETURNING *;
+
+-- name: shard_url
+SELECT url FROM shards WHERE shard_id = $1;
+
+-- name: shard_by_url
+SELECT shard_id FROM shards WHERE url = $1;
+
+-- name: register_shard
+INSERT INTO shards (url) VALUES ($1) ON CONFLICT (url) DO UPDATE SET url = EXCLUDED.url RETURNING shard_id;
+
+-- name: close_partitions
+-- A home's lease rows of the range, closed by move $3: no node holds them from this commit on. The
+-- rows are locked first (FOR UPDATE waits for every fire and reap that holds them FOR KEY SHARE), so
+-- a batch that checked its lease before this commit has committed when it returns; every later one
+-- finds the lease gone.
+WITH locked AS (
+    SELECT partition_id FROM partition_leases WHERE partition_id BETWEEN $1 AND $2 ORDER BY partition_id FOR UPDATE
+)
+UPDATE partition_leases l
+SET owner = 'move ' || $3::bigint, token = l.token + 1, expires_at = 'infinity', closed_by_move = $3
+FROM locked WHERE l.partition_id = locked.partition_id;
+
+-- name: open_partitions
+-- The range's lease rows, open to this home's nodes again (the cut-over's target; a cancelled move's
+-- source). The token is raised: a token is never issued twice.
+UPDATE partition_leases l
+SET owner = NULL, token = l.token + 1, expires_at = '-infinity', closed_by_move = NULL
+WHERE l.partition_id BETWEEN $1 AND $2 AND l.closed_by_move IS NOT NULL;
+
+-- name: create_moved_fence
+-- Migration 0021: this home refuses new jobs of partitions it has closed (SQLSTATE CH001).
+CREATE OR REPLACE TRIGGER jobs_stay_off_moved BEFORE INSERT ON jobs
+    FOR EACH ROW EXECUTE FUNCTION chimes_refuse_jobs_moved();
+
+-- name: older_transactions
+-- Transactions of other sessions that began before $1 (the fence's commit) and are still open: what
+-- they write may have passed the fence's checks before it committed.
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+  AND xact_start < $1;
+
+-- name: database_now
+SELECT clock_timestamp();
+
+-- name: range_in_flight
+-- What still runs, or waits to, on the source of a fenced range: runs in flight under a live lease,
+-- and queue entries (the source's workers still claim those).
+SELECT (SELECT count(*) FROM leases_in_force l
+        JOIN runs r ON r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at
+        WHERE r.partition_id BETWEEN $1 AND $2 AND r.status = 'running' AND r.lease_token = l.token
+          AND l.expires_at > now() AND l.deadline_at > now()) AS running,
+       (SELECT count(*) FROM run_queue q WHERE chimes_partition_of(q.job_id) BETWEEN $1 AND $2) AS queued;
+
+-- name: hand_over_lost_runs
+-- Runs of the range still 'running' under a lease that expired (their worker is gone): each gets a
+-- lease row of its own, expired as its claim's is, so that the run moves with its lease and the
+-- target's reaper ends the attempt after the cut-over, as the source's would have.
+INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
+SELECT l.run_id, l.scheduled_at, r.partition_id, l.token, l.expires_at, l.deadline_at
+FROM leases_in_force l
+JOIN runs r ON r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at
+WHERE r.partition_id BETWEEN $1 AND $2 AND r.status = 'running' AND r.lease_token = l.token
+ON CONFLICT (run_id) DO NOTHING;
+
+-- name: run_days
+-- The day partitions of run history, oldest first, so that the target has the same before the copy.
+SELECT min(to_date(right(c.relname, 8), 'YYYYMMDD')) AS first_day, max(to_date(right(c.relname, 8), 'YYYYMMDD')) AS last_day
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
+WHERE p.relname = 'runs' AND c.relname ~ '_[0-9]{8}$';
+
+-- name: ensure_run_days
+SELECT chimes_ensure_run_partitions($1::date, $2::integer);
+
+-- name: copied_fingerprints
+SELECT partition_id, fingerprint FROM shard_move_copies WHERE move_id = $1 AND table_name = $2;
+
+-- name: record_copies
+INSERT INTO shard_move_copies (move_id, table_name, partition_id, fingerprint, row_count)
+SELECT $1, $2, c.partition_id, c.fingerprint, c.row_count
+FROM unnest($3::smallint[], $4::text[], $5::bigint[]) AS c(partition_id, fingerprint, row_count)
+ON CONFLICT (move_id, table_name, partition_id)
+DO UPDATE SET fingerprint = EXCLUDED.fingerprint, row_count = EXCLUDED.row_count;
+
+-- name: forget_copies
+DELETE FROM shard_move_copies WHERE move_id = $1 AND table_name = $2 AND partition_id = ANY($3::smallint[]);
+
+-- name: forget_move_copies
+DELETE FROM shard_move_copies WHERE move_id = $1;
+
+-- name: any_copies
+SELECT EXISTS (SELECT 1 FROM shard_move_copies WHERE move_id = $1);
+
+-- name: delete_shard_range
+DELETE FROM shard_ranges WHERE first_partition = $1;
+
+-- name: partition_job_counts
+-- Jobs per partition of this home: what `chimes shards rebalance` evens out.
+SELECT chimes_partition_of(job_id) AS partition_id, count(*) AS jobs FROM jobs GROUP BY 1;
+
+-- name: partition_due_counts
+-- Triggers due within $1 seconds per partition of this home (the runs it will fire soon).
+SELECT partition_id, count(*) AS due FROM triggers WHERE fire_at < now() + make_interval(secs => $1) GROUP BY 1;
