@@ -173,7 +173,11 @@ async def run_a_move(processes: Processes, client: httpx.AsyncClient, target: Ta
     assert history.status_code == 200
     started_before = [r for r in history.json()["runs"] if r["status"] == "succeeded"]
     assert len(started_before) >= 3  # the runs from before the move came with it
-    await asyncio.sleep(0)  # let the last outcomes land before the slots are checked
+    async def every_job_ran() -> bool:
+        ran = {r["job_id"] for url in (database_url, shard_url) for r in await schedule_runs(url)}
+        return everything <= ran
+
+    await wait_for(every_job_ran, timeout=30, what="every job, the last ones created too, to have run")
     for process in (scheduler, worker):
         process.stop()
     check_slots(await schedule_runs(shard_url), shard_jobs - {writer.paused, moving[1]})  # those two were edited
