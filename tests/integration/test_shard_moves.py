@@ -1,0 +1,212 @@
+"""A move's fences and refusals, against real databases: a router still on the old map is refused by
+the source and retries on the target; the source refuses job writes once fenced; a cancelled move
+gives the range back; a move that cannot be made changes nothing (docs/scaling.md, "Moving
+partitions"). tests/e2e/test_shard_moves.py moves a range under a running fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx
+import pytest
+
+from chimes.ids import partition_of
+from chimes.store import db
+from chimes.store import moves as move_store
+from chimes.store.queries import sql
+from chimes.store.shards import load_map
+from tests.conftest import scratch_database
+from tests.helpers import wait_for
+from tests.integration.test_shard_added_while_running import create, job_ids
+from tests.integration.test_shard_added_while_running import stale_api as stale_api  # the fixture, shared
+
+pytestmark = pytest.mark.own_shard_map  # databases and a shard map of their own, whatever --shards says
+
+MOVED = (512, 1023)
+
+
+@pytest.fixture
+async def shard_url(server_dsn: str) -> AsyncIterator[str]:
+    async with scratch_database(server_dsn, "chimes_move_target") as dsn:
+        yield dsn
+
+
+async def jobs_in_range(client: httpx.AsyncClient, count: int) -> list[uuid.UUID]:
+    """``count`` jobs in MOVED (with one database the API makes random ids: the others are deleted)."""
+    found: list[uuid.UUID] = []
+    for attempt in range(20 * count):
+        job_id = await create(client, f"job-{attempt}")
+        if partition_of(job_id) >= MOVED[0]:
+            found.append(job_id)
+            if len(found) == count:
+                return found
+        else:
+            assert (await client.delete(f"/jobs/{job_id}")).status_code == 204
+    raise AssertionError(f"not {count} random job ids in {MOVED}")
+
+
+@contextlib.asynccontextmanager
+async def mover_at(catalog_url: str, target: str, stop_at: str | None = None) -> AsyncIterator[asyncio.Task[None]]:
+    """A move of MOVED to ``target`` run in this loop, stopped at ``stop_at`` (None: to the end)."""
+    catalog = await db.connect(catalog_url)
+    move, _ = await move_store.begin_move(catalog, catalog_url, *MOVED, target)
+    assert move is not None
+    await move_store.lock_mover(catalog)
+    homes = await move_store.homes_of(catalog, catalog_url, move)
+    mover = move_store.Mover(catalog, homes, move, report=lambda _: None, stop_at=stop_at or "")
+
+    async def run() -> None:
+        await mover.run()
+
+    task = asyncio.create_task(run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await catalog.close()
+
+
+async def resume(catalog_url: str) -> move_store.Move:
+    catalog = await db.connect(catalog_url)
+    try:
+        move = await move_store.move_under_way(catalog)
+        assert move is not None
+        await move_store.lock_mover(catalog)
+        homes = await move_store.homes_of(catalog, catalog_url, move)
+        return await move_store.Mover(catalog, homes, move, report=lambda _: None).run()
+    finally:
+        await catalog.close()
+
+
+async def phase(catalog_url: str) -> str | None:
+    conn = await asyncpg.connect(catalog_url)
+    try:
+        return await conn.fetchval("SELECT phase FROM shard_moves ORDER BY move_id DESC LIMIT 1")  # type: ignore[no-any-return]
+    finally:
+        await conn.close()
+
+
+async def test_a_router_on_the_old_map_is_refused_by_the_source_and_writes_on_the_target(
+    stale_api: httpx.AsyncClient, database_url: str, shard_url: str
+) -> None:
+    renamed, started, deleted = await jobs_in_range(stale_api, 3)
+    async with mover_at(database_url, shard_url) as moving:
+        await moving
+    assert await job_ids(shard_url) == {renamed, started, deleted}
+    assert await job_ids(database_url) == set()
+    # This API read the map at start (no shards) and does not follow it: each write goes to the catalog
+    # first, is refused there (the range's lease rows are closed), and is made again on the shard.
+    patched = await stale_api.patch(f"/jobs/{renamed}", json={"name": "renamed"})
+    assert patched.status_code == 200, patched.text
+    manual = await stale_api.post(f"/jobs/{started}/runs")
+    assert manual.status_code == 202, manual.text
+    assert (await stale_api.delete(f"/jobs/{deleted}")).status_code == 204
+    shard = await asyncpg.connect(shard_url)
+    try:
+        assert await shard.fetchval("SELECT name FROM jobs WHERE job_id = $1", renamed) == "renamed"
+        assert await shard.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND trigger = 'manual'", started) == 1
+        assert await shard.fetchval("SELECT count(*) FROM jobs WHERE job_id = $1", deleted) == 0
+    finally:
+        await shard.close()
+    assert (await stale_api.get(f"/jobs/{renamed}")).json()["name"] == "renamed"
+
+
+async def test_a_fenced_source_refuses_job_writes_and_the_api_waits_for_the_cut_over(
+    stale_api: httpx.AsyncClient, database_url: str, shard_url: str
+) -> None:
+    (job_id,) = await jobs_in_range(stale_api, 1)
+    async with mover_at(database_url, shard_url, stop_at="fenced"):
+        await wait_for(lambda: phase(database_url), timeout=20, what="the move to start")
+        await wait_for(_is(database_url, "fenced"), timeout=20, what="the fence")
+        catalog = await asyncpg.connect(database_url)
+        try:
+            with pytest.raises(asyncpg.PostgresError) as refused:
+                await catalog.fetchrow(sql("lock_job"), job_id, None)
+            assert refused.value.sqlstate == "CH001"
+            closed = await catalog.fetchval(
+                "SELECT count(*) FROM partition_leases WHERE partition_id BETWEEN $1 AND $2 "
+                "AND closed_by_move IS NOT NULL AND expires_at = 'infinity'", *MOVED)
+            assert closed == MOVED[1] - MOVED[0] + 1
+        finally:
+            await catalog.close()
+        # A write now waits (the API replays it) until the move cuts over, then lands on the target.
+        patching = asyncio.create_task(stale_api.patch(f"/jobs/{job_id}", json={"name": "after the fence"}))
+        await asyncio.sleep(0.5)
+        assert not patching.done()
+    await resume(database_url)
+    patched = await patching
+    assert patched.status_code == 200, patched.text
+    assert await job_ids(shard_url) == {job_id}
+
+
+def _is(url: str, wanted: str):  # type: ignore[no-untyped-def]
+    async def check() -> bool:
+        return await phase(url) == wanted
+    return check
+
+
+async def test_a_cancelled_move_gives_the_range_back_to_its_source(
+    stale_api: httpx.AsyncClient, database_url: str, shard_url: str
+) -> None:
+    jobs = set(await jobs_in_range(stale_api, 2))
+    async with mover_at(database_url, shard_url, stop_at="drained"):
+        await wait_for(_is(database_url, "fenced"), timeout=20, what="the fence")
+    catalog = await db.connect(database_url)
+    try:
+        move = await move_store.move_under_way(catalog)
+        assert move is not None
+        await move_store.lock_mover(catalog)
+        mover = move_store.Mover(catalog, await move_store.homes_of(catalog, database_url, move), move,
+                                 report=lambda _: None)
+        await mover.open_for_cancel()
+        try:
+            cancelled = await mover.cancel("a test cancels it")
+        finally:
+            await mover.close()
+        assert cancelled.phase == "cancelled" and cancelled.note == "a test cancels it"
+        assert (await load_map(catalog)).ranges == ()  # the catalog holds the range, as before
+        assert await catalog.fetchval("SELECT count(*) FROM partition_leases WHERE closed_by_move IS NOT NULL") == 0
+    finally:
+        await catalog.close()
+    assert await job_ids(database_url) == jobs
+    assert await job_ids(shard_url) == set()  # the copies are gone
+    patched = await stale_api.patch(f"/jobs/{next(iter(jobs))}", json={"name": "still here"})
+    assert patched.status_code == 200, patched.text
+
+
+async def test_a_move_that_cannot_be_made_changes_nothing(
+    stale_api: httpx.AsyncClient, database_url: str, shard_url: str
+) -> None:
+    catalog = await db.connect(database_url)
+    try:
+        with pytest.raises(move_store.MoveError, match="live in catalog already"):
+            await move_store.begin_move(catalog, database_url, *MOVED, "catalog")
+        with pytest.raises(move_store.MoveError, match="there is no shard 7"):
+            await move_store.begin_move(catalog, database_url, *MOVED, "7")
+        with pytest.raises(move_store.MoveError, match="must be 'catalog'"):
+            await move_store.begin_move(catalog, database_url, *MOVED, "somewhere")
+        await catalog.execute("INSERT INTO scheduler_nodes (node_id, hostname, pid, release) "
+                              "VALUES ('old-node', 'old-host', 1, '0.2.0')")
+        with pytest.raises(move_store.MoveError, match=r"release 0\.3\.0 or later; still live: scheduler old-node"):
+            await move_store.begin_move(catalog, database_url, *MOVED, shard_url)
+        await catalog.execute("DELETE FROM scheduler_nodes")
+        assert await catalog.fetchval("SELECT count(*) FROM shard_moves") == 0
+        assert await catalog.fetchval("SELECT count(*) FROM shards") == 0
+        move, _ = await move_store.begin_move(catalog, database_url, 0, 9, shard_url)
+        assert move is not None
+        with pytest.raises(move_store.MoveError, match="another move is under way"):
+            await move_store.begin_move(catalog, database_url, 10, 19, shard_url)
+        with pytest.raises(move_store.MoveError, match="another `chimes shards move` is running"):
+            other = await db.connect(database_url)
+            try:
+                await move_store.lock_mover(other)
+                await move_store.lock_mover(catalog)
+            finally:
+                await other.close()
+    finally:
+        await catalog.close()
