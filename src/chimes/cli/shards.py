@@ -51,9 +51,9 @@ def add_shard(database_url: str | None, data_dir: Path, url: str, partitions: st
     """Give a range of partitions to the PostgreSQL database at URL, after migrating it.
 
     Refused, with nothing changed, when the range is malformed or overlaps another shard's, when URL is
-    the catalog or a database that holds jobs, or when a partition of the range holds jobs already:
-    moving partitions that hold jobs is not supported yet. The fleet may run meanwhile: its processes
-    follow the map within a second."""
+    the catalog or a database that holds jobs, or when a partition of the range holds jobs already
+    (`chimes shards move` moves those). The fleet may run meanwhile: its processes follow the map
+    within a second."""
     try:
         first, last = shard_store.parse_partitions(partitions)
     except shard_store.ShardMapError as exc:

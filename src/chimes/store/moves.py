@@ -40,6 +40,7 @@ from datetime import date, datetime
 
 import asyncpg
 
+from chimes.ids import PARTITION_COUNT
 from chimes.store import db
 from chimes.store.migrate import migrate
 from chimes.store.queries import sql
@@ -60,7 +61,9 @@ MOVES_RELEASE = "0.3.0"  # the first release whose job writes check the move's f
 PHASES_UNDER_WAY = ("copying", "fenced", "cut_over")
 STOP_AT_ENV = "CHIMES_MOVE_STOP_AT"  # tests: the mover stops (and waits to be killed) at this point
 STOP_POINTS = ("copying", "fenced", "drained", "copied", "cut_over", "cleaning")
-PARTITIONS_PER_COPY = 32  # partitions copied in one target transaction
+# Partitions copied in one target transaction: all that differ. A job's partition is not indexed
+# (nor a run's), so each batch is a scan of the source's table: one per table and pass.
+PARTITIONS_PER_COPY = PARTITION_COUNT
 SMALL_PASS_ROWS = 2_000  # a copy pass this small is the last before the fence
 MAX_ONLINE_PASSES = 6
 POLL_SEC = 0.05

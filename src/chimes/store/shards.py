@@ -173,8 +173,8 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
 
     Refused with :class:`ShardMapError`, before anything is written anywhere, when the range is
     malformed or overlaps a shard's range, when the database is the catalog or holds jobs, or when
-    any of the partitions holds a job where it lives now (the catalog): moving partitions that hold
-    data is the next step (docs/scaling.md). The fleet may run meanwhile: a job created in the
+    any of the partitions holds a job where it lives now (the catalog): :mod:`chimes.store.moves`
+    moves those. The fleet may run meanwhile: a job created in the
     catalog while the map changes is found before the commit (refused then), and the catalog
     refuses the range's new jobs after it (the fence), until every router has reloaded the map.
     """
@@ -213,7 +213,7 @@ async def give_range(catalog: asyncpg.Connection, url: str, first: int, last: in
 def _refuse_busy(busy: list[int]) -> None:
     if busy:
         raise ShardMapError(f"partitions {_describe_partitions(busy)} hold jobs in the catalog database: "
-                            "moving partitions that hold jobs is not supported yet (docs/scaling.md)")
+                            "`chimes shards move FIRST-LAST --to URL` moves partitions with their jobs")
 
 
 async def copy_settings(catalog: asyncpg.Connection, url: str) -> None:
