@@ -67,16 +67,22 @@ async def runs_of(request: Request, job_id: uuid.UUID) -> RunStore:
 
 async def runs_of_run(request: Request, run_id: uuid.UUID) -> RunStore:
     """The run store of the home that holds ``run_id`` (a run id does not name its job): every home is
-    asked, by primary key, at once; none: the catalog's, which answers as for any unknown run. A home
-    that cannot be reached matters only when no other has the run: then its error is raised (503)."""
+    asked, by primary key, at once; none: the catalog's, which answers as for any unknown run. Two
+    homes hold it while a move of its partition cleans up: the one the map gives the partition to. A
+    home that cannot be reached matters only when no other has the run: then its error is raised (503)."""
     shards = sharded(request)
     if shards is None:
         return standby.runs(request)
-    stores = [_services(request, pool)[1] for pool in await shards.homes()]
-    found = await asyncio.gather(*(store.has_run(run_id) for store in stores), return_exceptions=True)
-    for store, here in zip(stores, found, strict=True):
-        if here is True:
+    pools = await shards.homes()
+    stores = [_services(request, pool)[1] for pool in pools]
+    found = await asyncio.gather(*(store.run_partition(run_id) for store in stores), return_exceptions=True)
+    holding = [(pool, store, partition) for pool, store, partition in zip(pools, stores, found, strict=True)
+               if isinstance(partition, int)]
+    for pool, store, partition in holding:
+        if len(holding) == 1 or await shards.for_partition(partition) is pool:
             return store
+    if holding:
+        return holding[0][1]
     for error in found:
         if isinstance(error, BaseException):
             raise error

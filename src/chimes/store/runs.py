@@ -68,10 +68,14 @@ class RunStore:
         at, run_id = before if before else (None, None)
         return await self._pool.fetch(sql("list_runs"), job_id, owner, status, at, run_id, limit)
 
-    async def has_run(self, run_id: uuid.UUID) -> bool:
-        """Whether this database holds the run (with shards, the API asks each: chimes.api.homes)."""
+    async def run_partition(self, run_id: uuid.UUID) -> int | None:
+        """The run's partition if this database holds the run, else None (with shards, the API asks
+        each: chimes.api.homes)."""
         scheduled_at = scheduled_at_of_or_none(run_id)
-        return scheduled_at is not None and bool(await self._pool.fetchval(sql("has_run"), run_id, scheduled_at))
+        if scheduled_at is None:
+            return None
+        found: int | None = await self._pool.fetchval(sql("run_partition"), run_id, scheduled_at)
+        return found
 
     async def get(self, run_id: uuid.UUID, owner: str | None) -> RunDetail | None:
         scheduled_at = scheduled_at_of(run_id)

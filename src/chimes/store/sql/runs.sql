@@ -7,9 +7,9 @@ WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2) AND ($3::text IS NULL OR 
 ORDER BY scheduled_at DESC, run_id DESC
 LIMIT $6;
 
--- name: has_run
--- By primary key: the run id carries its scheduled time.
-SELECT EXISTS (SELECT 1 FROM runs WHERE run_id = $1 AND scheduled_at = $2);
+-- name: run_partition
+-- By primary key: the run id carries its scheduled time. NULL: not here.
+SELECT partition_id FROM runs WHERE run_id = $1 AND scheduled_at = $2;
 
 -- name: get_run
 SELECT * FROM runs WHERE run_id = $1 AND scheduled_at = $2 AND ($3::text IS NULL OR owner = $3);
