@@ -197,3 +197,31 @@ async def test_a_move_resumes_after_its_mover_scheduler_and_worker_are_killed(
     phase: str, processes: Processes, client: httpx.AsyncClient, target: Target, database_url: str, shard_url: str
 ) -> None:
     await run_a_move(processes, client, target, database_url, shard_url, stop_at=phase)
+
+
+async def test_the_move_command_checks_first_and_cancels_a_stopped_move(
+    processes: Processes, client: httpx.AsyncClient, target: Target, database_url: str, shard_url: str
+) -> None:
+    kept, moving = await jobs_on_both_sides(client, target)
+    dry = await move(processes, "dry-run", f"{MOVED[0]}-{MOVED[1]}", "--to", shard_url, "--dry-run")
+    assert await dry.exited(timeout=60) == 0, dry.output()
+    assert f"partitions {MOVED[0]}-{MOVED[1]}: catalog -> " in dry.output()
+    assert "6 jobs" in dry.output(), dry.output()  # the range's jobs (the deleted spares are gone)
+    nowhere = await move(processes, "nowhere", f"{MOVED[0]}-{MOVED[1]}", "--to", "db2")
+    assert await nowhere.exited(timeout=60) == 1
+    assert "must be 'catalog', a shard's id, or a PostgreSQL URL" in nowhere.output(), nowhere.output()
+    stopped = await move(processes, "stopped", f"{MOVED[0]}-{MOVED[1]}", "--to", shard_url,
+                         env={"CHIMES_MOVE_STOP_AT": "fenced"})
+    await wait_for(lambda: "stopped at fenced" in stopped.output(), timeout=60, what="the mover at the fence")
+    stopped.kill()
+    listed = processes.start("list", "shards", "list")
+    assert await listed.exited(timeout=60) == 0, listed.output()
+    assert f"move 1: partitions {MOVED[0]}-{MOVED[1]} catalog -> shard 1, fenced" in listed.output(), listed.output()
+    cancelled = await move(processes, "cancel", "--cancel")
+    assert await cancelled.exited(timeout=60) == 0, cancelled.output()
+    assert "cancelled" in cancelled.output()
+    catalog_jobs, shard_jobs = await job_homes(database_url, shard_url)
+    assert (catalog_jobs, shard_jobs) == ({*kept, *moving}, set())
+    # The range is the catalog's again: its jobs can be changed there.
+    patched = await client.patch(f"/jobs/{moving[0]}", json={"name": "after the cancel"})
+    assert patched.status_code == 200, patched.text
