@@ -379,7 +379,7 @@ class Mover:
                     copied, left = copied + rows, max(0, left - rows)
                     elapsed = max(time.monotonic() - started, 1e-6)
                     await self._progress(move.rows_copied + copied, copied / elapsed if copied else None, left)
-        await self._progress(move.rows_copied, self.move.rows_per_sec, 0, passes=move.passes + 1)
+        await self._progress(move.rows_copied + copied, self.move.rows_per_sec, 0, passes=move.passes + 1)
         return copied
 
     async def _copy(self, table: MovedTable, partitions: list[int], wanted: dict[int, tuple[str, int]]) -> int:
@@ -430,6 +430,8 @@ class Mover:
             await asyncio.sleep(POLL_SEC)
         await source.execute(sql("hand_over_lost_runs"), move.first, move.last)
         await self._stop_if("drained")
+        await self._progress(self.move.rows_copied, self.move.rows_per_sec, 0,
+                             note="the range is at rest: copying what changed before the fence")
         await self._pass()
         if await self._pass():  # nothing of the range changes on the source now: a second pass copies nothing
             raise MoveError(f"move {move.move_id}: the range changed on {move.source} after the fence; the move "
@@ -509,10 +511,11 @@ class Mover:
             raise MoveError(f"move {self.move.move_id} is {phase} now: another command changed it")
         self.move = _move(row)
 
-    async def _progress(self, rows_copied: int, rate: float | None, left: int, *, passes: int | None = None) -> None:
+    async def _progress(self, rows_copied: int, rate: float | None, left: int, *, passes: int | None = None,
+                        note: str | None = None) -> None:
         move = self.move
         await self._record(sql("move_progress"), move.move_id, move.passes if passes is None else passes,
-                           rows_copied, rate, left, move.note, _mover_name())
+                           rows_copied, rate, left, note or move.note, _mover_name())
         if passes is not None:
             self._report(self.move)
 
