@@ -153,3 +153,14 @@ def test_random_maps_and_counts_give_valid_plans_that_never_widen_the_spread(see
         # Balanced to a few percent of the mean, unless single partitions are too big to even it out.
         assert plan.spread_after <= 0.05 * mean + 2 * biggest or len(plan.moves) == MAX_MOVES
     assert spread(plan.after) == plan.spread_after
+    moved = [p for m in plan.moves for p in range(m.first, m.last + 1)]
+    assert len(moved) == len(set(moved)), "a partition moved twice"  # a home takes no more than its share
+
+
+def test_three_homes_fill_up_to_the_mean_without_handing_partitions_on() -> None:
+    before = owners((512, 767, 1), (768, 1023, 2))
+    counts = {**even(0, 511, 120), **even(512, 767, 80), **even(768, 1023, 16)}  # 61,440, 20,480 and 4,096
+    plan = plan_moves(before, counts)
+    check_plan(before, counts, plan)
+    assert [(m.source, m.target) for m in plan.moves] == [(None, 2), (None, 1)]
+    assert plan.after == {None: 28_680, 1: 28_640, 2: 28_696}

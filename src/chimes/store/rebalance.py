@@ -3,7 +3,7 @@
 A home is the catalog or a shard; each holds some of the 1,024 partitions. The load of a home is
 what its partitions hold: jobs, or triggers due within the next hour. :func:`plan_moves` proposes
 moves of contiguous ranges, each within one home (a move's range lives in one home), from the most
-loaded home to the least loaded, until no move narrows the spread between them by more than
+loaded home to the least loaded, until no move narrows the gap between them by more than
 :data:`MIN_GAIN` of the mean load per home. The planning functions are pure: no clock, no I/O;
 :func:`read_counts` reads the counts of every home.
 """
@@ -22,7 +22,7 @@ from chimes.store.queries import sql
 from chimes.store.shards import ShardMap, ShardMapError
 
 Home = int | None  # a shard's id; None: the catalog
-MIN_GAIN = 0.05  # a move must narrow the spread by more than this share of the mean load per home
+MIN_GAIN = 0.05  # a move must narrow the gap it closes by more than this share of the mean load per home
 MAX_MOVES = 32  # a plan longer than this is cut: each move fences its range for a while
 DUE_WINDOW_SEC = 3600  # --by due: the triggers due within the next hour
 MEASURES = ("jobs", "due")
@@ -127,22 +127,20 @@ def loads_of(owners: Sequence[Home], counts: Mapping[int, int]) -> dict[Home, in
     return loads
 
 
-def best_move(owners: Sequence[Home], counts: Mapping[int, int], loads: Mapping[Home, int],
-              donor: Home, receiver: Home) -> ProposedMove | None:
-    """The edge range of ``donor`` whose move to ``receiver`` leaves the two closest; of those, one
-    that touches a range of the receiver (the map keeps fewer ranges), then the shortest. None when
-    the donor holds nothing to move."""
-    gap = loads[donor] - loads[receiver]
-
+def best_move(owners: Sequence[Home], counts: Mapping[int, int], donor: Home, receiver: Home,
+              amount: float) -> ProposedMove | None:
+    """The edge range of ``donor`` whose load is closest to ``amount``; of those, one that touches a
+    range of ``receiver`` (the map keeps fewer ranges), then the shortest. None when the donor holds
+    nothing to move."""
     def touches_receiver(first: int, last: int) -> bool:
         return ((first > 0 and owners[first - 1] == receiver)
                 or (last + 1 < len(owners) and owners[last + 1] == receiver))
 
-    best: tuple[tuple[int, bool, int], ProposedMove] | None = None
+    best: tuple[tuple[float, bool, int], ProposedMove] | None = None
     for first, last, load in edge_ranges(runs_of(owners, donor), counts):
         if load <= 0:
             continue
-        key = (abs(gap - 2 * load), not touches_receiver(first, last), last - first)
+        key = (abs(amount - load), not touches_receiver(first, last), last - first)
         if best is None or key < best[0]:
             best = (key, ProposedMove(first, last, donor, receiver, load))
     return None if best is None else best[1]
@@ -150,23 +148,24 @@ def best_move(owners: Sequence[Home], counts: Mapping[int, int], loads: Mapping[
 
 def plan_moves(owners: Sequence[Home], counts: Mapping[int, int], *, min_gain: float = MIN_GAIN,
                max_moves: int = MAX_MOVES) -> Plan:
-    """Greedy: move an edge range of the most loaded home to the least loaded while that narrows the
-    gap between the two (the spread) by more than ``min_gain`` of the mean load per home.
-    ``owners`` gives the home of each partition, ``counts`` the load of each (a partition not in it
-    holds nothing). Each move is planned on the map the moves before it leave, so the moves are
-    made in order."""
+    """Greedy: the most loaded home gives the least loaded what brings one of them to the mean (an
+    edge range of its runs, :func:`best_move`), while that narrows the gap between the two by more
+    than ``min_gain`` of the mean. Aiming at the mean, not at half the gap, keeps a home from taking
+    more than its share and handing partitions on again. ``owners`` gives the home of each
+    partition, ``counts`` the load of each (a partition not in it holds nothing). Each move is
+    planned on the map the moves before it leave, so the moves are made in order."""
     owners = list(owners)
     homes = homes_of(owners)
     loads = loads_of(owners, counts)
     before = dict(loads)
-    threshold = min_gain * sum(loads.values()) / len(homes) if homes else 0.0
+    mean = sum(loads.values()) / len(homes) if homes else 0.0
     moves: list[ProposedMove] = []
     while len(homes) > 1 and len(moves) < max_moves:
         donor = max(homes, key=loads.__getitem__)
         receiver = min(homes, key=loads.__getitem__)
-        move = best_move(owners, counts, loads, donor, receiver)
         gap = loads[donor] - loads[receiver]
-        if move is None or gap - abs(gap - 2 * move.load) <= threshold:
+        move = best_move(owners, counts, donor, receiver, min(loads[donor] - mean, mean - loads[receiver]))
+        if move is None or gap - abs(gap - 2 * move.load) <= min_gain * mean:
             break
         loads[donor] -= move.load
         loads[receiver] += move.load
