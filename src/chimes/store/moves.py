@@ -146,7 +146,7 @@ class Move:
         """One line: what moves where, its phase and progress."""
         line = f"move {self.move_id}: partitions {self.first}-{self.last} {self.source} -> {self.target}, {self.phase}"
         if self.phase == "copying" or self.rows_copied:
-            line += f", {self.rows_copied:,} rows copied in {self.passes} passes"
+            line += f", {self.rows_copied:,} rows copied in {self.passes} pass{'' if self.passes == 1 else 'es'}"
         if self.under_way and self.rows_per_sec:
             line += f", {self.rows_per_sec:,.0f} rows/s"
             left = self.seconds_left()
