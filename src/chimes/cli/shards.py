@@ -177,16 +177,9 @@ def rebalance_shards(database_url: str | None, data_dir: Path, measure: str, app
             return
         plan = rebalance.plan_moves(owners, await rebalance.read_counts(dsn, shard_map, measure))
         unit = "jobs" if measure == "jobs" else "triggers due within the hour"
-        click.echo(f"now:   {rebalance.describe_loads(plan.before, unit)} (spread {plan.spread_before:,})")
+        _print_plan(plan, unit)
         if not plan.moves:
-            click.echo(f"no move would narrow the spread by more than {rebalance.MIN_GAIN:.0%} of the mean "
-                       "per database: nothing to do")
             return
-        click.echo(f"{len(plan.moves)} move{'s' if len(plan.moves) > 1 else ''}, in this order:")
-        for move in plan.moves:
-            click.echo(f"  {move.command()}    # {move.load:,} {unit}, "
-                       f"{rebalance.home_name(move.source)} -> {rebalance.home_name(move.target)}")
-        click.echo(f"after: {rebalance.describe_loads(plan.after, unit)} (spread {plan.spread_after:,})")
         if not apply_moves:
             click.echo("nothing was changed: run them with chimes shards rebalance --apply, or one at a time")
             return
@@ -202,6 +195,19 @@ def rebalance_shards(database_url: str | None, data_dir: Path, measure: str, app
         click.echo(f"rebalanced: {rebalance.describe_loads(now, unit)} (spread {rebalance.spread(now):,})")
 
     _on_catalog_url(database_url, data_dir, act)
+
+
+def _print_plan(plan: rebalance.Plan, unit: str) -> None:
+    click.echo(f"now:   {rebalance.describe_loads(plan.before, unit)} (spread {plan.spread_before:,})")
+    if not plan.moves:
+        click.echo(f"no move would narrow the spread by more than {rebalance.MIN_GAIN:.0%} of the mean "
+                   "per database: nothing to do")
+        return
+    click.echo(f"{len(plan.moves)} move{'s' if len(plan.moves) > 1 else ''}, in this order:")
+    for move in plan.moves:
+        click.echo(f"  {move.command()}    # {move.load:,} {unit}, "
+                   f"{rebalance.home_name(move.source)} -> {rebalance.home_name(move.target)}")
+    click.echo(f"after: {rebalance.describe_loads(plan.after, unit)} (spread {plan.spread_after:,})")
 
 
 def _on_catalog_url(database_url: str | None, data_dir: Path,
