@@ -296,6 +296,42 @@ async def test_fleet_page_shows_nodes_partitions_workers_queue_and_lag(
         assert "1024/1024" in page and "node 1" in page and "worker 1" in page
 
 
+async def test_fleet_page_shows_the_move_under_way_and_the_last_ended(
+    team_a: httpx.AsyncClient, api_url: str, tokens: dict[str, str], database_url: str,
+) -> None:
+    catalog = await asyncpg.connect(database_url)
+    try:
+        assert "Partition moves" not in (await team_a.get("/ui/fleet")).text  # no move yet: no table
+        await catalog.execute(
+            "INSERT INTO shard_moves (first_partition, last_partition, source_shard, target_shard, phase, passes,"
+            " rows_copied, note, started_at, finished_at) VALUES"
+            " (0, 99, NULL, 7, 'done', 3, 4200, NULL, now() - interval '1 hour', now() - interval '50 minutes'),"
+            " (100, 199, NULL, 7, 'cancelled', 1, 10, 'a run of the range still ran after 60 s (--drain-timeout)',"
+            "  now() - interval '20 minutes', now() - interval '19 minutes')")
+        await catalog.execute(
+            "INSERT INTO shard_moves (first_partition, last_partition, source_shard, target_shard, phase, passes,"
+            " rows_copied, rows_per_sec, rows_left, note) VALUES"
+            " (512, 767, 7, NULL, 'copying', 2, 123456, 2500, 250000, 'second pass')")
+    finally:
+        await catalog.close()
+    async with signed_in(api_url, tokens["admin"]) as admin:
+        pages = [(await admin.get("/ui/fleet")).text, (await admin.get("/ui/fleet?fragment=body")).text,
+                 (await team_a.get("/ui/fleet")).text]
+    for html in pages:
+        table = html[html.index("<h2>Partition moves</h2>"):]
+        table = table[:table.index("</section>")]
+        rows = re.findall(r"<tr class=\"[^\"]*\">(.*?)</tr>", table, re.DOTALL)
+        assert len(rows) == 3
+        under_way, cancelled, done = (re.sub(r"<[^>]+>|\s+", " ", row).split() for row in rows)
+        # The move under way first: its phase, rows copied and passes, rate, time left and note.
+        assert " ".join(under_way).startswith("3 512\u2013767 shard 7 → catalog copying 123,456 in 2 passes "
+                                              "2,500 rows/s 1 min 40 s second pass")
+        assert " ".join(cancelled).startswith("2 100\u2013199 catalog → shard 7 cancelled 10 in 1 pass — — "
+                                              "a run of the range still ran after 60 s (--drain-timeout)")
+        assert " ".join(done).startswith("1 0\u201399 catalog → shard 7 done 4,200 in 3 passes — — —")
+        assert "A move is under way" in table
+
+
 async def test_static_assets_are_served_by_chimes_itself(api_url: str) -> None:
     async with httpx.AsyncClient(base_url=api_url, timeout=30) as browser:
         for name, kind in [("htmx.min.js", "javascript"), ("uPlot.iife.min.js", "javascript"),

@@ -14,7 +14,7 @@ import click
 
 from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database, on_migrated_database
-from chimes.store import db
+from chimes.store import db, rebalance
 from chimes.store import moves as move_store
 from chimes.store import shards as shard_store
 
@@ -38,8 +38,12 @@ def list_shards(database_url: str | None, data_dir: Path) -> None:
     rows += [(first, last, "catalog", "(the --database-url database)") for first, last in shard_map.in_catalog()]
     for first, last, home, where in sorted(rows):
         click.echo(f"{first}-{last}\t{home}\t{where}")
-    for move in _on_catalog(database_url, data_dir, move_store.recent_moves):
-        click.echo(move.describe())
+    moves = _on_catalog(database_url, data_dir, move_store.recent_moves)
+    if moves:
+        under_way = "the one under way first, then " if moves[0].under_way else ""
+        click.echo(f"moves ({under_way}the last ended, newest first):")
+    for move in moves:
+        click.echo(f"  {move.describe()}")
 
 
 @shards.command("add")
@@ -99,19 +103,12 @@ def move_partitions(database_url: str | None, data_dir: Path, partitions: str | 
         if partitions is not None:
             first, last = shard_store.parse_partitions(partitions)
             assert target is not None
-            move, plan = await move_store.begin_move(catalog, dsn, first, last, target, dry_run=dry_run)
-            click.echo(plan)
-            if move is None:
-                return
-        else:
-            found = await move_store.move_under_way(catalog)
-            if found is None:
-                raise move_store.MoveError("no move is under way")
-            move = found
-        await move_store.lock_mover(catalog)
-        homes = await move_store.homes_of(catalog, dsn, move)
-        mover = move_store.Mover(catalog, homes, move, report=lambda m: click.echo(m.describe()),
-                                 drain_timeout_sec=drain_timeout)
+            await carry_out_move(catalog, dsn, first, last, target, drain_timeout=drain_timeout, dry_run=dry_run)
+            return
+        found = await move_store.move_under_way(catalog)
+        if found is None:
+            raise move_store.MoveError("no move is under way")
+        mover = await _mover_of(catalog, dsn, found, drain_timeout)
         if cancel:
             await mover.open_for_cancel()
             try:
@@ -119,11 +116,98 @@ def move_partitions(database_url: str | None, data_dir: Path, partitions: str | 
             finally:
                 await mover.close()
             return
-        ended = await mover.run()
-        if ended.phase == "cancelled":
-            raise move_store.MoveError(f"the move was cancelled: {ended.note}")
+        await _run_to_the_end(mover)
 
     _on_catalog_url(database_url, data_dir, act)
+
+
+async def carry_out_move(catalog: db.Connection, dsn: str, first: int, last: int, target: str, *,
+                         drain_timeout: float, dry_run: bool = False) -> None:
+    """What ``chimes shards move FIRST-LAST --to TARGET`` does, from the check to the clean-up, each
+    phase reported on stdout; MoveError when it was refused or cancelled."""
+    move, plan = await move_store.begin_move(catalog, dsn, first, last, target, dry_run=dry_run)
+    click.echo(plan)
+    if move is not None:
+        await _run_to_the_end(await _mover_of(catalog, dsn, move, drain_timeout))
+
+
+async def _mover_of(catalog: db.Connection, dsn: str, move: move_store.Move,
+                    drain_timeout: float) -> move_store.Mover:
+    await move_store.lock_mover(catalog)
+    homes = await move_store.homes_of(catalog, dsn, move)
+    return move_store.Mover(catalog, homes, move, report=lambda m: click.echo(m.describe()),
+                            drain_timeout_sec=drain_timeout)
+
+
+async def _run_to_the_end(mover: move_store.Mover) -> None:
+    ended = await mover.run()
+    if ended.phase == "cancelled":
+        raise move_store.MoveError(f"the move was cancelled: {ended.note}")
+
+
+@shards.command("rebalance")
+@database_options
+@click.option("--by", "measure", type=click.Choice(rebalance.MEASURES), default="jobs", show_default=True,
+              help="What to even out between the homes: their jobs, or the triggers due within the next hour.")
+@click.option("--apply", "apply_moves", is_flag=True,
+              help="Make the proposed moves, one after the other, as chimes shards move does.")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True, metavar="SEC",
+              help="With --apply: each move's drain timeout (chimes shards move --drain-timeout).")
+def rebalance_shards(database_url: str | None, data_dir: Path, measure: str, apply_moves: bool,
+                     drain_timeout: float) -> None:
+    """Propose moves that even out the jobs (or the triggers due soon) of the catalog and the shards.
+
+    Counts each partition's jobs on the database that holds it, then proposes moves of ranges taken
+    at the edge of the most loaded database's ranges to the least loaded, until no move would narrow
+    the gap between them by more than 5% of the mean per database. Prints each move as the
+    chimes shards move command that makes it, and the counts after. Changes nothing without --apply
+    (docs/scaling.md, "Rebalancing")."""
+
+    async def act(catalog: db.Connection, dsn: str) -> None:
+        under_way = await move_store.move_under_way(catalog)
+        if under_way is not None:
+            raise move_store.MoveError(f"a move is under way ({under_way.describe()}): rebalance once it has "
+                                       "ended (chimes shards move --resume, or --cancel)")
+        shard_map = await shard_store.load_map(catalog)
+        owners = rebalance.owners_of(shard_map)
+        if len(rebalance.homes_of(owners)) < 2:
+            click.echo("one database holds every partition: there is nothing to rebalance. Rebalancing needs a "
+                       "second database: chimes shards add URL --partitions FIRST-LAST, or chimes shards move "
+                       "FIRST-LAST --to URL.")
+            return
+        plan = rebalance.plan_moves(owners, await rebalance.read_counts(dsn, shard_map, measure))
+        unit = "jobs" if measure == "jobs" else "triggers due within the hour"
+        _print_plan(plan, unit)
+        if not plan.moves:
+            return
+        if not apply_moves:
+            click.echo("nothing was changed: run them with chimes shards rebalance --apply, or one at a time")
+            return
+        for done, move in enumerate(plan.moves):
+            try:
+                await carry_out_move(catalog, dsn, move.first, move.last, rebalance.home_label(move.target),
+                                     drain_timeout=drain_timeout)
+            except shard_store.ShardMapError as exc:
+                raise move_store.MoveError(f"{exc}; {done} of the {len(plan.moves)} moves were made "
+                                           "(chimes shards list; chimes shards rebalance plans again)") from None
+        shard_map = await shard_store.load_map(catalog)
+        now = rebalance.loads_of(rebalance.owners_of(shard_map), await rebalance.read_counts(dsn, shard_map, measure))
+        click.echo(f"rebalanced: {rebalance.describe_loads(now, unit)} (spread {rebalance.spread(now):,})")
+
+    _on_catalog_url(database_url, data_dir, act)
+
+
+def _print_plan(plan: rebalance.Plan, unit: str) -> None:
+    click.echo(f"now:   {rebalance.describe_loads(plan.before, unit)} (spread {plan.spread_before:,})")
+    if not plan.moves:
+        click.echo(f"no move would narrow the spread by more than {rebalance.MIN_GAIN:.0%} of the mean "
+                   "per database: nothing to do")
+        return
+    click.echo(f"{len(plan.moves)} move{'s' if len(plan.moves) > 1 else ''}, in this order:")
+    for move in plan.moves:
+        click.echo(f"  {move.command()}    # {move.load:,} {unit}, "
+                   f"{rebalance.home_name(move.source)} -> {rebalance.home_name(move.target)}")
+    click.echo(f"after: {rebalance.describe_loads(plan.after, unit)} (spread {plan.spread_after:,})")
 
 
 def _on_catalog_url(database_url: str | None, data_dir: Path,

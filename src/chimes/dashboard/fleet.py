@@ -12,8 +12,11 @@ from typing import Any
 
 from chimes.ids import PARTITION_COUNT
 from chimes.store.dashboard import QUEUE_COUNT_CAP, RUNNING_SHOWN, FireLag, Fleet, QueueTier
+from chimes.store.db import Pool
+from chimes.store.moves import Move, recent_moves
 
 LIVE_NODE_SEC = 15  # as the fleet page marks a node "not heartbeating"
+MOVES_SHOWN = 5  # the move under way, if any, and the last ones that ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,27 @@ class HomeSummary:
     fire_lag_p99: float | None
     failed: int
     error: str | None = None  # the database did not answer
+
+
+@dataclass(frozen=True, slots=True)
+class MovesShown:
+    """The fleet page's "Partition moves" table: the move under way first, then the last ended."""
+
+    moves: tuple[Move, ...]
+    error: str | None = None  # the catalog did not answer
+
+    @property
+    def under_way(self) -> Move | None:
+        return self.moves[0] if self.moves and self.moves[0].under_way else None
+
+
+async def moves_shown(catalog: Pool) -> MovesShown:
+    """The catalog's moves (``shard_moves``); a catalog that does not answer is named, and the rest
+    of the page, read from the other homes, still shows."""
+    try:
+        return MovesShown(tuple(await recent_moves(catalog, MOVES_SHOWN)))
+    except Exception as exc:
+        return MovesShown((), error=type(exc).__name__)
 
 
 def summarize(name: str, own: Sequence[int], fleet: Fleet | BaseException, with_queue: bool) -> HomeSummary:

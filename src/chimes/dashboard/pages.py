@@ -164,7 +164,9 @@ async def fleet_page(request: Request, who: Viewer, fragment: str | None = None)
         answered = [(found, own) for (_, own), found in zip(owns, read, strict=True) if isinstance(found, Fleet)]
         fleet = fleet_view.add_up([f for f, _ in answered], [sorted(own) for _, own in answered])
     context = {
-        "viewer": who, "nav": "fleet", "fleet": fleet, "lag_window_min": int(LAG_WINDOW.total_seconds() // 60),
+        "viewer": who, "nav": "fleet", "fleet": fleet,
+        "moves": await fleet_view.moves_shown(standby.pool(request)),  # in the catalog, with shards or without
+        "lag_window_min": int(LAG_WINDOW.total_seconds() // 60),
         "lag_bars": views.lag_bars(LAG_BOUNDS, fleet.fire_lag.buckets),
         "failure_bars": views.minute_bars(fleet.failures, now, FAILURE_MINUTES),
         "failure_minutes": FAILURE_MINUTES, "failures_total": sum(r["failed"] for r in fleet.failures),

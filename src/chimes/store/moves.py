@@ -150,7 +150,7 @@ class Move:
         """One line: what moves where, its phase and progress."""
         line = f"move {self.move_id}: partitions {self.first}-{self.last} {self.source} -> {self.target}, {self.phase}"
         if self.phase == "copying" or self.rows_copied:
-            line += f", {self.rows_copied:,} rows copied in {self.passes} passes"
+            line += f", {self.rows_copied:,} rows copied in {self.passes} pass{'' if self.passes == 1 else 'es'}"
         if self.under_way and self.rows_per_sec:
             line += f", {self.rows_per_sec:,.0f} rows/s"
             left = self.seconds_left()
@@ -383,7 +383,7 @@ class Mover:
                     copied, left = copied + rows, max(0, left - rows)
                     elapsed = max(time.monotonic() - started, 1e-6)
                     await self._progress(move.rows_copied + copied, copied / elapsed if copied else None, left)
-        await self._progress(move.rows_copied, self.move.rows_per_sec, 0, passes=move.passes + 1)
+        await self._progress(move.rows_copied + copied, self.move.rows_per_sec, 0, passes=move.passes + 1)
         return copied
 
     async def _copy(self, table: MovedTable, partitions: list[int], wanted: dict[int, tuple[str, int]]) -> int:
@@ -434,6 +434,8 @@ class Mover:
             await asyncio.sleep(POLL_SEC)
         await source.execute(sql("hand_over_lost_runs"), move.first, move.last)
         await self._stop_if("drained")
+        await self._progress(self.move.rows_copied, self.move.rows_per_sec, 0,
+                             note="the range is at rest: copying what changed before the fence")
         # Nothing of the range changes on the source now but what its sweeps may still do (retention
         # dropping a day of history, say): passes until one copies nothing.
         for _ in range(MAX_FENCED_PASSES):
@@ -517,10 +519,11 @@ class Mover:
             raise MoveError(f"move {self.move.move_id} is {phase} now: another command changed it")
         self.move = _move(row)
 
-    async def _progress(self, rows_copied: int, rate: float | None, left: int, *, passes: int | None = None) -> None:
+    async def _progress(self, rows_copied: int, rate: float | None, left: int, *, passes: int | None = None,
+                        note: str | None = None) -> None:
         move = self.move
         await self._record(sql("move_progress"), move.move_id, move.passes if passes is None else passes,
-                           rows_copied, rate, left, move.note, _mover_name())
+                           rows_copied, rate, left, note or move.note, _mover_name())
         if passes is not None:
             self._report(self.move)
 
