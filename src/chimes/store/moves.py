@@ -379,7 +379,7 @@ class Mover:
                     copied, left = copied + rows, max(0, left - rows)
                     elapsed = max(time.monotonic() - started, 1e-6)
                     await self._progress(move.rows_copied + copied, copied / elapsed if copied else None, left)
-        await self._progress(move.rows_copied, self.move.rows_per_sec, 0, passes=move.passes + 1)
+        await self._progress(self.move.rows_copied, self.move.rows_per_sec, 0, passes=move.passes + 1)
         return copied
 
     async def _copy(self, table: MovedTable, partitions: list[int], wanted: dict[int, tuple[str, int]]) -> int:
