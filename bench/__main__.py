@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="recurring jobs in the catalog before the move, spread over every partition (move)")
     parser.add_argument("--idle", type=int, default=0, help="idle schedules in the index (top-of-hour)")
     parser.add_argument("--rate", type=float, default=1000.0, help="runs per second (steady)")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds (steady, idle-wal)")
+    parser.add_argument("--duration", type=float, default=30.0,
+                        help="seconds (steady, idle-wal); move: of slots counted before the move and after it")
     parser.add_argument("--jobs", type=int, default=100_000, help="schedules to import (load)")
     parser.add_argument("--workers", type=int, default=1, help="chimes worker processes")
     parser.add_argument("--concurrency", type=int, default=200,
@@ -188,7 +189,7 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
     if args.scenario == "move":
         from bench.move import move
 
-        return await move(env, target, schedules=args.schedules, say=say)
+        return await move(env, target, schedules=args.schedules, window_sec=args.duration, say=say)
     if args.scenario == "http-calls":
         from bench.http_calls import http_calls
 

@@ -17,9 +17,10 @@ Reported: the move's wall time (the mover process, start to exit) and its phases
 the cut-over: to ``cut_over_at``; cleaning, the target opened and the source's copies deleted: to
 ``finished_at``), each line the mover printed and when, the rows copied and the copy rate; the
 every-second jobs' fire delay (when the target received the call, less the slot it was for) and the
-longest gap between two calls of a job, before and during the move; every slot from the warm-up to
-a few seconds after the move counted, missing or called twice; and each ``PATCH``'s latency before
-and during the move (the longest during it: how long the range's writes waited out the fence).
+longest gap between two calls of a job, before the move and from its start on; every slot from
+``--duration`` seconds before the move to as long after its end counted, missing or called twice;
+and each ``PATCH``'s latency before, during and after the move (the longest during it: how long the
+range's writes waited out the fence).
 """
 
 from __future__ import annotations
@@ -58,9 +59,7 @@ MOVED = (512, 1023)  # the range that moves; 0-511 stay in the catalog
 MOVING_JOBS = 4  # every-second jobs in the range that moves
 STAYING_JOBS = 2  # and outside it, for comparison
 WARM_SLOTS = 3  # each every-second job called this many times before the slots are counted
-BASELINE_SEC = 5  # slots counted, and writes timed, before the move starts
 WARM_UP_PATCHES = 5  # not counted: the API's first requests open its pool
-AFTER_SEC = 5  # slots counted after the move's end
 PATCH_PACE_SEC = 0.05  # the client's pause between two writes
 OWNER = "bench"
 EVERY_SECOND = {"cron": "* * * * * *"}
@@ -310,7 +309,9 @@ async def _count(dsn: str, query: str, *args: object) -> int:
         await conn.close()
 
 
-async def move(env: Env, target: TargetProcess, *, schedules: int, say: Say) -> list[Result]:
+async def move(env: Env, target: TargetProcess, *, schedules: int, window_sec: float, say: Say) -> list[Result]:
+    """The move of 512-1023 over ``schedules`` schedules; the every-second jobs' slots are counted, and
+    the writes timed, from ``window_sec`` before the move to ``window_sec`` after it."""
     with servers(env.workdir, 2, say) as (catalog_server, target_server):
         name = env.database("move")
         catalog_dsn = await _fresh_database(catalog_server, name)
@@ -342,7 +343,7 @@ async def move(env: Env, target: TargetProcess, *, schedules: int, say: Say) -> 
                                          headers={"Authorization": f"Bearer {token}"}) as client:
                 await api.ready(client)
                 return [await _measure(env, target, fleet, api, client, catalog_dsn, target_dsn, jobs, patched,
-                                       schedules=schedules, in_range=in_range, say=say)]
+                                       schedules=schedules, in_range=in_range, window_sec=window_sec, say=say)]
         finally:
             if api is not None:
                 api.stop()
@@ -351,7 +352,7 @@ async def move(env: Env, target: TargetProcess, *, schedules: int, say: Say) -> 
 
 async def _measure(env: Env, target: TargetProcess, fleet: Fleet, api: ApiProcess, client: httpx.AsyncClient,
                    catalog_dsn: str, target_dsn: str, jobs: EverySecondJobs, patched: str, *, schedules: int,
-                   in_range: int, say: Say) -> Result:
+                   in_range: int, window_sec: float, say: Say) -> Result:
     paths = set(jobs.by_path)
 
     async def called(least: int) -> bool:
@@ -366,7 +367,7 @@ async def _measure(env: Env, target: TargetProcess, fleet: Fleet, api: ApiProces
         await _wait(lambda: called(WARM_SLOTS), 60, "every every-second job to be called", fleet, api)
         first_slot = math.floor(time.time()) + 1  # every job is called each second from here on
         say(f"move: the fleet runs; slots counted from {datetime.fromtimestamp(first_slot, UTC):%H:%M:%S}")
-        await asyncio.sleep(first_slot + BASELINE_SEC - time.time())  # the figures before the move: a period
+        await asyncio.sleep(first_slot + window_sec - time.time())  # the figures before the move: a period
         mover = await _run_mover(catalog_dsn, target_dsn, env, say)
         if mover.exit_code != 0:
             raise RuntimeError(f"chimes shards move exited {mover.exit_code}:\n"
@@ -374,7 +375,7 @@ async def _measure(env: Env, target: TargetProcess, fleet: Fleet, api: ApiProces
         row = await _last_move(catalog_dsn)
         if row["phase"] != "done":
             raise RuntimeError(f"the move ended {row['phase']}: {row['note']}")
-        last_slot = math.floor(row["finished_at"].timestamp()) + AFTER_SEC
+        last_slot = math.floor(row["finished_at"].timestamp() + window_sec)
         job_ids = list(jobs.by_path.values())
 
         async def every_slot_called() -> bool:
@@ -383,7 +384,7 @@ async def _measure(env: Env, target: TargetProcess, fleet: Fleet, api: ApiProces
             return not slot_accounts(calls, sorted(paths), first_slot, last_slot)["missing"]
 
         with contextlib.suppress(RuntimeError):  # what is still missing then is counted, not hidden
-            await _wait(every_slot_called, AFTER_SEC + 60, "every slot to be called", fleet, api)
+            await _wait(every_slot_called, window_sec + 60, "every slot to be called", fleet, api)
     finally:
         patcher.stop()
         await patching
@@ -394,7 +395,8 @@ async def _measure(env: Env, target: TargetProcess, fleet: Fleet, api: ApiProces
     rows_on_target = await _count(target_dsn, ROWS_IN_RANGE, *MOVED)
     return _result(row, mover, calls, unmatched, patcher, jobs, fleet, schedules=schedules, in_range=in_range,
                    moved_jobs=moved_jobs, left_behind=left_behind, rows_on_target=rows_on_target,
-                   first_slot=first_slot, last_slot=last_slot, run_statuses=run_statuses, say=say)
+                   first_slot=first_slot, last_slot=last_slot, run_statuses=run_statuses, window_sec=window_sec,
+                   say=say)
 
 
 async def _last_move(catalog_dsn: str) -> asyncpg.Record:
@@ -411,7 +413,7 @@ async def _last_move(catalog_dsn: str) -> asyncpg.Record:
 def _result(row: asyncpg.Record, mover: MoverRun, calls: list[Call], unmatched: int, patcher: Patcher,
             jobs: EverySecondJobs, fleet: Fleet, *, schedules: int, in_range: int, moved_jobs: int,
             left_behind: int, rows_on_target: int, first_slot: int, last_slot: int, run_statuses: dict[str, int],
-            say: Say) -> Result:
+            window_sec: float, say: Say) -> Result:
     started, fenced, cut_over, finished = (row[k].timestamp() for k in
                                            ("started_at", "fenced_at", "cut_over_at", "finished_at"))
     phases = {"copying": round(fenced - started, 3), "fenced": round(cut_over - fenced, 3),
@@ -421,7 +423,7 @@ def _result(row: asyncpg.Record, mover: MoverRun, calls: list[Call], unmatched: 
     moving, staying = set(jobs.moving), set(jobs.staying)
     before = {"moving_jobs": delays(calls, moving, first_slot, mover.started),
               "staying_jobs": delays(calls, staying, first_slot, mover.started)}
-    # from the mover's start to AFTER_SEC after the move's end: the range's first slots on the target too
+    # from the mover's start to window_sec after the move's end: the range's first slots on the target too
     during = {"moving_jobs": delays(calls, moving, mover.started, last_slot + 1),
               "staying_jobs": delays(calls, staying, mover.started, last_slot + 1)}
     writes_during = patcher.between(mover.started, mover.ended)
@@ -439,6 +441,7 @@ def _result(row: asyncpg.Record, mover: MoverRun, calls: list[Call], unmatched: 
     worst_delay = during["moving_jobs"]["fire_delay_sec"]
     extra: dict[str, Any] = {
         "schedules": schedules, "partitions": f"{MOVED[0]}-{MOVED[1]}", "jobs_in_range": in_range,
+        "window_sec": window_sec,
         "jobs_on_target_after": moved_jobs, "jobs_in_range_left_on_source": left_behind,
         "move_wall_sec": round(mover.ended - mover.started, 3),
         "phases_sec": phases, "started_to_cut_over_sec": round(to_cut_over, 3),
@@ -498,7 +501,8 @@ def move_table(results: Sequence[Result]) -> str:
             "  every-second jobs, fire delay p50 / p99 / max s (slot to call received), longest gap between calls:",
         ]
         for when, key in (("before the move", "fire_delay_before_the_move"),
-                          (f"from the move's start to {AFTER_SEC} s after its end", "fire_delay_from_the_move_on")):
+                          (f"from the move's start to {x['window_sec']:g} s after its end",
+                           "fire_delay_from_the_move_on")):
             for side in ("moving_jobs", "staying_jobs"):
                 figures = x[key][side]
                 lines.append(f"    {when}, {side.replace('_', ' ')}: {_lag(figures)}; gap "
