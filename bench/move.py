@@ -60,6 +60,7 @@ MOVING_JOBS = 4  # every-second jobs in the range that moves
 STAYING_JOBS = 2  # and outside it, for comparison
 WARM_SLOTS = 3  # each every-second job called this many times before the slots are counted
 WARM_UP_PATCHES = 5  # not counted: the API's first requests open its pool
+AROUND_CUT_OVER_SEC = 5  # the slots "around the cut-over": from this long before the fence to as long after the end
 PATCH_PACE_SEC = 0.05  # the client's pause between two writes
 OWNER = "bench"
 EVERY_SECOND = {"cron": "* * * * * *"}
@@ -426,19 +427,22 @@ def _result(row: asyncpg.Record, mover: MoverRun, calls: list[Call], unmatched: 
     # from the mover's start to window_sec after the move's end: the range's first slots on the target too
     during = {"moving_jobs": delays(calls, moving, mover.started, last_slot + 1),
               "staying_jobs": delays(calls, staying, mover.started, last_slot + 1)}
+    # the range neither fires nor takes writes from the fence until the target's nodes take it
+    around = {"moving_jobs": delays(calls, moving, fenced - AROUND_CUT_OVER_SEC, finished + AROUND_CUT_OVER_SEC),
+              "staying_jobs": delays(calls, staying, fenced - AROUND_CUT_OVER_SEC, finished + AROUND_CUT_OVER_SEC)}
     writes_during = patcher.between(mover.started, mover.ended)
     api = {"before_the_move": _latencies(patcher.between(0, mover.started)),
            "during_the_move": _latencies(writes_during),
            "after_the_move": _latencies(patcher.between(mover.ended, math.inf))}
     # instants as seconds after the fence, where the pauses fall
-    for figures in (*before.values(), *during.values()):
+    for figures in (*before.values(), *during.values(), *around.values()):
         for key in ("longest_delay_slot", "longest_gap_after"):
             if figures[key] is not None:
                 figures[key] = round(figures[key] - fenced, 3)
     for figures in api.values():
         if figures["longest_started_at"] is not None:
             figures["longest_started_at"] = round(figures["longest_started_at"] - fenced, 3)
-    worst_delay = during["moving_jobs"]["fire_delay_sec"]
+    worst_delay = around["moving_jobs"]["fire_delay_sec"]
     extra: dict[str, Any] = {
         "schedules": schedules, "partitions": f"{MOVED[0]}-{MOVED[1]}", "jobs_in_range": in_range,
         "window_sec": window_sec,
@@ -457,8 +461,10 @@ def _result(row: asyncpg.Record, mover: MoverRun, calls: list[Call], unmatched: 
                               "slots_to": datetime.fromtimestamp(last_slot, UTC).isoformat(),
                               **accounts, "calls_without_a_run": unmatched, "runs_by_status": run_statuses},
         "fire_delay_before_the_move": before, "fire_delay_from_the_move_on": during,
+        "fire_delay_around_the_cut_over": around, "around_the_cut_over_sec": AROUND_CUT_OVER_SEC,
+        # the moving jobs' around the cut-over
         "longest_fire_delay_sec": None if worst_delay is None else worst_delay["max"],
-        "longest_gap_sec": during["moving_jobs"]["longest_gap_sec"],
+        "longest_gap_sec": around["moving_jobs"]["longest_gap_sec"],
         "api_patch": api,
         "api_pause_ms": None if api["during_the_move"]["latency_ms"] is None
         else api["during_the_move"]["latency_ms"]["max"],
@@ -502,7 +508,9 @@ def move_table(results: Sequence[Result]) -> str:
         ]
         for when, key in (("before the move", "fire_delay_before_the_move"),
                           (f"from the move's start to {x['window_sec']:g} s after its end",
-                           "fire_delay_from_the_move_on")):
+                           "fire_delay_from_the_move_on"),
+                          (f"around the cut-over ({x['around_the_cut_over_sec']} s before the fence to as long after "
+                           "the end)", "fire_delay_around_the_cut_over")):
             for side in ("moving_jobs", "staying_jobs"):
                 figures = x[key][side]
                 lines.append(f"    {when}, {side.replace('_', ' ')}: {_lag(figures)}; gap "
