@@ -15,6 +15,9 @@ Scenarios:
                standby: what a failover loses (--repeat failovers of each)
   shards       the same burst over 1, 2 and 4 shards (an embedded PostgreSQL each), the API's routing with
                the fewest and the most, and the burst with one shard's PostgreSQL stopped (SIGSTOP)
+  move         `chimes shards move 512-1023` to a second embedded PostgreSQL over --schedules schedules while
+               every-second jobs fire and a client changes a moving job through the API: the move's phases,
+               the fire delays and missing slots, the API's longest write
   http-calls   the HTTP task's client alone: N calls through Chimes' executor (libcurl) and through an
                aiohttp session with the same headers, each in a process of its own: CPU per call
 
@@ -69,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenario", choices=["burst", "up", "top-of-hour", "steady", "load", "peers", "ha-cost",
-                                             "idle-wal", "async-loss", "shards", "http-calls"])
+                                             "idle-wal", "async-loss", "shards", "http-calls", "move"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
     parser.add_argument("--database-prefix", type=_identifier, default="bench",
@@ -82,9 +85,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="shards: the configurations, comma-separated numbers of PostgreSQL servers")
     parser.add_argument("--lanes", type=_positive, default=8,
                         help="writers creating jobs through the API at once, as fast as it answers (async-loss)")
+    parser.add_argument("--schedules", type=_positive, default=1_000_000,
+                        help="recurring jobs in the catalog before the move, spread over every partition (move)")
     parser.add_argument("--idle", type=int, default=0, help="idle schedules in the index (top-of-hour)")
     parser.add_argument("--rate", type=float, default=1000.0, help="runs per second (steady)")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds (steady, idle-wal)")
+    parser.add_argument("--duration", type=float, default=30.0,
+                        help="seconds (steady, idle-wal); move: of slots counted before the move and after it")
     parser.add_argument("--jobs", type=int, default=100_000, help="schedules to import (load)")
     parser.add_argument("--workers", type=int, default=1, help="chimes worker processes")
     parser.add_argument("--concurrency", type=int, default=200,
@@ -180,6 +186,10 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
         from bench.idle_wal import idle_wal
 
         return [await idle_wal(env, duration=args.duration, shape=shape, say=say)]
+    if args.scenario == "move":
+        from bench.move import move
+
+        return await move(env, target, schedules=args.schedules, window_sec=args.duration, say=say)
     if args.scenario == "http-calls":
         from bench.http_calls import http_calls
 
@@ -207,6 +217,10 @@ def _report(scenario: str, results: list[Result]) -> str:
         from bench.shards import shards_table
 
         return shards_table(results)
+    if scenario == "move":
+        from bench.move import move_table
+
+        return move_table(results)
     if scenario == "idle-wal":
         from bench.idle_wal import wal_table
 
@@ -232,9 +246,9 @@ def _quietness(rounds: list[quiet.Quietness]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.scenario == "shards" and args.database_url:
-        parser.error("shards starts embedded PostgreSQL servers of its own, one per shard: drop --database-url "
-                     "(and BENCH_DATABASE_URL)")
+    if args.scenario in ("shards", "move") and args.database_url:
+        parser.error(f"{args.scenario} starts embedded PostgreSQL servers of its own, one per shard: drop "
+                     "--database-url (and BENCH_DATABASE_URL)")
     import uvloop
 
     machine, results, rounds = uvloop.run(_run(args))

@@ -1,5 +1,5 @@
-"""The benchmark code keeps working: the burst, top-of-hour, idle-wal, shards and http-calls scenarios,
-tiny, on the test server (shards: on servers of its own).
+"""The benchmark code keeps working: the burst, top-of-hour, idle-wal, shards, move and http-calls
+scenarios, tiny, on the test server (shards and move: on servers of their own).
 
 Real `chimes scheduler` and `chimes worker` processes and the benchmark's own HTTP target, as in a
 real benchmark run; no timing is asserted (the machine is shared), only that every run is accounted
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -147,3 +149,40 @@ async def test_shards_scenario_reports_each_configuration_the_api_and_a_stopped_
     assert "2 shards, pg2 stopped" in report and "blast radius, 2 shards, pg2 stopped" in report
     assert "GET /jobs/{id}" in report and "scheduler: pg1 " in report
     assert orjson.loads(orjson.dumps([r.to_json() for r in results], default=str))[0]["extra"]["shards"] == 1
+
+
+def test_move_scenario_moves_half_the_partitions_with_every_slot_called_and_reports(tmp_path: Path) -> None:
+    # `python -m bench move` as it is run: its own two embedded servers, fleet, API and mover processes
+    report = tmp_path / "move.json"
+    finished = subprocess.run([sys.executable, "-m", "bench", "move", "--schedules", "2000", "--settle", "0",
+                               "--duration", "2", "--json", str(report)], capture_output=True, text=True, timeout=150)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    figures = orjson.loads(report.read_bytes())
+    (result,) = figures["results"]
+    moved = result["extra"]
+    # every job of 512-1023 went to the second server, none stayed behind, and each was copied
+    assert moved["jobs_in_range"] > 800 and moved["jobs_on_target_after"] == moved["jobs_in_range"]
+    assert moved["jobs_in_range_left_on_source"] == 0
+    assert moved["rows_copied"] >= moved["jobs_in_range"] and moved["copy_rate_rows_per_sec"] > 0
+    assert moved["shard_moves"]["phase"] == "done" and moved["passes"] >= 2
+    assert moved["move_wall_sec"] > 0 and set(moved["phases_sec"]) == {"copying", "fenced", "cleaning"}
+    assert all(seconds >= 0 for seconds in moved["phases_sec"].values())
+    assert any(m["line"].startswith("move 1: partitions 512-1023 catalog -> shard 1, done")
+               for m in moved["mover_lines"])
+    # every slot of the every-second jobs was called, once, before, during and after the move
+    slots = moved["every_second_jobs"]
+    assert slots["slots"] >= 6 * 5 and (slots["missing"], slots["called_twice"]) == (0, 0), slots
+    assert result["completed"] == result["runs"] == slots["slots"]
+    for side in ("moving_jobs", "staying_jobs"):
+        assert moved["fire_delay_before_the_move"][side]["calls"] > 0
+        assert moved["fire_delay_from_the_move_on"][side]["calls"] > 0
+        assert moved["fire_delay_around_the_cut_over"][side]["calls"] > 0
+    assert moved["longest_fire_delay_sec"] > 0 and moved["longest_gap_sec"] > 0.5
+    # the API answered every write to the moving job, through the fence and after the cut-over
+    for when in ("before_the_move", "during_the_move", "after_the_move"):
+        assert set(moved["api_patch"][when]["statuses"]) == {"200"}, moved["api_patch"]
+    assert moved["api_pause_ms"] == moved["api_patch"]["during_the_move"]["latency_ms"]["max"] > 0
+    # how quiet the machine was, as for every scenario
+    (round_record,) = figures["machine"]["rounds"]
+    assert round_record["probe_ms"] > 0 and len(round_record["load_before"]) == 3
+    assert "missing 0, called twice 0" in finished.stdout and "PATCH /jobs/{id} of a moving job" in finished.stdout

@@ -350,11 +350,15 @@ class Mover:
         if not await target.fetchval(sql("any_copies"), move.move_id):
             await _delete_range(target, move.first, move.last)  # left by an earlier move that was cancelled
         await self._same_run_days()
+        before = None
         for _ in range(MAX_ONLINE_PASSES):
             copied = await self._pass()
             await self._stop_if("copying")
-            if copied <= SMALL_PASS_ROWS:
+            # Small enough, or no longer shrinking: the partitions that change every second (a busy
+            # job's trigger and runs) are copied again by every pass, whatever it follows.
+            if copied <= SMALL_PASS_ROWS or (before is not None and copied > before * 0.8):
                 break
+            before = copied
 
     async def _same_run_days(self) -> None:
         days = await self._src.fetchrow(sql("run_days"))
@@ -363,26 +367,28 @@ class Mover:
             await self._dst.fetchval(sql("ensure_run_days"), first_day, (days["last_day"] - first_day).days + 1)
 
     async def _pass(self) -> int:
-        """One pass over every table, in one snapshot of the source; the rows it copied."""
+        """One pass over every table; the rows it copied. Each table's fingerprints are read before
+        its rows are copied, in statements of their own (a snapshot held for a whole pass kept the
+        fleet's busiest rows, the lease rows, from being vacuumed for its length): a copy can only be
+        newer than the fingerprint recorded with it, which the next pass finds different."""
         move = self.move
         started, copied = time.monotonic(), 0
-        async with self._src.transaction(isolation="repeatable_read", readonly=True):
-            plans = []
-            for table in MOVED_TABLES:
-                wanted = await _fingerprints(self._src, table, move.first, move.last)
-                held = {r["partition_id"]: r["fingerprint"]
-                        for r in await self._dst.fetch(sql("copied_fingerprints"), move.move_id, table.name)}
-                differ = [p for p in range(move.first, move.last + 1)
-                          if (wanted[p][0] if p in wanted else None) != held.get(p)]
-                plans.append((table, wanted, differ))
-            left = sum(wanted[p][1] for _, wanted, differ in plans for p in differ if p in wanted)
-            for table, wanted, differ in plans:
-                for at in range(0, len(differ), PARTITIONS_PER_COPY):
-                    batch = differ[at:at + PARTITIONS_PER_COPY]
-                    rows = await self._copy(table, batch, wanted)
-                    copied, left = copied + rows, max(0, left - rows)
-                    elapsed = max(time.monotonic() - started, 1e-6)
-                    await self._progress(move.rows_copied + copied, copied / elapsed if copied else None, left)
+        plans = []
+        for table in MOVED_TABLES:
+            wanted = await _fingerprints(self._src, table, move.first, move.last)
+            held = {r["partition_id"]: r["fingerprint"]
+                    for r in await self._dst.fetch(sql("copied_fingerprints"), move.move_id, table.name)}
+            differ = [p for p in range(move.first, move.last + 1)
+                      if (wanted[p][0] if p in wanted else None) != held.get(p)]
+            plans.append((table, wanted, differ))
+        left = sum(wanted[p][1] for _, wanted, differ in plans for p in differ if p in wanted)
+        for table, wanted, differ in plans:
+            for at in range(0, len(differ), PARTITIONS_PER_COPY):
+                batch = differ[at:at + PARTITIONS_PER_COPY]
+                rows = await self._copy(table, batch, wanted)
+                copied, left = copied + rows, max(0, left - rows)
+                elapsed = max(time.monotonic() - started, 1e-6)
+                await self._progress(move.rows_copied + copied, copied / elapsed if copied else None, left)
         await self._progress(move.rows_copied + copied, self.move.rows_per_sec, 0, passes=move.passes + 1)
         return copied
 
