@@ -49,6 +49,7 @@ from chimes.store.shards import (
     ShardMapError,
     ShardRange,
     check_new_shard,
+    check_range,
     copy_settings,
     load_map,
     without_password,
@@ -259,7 +260,6 @@ async def begin_move(catalog: asyncpg.Connection, catalog_url: str, first: int, 
     MoveError, with nothing changed, when the range spans homes, is where it would go, another move
     is under way, or a live process predates moves. With ``dry_run``, the plan alone (no row).
     Returns the move (None on a dry run) and a line that describes it."""
-    from chimes.store.shards import check_range
     check_range(first, last)
     under_way = await move_under_way(catalog)
     if under_way is not None:
@@ -284,7 +284,10 @@ async def begin_move(catalog: asyncpg.Connection, catalog_url: str, first: int, 
     if new_url is not None:
         await copy_settings(catalog, new_url)
         target_shard = await catalog.fetchval(sql("register_shard"), new_url)
-    row = await catalog.fetchrow(sql("begin_move"), first, last, source, target_shard, _mover_name())
+    try:
+        row = await catalog.fetchrow(sql("begin_move"), first, last, source, target_shard, _mover_name())
+    except asyncpg.UniqueViolationError:  # shard_moves_one_at_a_time: another began meanwhile
+        raise MoveError("another move began meanwhile: resume or cancel it first") from None
     return _move(db.one_row(row)), plan
 
 
