@@ -35,7 +35,7 @@ from chimes_chaos.fleet import Fleet
 log = logging.getLogger(__name__)
 
 GAP_SEC = (1.0, 5.0)  # between the end of one move and the start of the next
-KILL_AFTER_SEC = (0.3, 4.0)  # a killed mover dies this long after its command started
+KILL_AFTER_SEC = (0.0, 3.0)  # a killed mover dies this long after it recorded its move
 COMMAND_TIMEOUT_SEC = 90.0  # a command still running after this long is killed (its move is resumed)
 DRAIN_TIMEOUT_SEC = 20.0  # --drain-timeout: the range pauses at most this long for its runs in flight
 RETRY_SEC = 1.0  # between tries to resume a move whose command failed
@@ -171,19 +171,36 @@ class MoveRunner:
         with log_path.open("ab") as out:
             out.write(f"--- {time.strftime('%H:%M:%S')} shards move {' '.join(args)}\n".encode())
             out.flush()
+            start = out.tell()
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "chimes", "shards", "move", *args, "--drain-timeout", f"{DRAIN_TIMEOUT_SEC:g}",
                 env=self.fleet.env | {"CHIMES_DATABASE_URL": self.fleet.dsn}, stdout=out, stderr=out,
                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
-            limit = COMMAND_TIMEOUT_SEC if kill_after is None else kill_after
             try:
-                await asyncio.wait_for(proc.wait(), timeout=limit)
+                if kill_after is None:
+                    await asyncio.wait_for(proc.wait(), timeout=COMMAND_TIMEOUT_SEC)
+                else:
+                    await self._until_recorded(proc, log_path, start)
+                    await asyncio.wait_for(proc.wait(), timeout=kill_after)
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
                 out.write(b"--- killed\n")
             return proc.returncode if proc.returncode is not None else -signal.SIGKILL
+
+    @staticmethod
+    async def _until_recorded(proc: asyncio.subprocess.Process, log_path: Path, start: int) -> None:
+        """Until the command has recorded its move (it prints its plan then) or has ended: a kill is
+        timed from there, so that it lands in the move, not in the interpreter's start-up."""
+        deadline = time.monotonic() + COMMAND_TIMEOUT_SEC
+        while proc.returncode is None and time.monotonic() < deadline:
+            with log_path.open("rb") as written:
+                written.seek(start)
+                if b"\npartitions " in b"\n" + written.read():
+                    return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=0.05)
 
     async def _catalog(self) -> asyncpg.Connection:
         return await asyncpg.connect(self.fleet.dsn, timeout=5)
