@@ -136,7 +136,7 @@ class MoveRunner:
         log.info("move: partitions %d-%d %s -> %s (%s)", first, last, self.fleet.home_names[source],
                  self.fleet.home_names[target], planned.action.replace("_", " "))
         kill_after = planned.kill_after if planned.action != "left_alone" else None
-        code = await self._command(f"{first}-{last}", "--to", self._to(target), kill_after=kill_after)
+        code = await self._command(f"{first}-{last}", "--to", await self._to(target), kill_after=kill_after)
         if code == -signal.SIGKILL:
             window.kills += 1
         while (phase := await self._phase_under_way()) is not None:
@@ -160,8 +160,12 @@ class MoveRunner:
         if window.outcome == "done":
             self.homes_of_blocks[planned.block] = target
 
-    def _to(self, home: int) -> str:
-        return "catalog" if home == 0 else self.fleet.home_dsns[home]
+    async def _to(self, home: int) -> str:
+        """``--to`` for a home: "catalog", or the shard's id (its URL would put a password in the log)."""
+        if home == 0:
+            return "catalog"
+        rows = await self._fetch("SELECT shard_id FROM shards WHERE url = $1", self.fleet.home_dsns[home])
+        return str(rows[0]["shard_id"])
 
     async def _command(self, *args: str, kill_after: float | None = None) -> int:
         """``python -m chimes shards move ARGS`` against the catalog; its exit code (negative: the
@@ -202,46 +206,32 @@ class MoveRunner:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), timeout=0.05)
 
-    async def _catalog(self) -> asyncpg.Connection:
-        return await asyncpg.connect(self.fleet.dsn, timeout=5)
+    async def _fetch(self, query: str, *args: object) -> list[asyncpg.Record]:
+        """``query``'s rows from the catalog, tried again every second until it answers (it may be
+        restarting, one of the faults)."""
+        while True:
+            try:
+                conn = await asyncpg.connect(self.fleet.dsn, timeout=5)
+                try:
+                    return list(await conn.fetch(query, *args, timeout=5))
+                finally:
+                    await conn.close()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+                log.info("move: the catalog did not answer (%s); trying again", exc)
+                await asyncio.sleep(RETRY_SEC)
 
     async def _phase_under_way(self) -> str | None:
-        """The phase of the move under way (None: none), read from the catalog, tried until it answers."""
-        while True:
-            try:
-                conn = await self._catalog()
-                try:
-                    phase: str | None = await conn.fetchval(
-                        "SELECT phase FROM shard_moves WHERE phase IN ('copying', 'fenced', 'cut_over')", timeout=5)
-                    return phase
-                finally:
-                    await conn.close()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-                log.info("move: the catalog did not answer (%s); trying again", exc)
-                await asyncio.sleep(RETRY_SEC)
+        """The phase of the move under way (None: none), read from the catalog."""
+        rows = await self._fetch("SELECT phase FROM shard_moves WHERE phase IN ('copying', 'fenced', 'cut_over')")
+        return str(rows[0]["phase"]) if rows else None
 
     async def _last_outcome(self) -> tuple[int, str] | None:
-        while True:
-            try:
-                conn = await self._catalog()
-                try:
-                    row = await conn.fetchrow("SELECT move_id, phase FROM shard_moves ORDER BY move_id DESC LIMIT 1",
-                                              timeout=5)
-                    return None if row is None else (row["move_id"], row["phase"])
-                finally:
-                    await conn.close()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-                log.info("move: the catalog did not answer (%s); trying again", exc)
-                await asyncio.sleep(RETRY_SEC)
+        rows = await self._fetch("SELECT move_id, phase FROM shard_moves ORDER BY move_id DESC LIMIT 1")
+        return (rows[0]["move_id"], rows[0]["phase"]) if rows else None
 
     async def _read_outcomes(self) -> None:
         """Each window's final phase and cut-over time, from the catalog's record of its move."""
-        conn = await self._catalog()
-        try:
-            rows = {r["move_id"]: r for r in await conn.fetch(
-                "SELECT move_id, phase, cut_over_at FROM shard_moves")}
-        finally:
-            await conn.close()
+        rows = {r["move_id"]: r for r in await self._fetch("SELECT move_id, phase, cut_over_at FROM shard_moves")}
         for window in self.windows:
             row = rows.get(window.move_id) if window.move_id is not None else None
             if row is not None:
