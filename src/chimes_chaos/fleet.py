@@ -158,6 +158,7 @@ class Fleet:
         self.dsn = database_url or ""
         self.api_url = ""
         self.members: dict[str, Member] = {}
+        self.env: dict[str, str] = {}  # the roles' environment (the CLI commands the harness runs get it too)
         self.exits: list[Exit] = []
 
     @property
@@ -236,6 +237,7 @@ class Fleet:
                "CHIMES_SECRET_KEY": Fernet.generate_key().decode(), "CHIMES_LOG_FORMAT": "json",
                "CHIMES_LOG_LEVEL": "INFO", "PYTHONUNBUFFERED": "1",
                "CHIMES_EGRESS_ALLOW_LOOPBACK": "true"}  # the target listens on 127.0.0.1
+        self.env = env
         port = _free_port()
         self.api_url = f"http://127.0.0.1:{port}"
         shape = self.shape

@@ -6,7 +6,10 @@ jobs keep being created; then every process is brought back and the fleet runs h
 the jobs are paused, the remaining runs are left to finish, and the invariants are checked.
 
 With ``shards`` N > 1 the harness starts N servers and gives N-1 of them an even share of the
-partitions (``chimes shards add``) before any role starts; the checks read every home.
+partitions (``chimes shards add``) before any role starts; the checks read every home. With ``moves``
+as well, ranges of partitions move between homes during the fault phase (chimes_chaos.moves); every
+move under way is taken to its end before the fleet settles, and the checks read each row on the home
+the final map gives it.
 """
 
 from __future__ import annotations
@@ -28,14 +31,16 @@ from typing import Any
 import asyncpg
 import httpx
 
+from chimes.ids import PARTITION_COUNT
 from chimes.store.db import one_row
 from chimes.store.migrate import migrate
-from chimes.store.shards import add_shard
+from chimes.store.shards import add_shard, load_map
 from chimes.store.tokens import create_token
-from chimes_chaos.evidence import Evidence, jobs_found, read_database, unfinished_count
+from chimes_chaos.evidence import Evidence, Placement, jobs_found, read_database, unfinished_count
 from chimes_chaos.faults import FaultRunner, FaultWindow, plan_faults
 from chimes_chaos.fleet import Fleet, FleetShape
 from chimes_chaos.invariants import check_all
+from chimes_chaos.moves import MoveRunner
 from chimes_chaos.observer import LeaseObserver
 from chimes_chaos.report import Report
 from chimes_chaos.target import ChaosTarget
@@ -64,6 +69,7 @@ class ChaosOptions:
     zone_clock_skew: float = 2.0  # with zones: zone 3's processes run this many seconds ahead (behind if < 0)
     jobs: int = 40
     shards: int = 1  # databases: the catalog and shards - 1 shard servers, each with an even share of partitions
+    moves: bool = False  # with shards > 1: ranges of partitions moved back and forth between homes meanwhile
     fault_every: float = 4.0  # mean seconds between faults
     one_off_every: float = 5.0
     shape: FleetShape = field(default_factory=FleetShape)
@@ -82,6 +88,8 @@ class ChaosOptions:
             args += ["--database-url", "URL"]
         if self.shards > 1:
             args += ["--shards", str(self.shards)]
+        if self.moves:
+            args += ["--moves"]
         if self.zones:
             args += ["--zones", "--zone-clock-skew", f"{self.zone_clock_skew:g}"]
         elif self.ha:
@@ -90,6 +98,8 @@ class ChaosOptions:
 
 
 async def run_chaos(options: ChaosOptions) -> Report:
+    if options.moves and options.shards < 2:
+        raise ValueError("moves need two homes at least (shards >= 2)")
     began = time.monotonic()
     work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="chimes-chaos-"))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -130,9 +140,11 @@ async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: ht
                        mean_gap=options.fault_every, database=fleet.postgres is not None,
                        ha=fleet.cluster is not None, zones=fleet.zones is not None, shards=len(fleet.ranges))
     log.info("chaos: %d jobs created, %d faults planned over %g s", len(jobs), len(plan), options.duration)
-    # One lease observer per home, each on the partitions that home holds.
-    observers = [LeaseObserver(dsn, partitions=range(first, last + 1) if len(fleet.ranges) > 1 else None)
-                 for dsn, (first, last) in zip(fleet.home_dsns, fleet.ranges, strict=True)]
+    # One lease observer per home, each on the partitions that home holds (all of them when they move).
+    observers = [LeaseObserver(dsn, partitions=range(first, last + 1) if len(fleet.ranges) > 1 and not options.moves
+                               else None, home=home)
+                 for home, (dsn, (first, last)) in enumerate(zip(fleet.home_dsns, fleet.ranges, strict=True))]
+    mover = MoveRunner(fleet, options.seed, work_dir / "logs") if options.moves else None
     stop = asyncio.Event()
     watchers = [*(asyncio.create_task(o.run(stop)) for o in observers), asyncio.create_task(_supervise(fleet, stop))]
     runner = FaultRunner(plan, fleet, target)
@@ -142,20 +154,26 @@ async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: ht
         phase.create_task(make_one_offs(api, target.url, options.seed, options.one_off_every,
                                         loop.time() + options.duration, jobs, answers))
         phase.create_task(probe.run(api, loop.time() + options.duration))
+        if mover is not None:
+            phase.create_task(mover.run(loop.time() + options.duration))
     faults_ended = datetime.now(UTC)
-    check_end = await _heal_and_pause(options, fleet, api, jobs)
-    runs, attempts, unfinished, found = await _drain_and_read(options, fleet, [job.job_id for job in jobs],
-                                                              probe.job_id)
+    check_end = await _heal_and_pause(options, fleet, api, jobs, mover)
+    placement: Placement | None = {} if len(fleet.ranges) > 1 else None
+    runs, attempts, unfinished, found, home_of = await _drain_and_read(
+        options, fleet, [job.job_id for job in jobs], probe.job_id, placement)
     stop.set()
     await asyncio.gather(*watchers)
-    observer = LeaseObserver.merged(observers)
+    observer = LeaseObserver.merged(observers) if mover is None else observers[0]
     # A crash of PostgreSQL itself is a fault too, one nobody injected: the checks must allow for it.
     crashes = [FaultWindow("postgres_crashed", None, start, end, note) for start, end, note in fleet.database_crashes()]
     evidence = Evidence({job.job_id: job for job in jobs}, runs, attempts, unfinished, list(target.deliveries),
                         runner.windows + crashes, fleet.exits, observer, options.shape, started, faults_ended,
                         check_end, answers=answers.log, jobs_found=set(found),
                         probe=(probe.acknowledged, probe_number(found.get(probe.job_id, ""))),
-                        home_of=fleet.home_of_partitions() if len(fleet.ranges) > 1 else None)
+                        home_of=home_of, placement=placement)
+    if mover is not None:
+        evidence.first_home_of, evidence.moves, evidence.lease_homes = (fleet.home_of_partitions(), mover.windows,
+                                                                        observers)
     violations = check_all(evidence)
     if evidence.home_of is not None:  # every home ran its share: the checks read them all
         evidence.figures["runs_by_home"] = {name: sum(1 for r in runs if evidence.home(r["partition_id"]) == home)
@@ -166,18 +184,23 @@ async def _run(options: ChaosOptions, fleet: Fleet, target: ChaosTarget, api: ht
         faults=dict(Counter(w.kind for w in runner.windows if not w.note)),
         faults_skipped=sum(1 for w in runner.windows if w.note), jobs=len(jobs),
         runs=dict(Counter(r["status"] for r in runs)), attempts=sum(len(a) for a in attempts.values()),
-        figures=evidence.figures | _fence_figures(fleet, attempts) | {"lease_polls": observer.polls,
-                                                                       "failed_lease_polls": observer.failed_polls},
+        figures=evidence.figures | _fence_figures(fleet, attempts) | {
+            "lease_polls": sum(o.polls for o in observers),
+            "failed_lease_polls": sum(o.failed_polls for o in observers),
+        } | ({"moves": mover.figures()} if mover is not None else {}),
         exits=[asdict(e) for e in fleet.exits], violations=violations,
         database_crashes=[asdict(c) for c in crashes], fault_windows=[asdict(w) for w in runner.windows],
+        move_windows=[asdict(w) for w in mover.windows] if mover is not None else [],
     )
 
 
 async def _heal_and_pause(options: ChaosOptions, fleet: Fleet, api: httpx.AsyncClient,
-                          jobs: list[ChaosJob]) -> datetime:
-    """Bring every process back, let the fleet run unharmed, then pause the jobs. Returns the check
-    horizon: every slot up to it must have fired."""
+                          jobs: list[ChaosJob], mover: MoveRunner | None) -> datetime:
+    """Bring every process back, take every move under way to its end, let the fleet run unharmed,
+    then pause the jobs. Returns the check horizon: every slot up to it must have fired."""
     fleet.heal()
+    if mover is not None:
+        await mover.finish()
     log.info("chaos: faults over; the fleet runs healthy for %g s", options.settle_sec)
     await asyncio.sleep(options.settle_sec)  # a time span to let pass, not a condition to wait for
     check_end = datetime.now(UTC) - timedelta(seconds=options.shape.lease_ttl + 2)
@@ -186,21 +209,35 @@ async def _heal_and_pause(options: ChaosOptions, fleet: Fleet, api: httpx.AsyncC
     return check_end
 
 
-async def _drain_and_read(options: ChaosOptions, fleet: Fleet, job_ids: list[Any], probe_id: Any) -> tuple[
-        list[dict[str, Any]], dict[Any, list[dict[str, Any]]], list[dict[str, Any]], dict[Any, str]]:
+async def _drain_and_read(options: ChaosOptions, fleet: Fleet, job_ids: list[Any], probe_id: Any,
+                          placement: Placement | None) -> tuple[
+        list[dict[str, Any]], dict[Any, list[dict[str, Any]]], list[dict[str, Any]], dict[Any, str], list[int] | None]:
     """Let the runs still going end (a timeout is not an error: invariant 2 judges what is left);
-    then read what the checks need, the jobs that exist (and the probe's) included."""
+    then read what the checks need, the jobs that exist (and the probe's) included, each on the home
+    the final shard map gives it (returned too: None with one database)."""
     homes: list[asyncpg.Connection] = []
     try:
         for dsn in fleet.home_dsns:
             homes.append(await asyncpg.connect(dsn))
         await _until(lambda: _drained(homes, job_ids), options.drain_timeout, "the last runs to end", fleet,
                      fail=False)
-        runs, attempts, unfinished = await read_database(homes, job_ids)
-        return runs, attempts, unfinished, await jobs_found(homes, [*job_ids, probe_id])
+        home_of = await _final_homes(homes[0], fleet) if len(homes) > 1 else None
+        runs, attempts, unfinished = await read_database(homes, job_ids, home_of, placement)
+        found = await jobs_found(homes, [*job_ids, probe_id], home_of, placement)
+        return runs, attempts, unfinished, found, home_of
     finally:
         for conn in homes:
             await conn.close()
+
+
+async def _final_homes(catalog: asyncpg.Connection, fleet: Fleet) -> list[int]:
+    """Each partition's home (an index into ``fleet.home_dsns``) by the shard map the run ended with."""
+    shard_map = await load_map(catalog)
+    homes = []
+    for partition in range(PARTITION_COUNT):
+        held = shard_map.range_of(partition)
+        homes.append(0 if held is None else fleet.home_dsns.index(held.url))
+    return homes
 
 
 def _fence_figures(fleet: Fleet, attempts: dict[Any, list[dict[str, Any]]]) -> dict[str, int]:

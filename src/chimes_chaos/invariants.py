@@ -31,6 +31,7 @@ INVARIANTS = {
     9: "the API answered every write with 2xx, 429 or 503 (never another error, never silence)",
     10: "no run reached the target before its slot, by the host's clock",
     11: "while a shard's PostgreSQL was stopped, the other homes' runs started on time (p99 within 2 s)",
+    12: "every job and run lives on one home alone, the one the final shard map gives its partition",
 }
 CONCURRENCY_SKIP = "skipped: the previous run is still active"
 TERMINAL = frozenset({"succeeded", "failed", "skipped", "cancelled"})
@@ -40,7 +41,7 @@ FENCE_SLACK = timedelta(seconds=0.1)  # observation jitter of the lease poller
 def check_all(ev: Evidence) -> list[Violation]:
     violations: list[Violation] = []
     for check in (check_slots, check_ended, check_deliveries, check_fencing, check_takeovers, check_start_lag,
-                  check_exits, check_failovers):
+                  check_exits, check_failovers, check_placement):
         violations += check(ev)
     return violations
 
@@ -212,13 +213,18 @@ def _fires_within_leases(ev: Evidence) -> list[Violation]:
     (``created_at``) after the harness saw that token replaced, came from a node that had lost the
     partition: the fence should have refused it."""
     found = []
-    ended: dict[int, list[tuple[datetime, datetime | None, Any]]] = {}
-    for partition, history in ev.leases.spans.items():
-        ended[partition] = [(s.ended_seen, s.last_valid, s) for s in history if s.ended_seen is not None]
+    ended: dict[tuple[int, int], list[tuple[datetime, datetime | None, Any]]] = {}
     for run in ev.runs:
         fired, created = run["fired_at"], run["created_at"]
-        spans = ended.get(run["partition_id"], [])
-        if fired is None or not spans:
+        if fired is None:
+            continue
+        # The lease rows of the home that held the partition when the run was written (moves change it).
+        home, history = ev.lease_history(run["partition_id"], created)
+        spans = ended.get((home, run["partition_id"]))
+        if spans is None:
+            spans = ended[(home, run["partition_id"])] = sorted(
+                ((s.ended_seen, s.last_valid, s) for s in history if s.ended_seen is not None), key=lambda e: e[0])
+        if not spans:
             continue
         index = _last_before(spans, created - FENCE_SLACK)
         if index < 0:
@@ -258,3 +264,23 @@ def check_exits(ev: Evidence) -> list[Violation]:
         found.append(Violation(7, f"{gone.member} exited with code {gone.code} after "
                                   f"{gone.at - gone.started:.0f} s: {last[0][:300]}"))
     return found
+
+
+def check_placement(ev: Evidence) -> list[Violation]:
+    """12: with shards, each job and run found on exactly one home, the one the final map gives its
+    partition: a move that left its copies on the source, lost them on the target, or cut over
+    without them would show here (the other checks read each row on its home by the map)."""
+    if ev.placement is None:
+        return []
+    found = []
+    for row_id, (what, partition, homes) in ev.placement.items():
+        home = ev.home(partition)
+        if homes != {home}:
+            found.append(Violation(12, f"{what} {row_id} (partition {partition}) is on {_homes(homes)}; the map "
+                                       f"gives partition {partition} to {_homes({home})}"))
+    ev.figures["rows_placed"] = len(ev.placement)
+    return found
+
+
+def _homes(homes: set[int]) -> str:
+    return " and ".join("catalog" if h == 0 else f"shard-{h}" for h in sorted(homes))

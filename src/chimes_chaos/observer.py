@@ -9,6 +9,10 @@ ends a span.
 With shards every database has its own 1,024 lease rows, one set per home: one observer watches
 each home, keeping only the partitions that home holds (the others are empty there), and
 :meth:`LeaseObserver.merged` joins them into one view in which each partition is watched where it lives.
+With partition moves (``--moves``) a partition changes home during the run: each observer then keeps
+every partition of its home, and the checks read a partition's spans on the home that held it at the
+moment they judge (``Evidence.home_at``). A lease row a move closed (owner ``move N``) is a span like
+any other: it ends the span of the node that held the partition, as a takeover would.
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ from chimes.store.db import DB_ERRORS
 
 log = logging.getLogger(__name__)
 
-POLL_SQL = "SELECT now() AS seen, partition_id, owner, token, expires_at FROM partition_leases"
+# A lease row a partition move closed expires at 'infinity' (one it opened: '-infinity'), which asyncpg
+# decodes to a datetime without a zone: clamped to a century either way.
+POLL_SQL = """
+SELECT now() AS seen, partition_id, owner, token,
+       least(greatest(expires_at, now() - interval '100 years'), now() + interval '100 years') AS expires_at
+FROM partition_leases
+"""
 
 
 @dataclass(slots=True)
@@ -38,6 +48,7 @@ class Span:
     first_seen: datetime
     last_valid: datetime | None = None
     ended_seen: datetime | None = None  # first observation showing another token or a release
+    home: int = 0  # the database whose lease row it is (0: the catalog)
 
 
 @dataclass
@@ -48,6 +59,7 @@ class LeaseObserver:
     polls: int = 0
     failed_polls: int = 0
     partitions: range | None = None  # only these (a shard's range); None: every partition
+    home: int = 0  # which database it watches (0: the catalog), recorded in its spans
 
     @classmethod
     def merged(cls, observers: list[LeaseObserver]) -> LeaseObserver:
@@ -93,7 +105,7 @@ class LeaseObserver:
             if current is None:
                 if history and history[-1].token == token and history[-1].owner == owner:
                     continue  # a released span stays ended
-                current = Span(partition, token, owner, seen)
+                current = Span(partition, token, owner, seen, home=self.home)
                 history.append(current)
             if row["expires_at"] > seen:
                 current.last_valid = seen

@@ -12,6 +12,7 @@ from chimes_chaos.invariants import INVARIANTS
 
 SHOWN_PER_INVARIANT = 10
 SHARD_INVARIANT = 11  # judged only when a shard was stopped (--shards)
+PLACEMENT_INVARIANT = 12  # judged only with shards
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Report:
     violations: list[Violation] = field(default_factory=list)
     database_crashes: list[dict[str, Any]] = field(default_factory=list)  # not injected: PostgreSQL's own
     fault_windows: list[dict[str, Any]] = field(default_factory=list)  # each fault as it really happened
+    move_windows: list[dict[str, Any]] = field(default_factory=list)  # each partition move (--moves)
 
     @property
     def ok(self) -> bool:
@@ -83,6 +85,8 @@ class Report:
             verdict = "ok" if not count else f"{count} VIOLATIONS"
             if number == SHARD_INVARIANT and not count and "shard_stops" not in self.figures:
                 verdict = "not checked (no shard was stopped)"
+            if number == PLACEMENT_INVARIANT and not count and "rows_placed" not in self.figures:
+                verdict = "not checked (one database)"
             lines.append(f"    {number}. {name}: {verdict}")
             shown = [v for v in self.violations if v.invariant == number][:SHOWN_PER_INVARIANT]
             lines += [f"       - {v.what}" for v in shown]
@@ -97,6 +101,13 @@ class Report:
         if "runs_by_home" in self.figures:
             lines.append("  runs by home: " + ", ".join(f"{home} {n}"
                                                         for home, n in self.figures["runs_by_home"].items()))
+        moves = self.figures.get("moves")
+        if moves:
+            lines.append(f"  partition moves: {moves['moves']} begun, {moves['moves_done']} done, "
+                         f"{moves['moves_cancelled']} cancelled ({moves['moves_cancelled_after_kill']} after a kill), "
+                         f"{moves['moves_not_begun']} killed before recorded; movers killed "
+                         f"{moves['movers_killed']}, resumed {moves['moves_resumed']}, commands failed "
+                         f"{moves['move_commands_failed']} (of {moves['move_commands']})")
         stops = self.figures.get("shard_stops")
         if not stops:
             return lines

@@ -7,6 +7,9 @@ reconnected to, a restarted process costs a couple of CPU-seconds on a small mac
 A shard stop (``stop_postgres_shard``) is a fault window for the runs of the stopped home only: the
 other homes' runs that waited while it was stopped count as outside every fault, and are also
 measured apart, as the blast radius of one shard's outage (11).
+
+A partition move (``--moves``) is a fault window for its range's runs alone, from its first command
+to its last plus a lease round; a node loss is judged on the partitions no move touched meanwhile.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ TAKEOVER_SLACK_SEC = 1.0  # a fire's own latency on a loaded machine
 LATE = timedelta(seconds=0.5)  # a fire this much after its slot waited for a takeover
 # After the window, plus the lease TTL for schedulers (a zone holds one).
 SETTLE_SEC = {"scheduler": 3.0, "postgres": 5.0, "worker": 3.0, "zone": 5.0}
+# After a partition move ends: the target's nodes take the range's leases within a lease round.
+MOVE_SETTLE_SEC = 5.0
 
 
 def _when(epoch: float) -> datetime:
@@ -71,9 +76,12 @@ def check_takeovers(ev: Evidence) -> list[Violation]:
     kept, kept_after = 0, timedelta(seconds=ev.shape.lease_ttl + 0.5)
     for loss in (f for f in ev.faults if f.hits == "scheduler"):
         lost_at = _when(loss.started)
-        held = ev.leases.held_at(loss.victim or "", lost_at)
+        # A partition under a move pauses for the move's cut-over, not for the loss: left out.
+        moving_until = lost_at + timedelta(seconds=bound + ev.shape.lease_ttl)
+        held = {p: span for p, span in ev.held_at(loss.victim or "", lost_at).items()
+                if not ev.moving(p, lost_at - timedelta(seconds=1), moving_until, MOVE_SETTLE_SEC)}
         for span in held.values():
-            following = ev.leases.next_span(span)
+            following = ev.next_span(span)
             if span.last_valid is not None and span.last_valid > lost_at + kept_after:
                 kept += 1  # nobody took it before the frozen owner woke up and renewed it: not a move
             elif following is not None:
@@ -133,7 +141,7 @@ def check_start_lag(ev: Evidence) -> list[Violation]:
 
     11: with shards, the runs of the homes that were not stopped, that waited while a shard was
     stopped (and under no other fault): p99 within 2 s as well, the blast radius of a shard's outage."""
-    by_home: dict[int, list[tuple[datetime, datetime]]] = {}
+    by_home: dict[tuple[int, tuple[int, ...]], list[tuple[datetime, datetime]]] = {}
     stops = [(_when(f.started), _when((f.ended or ev.faults_ended.timestamp()) + SETTLE_SEC["postgres"]),
               f.stopped_home) for f in ev.faults if f.stopped_home is not None]
     outside: list[float] = []
@@ -145,10 +153,15 @@ def check_start_lag(ev: Evidence) -> list[Violation]:
     for run in ev.runs:
         if run["trigger"] not in ("schedule", "catchup"):
             continue
-        home = ev.home(run["partition_id"])
-        if home not in by_home:
-            by_home[home] = lag_windows(ev, home)
-        windows = by_home[home]
+        home = ev.home_at(run["partition_id"], run["scheduled_at"])
+        # A move pauses its range's fires and claims from its fence to the cut-over: a fault window
+        # for the runs of its range alone.
+        moves = tuple(i for i, m in enumerate(ev.moves) if m.covers(run["partition_id"]))
+        if (home, moves) not in by_home:
+            by_home[(home, moves)] = lag_windows(ev, home) + [
+                (_when(ev.moves[i].started), _when((ev.moves[i].ended or ev.faults_ended.timestamp())
+                                                   + MOVE_SETTLE_SEC)) for i in moves]
+        windows = by_home[(home, moves)]
         # Fire lag by the database's clock (the run's row written), whatever the firing node's clock says.
         fire_lag = (run["created_at"] - run["scheduled_at"]).total_seconds()
         (fired_inside if _overlaps(run["scheduled_at"], run["created_at"], windows) else fired_outside).append(fire_lag)

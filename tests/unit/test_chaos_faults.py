@@ -139,3 +139,10 @@ def test_shards_are_refused_with_a_database_of_someone_else(tmp_path: Path) -> N
 def test_chimes_chaos_refuses_shards_with_a_database_of_someone_else(args: list[str], named: str) -> None:
     result = CliRunner().invoke(chaos, ["--shards", "2", *args], env={"CHIMES_DATABASE_URL": None})
     assert result.exit_code == 2 and f"cannot be combined with {named}" in result.output, result.output
+
+
+@pytest.mark.parametrize("shards", [[], ["--shards", "1"]])
+def test_chimes_chaos_refuses_moves_with_one_database(shards: list[str]) -> None:
+    result = CliRunner().invoke(chaos, ["--moves", *shards], env={"CHIMES_DATABASE_URL": None})
+    assert result.exit_code == 2 and "--moves moves partitions between homes: it needs --shards 2" in result.output, (
+        result.output)

@@ -12,6 +12,7 @@ from chimes_chaos.evidence import Evidence
 from chimes_chaos.faults import FaultWindow
 from chimes_chaos.fleet import Exit, FleetShape
 from chimes_chaos.invariants import check_all, check_slots
+from chimes_chaos.moves import ACTIONS, MoveWindow, movable_blocks, plan_moves
 from chimes_chaos.observer import LeaseObserver
 from chimes_chaos.target import Delivery
 from chimes_chaos.workload import Answer, ChaosJob
@@ -318,3 +319,74 @@ def test_a_shard_stop_excuses_only_its_own_home_and_other_homes_must_start_on_ti
     ev.home_of = [1] * 1024
     assert check_all(ev) == []
     assert ev.figures["shard_stops"]["start_lag_stopped_home_sec"]["max"] == 8.0
+
+
+def moved_to_shard(cut_over: float, started: float | None = None, ended: float | None = None) -> MoveWindow:
+    """PARTITION's range moved from the catalog to shard-1, cut over at ``cut_over`` s after T0."""
+    return MoveWindow(0, 511, 0, 1, "left_alone", at(cut_over - 1 if started is None else started).timestamp(),
+                      at(cut_over + 0.5 if ended is None else ended).timestamp(), move_id=1, outcome="done",
+                      cut_over_at=at(cut_over).timestamp())
+
+
+def with_moves(ev: Evidence, *moves: MoveWindow, lease_homes: list[LeaseObserver] | None = None) -> Evidence:
+    ev.home_of = [1] * 512 + [1] * 512
+    ev.first_home_of = [0] * 512 + [1] * 512
+    ev.moves = list(moves)
+    ev.lease_homes = lease_homes or [LeaseObserver(""), LeaseObserver("", home=1)]
+    return ev
+
+
+def test_a_job_or_run_left_on_a_home_the_map_does_not_give_it_is_caught() -> None:
+    history = History(slots=3)
+    ev = with_moves(history.evidence(), moved_to_shard(1.0))
+    ev.placement = {JOB.job_id: ("job", PARTITION, {1})} | {r["run_id"]: ("run", PARTITION, {1}) for r in history.runs}
+    assert check_all(ev) == []
+    assert ev.figures["rows_placed"] == 4
+    stray = history.runs[0]["run_id"]
+    ev.placement[stray] = ("run", PARTITION, {0, 1})  # the source kept its copy
+    ev.placement[JOB.job_id] = ("job", PARTITION, {0})  # the job never reached the target
+    found = check_all(ev)
+    assert [v.invariant for v in found] == [12, 12]
+    assert any(f"run {stray} (partition {PARTITION}) is on catalog and shard-1" in v.what for v in found)
+
+
+def test_the_fence_check_reads_the_leases_of_the_home_that_held_the_partition_when_the_run_was_written() -> None:
+    """Before the cut-over (at 3 s) PARTITION lives on the catalog, after it on shard-1. A run written
+    at 4.5 s on shard-1 is judged by shard-1's lease rows alone: a takeover on the catalog, which no
+    longer holds the partition, says nothing about it; one on shard-1 does."""
+    catalog = lease_history((-1, "node-a", 1, 2), (0.5, "node-a", 1, 3), (4.0, "node-b", 2, 7))
+    shard = lease_history((3.2, "node-a", 5, 6))
+    shard.home = 1
+    for span in shard.spans[PARTITION]:
+        span.home = 1
+    history = History(slots=3)
+    history.runs[0].update(fired_at=at(0.2), created_at=at(4.5))
+    ev = with_moves(history.evidence(), moved_to_shard(3.0), lease_homes=[catalog, shard])
+    assert check_all(ev) == []
+    taken_over = lease_history((3.2, "node-a", 5, 6), (4.0, "node-b", 6, 9))
+    for span in taken_over.spans[PARTITION]:
+        span.home = 1
+    ev = with_moves(history.evidence(), moved_to_shard(3.0), lease_homes=[catalog, taken_over])
+    assert [v.invariant for v in check_all(ev)] == [4]
+    assert ev.home_at(PARTITION, at(2.9)) == 0 and ev.home_at(PARTITION, at(3.0)) == 1
+
+
+def test_a_move_excuses_the_start_lag_of_its_own_range_alone() -> None:
+    history = History(slots=30)
+    for run in history.runs[5:10]:  # waited while the range was fenced
+        history.attempts[run["run_id"]][0]["started_at"] = run["scheduled_at"] + timedelta(seconds=4)
+        history.attempts[run["run_id"]][0]["finished_at"] = run["scheduled_at"] + timedelta(seconds=5)
+    move = moved_to_shard(18.0, started=10.0, ended=19.0)
+    assert check_all(with_moves(history.evidence(check_end=at(58)), move)) == []
+    elsewhere = MoveWindow(768, 1023, 1, 0, "left_alone", at(10).timestamp(), at(19).timestamp(), move_id=1,
+                           outcome="cancelled")
+    ev = with_moves(history.evidence(check_end=at(58)), elsewhere)
+    ev.home_of = ev.first_home_of
+    assert [v.invariant for v in check_all(ev)] == [6]
+
+
+def test_the_move_plan_is_replayed_by_its_seed_and_moves_the_upper_half_of_each_home() -> None:
+    assert plan_moves(4, 50, 2) == plan_moves(4, 50, 2) != plan_moves(5, 50, 2)
+    assert {m.action for m in plan_moves(4, 50, 2)} == set(ACTIONS)
+    assert {m.block for m in plan_moves(4, 50, 2)} == {0, 1}
+    assert movable_blocks([(0, 511), (512, 1023)]) == [(256, 511), (768, 1023)]

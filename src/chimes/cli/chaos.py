@@ -30,6 +30,10 @@ import click
               help="PostgreSQL servers of the harness's own: the catalog and N-1 shards, the 1,024 partitions split "
                    "evenly between them (the catalog keeps the first range), and one shard's server stopped "
                    "(SIGSTOP) past the leases among the faults. Not with --database-url, --ha or --zones.")
+@click.option("--moves", is_flag=True, default=False,
+              help="With --shards 2 or more: during the faults, move ranges of partitions back and forth between "
+                   "the homes with `chimes shards move`, some movers SIGKILLed and resumed or cancelled; the checks "
+                   "read every row on the home the final map gives it.")
 @click.option("--jobs", type=click.IntRange(1, 1000), default=40, show_default=True,
               help="Recurring jobs, every 1 to 5 seconds (one-off jobs are added during the run).")
 @click.option("--fault-every", type=click.FloatRange(0.5), default=4.0, show_default=True,
@@ -40,7 +44,8 @@ import click
 @click.option("--report", "report_path", type=click.Path(path_type=Path), default=None,
               help="Also write the report as JSON to this file.")
 def chaos(duration: float, seed: int, database_url: str | None, ha: bool, zones: bool, zone_clock_skew: float,
-          shards: int, jobs: int, fault_every: float, work_dir: Path | None, report_path: Path | None) -> None:
+          shards: int, moves: bool, jobs: int, fault_every: float, work_dir: Path | None,
+          report_path: Path | None) -> None:
     """Start a fleet (PostgreSQL, 3 scheduler nodes, 3 workers, an API, an HTTP target), inject faults
     at random from the seed, then check the invariants. Exits 1 when any is violated."""
     import asyncio
@@ -57,9 +62,11 @@ def chaos(duration: float, seed: int, database_url: str | None, ha: bool, zones:
         given = "--database-url (or CHIMES_DATABASE_URL)" if database_url else "--zones" if zones else "--ha"
         raise click.UsageError(f"--shards starts its own embedded PostgreSQL servers: it cannot be combined "
                                f"with {given}")
+    if moves and shards < 2:
+        raise click.UsageError("--moves moves partitions between homes: it needs --shards 2 or more")
     options = ChaosOptions(duration=duration, seed=seed, database_url=database_url, ha=ha or zones, zones=zones,
-                           zone_clock_skew=zone_clock_skew, shards=shards, jobs=jobs, fault_every=fault_every,
-                           work_dir=work_dir)
+                           zone_clock_skew=zone_clock_skew, shards=shards, moves=moves, jobs=jobs,
+                           fault_every=fault_every, work_dir=work_dir)
     # SIGTERM as Ctrl-C: the run is cancelled and its fleet, cluster and zones are taken down.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     report = asyncio.run(run_chaos(options))
