@@ -44,6 +44,8 @@ MAX_SHARDS = 8  # homes in all, the catalog included
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--first-pass", action="store_true", default=False,
+                     help="deselect the tests marked sharded_pass, which scripts/test --sharded runs instead")
     parser.addoption("--shards", type=int, default=1, metavar="N",
                      help="run each test's database_url as a catalog with N-1 shards on other embedded PostgreSQL "
                           "servers, the partitions split evenly (default 1: one database); deselects tests marked "
@@ -59,14 +61,22 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under --shards N > 1, keep only the tests the map can change: those on ``database_url``
     (directly or through the API, the processes, the fleet), not marked single_database (about one
-    database) or own_shard_map (they build their own map on one database either way)."""
-    if config.getoption("--shards") == 1:
+    database) or own_shard_map (they build their own map on one database either way), and the tests
+    marked sharded_pass, which run there whatever they use. With --first-pass (scripts/test), leave
+    those out: the second pass (scripts/test --sharded) runs them."""
+    sharded = config.getoption("--shards") > 1
+    if not sharded and not config.getoption("--first-pass"):
         return
     kept, dropped = [], []
     for item in items:
-        on_database = "database_url" in getattr(item, "fixturenames", ())
-        marked = any(item.get_closest_marker(name) for name in ("single_database", "own_shard_map"))
-        (kept if on_database and not marked else dropped).append(item)
+        second = item.get_closest_marker("sharded_pass") is not None
+        if sharded:
+            on_database = "database_url" in getattr(item, "fixturenames", ())
+            marked = any(item.get_closest_marker(name) for name in ("single_database", "own_shard_map"))
+            keep = second or (on_database and not marked)
+        else:
+            keep = not second
+        (kept if keep else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

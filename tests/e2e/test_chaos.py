@@ -52,6 +52,7 @@ def test_the_sharded_seed_stops_a_shard() -> None:
     assert [f for f in planned if f.kind == "stop_postgres_shard" and f.duration > 3 + 5]
 
 
+@pytest.mark.sharded_pass  # in the second pass, scripts/test --sharded
 @pytest.mark.timeout(300)
 async def test_a_sharded_fleet_keeps_every_invariant_and_one_stopped_shard_delays_only_its_own_runs() -> None:
     """Two servers (the catalog with partitions 0-511, a shard with 512-1023), one fleet over both;
@@ -75,6 +76,7 @@ async def test_a_sharded_fleet_keeps_every_invariant_and_one_stopped_shard_delay
 MOVES_DURATION = 40.0
 
 
+@pytest.mark.sharded_pass  # in the second pass, scripts/test --sharded
 @pytest.mark.timeout(300)
 async def test_partition_ranges_moved_back_and_forth_under_faults_lose_nothing() -> None:
     """`--shards 2 --moves`: during 40 s of faults (a shard stop among them) the upper half of each home's

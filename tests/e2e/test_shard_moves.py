@@ -26,7 +26,8 @@ from tests.e2e.processes import ChimesProcess, Processes
 from tests.helpers import wait_for
 from tests.target import Target
 
-pytestmark = pytest.mark.own_shard_map  # a catalog and a shard of its own, whatever --shards says
+pytestmark = [pytest.mark.own_shard_map,  # a catalog and a shard of its own, whatever --shards says
+              pytest.mark.sharded_pass]  # long: in the second pass, scripts/test --sharded
 
 MOVED = (512, 1023)  # the range that moves; 0-511 stay in the catalog
 EVERY_SECOND = {"schedule": {"cron": "* * * * * *"}, "concurrency": "allow"}

@@ -20,7 +20,8 @@ from tests.conftest import scratch_database
 from tests.e2e.processes import Processes
 from tests.helpers import wait_for
 
-pytestmark = pytest.mark.own_shard_map  # a catalog and a shard of its own, whatever --shards says
+pytestmark = [pytest.mark.own_shard_map,  # a catalog and a shard of its own, whatever --shards says
+              pytest.mark.sharded_pass]  # in the second pass, scripts/test --sharded
 
 JOBS = 240
 SHARD_RANGE = "1000-1023"  # the shard starts with 24 of the 1,024 partitions, and about 2% of the jobs
