@@ -273,8 +273,9 @@ async def begin_move(catalog: asyncpg.Connection, catalog_url: str, first: int, 
     target_url = new_url or await _home_url(catalog, catalog_url, target_shard)
     if new_url is not None:
         await check_new_shard(catalog, new_url)
-    await db.with_connection(target_url, migrate)
-    await _refuse_old_processes([catalog_url, source_url, target_url, *shard_map.urls()])
+    if not dry_run:  # a dry run leaves a new database as it found it
+        await db.with_connection(target_url, migrate)
+    await _refuse_old_processes([catalog_url, source_url, *([] if new_url else [target_url]), *shard_map.urls()])
     counts = await db.with_connection(source_url, lambda conn: _row_counts(conn, first, last))
     target_label = without_password(new_url) if new_url else home_name(target_shard)
     plan = (f"partitions {first}-{last}: {home_name(source)} -> {target_label}; "
