@@ -180,11 +180,14 @@ async def single_database_url(server_dsn: str, template_dsn: str) -> AsyncIterat
 
 
 @pytest.fixture
-async def database_url(single_database_url: str, shard_count: int, shard_servers: list[str]) -> AsyncIterator[str]:
+async def database_url(request: pytest.FixtureRequest, single_database_url: str, shard_count: int,
+                       shard_servers: list[str]) -> AsyncIterator[str]:
     """The test's database: with one home (the default), ``single_database_url``; under --shards N, that
     database as the catalog, its map giving even ranges of the partitions to N-1 fresh shard
-    databases (the catalog keeps the first range), dropped after the test like the catalog."""
-    if shard_count == 1:
+    databases (the catalog keeps the first range), dropped after the test like the catalog. A test
+    marked own_shard_map (run there only when also marked sharded_pass) builds its own map: it gets
+    the one database."""
+    if shard_count == 1 or request.node.get_closest_marker("own_shard_map") is not None:
         yield single_database_url
         return
     ranges = even_ranges(shard_count)
