@@ -24,7 +24,8 @@ from tests.e2e.test_crash_safety import soon
 from tests.e2e.test_import import job_line, run_import
 from tests.helpers import add_shards, wait_for
 
-pytestmark = pytest.mark.own_shard_map  # databases and a shard map of its own, whatever --shards says
+pytestmark = [pytest.mark.own_shard_map,  # databases and a shard map of its own, whatever --shards says
+              pytest.mark.sharded_pass]  # in the second pass, scripts/test --sharded
 
 SHARD_RANGE = (0, 511)  # on the second server; 512-1023 stay in the catalog
 LINES = 6_000  # two COPY chunks

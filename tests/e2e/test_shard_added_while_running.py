@@ -16,7 +16,8 @@ from tests.e2e.test_shards import job_ids_in, key_in
 from tests.helpers import wait_for
 from tests.target import Target
 
-pytestmark = pytest.mark.own_shard_map  # databases and a shard map of its own, whatever --shards says
+pytestmark = [pytest.mark.own_shard_map,  # databases and a shard map of its own, whatever --shards says
+              pytest.mark.sharded_pass]  # in the second pass, scripts/test --sharded
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ from tests.target import Target
 
 SHARD_RANGE = (0, 511)  # on the second server; 512-1023 stay in the catalog
 
-pytestmark = pytest.mark.own_shard_map  # a catalog and one shard of its own, whatever --shards says
+pytestmark = [pytest.mark.own_shard_map,  # a catalog and one shard of its own, whatever --shards says
+              pytest.mark.sharded_pass]  # in the second pass, scripts/test --sharded
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import orjson
+import pytest
 
 from bench.__main__ import _parser, _quietness, _run
 from bench.chimes_runs import FleetShape, end_to_end
@@ -105,6 +106,7 @@ async def test_every_round_of_a_repeated_scenario_says_how_quiet_the_machine_was
     assert spread_table(results).startswith("  chimes jobs import, 2 rounds, min / median / max: drain s ")
 
 
+@pytest.mark.sharded_pass  # about shards: in the second pass, scripts/test --sharded
 async def test_shards_scenario_reports_each_configuration_the_api_and_a_stopped_shard() -> None:
     # Its own embedded servers (one per shard, over TCP), not the session's: the scenario starts them,
     # in a folder the servers' system user can reach (not pytest's tmp_path, which is private to root).
@@ -151,6 +153,7 @@ async def test_shards_scenario_reports_each_configuration_the_api_and_a_stopped_
     assert orjson.loads(orjson.dumps([r.to_json() for r in results], default=str))[0]["extra"]["shards"] == 1
 
 
+@pytest.mark.sharded_pass  # about shards: in the second pass, scripts/test --sharded
 def test_move_scenario_moves_half_the_partitions_with_every_slot_called_and_reports(tmp_path: Path) -> None:
     # `python -m bench move` as it is run: its own two embedded servers, fleet, API and mover processes
     report = tmp_path / "move.json"
