@@ -40,7 +40,7 @@ import asyncpg
 import httpx
 
 from bench import seed
-from bench.api_client import ApiProcess, team_token
+from bench.api_client import ApiProcess, team_token, wait_until
 from bench.chimes_runs import Fleet, FleetShape
 from bench.env import Env
 from bench.procs import REPO_ROOT
@@ -272,19 +272,15 @@ def _latencies(patches: Sequence[Patch]) -> dict[str, Any]:
 
 async def _wait(condition: Callable[[], Any], limit_sec: float, what: str, fleet: Fleet,
                 api: ApiProcess | None = None) -> None:
-    deadline = time.monotonic() + limit_sec
-    while True:
-        done = condition()
-        if asyncio.iscoroutine(done):
-            done = await done
-        if done:
-            return
+    """``wait_until``, failing at once when a process of the fleet (or the API) has exited."""
+    async def checked() -> Any:
         for proc in [*fleet.procs, *([api.proc] if api else [])]:
             if not proc.alive():
                 raise RuntimeError(f"{proc.name} exited:\n{proc.log_tail()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {limit_sec:.0f} s waiting for {what}")
-        await asyncio.sleep(0.25)
+        done = condition()
+        return await done if asyncio.iscoroutine(done) else done
+
+    await wait_until(checked, limit_sec=limit_sec, what=what, interval=0.25)
 
 
 async def _slots_by_run(dsns: Sequence[str], job_ids: Sequence[str]) -> tuple[dict[str, float], dict[str, int]]:
@@ -384,7 +380,7 @@ async def _measure(env: Env, target: TargetProcess, fleet: Fleet, api: ApiProces
             calls, _ = _calls(await target.deliveries(), slot_of, paths)
             return not slot_accounts(calls, sorted(paths), first_slot, last_slot)["missing"]
 
-        with contextlib.suppress(RuntimeError):  # what is still missing then is counted, not hidden
+        with contextlib.suppress(TimeoutError):  # what is still missing then is counted, not hidden
             await _wait(every_slot_called, window_sec + 60, "every slot to be called", fleet, api)
     finally:
         patcher.stop()
