@@ -163,7 +163,7 @@ async def test_a_cancelled_move_gives_the_range_back_to_its_source(
         await move_store.lock_mover(catalog)
         mover = move_store.Mover(catalog, await move_store.homes_of(catalog, database_url, move), move,
                                  report=lambda _: None)
-        await mover.open_for_cancel()
+        await mover.connect()
         try:
             cancelled = await mover.cancel("a test cancels it")
         finally:

@@ -110,7 +110,7 @@ def move_partitions(database_url: str | None, data_dir: Path, partitions: str | 
             raise move_store.MoveError("no move is under way")
         mover = await _mover_of(catalog, dsn, found, drain_timeout)
         if cancel:
-            await mover.open_for_cancel()
+            await mover.connect()
             try:
                 await mover.cancel("cancelled with chimes shards move --cancel")
             finally:
@@ -206,7 +206,7 @@ def _print_plan(plan: rebalance.Plan, unit: str) -> None:
     click.echo(f"{len(plan.moves)} move{'s' if len(plan.moves) > 1 else ''}, in this order:")
     for move in plan.moves:
         click.echo(f"  {move.command()}    # {move.load:,} {unit}, "
-                   f"{rebalance.home_name(move.source)} -> {rebalance.home_name(move.target)}")
+                   f"{move_store.home_name(move.source)} -> {move_store.home_name(move.target)}")
     click.echo(f"after: {rebalance.describe_loads(plan.after, unit)} (spread {plan.spread_after:,})")
 
 

@@ -329,8 +329,7 @@ class Mover:
         self._target: asyncpg.Connection | None = None
 
     async def run(self) -> Move:
-        self._source = await db.connect(self._homes.source_url)
-        self._target = await db.connect(self._homes.target_url)
+        await self.connect()
         try:
             if self.move.phase == "copying":
                 await self._copy_online()
@@ -500,7 +499,8 @@ class Mover:
         self._report(self.move)
         return self.move
 
-    async def open_for_cancel(self) -> None:
+    async def connect(self) -> None:
+        """Open the connections to the source and the target (:meth:`run` does; :meth:`cancel` needs it first)."""
         self._source = await db.connect(self._homes.source_url)
         self._target = await db.connect(self._homes.target_url)
 

@@ -18,6 +18,7 @@ import asyncpg
 
 from chimes.ids import PARTITION_COUNT
 from chimes.store import db
+from chimes.store.moves import home_name
 from chimes.store.queries import sql
 from chimes.store.shards import ShardMap, ShardMapError
 
@@ -60,10 +61,6 @@ class Plan:
 def home_label(home: Home) -> str:
     """How ``--to`` names a home: 'catalog' or the shard's id."""
     return "catalog" if home is None else str(home)
-
-
-def home_name(home: Home) -> str:
-    return "catalog" if home is None else f"shard {home}"
 
 
 def spread(loads: Mapping[Home, int]) -> int:
