@@ -342,7 +342,7 @@ class Mover:
                 await self._finish()
             return self.move
         finally:
-            await asyncio.gather(self._source.close(), self._target.close(), return_exceptions=True)
+            await self.close()
 
     # --- phase 1: copying -----------------------------------------------------------------------
 
