@@ -1,7 +1,8 @@
 """A move's fences and refusals, against real databases: a router still on the old map is refused by
-the source and retries on the target; the source refuses job writes once fenced; a cancelled move
-gives the range back; a move that cannot be made changes nothing (docs/scaling.md, "Moving
-partitions"). tests/e2e/test_shard_moves.py moves a range under a running fleet."""
+the source and retries on the target; the source refuses job writes once fenced; a run whose worker
+froze past its lease is handed over and the worker's late outcome refused; a cancelled move gives the
+range back; a move that cannot be made changes nothing (docs/scaling.md, "Moving partitions").
+tests/e2e/test_shard_moves.py moves a range under a running fleet."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import httpx
@@ -19,6 +21,8 @@ from chimes.store import db
 from chimes.store import moves as move_store
 from chimes.store.queries import sql
 from chimes.store.shards import load_map
+from chimes.store.working import Completion, WorkerStore
+from chimes.worker.tasks.common import Outcome
 from tests.conftest import scratch_database
 from tests.helpers import wait_for
 from tests.integration.test_shard_added_while_running import create, job_ids
@@ -142,6 +146,84 @@ async def test_a_fenced_source_refuses_job_writes_and_the_api_waits_for_the_cut_
     patched = await patching
     assert patched.status_code == 200, patched.text
     assert await job_ids(shard_url) == {job_id}
+
+
+async def lease_of(url: str, run_id: uuid.UUID) -> asyncpg.Record | None:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchrow(  # type: ignore[no-any-return]
+            "SELECT r.status, r.lease_token, l.token, l.expires_at < now() AS expired FROM runs r "
+            "LEFT JOIN run_leases l ON l.run_id = r.run_id WHERE r.run_id = $1", run_id)
+    finally:
+        await conn.close()
+
+
+async def test_a_run_whose_worker_froze_is_handed_over_and_its_late_outcome_refused(
+    stale_api: httpx.AsyncClient, database_url: str, shard_url: str
+) -> None:
+    """A worker frozen past its lease (its claim's lease row expired, no heartbeat) while the range
+    moves: the source hands the run over under a new token once the range is at rest, so the
+    worker's outcome, should it wake before the clean-up, is refused instead of accepted and then
+    deleted with the source's copies; the target gets the run with an expired lease for its reaper."""
+    [job_id] = await jobs_in_range(stale_api, 1)
+    assert (await stale_api.post(f"/jobs/{job_id}/runs")).status_code == 202
+    pool = await db.create_pool(database_url, max_size=2)
+    try:
+        worker = WorkerStore(pool, "frozen-worker")
+        [claimed] = await worker.claim(10, lease_sec=30, deadline_grace_sec=30)
+        await pool.execute("UPDATE claim_leases SET expires_at = now() - interval '1 second'")  # frozen past it
+        async with mover_at(database_url, shard_url, stop_at="drained"):
+            async def handed_over() -> bool:
+                lease = await lease_of(database_url, claimed.run_id)
+                return lease is not None and lease["token"] is not None
+            await wait_for(handed_over, timeout=20, what="the run handed over on the source")
+            source = await lease_of(database_url, claimed.run_id)
+            assert source is not None and source["status"] == "running" and source["expired"]
+            assert source["lease_token"] == source["token"] != claimed.lease_token
+            # The worker wakes: its outcome and its renewal change nothing on the source any more.
+            late = Completion(claimed, Outcome.failure("HTTP 500"), datetime.now(UTC),
+                              datetime.now(UTC) + timedelta(seconds=1))
+            assert await worker.complete([late]) == set()
+            assert await worker.extend_leases([claimed], 30) == set()
+        moved = await resume(database_url)
+        assert moved.phase == "done"
+    finally:
+        await pool.close()
+    target = await lease_of(shard_url, claimed.run_id)
+    assert target is not None and target["status"] == "running"
+    # (the resumed mover handed it over once more: another new token, never the worker's)
+    assert target["token"] == target["lease_token"] != claimed.lease_token and target["expired"]  # the reaper's now
+    assert await lease_of(database_url, claimed.run_id) is None
+
+
+async def test_a_run_that_arrives_running_without_a_lease_is_leased_for_the_targets_reaper(
+    stale_api: httpx.AsyncClient, database_url: str, shard_url: str
+) -> None:
+    """The target's own check before it opens the range: a running run it holds without a lease row
+    under its token (here the copy's row removed by hand at the last stop before the cut-over) gets
+    one, expired, so that its reaper ends the attempt instead of no one ever."""
+    [job_id] = await jobs_in_range(stale_api, 1)
+    assert (await stale_api.post(f"/jobs/{job_id}/runs")).status_code == 202
+    pool = await db.create_pool(database_url, max_size=2)
+    try:
+        [claimed] = await WorkerStore(pool, "frozen-worker").claim(10, lease_sec=30, deadline_grace_sec=30)
+        await pool.execute("UPDATE claim_leases SET expires_at = now() - interval '1 second'")
+    finally:
+        await pool.close()
+    async with mover_at(database_url, shard_url, stop_at="copied"):
+        async def copied() -> bool:
+            lease = await lease_of(shard_url, claimed.run_id)
+            return lease is not None and lease["token"] is not None
+        await wait_for(copied, timeout=20, what="the handed-over run's lease copied to the target")
+        target = await asyncpg.connect(shard_url)
+        try:
+            await target.execute("DELETE FROM run_leases WHERE run_id = $1", claimed.run_id)
+        finally:
+            await target.close()
+    assert (await resume(database_url)).phase == "done"
+    leased = await lease_of(shard_url, claimed.run_id)
+    assert leased is not None and leased["status"] == "running"
+    assert leased["token"] == leased["lease_token"] and leased["expired"]
 
 
 def _is(url: str, wanted: str):  # type: ignore[no-untyped-def]

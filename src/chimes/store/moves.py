@@ -355,7 +355,7 @@ class Mover:
         await self._same_run_days()
         before = None
         for _ in range(MAX_ONLINE_PASSES):
-            copied = await self._pass()
+            copied, _ = await self._pass()
             await self._stop_if("copying")
             # Small enough, or no longer shrinking: the partitions that change every second (a busy
             # job's trigger and runs) are copied again by every pass, whatever it follows.
@@ -369,11 +369,14 @@ class Mover:
             first_day: date = days["first_day"]
             await self._dst.fetchval(sql("ensure_run_days"), first_day, (days["last_day"] - first_day).days + 1)
 
-    async def _pass(self) -> int:
-        """One pass over every table; the rows it copied. Each table's fingerprints are read before
-        its rows are copied, in statements of their own (a snapshot held for a whole pass kept the
-        fleet's busiest rows, the lease rows, from being vacuumed for its length): a copy can only be
-        newer than the fingerprint recorded with it, which the next pass finds different."""
+    async def _pass(self) -> tuple[int, int]:
+        """One pass over every table: the rows it copied, and the partitions (of every table) it
+        found different and copied again. Each table's fingerprints are read before its rows are
+        copied, in statements of their own (a snapshot held for a whole pass kept the fleet's busiest
+        rows, the lease rows, from being vacuumed for its length): a copy can only be newer than the
+        fingerprint recorded with it, which the next pass finds different. A pass can copy no row
+        and still have changed the target (a partition emptied on the source meanwhile): only a pass
+        that finds nothing different shows the copy exact."""
         move = self.move
         started, copied = time.monotonic(), 0
         plans = []
@@ -393,7 +396,7 @@ class Mover:
                 elapsed = max(time.monotonic() - started, 1e-6)
                 await self._progress(move.rows_copied + copied, copied / elapsed if copied else None, left)
         await self._progress(move.rows_copied + copied, self.move.rows_per_sec, 0, passes=move.passes + 1)
-        return copied
+        return copied, sum(len(differ) for _, _, differ in plans)
 
     async def _copy(self, table: MovedTable, partitions: list[int], wanted: dict[int, tuple[str, int]]) -> int:
         """Replace the target's rows of ``partitions`` of ``table`` with the source's, and record their
@@ -446,9 +449,10 @@ class Mover:
         await self._progress(self.move.rows_copied, self.move.rows_per_sec, 0,
                              note="the range is at rest: copying what changed before the fence")
         # Nothing of the range changes on the source now but what its sweeps may still do (retention
-        # dropping a day of history, say): passes until one copies nothing.
+        # dropping a day of history, say): passes until one finds nothing different.
         for _ in range(MAX_FENCED_PASSES):
-            if not await self._pass():
+            _, differed = await self._pass()
+            if not differed:
                 break
         else:
             raise MoveError(f"move {move.move_id}: the range kept changing on {move.source} after the fence; the "
@@ -477,6 +481,10 @@ class Mover:
 
     async def _finish(self) -> None:
         move = self.move
+        unleased = await self._dst.fetch(sql("lease_arrived_runs"), move.first, move.last)
+        if unleased:
+            log.warning("move %d: %d runs arrived running without a lease on %s; leased, expired, for its reaper: %s",
+                        move.move_id, len(unleased), move.target, ", ".join(str(r["run_id"]) for r in unleased[:10]))
         await self._dst.execute(sql("open_partitions"), move.first, move.last)
         # The source keeps its lease rows closed: a router on the old map is refused there.
         await self._src.execute(sql("close_partitions"), move.first, move.last, move.move_id)

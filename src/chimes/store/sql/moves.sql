@@ -93,15 +93,44 @@ SELECT (SELECT count(*) FROM leases_in_force l
        (SELECT count(*) FROM run_queue q WHERE chimes_partition_of(q.job_id) BETWEEN $1 AND $2) AS queued;
 
 -- name: hand_over_lost_runs
--- Runs of the range still 'running' under a lease that expired (their worker is gone): each gets a
--- lease row of its own, expired as its claim's is, so that the run moves with its lease and the
--- target's reaper ends the attempt after the cut-over, as the source's would have.
+-- Every run of the range still 'running' on the source once it is at rest (its lease expired: its
+-- worker is gone, or frozen) is handed over: a new lease token, and a lease row of its own under it,
+-- expired, so that the target's reaper ends the attempt after the cut-over, as the source's would
+-- have. The old token is void from this commit on: should the worker wake, its outcome, renewal,
+-- give-up or release is refused here as for any lease it lost (an outcome accepted here now would be
+-- deleted with the source's copies: acknowledged, then lost). A run left without any lease row at
+-- all is handed over the same way. The UPDATE re-checks each run, so an outcome that commits first wins.
+WITH running AS (
+    SELECT r.run_id, r.scheduled_at, r.lease_token, l.deadline_at
+    FROM runs r
+    LEFT JOIN leases_in_force l ON l.run_id = r.run_id AND l.scheduled_at = r.scheduled_at AND l.token = r.lease_token
+    WHERE r.partition_id BETWEEN $1 AND $2 AND r.status = 'running'
+),
+handed AS (
+    UPDATE runs r SET lease_token = gen_random_uuid()
+    FROM running o
+    WHERE r.run_id = o.run_id AND r.scheduled_at = o.scheduled_at AND r.status = 'running'
+      AND r.lease_token IS NOT DISTINCT FROM o.lease_token
+    RETURNING r.run_id, r.scheduled_at, r.partition_id, r.lease_token, o.deadline_at
+)
 INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
-SELECT l.run_id, l.scheduled_at, r.partition_id, l.token, l.expires_at, l.deadline_at
-FROM leases_in_force l
-JOIN runs r ON r.run_id = l.run_id AND r.scheduled_at = l.scheduled_at
-WHERE r.partition_id BETWEEN $1 AND $2 AND r.status = 'running' AND r.lease_token = l.token
-ON CONFLICT (run_id) DO NOTHING;
+SELECT run_id, scheduled_at, partition_id, lease_token, now(), coalesce(deadline_at, 'infinity') FROM handed
+ON CONFLICT (run_id) DO UPDATE
+SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at, deadline_at = EXCLUDED.deadline_at;
+
+-- name: lease_arrived_runs
+-- The target, before it opens the range: a run that arrived 'running' without a lease row under its
+-- token (none should: the source hands every one over) gets one, expired, for the reaper. A run
+-- whose worker is on the source is never this home's to renew; without a row no reaper would ever
+-- end it. The runs it leased come back, for the mover's log.
+INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
+SELECT r.run_id, r.scheduled_at, r.partition_id, r.lease_token, now(), 'infinity'
+FROM runs r
+WHERE r.partition_id BETWEEN $1 AND $2 AND r.status = 'running' AND r.lease_token IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM run_leases l WHERE l.run_id = r.run_id AND l.token = r.lease_token)
+ON CONFLICT (run_id) DO UPDATE
+SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at, deadline_at = EXCLUDED.deadline_at
+RETURNING run_id;
 
 -- name: run_days
 -- The day partitions of run history, oldest first, so that the target has the same before the copy.
