@@ -196,34 +196,40 @@ async def test_a_run_whose_worker_froze_is_handed_over_and_its_late_outcome_refu
     assert await lease_of(database_url, claimed.run_id) is None
 
 
-async def test_a_run_that_arrives_running_without_a_lease_is_leased_for_the_targets_reaper(
+async def test_runs_that_arrive_with_nothing_to_end_or_start_them_are_leased_or_queued_by_the_target(
     stale_api: httpx.AsyncClient, database_url: str, shard_url: str
 ) -> None:
-    """The target's own check before it opens the range: a running run it holds without a lease row
-    under its token (here the copy's row removed by hand at the last stop before the cut-over) gets
-    one, expired, so that its reaper ends the attempt instead of no one ever."""
-    [job_id] = await jobs_in_range(stale_api, 1)
-    assert (await stale_api.post(f"/jobs/{job_id}/runs")).status_code == 202
+    """The target's own check once it has opened the range: a running run it holds with no lease in
+    force under its token gets one, expired, so that its reaper ends the attempt; a scheduled run with
+    no queue entry, retry trigger or active run to wait for is queued. Neither should happen (the
+    source hands every run over, and its queue of the range is empty at the drain): here the target's
+    copies are altered by hand at the stop after the cut-over, before the target opens the range."""
+    for job_id in await jobs_in_range(stale_api, 2):
+        assert (await stale_api.post(f"/jobs/{job_id}/runs")).status_code == 202
     pool = await db.create_pool(database_url, max_size=2)
     try:
-        [claimed] = await WorkerStore(pool, "frozen-worker").claim(10, lease_sec=30, deadline_grace_sec=30)
+        unleased, unqueued = await WorkerStore(pool, "frozen-worker").claim(10, lease_sec=30, deadline_grace_sec=30)
         await pool.execute("UPDATE claim_leases SET expires_at = now() - interval '1 second'")
     finally:
         await pool.close()
-    async with mover_at(database_url, shard_url, stop_at="copied"):
-        async def copied() -> bool:
-            lease = await lease_of(shard_url, claimed.run_id)
-            return lease is not None and lease["token"] is not None
-        await wait_for(copied, timeout=20, what="the handed-over run's lease copied to the target")
+    async with mover_at(database_url, shard_url, stop_at="cut_over"):
+        await wait_for(_is(database_url, "cut_over"), timeout=20, what="the cut-over")
         target = await asyncpg.connect(shard_url)
         try:
-            await target.execute("DELETE FROM run_leases WHERE run_id = $1", claimed.run_id)
+            await target.execute("DELETE FROM run_leases")
+            await target.execute("UPDATE runs SET status = 'scheduled', lease_token = NULL, worker_id = NULL "
+                                 "WHERE run_id = $1", unqueued.run_id)
         finally:
             await target.close()
     assert (await resume(database_url)).phase == "done"
-    leased = await lease_of(shard_url, claimed.run_id)
+    leased = await lease_of(shard_url, unleased.run_id)
     assert leased is not None and leased["status"] == "running"
     assert leased["token"] == leased["lease_token"] and leased["expired"]
+    target = await asyncpg.connect(shard_url)
+    try:
+        assert await target.fetchval("SELECT count(*) FROM run_queue WHERE run_id = $1", unqueued.run_id) == 1
+    finally:
+        await target.close()
 
 
 def _is(url: str, wanted: str):  # type: ignore[no-untyped-def]

@@ -15,13 +15,16 @@ mover that was killed resumes where it was (``chimes shards move --resume``):
    reaps nothing of the range) and refuses the range's job writes (``chimes_refuse_moved``, SQLSTATE
    CH001: a router answers by reading the map again). The mover waits for the source's
    transactions that began before the fence, then for the range's runs in flight there to end and
-   its queue to empty (the source's workers finish them; a run whose worker is gone moves with its
-   expired lease, for the target's reaper). Nothing of the range changes on the source after that,
-   and a last pass makes the target's copy exact.
+   its queue to empty (the source's workers finish them). A run still running then (its worker gone,
+   or frozen past its lease) is handed over under a new lease token, with an expired lease row for
+   the target's reaper: its old worker's late writes are refused. Nothing of the range changes on
+   the source after that, and passes make the target's copy exact, until one finds nothing
+   different.
 3. **cut_over**: in one catalog transaction the range is given to the target (a new map version);
-   the target opens its lease rows, and its nodes take them within a lease round. The source's
-   copies are deleted: its lease rows stay closed, so a router still on the old map is refused there
-   and retries on the target.
+   the target opens its lease rows, and its nodes take them within a lease round (and it leases,
+   expired, any run that arrived running with no lease, and queues any that arrived scheduled with
+   nothing to start it: none should). The source's copies are deleted: its lease
+   rows stay closed, so a router still on the old map is refused there and retries on the target.
 
 A move can be cancelled before the cut-over (``--cancel``, or when the range's runs do not end within
 the drain timeout): the source opens its lease rows again and the target's copies are deleted.
@@ -481,11 +484,16 @@ class Mover:
 
     async def _finish(self) -> None:
         move = self.move
-        unleased = await self._dst.fetch(sql("lease_arrived_runs"), move.first, move.last)
-        if unleased:
-            log.warning("move %d: %d runs arrived running without a lease on %s; leased, expired, for its reaper: %s",
-                        move.move_id, len(unleased), move.target, ", ".join(str(r["run_id"]) for r in unleased[:10]))
         await self._dst.execute(sql("open_partitions"), move.first, move.last)
+        # Neither finds anything when the copy is right: every run in flight was handed over, and the
+        # source's queue of the range was empty. A run that escaped both would wait for ever here.
+        # (After the opening: the scans of the target's runs stay out of the range's pause.)
+        for statement, what in (("lease_arrived_runs", "running without a lease; leased, expired, for its reaper"),
+                                ("queue_arrived_runs", "scheduled with nothing to start them; queued")):
+            found = await self._dst.fetch(sql(statement), move.first, move.last)
+            if found:
+                log.warning("move %d: %d runs arrived on %s %s: %s", move.move_id, len(found), move.target, what,
+                            ", ".join(str(r["run_id"]) for r in found[:10]))
         # The source keeps its lease rows closed: a router on the old map is refused there.
         await self._src.execute(sql("close_partitions"), move.first, move.last, move.move_id)
         await _delete_range(self._src, move.first, move.last, after_each=lambda: self._stop_if("cleaning"))

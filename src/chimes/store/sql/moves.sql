@@ -119,17 +119,33 @@ ON CONFLICT (run_id) DO UPDATE
 SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at, deadline_at = EXCLUDED.deadline_at;
 
 -- name: lease_arrived_runs
--- The target, before it opens the range: a run that arrived 'running' without a lease row under its
--- token (none should: the source hands every one over) gets one, expired, for the reaper. A run
--- whose worker is on the source is never this home's to renew; without a row no reaper would ever
--- end it. The runs it leased come back, for the mover's log.
+-- The target, once it has opened the range: a run of it that arrived 'running' with no lease in force
+-- under its token (none should: the source hands every one over) gets a row of its own, expired, for
+-- the reaper. Its worker is on the source, so no one here renews it; without a row no reaper would
+-- ever end it. Runs this home's workers claimed since the range opened hold their claim's lease and
+-- are left alone (each claim, reap and outcome commits whole: one snapshot sees none half-done).
 INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
 SELECT r.run_id, r.scheduled_at, r.partition_id, r.lease_token, now(), 'infinity'
 FROM runs r
 WHERE r.partition_id BETWEEN $1 AND $2 AND r.status = 'running' AND r.lease_token IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM run_leases l WHERE l.run_id = r.run_id AND l.token = r.lease_token)
+  AND NOT EXISTS (SELECT 1 FROM leases_in_force l WHERE l.run_id = r.run_id AND l.token = r.lease_token)
 ON CONFLICT (run_id) DO UPDATE
 SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at, deadline_at = EXCLUDED.deadline_at
+RETURNING run_id;
+
+-- name: queue_arrived_runs
+-- Then a run of the range that arrived 'scheduled' waits for one of three things: a place in the
+-- queue (the source's queue of the range was empty at the drain, and queues are not copied), its
+-- retry trigger, or the end of its job's active run (held). One with none of them (a run the source
+-- queued after the drain; none should) is queued here, where the workers claim it.
+INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
+SELECT r.priority, r.run_id, r.scheduled_at, r.job_id
+FROM runs r
+WHERE r.partition_id BETWEEN $1 AND $2 AND r.status = 'scheduled'
+  AND NOT EXISTS (SELECT 1 FROM run_queue q WHERE q.run_id = r.run_id)
+  AND NOT EXISTS (SELECT 1 FROM triggers t WHERE t.trigger_id = r.run_id AND t.kind = 1)
+  AND NOT EXISTS (SELECT 1 FROM active_runs a WHERE a.run_id = r.run_id AND a.held)
+ON CONFLICT DO NOTHING
 RETURNING run_id;
 
 -- name: run_days
