@@ -6,21 +6,24 @@ Each test checks the move's invariants: every job of the range lives on the targ
 whole history; one run per slot and no slot missing, before, during and after the move; no run
 fired early; every job written during the move is where the map says; the API answered every write.
 The kill tests stop the mover at each phase (CHIMES_MOVE_STOP_AT), SIGKILL it with the scheduler and
-the worker, start new ones, and resume the move."""
+the worker, start new ones, and resume the move; another cuts the mover's session with the source."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import httpx
 import pytest
 
 from chimes.ids import partition_of, partition_of_key
+from chimes.store import db
 from chimes.store.moves import STOP_POINTS
+from chimes.store.working import Completion, WorkerStore
+from chimes.worker.tasks.common import Outcome
 from tests.conftest import scratch_database
 from tests.e2e.processes import ChimesProcess, Processes
 from tests.helpers import wait_for
@@ -226,3 +229,33 @@ async def test_the_move_command_checks_first_and_cancels_a_stopped_move(
     # The range is the catalog's again: its jobs can be changed there.
     patched = await client.patch(f"/jobs/{moving[0]}", json={"name": "after the cancel"})
     assert patched.status_code == 200, patched.text
+
+
+async def test_a_mover_that_loses_its_source_says_so_and_resumes(
+    processes: Processes, client: httpx.AsyncClient, target: Target, database_url: str, shard_url: str
+) -> None:
+    """The source's session of a mover waiting, fenced, for a run in flight is terminated (a restart, a
+    failover): the command exits 1 with one line saying where the move stopped and how to go on, no
+    traceback; once the run has ended, --resume finishes the move."""
+    _, moving = await jobs_on_both_sides(client, target)
+    assert (await client.post(f"/jobs/{moving[0]}/runs")).status_code == 202
+    pool = await db.create_pool(database_url, max_size=2)
+    try:
+        worker = WorkerStore(pool, "slow-worker")
+        [running] = await worker.claim(10, lease_sec=120, deadline_grace_sec=120)  # in flight: the drain waits
+        mover = await move(processes, "move", f"{MOVED[0]}-{MOVED[1]}", "--to", shard_url)
+        waiting = ("SELECT pid FROM pg_stat_activity "
+                   "WHERE query LIKE '%What still runs, or waits to%' AND pid <> pg_backend_pid()")
+        await wait_for(lambda: pool.fetchval(waiting), timeout=60, what="the mover waiting for the run in flight")
+        await pool.execute(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) AS mover")
+        assert await mover.exited(timeout=60) == 1, mover.output()
+        assert "move 1 stopped, fenced: a database it uses failed" in mover.output(), mover.output()
+        assert "chimes shards move --resume" in mover.output() and "Traceback" not in mover.output()
+        done = Completion(running, Outcome.success(""), datetime.now(UTC), None)
+        assert await worker.complete([done]) == {running.run_id}  # the source still takes its outcome
+    finally:
+        await pool.close()
+    resumed = await move(processes, "resume", "--resume")
+    assert await resumed.exited(timeout=120) == 0, resumed.output()
+    assert "done" in resumed.output(), resumed.output()
+    assert (await job_homes(database_url, shard_url))[1] == set(moving)

@@ -140,7 +140,14 @@ async def _mover_of(catalog: db.Connection, dsn: str, move: move_store.Move,
 
 
 async def _run_to_the_end(mover: move_store.Mover) -> None:
-    ended = await mover.run()
+    try:
+        ended = await mover.run()
+    except db.DB_ERRORS as exc:
+        # Every phase is recorded as it is reached: the move is where its row says, and goes on from there.
+        raise move_store.MoveError(
+            f"move {mover.move.move_id} stopped, {mover.move.phase}: a database it uses failed "
+            f"({db.describe(exc).splitlines()[0]}); nothing is lost: `chimes shards move --resume` takes it on "
+            "from there, `--cancel` gives the range back (before the cut-over)") from exc
     if ended.phase == "cancelled":
         raise move_store.MoveError(f"the move was cancelled: {ended.note}")
 
