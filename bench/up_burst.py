@@ -3,10 +3,10 @@ API of a plain ``chimes up`` (its defaults: worker concurrency, limits), all due
 calling the benchmark's HTTP target; the start lag from the target's clock, the fire lag from the run
 records.
 
-Each round runs ``chimes up`` as it starts by default (the API in its own process, the scheduler and
-the worker as its child processes) and with ``--single-process`` (every role in one process), one
-after the other, the order alternating from round to round, on a fresh database of the same
-PostgreSQL: a ratio between the two is taken side by side.
+Each round runs ``chimes up`` as it starts by default (every role in one process) and with
+``--processes`` (the scheduler and the worker as child processes), one after the other, the order
+alternating from round to round, on a fresh database of the same PostgreSQL: a ratio between the two
+is taken side by side.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from bench.procs import Proc, free_port, postgres_cpu_seconds, python
 from bench.report import Result, percentiles
 from bench.target import TargetProcess
 
-MODES = {"default": [], "single-process": ["--single-process"]}
+MODES = {"processes": ["--processes"], "single-process": []}
 LANES = 16  # requests in flight while the jobs are created
 
 

@@ -1,6 +1,5 @@
-"""`chimes up` runs its scheduler and worker as child processes it supervises, by default: stopping it
-stops them all, a child that dies takes it down; with --single-process every role runs in the one
-process. --processes, the default, is still accepted."""
+"""`chimes up --processes` runs its scheduler and worker as child processes it supervises: stopping it
+stops them all, a child that dies takes it down; by default every role runs in the one process."""
 
 from __future__ import annotations
 
@@ -52,10 +51,10 @@ async def _start_up(processes: Processes, *args: str) -> tuple[ChimesProcess, st
     return up, base
 
 
-async def test_up_runs_scheduler_and_worker_as_children_by_default_and_stops_them_all(
+async def test_up_with_processes_runs_scheduler_and_worker_as_children_and_stops_them_all(
     processes: Processes, database_url: str, target: Target
 ) -> None:
-    up, base = await _start_up(processes, "--worker-concurrency", "7")
+    up, base = await _start_up(processes, "--processes", "--worker-concurrency", "7")
     roles = await wait_for(lambda: _roles(up), timeout=30, what="the scheduler and worker processes")
     pids = {role: proc.pid for role, proc in roles.items()}
     assert up.pid not in pids.values()
@@ -91,7 +90,7 @@ async def test_up_runs_scheduler_and_worker_as_children_by_default_and_stops_the
 
 
 async def test_a_child_that_dies_stops_chimes_up_with_a_line_naming_it(processes: Processes) -> None:
-    up, _ = await _start_up(processes)
+    up, _ = await _start_up(processes, "--processes")
     roles = await wait_for(lambda: _roles(up), timeout=30, what="the scheduler and worker processes")
 
     roles["worker"].kill()
@@ -101,7 +100,7 @@ async def test_a_child_that_dies_stops_chimes_up_with_a_line_naming_it(processes
 
 
 async def test_children_stop_when_chimes_up_is_killed_outright(processes: Processes) -> None:
-    up, _ = await _start_up(processes, "--processes")  # the default, as scripts written before still say
+    up, _ = await _start_up(processes, "--processes")
     roles = await wait_for(lambda: _roles(up), timeout=30, what="the scheduler and worker processes")
 
     up.signal(signal.SIGKILL)  # no chance to pass the stop on: the kernel's parent-death signal does
@@ -110,10 +109,10 @@ async def test_children_stop_when_chimes_up_is_killed_outright(processes: Proces
         await wait_for(lambda proc=proc: _gone(proc), timeout=60, what=f"the {role} process to stop")
 
 
-async def test_with_single_process_every_role_runs_in_the_up_process(
+async def test_by_default_every_role_runs_in_the_up_process(
     processes: Processes, database_url: str
 ) -> None:
-    up, _ = await _start_up(processes, "--single-process")
+    up, _ = await _start_up(processes)
     conn = await asyncpg.connect(database_url)
     try:
         worker_pid = await wait_for(lambda: conn.fetchval("SELECT pid FROM workers"), timeout=30,

@@ -73,13 +73,13 @@ def test_up_still_has_every_flag_it_had() -> None:
 
 
 @pytest.mark.parametrize(("args", "variable", "processes"), [
-    ([], None, True),                                  # the default: the roles as child processes
-    (["--processes"], None, True),                     # as scripts written before it was the default say
+    ([], None, False),                                 # the default: every role in the one process
+    (["--processes"], None, True),
     (["--single-process"], None, False),
-    ([], "false", False),                              # CHIMES_UP_PROCESSES=false, as before
-    (["--processes"], "false", True),                  # the command line wins over the variable
+    ([], "true", True),                                # CHIMES_UP_PROCESSES=true
+    (["--single-process"], "true", False),             # the command line wins over the variable
 ])
-def test_up_runs_its_roles_as_processes_unless_told_single_process(
+def test_up_runs_its_roles_in_one_process_unless_told_processes(
     args: list[str], variable: str | None, processes: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if variable is None:

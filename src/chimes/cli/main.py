@@ -72,15 +72,13 @@ def cli(log_level: str, log_format: str) -> None:
               help="Seconds after which a WAL segment with commits in it is archived even if not full: the most "
                    "work a lost disk can take with it.")
 @click.option("--processes/--single-process", "processes", envvar="CHIMES_UP_PROCESSES", show_envvar=True,
-              default=True,
-              help="By default the scheduler and the worker run as child processes this one supervises, so that "
-                   "the roles use several cores; --single-process runs them in this process's event loop "
-                   "(docs/operations.md, \"How chimes up runs its roles\"). --processes, the default, is "
-                   "still accepted.")
+              default=False, show_default=True,
+              help="Run the scheduler and the worker as child processes this one supervises, instead of in this "
+                   "process's event loop (docs/operations.md, \"How chimes up runs its roles\").")
 def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_concurrency: int,
        backup_dir: Path | None, archive_timeout: int, processes: bool, **security: Any) -> None:
-    """Everything with one command: embedded PostgreSQL (unless --database-url) and the API in this
-    process, the scheduler and the worker as supervised child processes (all in one with --single-process)."""
+    """Everything with one command: embedded PostgreSQL (unless --database-url), API, scheduler and worker
+    in one process (or the scheduler and the worker as supervised child processes with --processes)."""
     from chimes.cli.role_processes import role_commands
     from chimes.cli.roles import run_all_in_one, run_up
 
