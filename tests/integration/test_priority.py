@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 
+import asyncpg
 import httpx
 
 from tests.helpers import Homes, auth_as, wait_for
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import FAST_WORKER, Fleet, running_fleet
 from tests.target import Target
 
 BACKLOG = 10_000
@@ -106,6 +108,37 @@ async def test_one_owners_flood_of_long_runs_leaves_room_for_another_owners_runs
     assert call.received_at - asked_at.timestamp() < 2.0, "started within the 2 s start promise"
     assert target.most_in_flight["/long"] == share, "team A never held more than its share"
     assert await homes.total("SELECT count(*) FROM run_queue") >= 40 - share, "the rest of team A's runs wait"
+
+
+async def test_an_owner_with_more_runs_than_its_share_gets_them_as_its_runs_end(
+    pool: asyncpg.Pool, database_url: str, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    """One owner's burst, many times its share of the worker: as its runs end the worker claims the
+    next of them, a batch at a time, rather than once a poll (a minute here)."""
+    target.delays["/burst"] = lambda n: 0.05
+    job_id = (await client.post("/jobs", json={
+        "name": "burst", "schedule": {"cron": "0 0 1 1 *"}, "concurrency": "allow",
+        "task": {"type": "http", "url": target.url + "/burst"}})).json()["jobId"]
+    await (await homes.for_job(job_id)).execute("""
+        WITH made AS (
+            INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority)
+            SELECT gen_random_uuid(), now() - make_interval(secs => n), $1, 'team-a', 0, 1, 'manual', 1
+            FROM generate_series(1, 200) AS n
+            RETURNING run_id, scheduled_at, job_id
+        )
+        INSERT INTO run_queue (tier, run_id, scheduled_at, job_id) SELECT 1, run_id, scheduled_at, job_id FROM made
+    """, uuid.UUID(job_id))
+    config = replace(FAST_WORKER, poll_every_sec=60.0)
+    async with running_fleet(pool, database_url, homes, scheduler=None, worker=config) as fleet:
+        await wait_for(fleet.listening, timeout=10, what="the worker to listen")
+        assert (await client.post(f"/jobs/{job_id}/runs")).status_code == 202  # its NOTIFY wakes the worker
+        await wait_for(lambda: _succeeded(homes, 201), timeout=20, what="every run of the burst to succeed")
+    share = config.tiers.owner_cap(config.concurrency)
+    assert target.most_in_flight["/burst"] == share, "the owner held its share of the worker, and no more"
+
+
+async def _succeeded(homes: Homes, count: int) -> bool:
+    return await homes.total("SELECT count(*) FROM runs WHERE status = 'succeeded'") >= count
 
 
 async def test_only_an_admin_grants_priority_high(client: httpx.AsyncClient, homes: Homes,

@@ -50,3 +50,10 @@ def test_a_claim_leaves_every_owner_within_its_share(running: list[str], limit: 
                                                      at_most: int) -> None:
     room = owner_room(running, TierPolicy().owner_cap(10), limit)
     assert (room.full, room.at_most) == (full, at_most)
+
+
+def test_an_owner_at_its_share_is_claimed_for_again_once_a_quarter_of_it_has_ended() -> None:
+    room = owner_room(["a"] * 80 + ["b"] * 81 + ["c"] * 3, TierPolicy().owner_cap(100), 100)
+    assert room.refill == {"a": 20, "b": 21}  # b is one past its share: one more run of it to end
+    assert owner_room(["a"], TierPolicy().owner_cap(2), 2).refill == {"a": 1}  # a share of one slot
+    assert owner_room(["a"] * 3, TierPolicy().owner_cap(10), 10).refill == {}

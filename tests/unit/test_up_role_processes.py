@@ -70,3 +70,21 @@ def test_up_still_has_every_flag_it_had() -> None:
     names = {p.name for p in cli.commands["up"].params if isinstance(p, click.Option)}
     assert {"database_url", "data_dir", "host", "port", "worker_concurrency", "allow_commands",
             "egress_allow_loopback", "secret_key_file", "processes"} <= names
+
+
+@pytest.mark.parametrize(("args", "variable", "processes"), [
+    ([], None, False),                                 # the default: every role in the one process
+    (["--processes"], None, True),
+    (["--single-process"], None, False),
+    ([], "true", True),                                # CHIMES_UP_PROCESSES=true
+    (["--single-process"], "true", False),             # the command line wins over the variable
+])
+def test_up_runs_its_roles_in_one_process_unless_told_processes(
+    args: list[str], variable: str | None, processes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if variable is None:
+        monkeypatch.delenv("CHIMES_UP_PROCESSES", raising=False)
+    else:
+        monkeypatch.setenv("CHIMES_UP_PROCESSES", variable)
+    root = cli.make_context("chimes", ["up", *args], resilient_parsing=True)
+    assert cli.commands["up"].make_context("up", args, parent=root).params["processes"] is processes

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chimes.enums import Priority
 
@@ -39,22 +39,27 @@ class TierPolicy:
 class OwnerRoom:
     """What the owners running on a worker leave of a claim: the owners at their cap, whose runs the
     claim skips, and the most runs the claim may take so that no other owner passes its cap (an owner
-    with none running has the whole cap)."""
+    with none running has the whole cap). ``refill``: for each owner at its cap, how many of its runs
+    are to end before a claim for it is worth a round trip (a quarter of the cap, at least one), so
+    that an owner with more runs queued than its share gets them a batch at a time as its runs end."""
 
     full: list[str]
     at_most: int
+    refill: dict[str, int] = field(default_factory=dict)
 
 
 def owner_room(owners: Iterable[str], cap: int, limit: int) -> OwnerRoom:
     """``owners``: the owner of each run in flight on the worker. Pure, so it is tested without a database."""
     full: list[str] = []
+    refill: dict[str, int] = {}
     at_most = min(limit, cap)
     for owner, running in Counter(owners).items():
         if running >= cap:
             full.append(owner)
+            refill[owner] = running - cap + max(1, cap // 4)
         else:
             at_most = min(at_most, cap - running)
-    return OwnerRoom(sorted(full), at_most)
+    return OwnerRoom(sorted(full), at_most, refill)
 
 
 @dataclass(frozen=True, slots=True)

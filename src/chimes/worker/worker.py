@@ -95,6 +95,12 @@ class Worker:
         self._claim_cycles = 0
         self._claim_asked = 0  # the most runs the last claim could take (within the owners' shares)
         self._skip_owners: list[str] = []  # owners holding their share of this worker (tiers.owner_room)
+        # Whether the last claim took fewer runs than it asked and no runs were queued since (NOTIFY),
+        # nor has the poll come round: then all a claim could find are the runs of owners at their
+        # share, which it skips. Those owners' runs wake the claim loop as they end (_refill_at):
+        # how many more of each owner's are to end first.
+        self._others_drained = False
+        self._refill_at: dict[str, int] = {}
         self._claims_answer = True  # whether this home's last claim answered (else the next reserves one slot)
         self._caps_exist = False
         self._caps_checked_at = -CAPS_RECHECK_SEC
@@ -170,15 +176,20 @@ class Worker:
         and the connection is dropped so that the next one goes through the host list again."""
         lost = asyncio.Event()
         signals = await RunSignals.open(self._dsn, check_timeout_sec=self.config.listen_check_timeout_sec,
-                                        on_queued=self._wake.set, on_cancel=self._on_cancel, on_lost=lost.set)
+                                        on_queued=self._queued, on_cancel=self._on_cancel, on_lost=lost.set)
         try:
             self.listening = True
-            self._wake.set()  # whatever was enqueued while nobody listened
+            self._queued()  # whatever was enqueued while nobody listened
             while not await wait_event(lost, self.config.listen_check_every_sec):
                 await signals.check()
         finally:
             self.listening = False
             signals.drop()
+
+    def _queued(self) -> None:
+        """Runs were queued (NOTIFY): the next claim looks at every owner's."""
+        self._others_drained = False
+        self._wake.set()
 
     def _on_cancel(self, payload: str) -> None:
         """A run was cancelled through the API: stop it now rather than at the next heartbeat. The
@@ -201,6 +212,11 @@ class Worker:
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
+                continue
+            if self._others_drained and not self._wake.is_set() and self._owners_at_share(free):
+                # A claim now would skip those owners' runs, scanning past every one of them, and find
+                # nothing: it waits until one of them has room for a batch of its own, or runs are queued.
+                await self._wait_for_runs()
                 continue
             self._wake.clear()
             limit = min(free, self.config.claim_batch)
@@ -225,7 +241,31 @@ class Worker:
                 self._claims.setdefault(run.lease_token, set()).add(run.run_id)
                 self._running[run.run_id] = (run, asyncio.create_task(self._execute(run)))
             if len(claimed) < self._claim_asked:
-                await wait_event(self._wake, self.config.poll_every_sec)
+                self._others_drained = True
+                await self._wait_for_runs()
+
+    async def _wait_for_runs(self) -> None:
+        """Until runs are queued (NOTIFY), an owner at its share has room for a batch (_refill_at), or
+        the poll comes round: it finds runs no NOTIFY announced, whoever's they are."""
+        if not await wait_event(self._wake, self.config.poll_every_sec):
+            self._others_drained = False
+
+    def _owners_at_share(self, free: int) -> bool:
+        """Whether some owner holds its share of this worker; if so, its ending runs wake the claim loop."""
+        shares = owner_room((run.owner for run, _ in self._running.values()),
+                            self.config.tiers.owner_cap(self.config.concurrency), free)
+        self._refill_at = shares.refill
+        return bool(shares.full)
+
+    def _owner_run_ended(self, owner: str) -> None:
+        left = self._refill_at.get(owner)
+        if left is None:
+            return
+        if left > 1:
+            self._refill_at[owner] = left - 1
+            return
+        del self._refill_at[owner]
+        self._wake.set()  # room for a batch of its runs: claim them now rather than at the poll
 
     async def _claim_by_tier(self, limit: int) -> list[ClaimedRun]:
         self._claim_cycles += 1
@@ -235,6 +275,7 @@ class Worker:
                             self.config.tiers.owner_cap(self.config.concurrency), limit)
         limit = self._claim_asked = shares.at_most
         self._skip_owners = shares.full
+        self._refill_at = shares.refill
         batch_cap = self.config.tiers.batch_cap(self.config.concurrency)
         if self._budget is None:
             in_batch = sum(1 for run, _ in self._running.values() if run.priority == Priority.BATCH)
@@ -345,6 +386,8 @@ class Worker:
             self._taken.discard(run.run_id)
             self._running.pop(run.run_id, None)
             self._slot_free.set()
+            if self._refill_at:
+                self._owner_run_ended(run.owner)
             if self._budget is not None:
                 if run.priority == Priority.BATCH:
                     self._budget.give_batch()
