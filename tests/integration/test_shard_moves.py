@@ -232,6 +232,38 @@ async def test_runs_that_arrive_with_nothing_to_end_or_start_them_are_leased_or_
         await target.close()
 
 
+async def test_a_partition_found_empty_but_copied_with_a_row_is_copied_again(
+    stale_api: httpx.AsyncClient, database_url: str, shard_url: str
+) -> None:
+    """A row written on the source between a pass's fingerprint of its partition (empty) and the copy
+    is copied, and the partition recorded as unknown: deleted on the source before the next pass, it
+    is deleted on the target by that pass, not kept because both sides' fingerprints say empty."""
+    [job_id] = await jobs_in_range(stale_api, 1)
+    jobs = next(table for table in move_store.MOVED_TABLES if table.name == "jobs")
+    catalog = await db.connect(database_url)
+    try:
+        move, _ = await move_store.begin_move(catalog, database_url, *MOVED, shard_url)
+        assert move is not None
+        await move_store.lock_mover(catalog)
+        mover = move_store.Mover(catalog, await move_store.homes_of(catalog, database_url, move), move,
+                                 report=lambda _: None)
+        await mover.connect()
+        try:
+            # The fingerprints were read before the job was written: its partition looked empty.
+            assert await mover._copy(jobs, [partition_of(job_id)], {}) == 1
+            assert await job_ids(shard_url) == {job_id}
+            assert (await stale_api.delete(f"/jobs/{job_id}")).status_code == 204
+            _, differed = await mover._pass()
+            assert differed >= 1
+            assert await job_ids(shard_url) == set()  # gone from the source, gone from the copy
+            _, differed = await mover._pass()
+            assert differed == 0
+        finally:
+            await mover.close()
+    finally:
+        await catalog.close()
+
+
 def _is(url: str, wanted: str):  # type: ignore[no-untyped-def]
     async def check() -> bool:
         return await phase(url) == wanted

@@ -72,6 +72,7 @@ SMALL_PASS_ROWS = 2_000  # a copy pass this small is the last before the fence
 MAX_ONLINE_PASSES = 6
 MAX_FENCED_PASSES = 5
 POLL_SEC = 0.05
+UNKNOWN_COPY = "?"  # the fingerprint recorded for a copy whose source was empty when read: never a real one
 
 
 class MoveError(ShardMapError):
@@ -87,6 +88,11 @@ class MovedTable:
     source: str
     part: str
     delete: str
+
+    @property
+    def occupied(self) -> str:
+        """Which of a set of partitions ($1) hold rows of the table."""
+        return f"SELECT DISTINCT {self.part} AS partition_id FROM {self.source} WHERE {self.part} = ANY($1::integer[])"
 
 
 def _table(name: str, part: str) -> MovedTable:
@@ -411,11 +417,17 @@ class Mover:
             await self._dst.execute(table.delete, partitions)
             rows = await _pipe(self._src, self._dst, query, table.name)
             present = [p for p in partitions if p in wanted]
-            gone = [p for p in partitions if p not in wanted]
-            if present:
-                await self._dst.execute(sql("record_copies"), self.move.move_id, table.name, present,
-                                        [wanted[p][0] for p in present], [wanted[p][1] for p in present])
-            if gone:
+            empty = [p for p in partitions if p not in wanted]
+            # A partition empty on the source when its fingerprint was read may have got a row since,
+            # and the copy took it: recorded as unknown, it differs from the source's next fingerprint,
+            # empty or not, and is copied again. (Forgotten, it would equal an emptied source's, and
+            # the row, gone there by then, would stay here.)
+            arrived = [r["partition_id"] for r in await self._dst.fetch(table.occupied, empty)] if empty else []
+            if present or arrived:
+                await self._dst.execute(sql("record_copies"), self.move.move_id, table.name, present + arrived,
+                                        [wanted[p][0] for p in present] + [UNKNOWN_COPY] * len(arrived),
+                                        [wanted[p][1] for p in present] + [0] * len(arrived))
+            if gone := [p for p in empty if p not in arrived]:
                 await self._dst.execute(sql("forget_copies"), self.move.move_id, table.name, gone)
         return rows
 
