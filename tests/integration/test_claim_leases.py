@@ -71,6 +71,23 @@ async def test_a_callback_run_has_a_lease_of_its_own(pool: asyncpg.Pool) -> None
         run.run_id for run in claimed}
 
 
+async def test_a_stale_lease_row_of_a_waiting_callback_run_does_not_fail_the_claim(pool: asyncpg.Pool) -> None:
+    """A lease row left for a run that waits in the queue (a lease belongs to a running run) is
+    replaced by the claim's: one such row once failed every claim of its home."""
+    await make_due_job(pool, {"at": (now() - timedelta(seconds=1)).isoformat()}, callback=True)
+    store = SchedulerStore(pool, "node")
+    leases = await take_all(store)
+    assert (await store.fire(leases, plan_fires(await due(store, leases)), now())).enqueued == 1
+    run_id = await pool.fetchval("SELECT run_id FROM run_queue")
+    await pool.execute("INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at) "
+                       "SELECT run_id, scheduled_at, partition_id, gen_random_uuid(), now(), now() "
+                       "FROM runs WHERE run_id = $1", run_id)
+    [claimed] = await WorkerStore(pool, "worker-1").claim(1, lease_sec=30, deadline_grace_sec=30)
+    assert claimed.run_id == run_id
+    lease = await pool.fetchrow("SELECT token, expires_at > now() AS live FROM run_leases WHERE run_id = $1", run_id)
+    assert lease["token"] == claimed.lease_token and lease["live"]
+
+
 async def test_a_heartbeat_renews_the_claim_once_for_all_its_runs(pool: asyncpg.Pool) -> None:
     _, _, claimed = await claimed_together(pool, 3)
     before = (await claim_rows(pool))[0]["expires_at"]

@@ -80,10 +80,15 @@ started AS (
     FROM claimed WHERE started_url IS NOT NULL
     ON CONFLICT DO NOTHING
 ),
+-- A lease row already there is stale (a lease is a running run's, and this one was waiting): it is
+-- replaced, so that one such row cannot fail every claim of its home.
 own_leased AS (
     INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
     SELECT run_id, scheduled_at, partition_id, lease_token, now() + make_interval(secs => $3::float8), deadline_at
     FROM claimed WHERE own_lease
+    ON CONFLICT (run_id) DO UPDATE
+    SET scheduled_at = EXCLUDED.scheduled_at, partition_id = EXCLUDED.partition_id, token = EXCLUDED.token,
+        expires_at = EXCLUDED.expires_at, deadline_at = EXCLUDED.deadline_at
 ),
 leased AS (
     INSERT INTO claim_leases (token, expires_at, deadline_at, run_ids, scheduled_ats, deadlines)
@@ -288,10 +293,15 @@ started AS (
     FROM claimed WHERE started_url IS NOT NULL
     ON CONFLICT DO NOTHING
 ),
+-- A lease row already there is stale (a lease is a running run's, and this one was waiting): it is
+-- replaced, so that one such row cannot fail every claim of its home.
 own_leased AS (
     INSERT INTO run_leases (run_id, scheduled_at, partition_id, token, expires_at, deadline_at)
     SELECT run_id, scheduled_at, partition_id, lease_token, now() + make_interval(secs => $2::float8), deadline_at
     FROM claimed WHERE own_lease
+    ON CONFLICT (run_id) DO UPDATE
+    SET scheduled_at = EXCLUDED.scheduled_at, partition_id = EXCLUDED.partition_id, token = EXCLUDED.token,
+        expires_at = EXCLUDED.expires_at, deadline_at = EXCLUDED.deadline_at
 ),
 leased AS (
     INSERT INTO claim_leases (token, expires_at, deadline_at, run_ids, scheduled_ats, deadlines)
