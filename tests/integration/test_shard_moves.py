@@ -75,6 +75,13 @@ async def mover_at(catalog_url: str, target: str, stop_at: str | None = None) ->
         await catalog.close()
 
 
+async def mover_of(catalog: db.Connection, catalog_url: str, move: move_store.Move) -> move_store.Mover:
+    """The mover of ``move``, holding the mover's lock on ``catalog``."""
+    await move_store.lock_mover(catalog)
+    return move_store.Mover(catalog, await move_store.homes_of(catalog, catalog_url, move), move,
+                            report=lambda _: None)
+
+
 async def resume(catalog_url: str) -> move_store.Move:
     catalog = await db.connect(catalog_url)
     try:
@@ -244,9 +251,7 @@ async def test_a_partition_found_empty_but_copied_with_a_row_is_copied_again(
     try:
         move, _ = await move_store.begin_move(catalog, database_url, *MOVED, shard_url)
         assert move is not None
-        await move_store.lock_mover(catalog)
-        mover = move_store.Mover(catalog, await move_store.homes_of(catalog, database_url, move), move,
-                                 report=lambda _: None)
+        mover = await mover_of(catalog, database_url, move)
         await mover.connect()
         try:
             # The fingerprints were read before the job was written: its partition looked empty.
@@ -280,9 +285,7 @@ async def test_a_cancelled_move_gives_the_range_back_to_its_source(
     try:
         move = await move_store.move_under_way(catalog)
         assert move is not None
-        await move_store.lock_mover(catalog)
-        mover = move_store.Mover(catalog, await move_store.homes_of(catalog, database_url, move), move,
-                                 report=lambda _: None)
+        mover = await mover_of(catalog, database_url, move)
         await mover.connect()
         try:
             cancelled = await mover.cancel("a test cancels it")
