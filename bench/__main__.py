@@ -3,7 +3,8 @@
 Scenarios:
   burst        N one-off HTTP jobs due at one instant, through real scheduler and worker processes
   up           N one-off HTTP jobs created through the API of a plain `chimes up`, due at one instant: its
-               default (every role in one process) and --processes, alternating
+               default (every role in one process), --processes and --processes --worker-processes 2
+               (--modes), alternating; --profile DIR records py-spy on each burst
   top-of-hour  N recurring jobs sharing a cron expression, on top of M idle schedules (scheduler path)
   steady       a rate of runs per second for a duration, end to end
   load         bulk import of N schedules with ``chimes jobs import``
@@ -98,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--schedulers", type=int, default=1, help="chimes scheduler processes")
     parser.add_argument("--systems", default="chimes,apscheduler,procrastinate,pgqueuer,celery",
                         help="systems for `peers`, comma-separated")
+    parser.add_argument("--modes", default="processes,single-process",
+                        help="up: the layouts of `chimes up` to run, comma-separated: single-process, processes, "
+                             "2-workers")
+    parser.add_argument("--profile", type=Path,
+                        help="up: record py-spy on `chimes up` and its children during each burst, into this folder")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the scenario this many times (async-loss: failovers in each mode)")
     parser.add_argument("--standby-stall", type=float, default=0.5,
@@ -159,7 +165,8 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
     if args.scenario == "up":
         from bench.up_burst import up_bursts
 
-        return await up_bursts(env, target, runs=args.runs, rounds=args.repeat, say=say)
+        return await up_bursts(env, target, runs=args.runs, rounds=args.repeat, say=say,
+                               modes=args.modes.split(","), profile=args.profile)
     if args.scenario == "steady":
         runs = int(args.rate * args.duration)
         return [await chimes_runs.end_to_end(env, target, runs=runs, spread_sec=args.duration, shape=shape,

@@ -14,10 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import shutil
+import signal
+import subprocess
+import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 
 import asyncpg
 import httpx
@@ -26,26 +32,37 @@ import psutil
 from bench import seed
 from bench.api_client import team_token, wait_until
 from bench.chimes_runs import LAGS
-from bench.env import Env, drop_database, fresh_database
+from bench.env import Env, drop_database, fresh_database, statement_costs
 from bench.procs import Proc, free_port, postgres_cpu_seconds, python
 from bench.report import Result, percentiles
 from bench.target import TargetProcess
 
-MODES = {"processes": ["--processes"], "single-process": []}
+MODES = {"processes": ["--processes"], "single-process": [],
+         "2-workers": ["--processes", "--worker-processes", "2"]}
 LANES = 16  # requests in flight while the jobs are created
 
 
-async def up_bursts(env: Env, target: TargetProcess, *, runs: int, rounds: int,
-                    say: Callable[[str], None]) -> list[Result]:
+async def up_bursts(env: Env, target: TargetProcess, *, runs: int, rounds: int, say: Callable[[str], None],
+                    modes: list[str] | None = None, profile: Path | None = None) -> list[Result]:
+    """``modes``: the layouts to run (MODES' keys), alternating round by round; ``profile``: a folder
+    for a py-spy profile of each burst (``py-spy`` on the PATH, and the right to attach to a process)."""
+    modes = modes or list(MODES)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SystemExit(f"unknown --modes {', '.join(unknown)}: choose from {', '.join(MODES)}")
+    if profile is not None and _py_spy() is None:
+        raise SystemExit("--profile needs py-spy: pip install py-spy")
     results = []
     for n in range(rounds):
-        order = list(MODES) if n % 2 == 0 else list(reversed(MODES))
+        order = modes if n % 2 == 0 else list(reversed(modes))
         for mode in order:
-            results.append(await up_burst(env, target, mode=mode, runs=runs, say=say))
+            into = profile / f"up-{mode}-{n + 1}.txt" if profile is not None else None
+            results.append(await up_burst(env, target, mode=mode, runs=runs, say=say, profile=into))
     return results
 
 
-async def up_burst(env: Env, target: TargetProcess, *, mode: str, runs: int, say: Callable[[str], None]) -> Result:
+async def up_burst(env: Env, target: TargetProcess, *, mode: str, runs: int, say: Callable[[str], None],
+                   profile: Path | None = None) -> Result:
     name = env.database("up")
     dsn = await fresh_database(env, name)
     await target.reset()
@@ -62,18 +79,30 @@ async def up_burst(env: Env, target: TargetProcess, *, mode: str, runs: int, say
             await wait_until(lambda: _healthy(http, up), limit_sec=90, what=f"{system} to answer", interval=0.2)
             conn = await asyncpg.connect(dsn)
             try:
-                await wait_until(lambda: _ready(conn), limit_sec=60, what=f"{system}'s scheduler and worker")
+                workers = int(MODES[mode][-1]) if "--worker-processes" in MODES[mode] else 1
+                await wait_until(lambda: _ready(conn, workers), limit_sec=60,
+                                 what=f"{system}'s scheduler and workers")
                 http.headers["Authorization"] = f"Bearer {await team_token(dsn, 'bench')}"
                 due = seed.due_instant(10 + runs / 60)  # through the API: 60 a second on a busy 2 cores, or more
                 took = await _create(http, target.url, due, runs)
                 say(f"{system}: {runs:,} jobs created through the API in {took:.1f}s, due at {due:%H:%M:%S}")
                 if datetime.now(due.tzinfo).timestamp() > due.timestamp() - 1:
                     raise RuntimeError("creating the jobs took longer than the lead time")
+                # CPU and the profile from just before the due second: not the idle wait before it
+                await asyncio.sleep(due.timestamp() - 0.5 - time.time())
+                if env.statements:  # the burst's statements, not the creates'
+                    await conn.execute("SELECT pg_stat_statements_reset()")
+                spy = _spy(up, profile) if profile is not None else None
                 cpu_start = _cpu(up, env)
-                await wait_until(lambda: _succeeded(conn, runs, up), limit_sec=120 + runs / 100,
-                                 what="every run to succeed", interval=0.25)
-                cpu = {k: round(v - cpu_start.get(k, 0.0), 3) for k, v in _cpu(up, env).items()}
+                try:
+                    await wait_until(lambda: _succeeded(conn, runs, up), limit_sec=120 + runs / 100,
+                                     what="every run to succeed", interval=0.25)
+                    cpu = {k: round(v - cpu_start.get(k, 0.0), 3) for k, v in _cpu(up, env).items()}
+                finally:
+                    if spy is not None and profile is not None:
+                        say(f"{system}: profile in {profile}\n" + _stop_spy(spy, profile))
                 rows = await conn.fetch(LAGS.replace("owner = 'bench'", "true"))
+                costs = await statement_costs(env, dsn)
             finally:
                 await conn.close()
         times, keys = await target.arrivals()
@@ -88,6 +117,8 @@ async def up_burst(env: Env, target: TargetProcess, *, mode: str, runs: int, say
                     start_lag=percentiles(starts), cpu_sec=cpu, start_lags=starts)
     result.extra = {"calls": len(times), "distinct_calls": len(set(keys)), "create_sec": round(took, 2),
                     "claim_lag": percentiles([float(r["start_lag"]) for r in rows if r["start_lag"] is not None])}
+    if costs:
+        result.extra["statements"] = costs
     say(f"{system}: start lag p50 {_sec(result, 'p50')}, p99 {_sec(result, 'p99')}; drained in "
         f"{result.drain_sec or 0:.2f}s")
     return result
@@ -105,10 +136,10 @@ async def _healthy(http: httpx.AsyncClient, up: Proc) -> bool:
     return False
 
 
-async def _ready(conn: asyncpg.Connection) -> bool:
+async def _ready(conn: asyncpg.Connection, workers: int) -> bool:
     leased = await conn.fetchval(
         "SELECT count(*) FROM partition_leases WHERE owner IS NOT NULL AND expires_at > now()")
-    return bool(leased == 1024 and await conn.fetchval("SELECT count(*) FROM workers") == 1)
+    return bool(leased == 1024 and await conn.fetchval("SELECT count(*) FROM workers") == workers)
 
 
 async def _succeeded(conn: asyncpg.Connection, runs: int, up: Proc) -> bool:
@@ -134,13 +165,55 @@ async def _create(http: httpx.AsyncClient, target_url: str, due: datetime, runs:
     return time.monotonic() - started
 
 
+def _py_spy() -> str | None:
+    """py-spy beside this Python (a virtual environment's, not on the PATH), else on the PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def _spy(up: Proc, into: Path) -> subprocess.Popen[bytes]:
+    into.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([_py_spy() or "py-spy", "record", "-p", str(up.pid), "--subprocesses", "-r", "500", "--format", "raw",
+                             "-o", str(into)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def _stop_spy(spy: subprocess.Popen[bytes], into: Path, top: int = 15) -> str:
+    """Stop py-spy (it writes its samples on SIGINT); the functions most often running, by share."""
+    spy.send_signal(signal.SIGINT)
+    spy.wait(timeout=60)
+    return "\n".join(f"    {share:5.1%}  {frame}" for frame, share in top_frames(into, top))
+
+
+def top_frames(raw: Path, top: int) -> list[tuple[str, float]]:
+    """From py-spy's raw (collapsed) stacks: each function's share of the samples it was running in
+    (its own time: the innermost Python frame, with the C it calls), the ``top`` largest, of the
+    samples py-spy took of threads it did not find idle."""
+    running: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        total += int(count)
+        innermost = stack.split(";")[-1]
+        running[innermost.split(" (")[0] + " (" + innermost.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")"] += \
+            int(count)
+    return [(frame, n / total) for frame, n in running.most_common(top)] if total else []
+
+
 def _cpu(up: Proc, env: Env) -> dict[str, float]:
     """CPU seconds so far of chimes up, of each child it runs, and of the PostgreSQL server."""
     found: dict[str, float] = {}
     with contextlib.suppress(psutil.NoSuchProcess):
         parent = psutil.Process(up.pid)
-        for proc, label in itertools.chain([(parent, "up")], ((c, c.cmdline()[-1]) for c in parent.children())):
+        children = sorted(parent.children(), key=lambda c: c.pid)
+        for proc, role in itertools.chain([(parent, "up")], ((c, c.cmdline()[-1]) for c in children)):
             times = proc.cpu_times()
+            label = role
+            for n in itertools.count(2):
+                if label not in found:
+                    break
+                label = f"{role} {n}"
             found[label] = times.user + times.system
     for name, pid in env.postmasters().items():
         pg = postgres_cpu_seconds(pid)

@@ -88,3 +88,26 @@ def test_up_runs_its_roles_in_one_process_unless_told_processes(
         monkeypatch.setenv("CHIMES_UP_PROCESSES", variable)
     root = cli.make_context("chimes", ["up", *args], resilient_parsing=True)
     assert cli.commands["up"].make_context("up", args, parent=root).params["processes"] is processes
+
+
+def test_worker_processes_share_ups_concurrency_out_among_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CHIMES_WORKER_CONCURRENCY", raising=False)
+    root = cli.make_context("chimes", ["up"], resilient_parsing=True)
+    up_context = cli.commands["up"].make_context("up", ["--worker-concurrency", "101", "--processes",
+                                                        "--worker-processes", "3"], parent=root)
+    commands = role_commands(root, up_context.params, DSN, up_context.params["worker_processes"])
+    assert [c.label for c in commands] == ["scheduler", "worker 1", "worker 2", "worker 3"]
+    shares = [_parsed("worker", dict(c.env), monkeypatch)["concurrency"] for c in commands[1:]]
+    assert shares == [34, 34, 33]  # still 101 runs at once in all
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--worker-processes", "2"], "add --processes"),
+    (["--processes", "--worker-processes", "4", "--worker-concurrency", "3"], "at least 4"),
+])
+def test_worker_processes_refused_before_anything_starts(args: list[str], says: str) -> None:
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, ["up", "--database-url", DSN, *args])
+    assert result.exit_code == 2
+    assert "--worker-processes" in result.output and says in result.output

@@ -75,8 +75,12 @@ def cli(log_level: str, log_format: str) -> None:
               default=False, show_default=True,
               help="Run the scheduler and the worker as child processes this one supervises, instead of in this "
                    "process's event loop (docs/operations.md, \"How chimes up runs its roles\").")
+@click.option("--worker-processes", envvar="CHIMES_UP_WORKER_PROCESSES", show_envvar=True, default=1,
+              show_default=True, type=click.IntRange(1, 64),
+              help="With --processes: this many worker processes, sharing --worker-concurrency out among them.")
 def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_concurrency: int,
-       backup_dir: Path | None, archive_timeout: int, processes: bool, **security: Any) -> None:
+       backup_dir: Path | None, archive_timeout: int, processes: bool, worker_processes: int,
+       **security: Any) -> None:
     """Everything with one command: embedded PostgreSQL (unless --database-url), API, scheduler and worker
     in one process (or the scheduler and the worker as supervised child processes with --processes)."""
     from chimes.cli.role_processes import role_commands
@@ -90,6 +94,12 @@ def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_co
         archiving.conf()
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--backup-dir") from None
+    if worker_processes > 1 and not processes:
+        raise click.BadParameter("runs workers as child processes: add --processes", param_hint="--worker-processes")
+    if worker_processes > worker_concurrency:
+        raise click.BadParameter(f"{worker_processes} worker processes need a --worker-concurrency of at least "
+                                 f"{worker_processes} (one run each), not {worker_concurrency}",
+                                 param_hint="--worker-processes")
     settings = settings_from(database_url, data_dir, host, port)
     api_settings, worker_settings = api_security(data_dir, security), worker_security(data_dir, security)
     with db.database_url(settings, None if database_url else archiving) as dsn:
@@ -97,7 +107,7 @@ def up(database_url: str | None, data_dir: Path, host: str, port: int, worker_co
             run_async(lambda: run_all_in_one(dsn, settings, worker_concurrency, api_settings, worker_settings))
             return
         context = click.get_current_context()
-        children = role_commands(context.find_root(), context.params, dsn)
+        children = role_commands(context.find_root(), context.params, dsn, worker_processes)
         run_async(lambda: run_up(dsn, settings, children, _stop_wait_sec(), api_settings, worker_settings))
 
 

@@ -44,21 +44,27 @@ _NOT_HANDED_ON = ("CHIMES_METRICS_PORT", "CHIMES_METRICS_HOST", "CHIMES_NODE_ID"
 class RoleCommand:
     role: str  # the subcommand: "scheduler" or "worker"
     env: Mapping[str, str]
+    name: str = ""  # in logs and messages: the role, numbered when there are several workers
+
+    @property
+    def label(self) -> str:
+        return self.name or self.role
 
 
-def role_commands(root: click.Context, up_params: Mapping[str, Any], dsn: str) -> list[RoleCommand]:
-    """The children of ``chimes up``: a scheduler and a worker, each given ``up``'s settings that its
-    own command has an option for (``--worker-concurrency`` is the worker's ``--concurrency``)."""
+def role_commands(root: click.Context, up_params: Mapping[str, Any], dsn: str,
+                  worker_processes: int = 1) -> list[RoleCommand]:
+    """The children of ``chimes up``: a scheduler and ``worker_processes`` workers, each given ``up``'s
+    settings that its own command has an option for (``--worker-concurrency`` is the workers'
+    ``--concurrency``, shared out among them: it stays the most runs executed at once)."""
     group = root.command
     assert isinstance(group, click.Group)
     shared = {"CHIMES_DATABASE_URL": dsn} | _variables(root.command, root.params)
-    commands = []
-    for role in ("scheduler", "worker"):
-        command = group.commands[role]
-        values = dict(up_params)
-        if role == "worker":
-            values["concurrency"] = up_params["worker_concurrency"]
-        commands.append(RoleCommand(role, shared | _variables(command, values)))
+    commands = [RoleCommand("scheduler", shared | _variables(group.commands["scheduler"], up_params))]
+    total = int(up_params["worker_concurrency"])
+    for n in range(worker_processes):
+        values = dict(up_params, concurrency=total // worker_processes + (n < total % worker_processes))
+        name = "worker" if worker_processes == 1 else f"worker {n + 1}"
+        commands.append(RoleCommand("worker", shared | _variables(group.commands["worker"], values), name))
     return commands
 
 
@@ -118,8 +124,8 @@ class RoleProcesses:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "chimes", command.role, env=base | dict(command.env),
                     stdin=asyncio.subprocess.DEVNULL, preexec_fn=die_with_parent)
-                self.procs[command.role] = proc
-                log.info("started the %s process (pid %d)", command.role, proc.pid)
+                self.procs[command.label] = proc
+                log.info("started the %s process (pid %d)", command.label, proc.pid)
         except BaseException:
             self.stop()
             await self.wait()

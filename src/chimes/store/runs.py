@@ -23,7 +23,7 @@ from chimes.schedules import fire_times, recurrence_of
 from chimes.store.audit import AuditNote, record
 from chimes.store.db import Row, one_row
 from chimes.store.queries import sql
-from chimes.store.working import runs_ended
+from chimes.store.working import ANY_OWNER, runs_ended
 
 
 class BackfillError(ValueError):
@@ -98,7 +98,7 @@ class RunStore:
             ))
             if not row["job_found"]:
                 return None
-            await conn.execute(sql("notify_queue"))
+            await conn.execute(sql("notify_queue"), ANY_OWNER)
             if note is not None:
                 action = "run.rerun" if trigger == RunTrigger.RERUN else "run.trigger"
                 await record(conn, note, action, f"run {run_id}", None,
@@ -123,7 +123,7 @@ class RunStore:
             run_ids = [run_id_for(job_id, s) for s in slots]
             created = await conn.fetch(sql("backfill_runs"), job_id, run_ids, slots, partition_of(job_id))
             if created:
-                await conn.execute(sql("notify_queue"))
+                await conn.execute(sql("notify_queue"), ANY_OWNER)
             if note is not None:
                 await record(conn, note, "job.backfill", f"job {job_id}", None,
                              {"start": start.isoformat(), "end": end.isoformat(), "created": len(created),

@@ -17,7 +17,7 @@ from chimes.schedules import Recurrence, recurrence_of
 from chimes.slots import Slot
 from chimes.store.db import Conn, Row, one_row
 from chimes.store.queries import sql
-from chimes.store.working import runs_ended
+from chimes.store.working import ANY_OWNER, queued_payload, runs_ended
 
 MIN_START_DEADLINE = timedelta(seconds=1)  # the smallest startDeadlineSec a job may have
 TriggerKey = tuple[int, datetime, uuid.UUID]  # (partition_id, fire_at, trigger_id): the primary key
@@ -221,7 +221,7 @@ class SchedulerStore:
                 fired_at, *counted,
             ))
             if row["enqueued"]:
-                await conn.execute(sql("notify_queue"))
+                await conn.execute(sql("notify_queue"), queued_payload(f.trigger.owner for f in fires))
             if row["replacing"]:
                 await _replace_active_runs(conn, fires, row["replacing"])
             await self._notify_late_fires(conn, fires, fired_at)
@@ -253,7 +253,7 @@ class SchedulerStore:
                 planned_at,
             )
             if any(r["retry_at"] is not None for r in ended):
-                await conn.execute(sql("notify_queue"))
+                await conn.execute(sql("notify_queue"), ANY_OWNER)
             await runs_ended(conn, [r for r in ended if r["final"]])
         return ended
 

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 import asyncpg
+import orjson
 
 from chimes import __version__
 from chimes.enums import Priority, RunStatus
@@ -28,8 +29,32 @@ Admission = Callable[[Iterable[Candidate], Mapping[CapKey, int], int], list[int]
 
 log = logging.getLogger(__name__)
 
-QUEUE_CHANNEL = "chimes_run_queue"
+QUEUE_CHANNEL = "chimes_run_queue"  # payload: whose runs were queued (queued_payload)
 CANCEL_CHANNEL = "chimes_run_cancel"  # payload: the id of a running run that was just cancelled
+ANY_OWNER = ""  # a queue NOTIFY's payload when the owners of the runs are not known
+_MAX_PAYLOAD_BYTES = 4000  # of PostgreSQL's 8000; beyond, the owners are not listed
+
+
+def queued_payload(owners: Iterable[str | None]) -> str:
+    """A queue NOTIFY's payload: the owners whose runs were queued, as a JSON array, or ANY_OWNER when
+    one is not known (None) or they are too many to list."""
+    found = set(owners)
+    if not found or None in found:
+        return ANY_OWNER
+    payload = orjson.dumps(sorted(o for o in found if o is not None)).decode()
+    return payload if len(payload.encode()) <= _MAX_PAYLOAD_BYTES else ANY_OWNER
+
+
+def queued_owners(payload: str) -> frozenset[str] | None:
+    """The owners a queue NOTIFY names; None: any owner (ANY_OWNER, or a payload this version cannot
+    read, from another release of the scheduler)."""
+    try:
+        owners = orjson.loads(payload) if payload else None
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(owners, list) or not all(isinstance(o, str) for o in owners):
+        return None
+    return frozenset(owners)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +152,8 @@ class WorkerStore:
         ``skip_owners`` (owners that hold their share of this worker)."""
         if limit <= 0:
             return []
-        async with by_key(self._pool) as conn:
-            rows = await conn.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
-                                    tiers[0], tiers[1], RUN_TIMEOUT_SEC, list(skip_owners))
+        rows = await self._pool.fetch(sql("claim_runs_at_once"), limit, self.worker_id, lease_sec,
+                                      deadline_grace_sec, tiers[0], tiers[1], RUN_TIMEOUT_SEC, list(skip_owners))
         return claimed_runs(rows)
 
     async def caps_exist(self) -> bool:
@@ -274,7 +298,7 @@ class WorkerStore:
                 sql("release_runs"), [r.run_id for r in runs], [r.scheduled_at for r in runs],
                 [r.lease_token for r in runs],
             )
-            await conn.execute(sql("notify_queue"))
+            await conn.execute(sql("notify_queue"), ANY_OWNER)
         return {row["run_id"] for row in rows}
 
 
@@ -319,12 +343,13 @@ class RunSignals:
         self._conn = conn
 
     @classmethod
-    async def open(cls, dsn: str, *, check_timeout_sec: float, on_queued: Callable[[], None],
+    async def open(cls, dsn: str, *, check_timeout_sec: float, on_queued: Callable[[frozenset[str] | None], None],
                    on_cancel: Callable[[str], None], on_lost: Callable[[], None]) -> RunSignals:
         conn = await open_connection(dsn, command_timeout=check_timeout_sec)
         try:
             conn.add_termination_listener(lambda _: on_lost())
-            await conn.add_listener(QUEUE_CHANNEL, lambda *_: on_queued())
+            await conn.add_listener(QUEUE_CHANNEL,
+                                    lambda _conn, _pid, _channel, payload: on_queued(queued_owners(payload)))
             await conn.add_listener(CANCEL_CHANNEL, lambda _conn, _pid, _channel, payload: on_cancel(payload))
         except BaseException:
             conn.terminate()

@@ -179,15 +179,20 @@ class Worker:
                                         on_queued=self._queued, on_cancel=self._on_cancel, on_lost=lost.set)
         try:
             self.listening = True
-            self._queued()  # whatever was enqueued while nobody listened
+            self._queued(None)  # whatever was enqueued while nobody listened, whoever's
             while not await wait_event(lost, self.config.listen_check_every_sec):
                 await signals.check()
         finally:
             self.listening = False
             signals.drop()
 
-    def _queued(self) -> None:
-        """Runs were queued (NOTIFY): the next claim looks at every owner's."""
+    def _queued(self, owners: frozenset[str] | None) -> None:
+        """Runs of ``owners`` were queued (NOTIFY; None: of any owner): the next claim looks at every
+        owner's, unless they are all owners that hold their share of this worker already. A claim
+        then would skip their runs, scanning past every one of them (a burst of 20,000 took 150-330 ms
+        a claim), and find nothing: their runs are claimed as theirs end (_refill_at)."""
+        if self._others_drained and owners is not None and owners <= self._refill_at.keys():
+            return
         self._others_drained = False
         self._wake.set()
 

@@ -298,7 +298,10 @@ SELECT run_id, scheduled_at, job_id, was = 'running' AS was_running FROM cancell
 SELECT pg_notify('chimes_run_cancel', run_id) FROM unnest($1::text[]) AS r(run_id);
 
 -- name: notify_queue
-SELECT pg_notify('chimes_run_queue', '');
+-- Runs were queued: the workers listening claim. $1: the owners of those runs (a JSON array,
+-- chimes.store.working.queued_payload), so that a worker whose share those owners hold already need
+-- not look; '' when they are not known, and for any worker that does not read it: every owner.
+SELECT pg_notify('chimes_run_queue', $1::text);
 
 -- name: expired_runs
 -- Running runs of these partitions whose worker stopped heartbeating, or that ran past their deadline:
