@@ -173,8 +173,9 @@ def _py_spy() -> str | None:
 
 def _spy(up: Proc, into: Path) -> subprocess.Popen[bytes]:
     into.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([_py_spy() or "py-spy", "record", "-p", str(up.pid), "--subprocesses", "-r", "500", "--format", "raw",
-                             "-o", str(into)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    command = [_py_spy() or "py-spy", "record", "-p", str(up.pid), "--subprocesses", "-r", "500", "--format", "raw",
+               "-o", str(into)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
 def _stop_spy(spy: subprocess.Popen[bytes], into: Path, top: int = 15) -> str:
