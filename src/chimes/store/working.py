@@ -152,8 +152,9 @@ class WorkerStore:
         ``skip_owners`` (owners that hold their share of this worker)."""
         if limit <= 0:
             return []
-        rows = await self._pool.fetch(sql("claim_runs_at_once"), limit, self.worker_id, lease_sec,
-                                      deadline_grace_sec, tiers[0], tiers[1], RUN_TIMEOUT_SEC, list(skip_owners))
+        async with by_key(self._pool) as conn:
+            rows = await conn.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
+                                    tiers[0], tiers[1], RUN_TIMEOUT_SEC, list(skip_owners))
         return claimed_runs(rows)
 
     async def caps_exist(self) -> bool:

@@ -101,10 +101,6 @@ SELECT run_id, scheduled_at, job_id, attempt, lease_token, started_at, trigger, 
        job_exists, owner, priority
 FROM claimed;
 
--- name: claim_runs_at_once
--- claim_runs, with begin_by_key's settings, in one round trip: the function of migration 0022.
-SELECT * FROM chimes_claim_runs($1, $2, $3, $4, $5, $6, $7, $8);
-
 -- name: extend_claim_leases
 -- A worker's heartbeat, first: the lease rows of its claims, one per claim, in place. A reaper ending
 -- a run of a claim locks the claim's row first, so this waits for it, and the runs_still_running
