@@ -196,9 +196,8 @@ def top_frames(raw: Path, top: int) -> list[tuple[str, float]]:
         if not stack or not count.isdigit():
             continue
         total += int(count)
-        innermost = stack.split(";")[-1]
-        running[innermost.split(" (")[0] + " (" + innermost.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1] + ")"] += \
-            int(count)
+        function, _, where = stack.rsplit(";", 1)[-1].partition(" (")  # "name (path:line)"
+        running[f"{function} ({Path(where.rsplit(':', 1)[0]).name})"] += int(count)
     return [(frame, n / total) for frame, n in running.most_common(top)] if total else []
 
 

@@ -189,8 +189,8 @@ class Worker:
     def _queued(self, owners: frozenset[str] | None) -> None:
         """Runs of ``owners`` were queued (NOTIFY; None: of any owner): the next claim looks at every
         owner's, unless they are all owners that hold their share of this worker already. A claim
-        then would skip their runs, scanning past every one of them (a burst of 20,000 took 150-330 ms
-        a claim), and find nothing: their runs are claimed as theirs end (_refill_at)."""
+        then would skip their runs, scanning past every one of them queued, and find nothing: their
+        runs are claimed as theirs end (_refill_at)."""
         if self._others_drained and owners is not None and owners <= self._refill_at.keys():
             return
         self._others_drained = False
