@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -9,6 +11,7 @@ from datetime import UTC, datetime
 import asyncpg
 import httpx
 
+from chimes.store.working import ClaimedRun
 from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import FAST_WORKER, Fleet, running_fleet
 from tests.target import Target
@@ -108,6 +111,50 @@ async def test_one_owners_flood_of_long_runs_leaves_room_for_another_owners_runs
     assert call.received_at - asked_at.timestamp() < 2.0, "started within the 2 s start promise"
     assert target.most_in_flight["/long"] == share, "team A never held more than its share"
     assert await homes.total("SELECT count(*) FROM run_queue") >= 40 - share, "the rest of team A's runs wait"
+
+
+async def test_while_an_owner_holds_its_share_the_poll_backs_off_and_notify_still_starts_others_runs(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes, tokens: dict[str, str]
+) -> None:
+    """A claim while team A holds its share skips A's runs, reading past every one of them queued, and
+    finds nothing: the poll that sends it waits twice as long after each (Worker._poll_wait). Team B's
+    run, announced by its NOTIFY, still starts at once."""
+    target.delays["/long"] = lambda n: 30.0
+    flood = (await client.post("/jobs", json={"name": "flood", "schedule": {"cron": "0 0 1 1 *"},
+                                              "concurrency": "allow",
+                                              "task": {"type": "http", "url": target.url + "/long"}})).json()
+    for _ in range(40):
+        assert (await client.post(f"/jobs/{flood['jobId']}/runs")).status_code == 202
+    worker = fleet.workers[0]
+    share = worker.config.tiers.owner_cap(worker.config.concurrency)
+    await wait_for(lambda: len(target.calls_to("/long")) >= share or None, timeout=20,
+                   what="team A's runs to fill its share of the worker")
+
+    fruitless: list[float] = []  # when each claim cycle that skipped team A and found nothing ended
+    claim_by_tier = worker._claim_by_tier
+
+    async def recorded(limit: int) -> list[ClaimedRun]:
+        claimed = await claim_by_tier(limit)
+        if worker._skip_owners and not claimed:
+            fruitless.append(time.monotonic())
+        return claimed
+
+    worker._claim_by_tier = recorded  # type: ignore[method-assign]
+    # Over a window of 20 polls (6 s here) nothing wakes the claim loop but the poll: no run is queued
+    # and none of A's ends. At the poll's own pace it would send 20 such claims; backing off, a few.
+    poll = worker.config.poll_every_sec
+    await asyncio.sleep(20 * poll)
+    assert len(fruitless) <= 4, f"{len(fruitless)} claims skipping team A in {20 * poll:.0f} s"
+
+    team_b = auth_as(tokens["team-b"])
+    quick = (await client.post("/jobs", json={"name": "quick", "schedule": {"cron": "0 0 1 1 *"},
+                                              "task": {"type": "http", "url": target.url + "/quick"}},
+                               headers=team_b)).json()
+    asked_at = datetime.now(UTC)
+    assert (await client.post(f"/jobs/{quick['jobId']}/runs", headers=team_b)).status_code == 202
+    [call] = await wait_for(lambda: target.calls_to("/quick"), timeout=10, what="team B's run")
+    assert call.received_at - asked_at.timestamp() < 2.0, "started within the 2 s start promise, not at the poll"
+    assert target.most_in_flight["/long"] == share, "team A never held more than its share"
 
 
 async def test_an_owner_with_more_runs_than_its_share_gets_them_as_its_runs_end(

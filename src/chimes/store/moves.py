@@ -58,6 +58,7 @@ from chimes.store.shards import (
     without_password,
 )
 from chimes.store.upgrades import read_home_plan
+from chimes.store.working import ANY_OWNER
 
 log = logging.getLogger(__name__)
 
@@ -506,6 +507,8 @@ class Mover:
             if found:
                 log.warning("move %d: %d runs arrived on %s %s: %s", move.move_id, len(found), move.target, what,
                             ", ".join(str(r["run_id"]) for r in found[:10]))
+                if statement == "queue_arrived_runs":  # announced, as every queued run is (Worker._poll_wait)
+                    await self._dst.execute(sql("notify_queue"), ANY_OWNER)
         # The source keeps its lease rows closed: a router on the old map is refused there.
         await self._src.execute(sql("close_partitions"), move.first, move.last, move.move_id)
         await _delete_range(self._src, move.first, move.last, after_each=lambda: self._stop_if("cleaning"))

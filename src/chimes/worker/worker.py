@@ -40,6 +40,10 @@ from chimes.worker.tiers import TierPolicy, claim_steps, owner_room
 
 log = logging.getLogger(__name__)
 CAPS_RECHECK_SEC = 2.0
+#: The longest the poll waits while every claim finds only the runs of owners at their share. Such a
+#: claim skips those runs and so reads past every one of them still queued: 120-190 ms of the
+#: database's time behind one owner's 100,000 queued runs (docs/architecture.md, "Fair share").
+SKIP_POLL_MAX_SEC = 16.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,9 @@ class Worker:
         # how many more of each owner's are to end first.
         self._others_drained = False
         self._refill_at: dict[str, int] = {}
+        # Claims in a row that skipped owners at their share and found fewer runs than they asked: the
+        # poll backs off with each (_poll_wait), as only a NOTIFY or the poll can bring runs to find.
+        self._fruitless_skips = 0
         self._claims_answer = True  # whether this home's last claim answered (else the next reserves one slot)
         self._caps_exist = False
         self._caps_checked_at = -CAPS_RECHECK_SEC
@@ -245,6 +252,10 @@ class Worker:
             for run in claimed:
                 self._claims.setdefault(run.lease_token, set()).add(run.run_id)
                 self._running[run.run_id] = (run, asyncio.create_task(self._execute(run)))
+            if not self._claims_answer or (not self._skip_owners and len(claimed) < self._claim_asked):
+                self._fruitless_skips = 0  # no answer, or the queue is empty: the poll keeps its pace
+            elif self._skip_owners:
+                self._fruitless_skips = 0 if claimed else self._fruitless_skips + 1
             if len(claimed) < self._claim_asked:
                 self._others_drained = True
                 await self._wait_for_runs()
@@ -252,8 +263,19 @@ class Worker:
     async def _wait_for_runs(self) -> None:
         """Until runs are queued (NOTIFY), an owner at its share has room for a batch (_refill_at), or
         the poll comes round: it finds runs no NOTIFY announced, whoever's they are."""
-        if not await wait_event(self._wake, self.config.poll_every_sec):
+        if not await wait_event(self._wake, self._poll_wait()):
             self._others_drained = False
+
+    def _poll_wait(self) -> float:
+        """The poll's wait: ``poll_every_sec``, doubled for each claim in a row that skipped owners at
+        their share and found nothing more, up to :data:`SKIP_POLL_MAX_SEC`. Every queued run is
+        announced by a NOTIFY, which wakes the loop at once: the poll is for one that was missed, and
+        its claim would read past all the skipped owners' queued runs again. Without a LISTEN
+        connection the poll is all there is, and it keeps its pace."""
+        poll = self.config.poll_every_sec
+        if not self.listening or self._fruitless_skips == 0:
+            return poll
+        return min(poll * (1 << min(self._fruitless_skips - 1, 16)), max(poll, SKIP_POLL_MAX_SEC))
 
     def _owners_at_share(self, free: int) -> bool:
         """Whether some owner holds its share of this worker; if so, its ending runs wake the claim loop."""
