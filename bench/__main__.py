@@ -21,6 +21,8 @@ Scenarios:
                the fire delays and missing slots, the API's longest write
   http-calls   the HTTP task's client alone: N calls through Chimes' executor (libcurl) and through an
                aiohttp session with the same headers, each in a process of its own: CPU per call
+  skip-claim   N queued runs of one owner, then a worker's claims timed on that queue: one of 100 that
+               skips nobody, and one skipping the owner (as while it holds its share of the worker)
 
 Each prints a table; ``--json FILE`` writes the figures, ``--chart FILE.png`` the lag distributions.
 Without ``--database-url`` an embedded PostgreSQL is started in a temporary folder and removed after.
@@ -73,13 +75,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenario", choices=["burst", "up", "top-of-hour", "steady", "load", "peers", "ha-cost",
-                                             "idle-wal", "async-loss", "shards", "http-calls", "move"])
+                                             "idle-wal", "async-loss", "shards", "http-calls", "move",
+                                             "skip-claim"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
     parser.add_argument("--database-prefix", type=_identifier, default="bench",
                         help="name prefix of the databases created on the server (two benchmarks can share one)")
     parser.add_argument("--runs", type=int, default=10_000,
-                        help="runs in the burst (burst, up, top-of-hour, peers, ha-cost), calls (http-calls)")
+                        help="runs in the burst (burst, up, top-of-hour, peers, ha-cost), calls (http-calls), "
+                             "queued runs (skip-claim)")
     parser.add_argument("--creates", type=_positive, default=300,
                         help="jobs created through the API one at a time, for their latency (ha-cost, shards)")
     parser.add_argument("--shards", type=_shard_counts, default="1,2,4",
@@ -201,6 +205,10 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
         from bench.http_calls import http_calls
 
         return await http_calls(target.url, runs=args.runs, concurrency=args.concurrency, say=say)
+    if args.scenario == "skip-claim":
+        from bench.skip_claim import skip_claim
+
+        return [await skip_claim(env, runs=args.runs, say=say)]
     if args.scenario == "load":
         from bench.load import load
 
@@ -228,6 +236,10 @@ def _report(scenario: str, results: list[Result]) -> str:
         from bench.move import move_table
 
         return move_table(results)
+    if scenario == "skip-claim":
+        from bench.skip_claim import skip_table
+
+        return skip_table(results)
     if scenario == "idle-wal":
         from bench.idle_wal import wal_table
 
