@@ -41,8 +41,8 @@ from chimes.worker.tiers import TierPolicy, claim_steps, owner_room
 log = logging.getLogger(__name__)
 CAPS_RECHECK_SEC = 2.0
 #: The longest the poll waits while every claim finds only the runs of owners at their share. Such a
-#: claim skips those runs and so reads past every one of them still queued: 120-190 ms of the
-#: database's time behind one owner's 100,000 queued runs (docs/architecture.md, "Fair share").
+#: claim skips those runs and so reads past every one of them still queued: its cost follows the
+#: backlog (``python -m bench skip-claim``, docs/architecture.md).
 SKIP_POLL_MAX_SEC = 16.0
 
 
