@@ -13,24 +13,13 @@ which libcurl calls with the address it is about to connect to, after its name l
 policy judges that very address, so no lookup can be swapped in between (DNS rebinding). libcurl
 forbids calling back into it from its callbacks; the socket and timer callbacks here only register
 with the loop, and the loop's callbacks call ``socket_action``.
-
-A kept-alive connection between calls keeps its reader (:meth:`CurlPool._on_socket`, "parked"):
-libcurl stops watching it when a call ends and watches it again when the next call reuses it, and
-each of those, passed on to uvloop, would free and make its poll handle again: about six
-``epoll_ctl`` system calls a call (``strace -c`` of ``python -m bench.http_calls``). Only
-connection sockets are parked, those libcurl closes through :meth:`CurlPool._close_socket`
-(``CURLOPT_CLOSESOCKETFUNCTION``), which takes the reader away first: a descriptor must never be
-closed while the loop still polls it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import socket
 import ssl
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +31,6 @@ __all__ = ["CurlError", "CurlPool", "Reply", "Transfer"]
 
 _IN, _OUT = 1, 2  # pycurl.POLL_IN and POLL_OUT as bits: POLL_INOUT is both
 _ONLY_HTTP = pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS
-
-
-def _identity(fd: int) -> tuple[int, int]:
-    """Which open file ``fd`` is: a socket's inode is its own while it is open."""
-    stat = os.fstat(fd)
-    return stat.st_dev, stat.st_ino
 
 
 class CurlError(Exception):
@@ -78,8 +61,7 @@ class Transfer:
 
     __slots__ = ("_opened", "_policy", "curl", "future", "host", "on_body", "refusals", "stopped")
 
-    def __init__(self, policy: EgressPolicy, verify: ssl.DefaultVerifyPaths, opened: list[socket.socket],
-                 pool: CurlPool) -> None:
+    def __init__(self, policy: EgressPolicy, verify: ssl.DefaultVerifyPaths, opened: list[socket.socket]) -> None:
         self._policy = policy
         self._opened = opened  # sockets whose descriptor pycurl has duplicated: the pool closes ours
         self.curl = pycurl.Curl()
@@ -93,8 +75,6 @@ class Transfer:
         curl.setopt(pycurl.PROXY, "")  # never a proxy from the environment: the egress check is on the target
         curl.setopt(pycurl.PROTOCOLS, _ONLY_HTTP)
         curl.setopt(pycurl.OPENSOCKETFUNCTION, self._open_socket)
-        curl.setopt(pycurl.SOCKOPTFUNCTION, pool._socket_opened)
-        curl.setopt(pycurl.CLOSESOCKETFUNCTION, pool._close_socket)
         curl.setopt(pycurl.WRITEFUNCTION, self._write)
         curl.setopt(pycurl.ACCEPT_ENCODING, "gzip, deflate")  # decoded before the output tail sees it
         # The certificates Python's own ssl module trusts (SSL_CERT_FILE and SSL_CERT_DIR included),
@@ -141,15 +121,9 @@ class CurlPool:
         self._multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, max_connections)
         self._multi.setopt(pycurl.M_MAXCONNECTS, max_connections)
         self._watched: dict[int, int] = {}  # fd -> _IN | _OUT bits registered with the loop
-        # libcurl's connection sockets, closed through _close_socket: fd -> (device, inode) when opened
-        self._sockets: dict[int, tuple[int, int]] = {}
-        self._parked: set[int] = set()  # of those, kept-alive ones libcurl does not watch: still read
         self._timer: asyncio.Handle | None = None
         self._idle: list[Transfer] = []
         self._active: dict[pycurl.Curl, Transfer] = {}
-        # Handles of cancelled calls, closed only after the multi handle: a connection one of them
-        # opened may still be cached, and libcurl closes it through that handle's callback.
-        self._retired: list[Transfer] = []
         self._opened: list[socket.socket] = []
         self.closed = False
         self.in_flight = 0
@@ -157,7 +131,7 @@ class CurlPool:
 
     def transfer(self, host: str, on_body: Any) -> Transfer:
         """An easy handle for one call to ``host``; set its request options, then :meth:`perform`."""
-        transfer = self._idle.pop() if self._idle else Transfer(self._policy, self._verify, self._opened, self)
+        transfer = self._idle.pop() if self._idle else Transfer(self._policy, self._verify, self._opened)
         transfer.start(host, on_body)
         return transfer
 
@@ -191,20 +165,11 @@ class CurlPool:
             transfer.on_body = None
             if reusable and not self.closed:
                 self._idle.append(transfer)
-            elif self.closed:
-                transfer.curl.close()
             else:
-                self._retired.append(transfer)
+                transfer.curl.close()
 
     def _on_socket(self, what: int, fd: int, _multi: Any, _data: Any) -> None:
-        if self.closed:  # close() takes every socket off the loop; libcurl's TLS goodbyes go unheard
-            return
         wanted = 0 if what == pycurl.POLL_REMOVE else what & (_IN | _OUT)
-        if fd in self._parked:
-            self._parked.discard(fd)  # its connection is reused: the reader is in place already
-        elif not wanted and fd in self._sockets and self._watched.get(fd) == _IN:
-            self._parked.add(fd)  # a call ended; the next on this connection would register it again
-            return
         had = self._watched.get(fd, 0)
         if wanted == had:
             return
@@ -230,32 +195,9 @@ class CurlPool:
         elif timeout_ms > 0:
             self._timer = self._loop.call_later(timeout_ms / 1000, self._act, pycurl.SOCKET_TIMEOUT, 0)
 
-    def _socket_opened(self, fd: int, _purpose: int) -> int:
-        self._sockets[fd] = _identity(fd)
-        return 0  # CURL_SOCKOPT_OK: connect it
-
-    def _close_socket(self, fd: int) -> int:
-        """libcurl closes a connection socket: off the loop first, as a parked one is still read."""
-        try:
-            self._sockets.pop(fd, None)
-            self._parked.discard(fd)
-            bits = self._watched.pop(fd, 0)  # none once close() has taken them all off the loop
-            if bits & _IN:
-                self._loop.remove_reader(fd)
-            if bits & _OUT:
-                self._loop.remove_writer(fd)
-        finally:
-            os.close(fd)
-        return 0
-
     def _act(self, fd: int, events: int) -> None:
         if self.closed:
             return
-        if fd in self._parked:  # a kept-alive connection libcurl does not watch: closed by its peer, say
-            self._parked.discard(fd)
-            self._watched.pop(fd, None)
-            self._loop.remove_reader(fd)
-            return  # libcurl finds out itself when it next tries to reuse the connection
         if fd == pycurl.SOCKET_TIMEOUT:
             self._timer = None
         while self._multi.socket_action(fd, events)[0] == pycurl.E_CALL_MULTI_PERFORM:
@@ -304,19 +246,7 @@ class CurlPool:
             if bits & _OUT:
                 self._loop.remove_writer(fd)
         self._watched.clear()
-        self._parked.clear()
-        with warnings.catch_warnings():
-            # While pycurl tears the multi handle down it cannot run the easy handles' callbacks:
-            # libcurl's closes of the cached connections do not reach _close_socket (pycurl warns of
-            # each), so nothing closed them, and they are closed here.
-            warnings.simplefilter("ignore", RuntimeWarning)
-            self._multi.close()
-        for fd, identity in self._sockets.items():
-            with contextlib.suppress(OSError):
-                if _identity(fd) == identity:  # never a descriptor that is no longer this socket
-                    os.close(fd)
-        self._sockets.clear()
-        for transfer in [*self._idle, *self._retired]:
+        self._multi.close()
+        for transfer in self._idle:
             transfer.curl.close()
         self._idle.clear()
-        self._retired.clear()
