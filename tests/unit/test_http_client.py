@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import ipaddress
+import os
 import ssl
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -111,6 +112,22 @@ async def test_a_connection_the_target_closes_is_not_reused(served: Served, http
     assert served.connections == 2
 
 
+async def test_a_closed_executor_leaves_no_socket_open(served: Served) -> None:
+    before = _open_descriptors()
+    executor = HttpExecutor(max_connections=5)
+    outcomes = await asyncio.gather(*(executor.run({"type": "http", "url": f"{served.base}/n"}, ctx())
+                                      for _ in range(20)))
+    assert all(o.succeeded for o in outcomes) and served.connections > 1
+    assert _open_descriptors() > before
+    await executor.close()
+    # The target's ends close as they read the end of each connection.
+    await wait_for(lambda: _open_descriptors() <= before, timeout=10, what="every connection to be closed")
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
 async def test_every_method_is_sent_as_asked_with_or_without_a_body(served: Served, http: HttpExecutor) -> None:
     for method, body in [("DELETE", None), ("HEAD", None), ("PATCH", {"a": 1}), ("OPTIONS", None), ("GET", "q"),
                          ("POST", None), ("PUT", None)]:
@@ -191,10 +208,16 @@ async def test_https_trusts_the_certificates_python_trusts_and_no_others(
         trusting = HttpExecutor()
         accepted = await trusting.run({"type": "http", "url": url}, ctx())
         await trusting.close()
+        # Closing sends TLS's goodbye on each connection, which libcurl asks to watch: nothing of it
+        # may stay on the loop, where the next socket given the same descriptor would meet it.
+        again = HttpExecutor()
+        accepted_again = await asyncio.wait_for(again.run({"type": "http", "url": url}, ctx()), timeout=10)
+        await again.close()
     finally:
         await runner.cleanup()
     assert refused.succeeded is False and refused.error is not None and "certificate" in refused.error.lower()
     assert accepted.succeeded and accepted.output == "over tls"
+    assert accepted_again.succeeded and accepted_again.output == "over tls"
 
 
 async def test_a_closed_pool_refuses_new_calls_and_fails_those_in_flight(served: Served) -> None:
