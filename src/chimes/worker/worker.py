@@ -105,8 +105,8 @@ class Worker:
         # how many more of each owner's are to end first.
         self._others_drained = False
         self._refill_at: dict[str, int] = {}
-        # Claims in a row that skipped owners at their share and found fewer runs than they asked: the
-        # poll backs off with each (_poll_wait), as only a NOTIFY or the poll can bring runs to find.
+        # Claims in a row that skipped owners at their share and found nothing: the poll backs off with
+        # each (_poll_wait), as only a NOTIFY or the poll can bring runs to find.
         self._fruitless_skips = 0
         self._claims_answer = True  # whether this home's last claim answered (else the next reserves one slot)
         self._caps_exist = False
