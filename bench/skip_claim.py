@@ -10,13 +10,12 @@ backlog, which is why the worker's poll backs off while it finds nothing (docs/a
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import time
 from typing import Any
 
 from bench import seed
-from bench.chimes_runs import Fleet, FleetShape
+from bench.chimes_runs import Fleet, FleetShape, _wait_for
 from bench.env import Env, drop_database, fresh_database
 from bench.report import Result
 from chimes.store import db
@@ -37,11 +36,11 @@ async def skip_claim(env: Env, *, runs: int, say: Any) -> Result:
         due = seed.due_instant(3.0 + runs / 20_000)
         job = seed.http_job("queued", seed.at(due), "http://127.0.0.1:9/never", concurrency="allow")
         await seed.add_jobs(pool, job, runs)
-        deadline = time.monotonic() + 120 + runs / 1_000
-        while await pool.fetchval("SELECT count(*) FROM run_queue") < runs:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the scheduler did not queue every run in time")
-            await asyncio.sleep(0.5)
+
+        async def all_queued() -> bool:
+            return bool(await pool.fetchval("SELECT count(*) FROM run_queue") >= runs)
+
+        await _wait_for(all_queued, 120 + runs / 1_000, "the scheduler to queue every run", fleet)
         fleet.stop()  # the queue stays as it is: nothing but the claims below touches it
         await pool.execute("VACUUM ANALYZE run_queue")
         store = WorkerStore(pool, "bench-skip-claim")
