@@ -71,6 +71,13 @@ def _identifier(text: str) -> str:
     return text
 
 
+def _folder(text: str) -> Path:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file; give a folder")
+    return path
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", default="processes,single-process",
                         help="up: the layouts of `chimes up` to run, comma-separated: single-process, processes, "
                              "2-workers")
-    parser.add_argument("--profile", type=Path,
+    parser.add_argument("--profile", type=_folder,
                         help="up: record py-spy on `chimes up` and its children during each burst, into this folder")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the scenario this many times (async-loss: failovers in each mode)")
