@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -324,6 +326,23 @@ def test_watch_refreshes_until_ctrl_c(api: FakeApi, monkeypatch: pytest.MonkeyPa
     assert naps == [0.5, 0.5]
     assert len(api.requests) == 2  # the first view, then one refresh before Ctrl-C
     assert RUN_ID in result.output
+
+
+def test_watch_ends_the_request_ctrl_c_came_during_then_stops(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    def runs_then_ctrl_c(_seen: Seen) -> Answer:
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the command waits for this answer
+        return 200, {"runs": [run_body()], "nextCursor": None}
+
+    def no_nap(seconds: float) -> None:
+        pytest.fail("the watch slept on after Ctrl-C")
+
+    api.routes[("GET", f"/jobs/{JOB_ID}/runs")] = runs_then_ctrl_c
+    monkeypatch.setattr(client, "_sleep", no_nap)
+    result = invoke(client.runs, ["watch", JOB_ID, "--interval", "0.5"], api)
+    assert result.exit_code == 0, result.output
+    assert len(api.requests) == 1
+    assert RUN_ID in result.output, "the request under way ended, and its runs were shown"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "Ctrl-C is Python's again"
 
 
 def test_watch_on_a_terminal_redraws_the_table_and_stops_when_done(

@@ -18,7 +18,9 @@ import logging
 import os
 import re
 import shlex
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -595,20 +597,60 @@ def watch(api: Client, job_id: str, interval: float, until_done: bool, status: s
 
     On a terminal the table is redrawn in place; otherwise (a pipe, a file, a CI log) each run is
     printed as one line when it first appears and again whenever it changes."""
-    job_id = _job_id(api, job_id)
-
-    def fetch() -> list[dict[str, Any]]:
-        return [run.raw for run in api.runs.page(job_id, status=status, limit=limit).items]
-
     try:
-        if Console().is_terminal:
-            _watch_live(job_id, fetch, interval, until_done, wide)
-        else:
-            _watch_lines(fetch, interval, until_done)
+        with _CtrlC() as ctrl_c:
+            job_id = _job_id(api, job_id)
+
+            def fetch() -> list[dict[str, Any]]:
+                return [run.raw for run in api.runs.page(job_id, status=status, limit=limit).items]
+
+            if Console().is_terminal:
+                _watch_live(job_id, fetch, interval, until_done, wide, ctrl_c)
+            else:
+                _watch_lines(fetch, interval, until_done, ctrl_c)
     except KeyboardInterrupt:
         pass
     except BrokenPipeError:  # `| head` stopped reading: that is the reader's way to say stop
         _silence_stdout()
+
+
+class _CtrlC:
+    """Ctrl-C (SIGINT) for `runs watch`. While the command waits between refreshes it stops at once;
+    pressed during a request it is noted, and the watch stops as that request ends. A
+    KeyboardInterrupt raised mid-request lands inside the blocking client's wait on its loop's thread
+    (chimes.client.blocking), where it can leave a lock or that thread in a state that the exit then
+    waits on for good: the command hung at Ctrl-C now and then."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._napping = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread():  # only there can a handler be set
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_sigint(self, _signum: int, _frame: object) -> None:
+        self.pressed = True
+        if self._napping:
+            raise KeyboardInterrupt  # out of the sleep at once: nothing is held there
+
+    def nap(self, seconds: float) -> None:
+        """Sleep between refreshes; Ctrl-C ends it early, or skips it when pressed already."""
+        if self.pressed:
+            return
+        self._napping = True
+        try:
+            _sleep(seconds)
+        except KeyboardInterrupt:
+            self.pressed = True
+        finally:
+            self._napping = False
 
 
 def _all_ended(runs: list[dict[str, Any]]) -> bool:
@@ -616,7 +658,7 @@ def _all_ended(runs: list[dict[str, Any]]) -> bool:
 
 
 def _watch_live(job_id: str, fetch: Callable[[], list[dict[str, Any]]], interval: float, until_done: bool,
-                wide: bool) -> None:
+                wide: bool, ctrl_c: _CtrlC) -> None:
     def table(runs: list[dict[str, Any]]) -> Any:
         title = f"runs of job {job_id} at {time.strftime('%H:%M:%SZ', time.gmtime())} (Ctrl-C to stop)"
         return render.runs_table(runs, title=title, wide=_wide(wide))
@@ -624,15 +666,18 @@ def _watch_live(job_id: str, fetch: Callable[[], list[dict[str, Any]]], interval
     runs = fetch()
     with Live(table(runs), console=Console(), auto_refresh=False) as live:
         while not (until_done and _all_ended(runs)):
-            _sleep(interval)
+            ctrl_c.nap(interval)
+            if ctrl_c.pressed:
+                return
             runs = fetch()
             live.update(table(runs), refresh=True)
 
 
-def _watch_lines(fetch: Callable[[], list[dict[str, Any]]], interval: float, until_done: bool) -> None:
+def _watch_lines(fetch: Callable[[], list[dict[str, Any]]], interval: float, until_done: bool,
+                 ctrl_c: _CtrlC) -> None:
     """One line per run when it appears or changes, oldest first, like ``kubectl get -w``."""
     shown: dict[str, str] = {}
-    while True:
+    while not ctrl_c.pressed:
         runs = fetch()
         for run in reversed(runs):  # the API lists newest first; a log reads oldest first
             line = render.run_line(run)
@@ -641,7 +686,7 @@ def _watch_lines(fetch: Callable[[], list[dict[str, Any]]], interval: float, unt
                 click.echo(line)
         if until_done and _all_ended(runs):
             return
-        _sleep(interval)
+        ctrl_c.nap(interval)
 
 
 def _silence_stdout() -> None:
