@@ -617,9 +617,9 @@ def watch(api: Client, job_id: str, interval: float, until_done: bool, status: s
 class _CtrlC:
     """Ctrl-C (SIGINT) for `runs watch`. While the command waits between refreshes it stops at once;
     pressed during a request it is noted, and the watch stops as that request ends. A
-    KeyboardInterrupt raised mid-request lands inside the blocking client's wait on its loop's thread
-    (chimes.client.blocking), where it can leave a lock or that thread in a state that the exit then
-    waits on for good: the command hung at Ctrl-C now and then."""
+    KeyboardInterrupt raised mid-request lands anywhere inside the blocking client's wait on its
+    loop's thread (chimes.client.blocking), a lock's acquire or release included; now and then the
+    command then failed to exit at all (tests/integration/test_runs_watch.py, once in many runs)."""
 
     def __init__(self) -> None:
         self.pressed = False
