@@ -338,11 +338,12 @@ def test_watch_ends_the_request_ctrl_c_came_during_then_stops(api: FakeApi, monk
 
     api.routes[("GET", f"/jobs/{JOB_ID}/runs")] = runs_then_ctrl_c
     monkeypatch.setattr(client, "_sleep", no_nap)
+    before = signal.getsignal(signal.SIGINT)  # ignored when the tests run in the background (nohup, &)
     result = invoke(client.runs, ["watch", JOB_ID, "--interval", "0.5"], api)
     assert result.exit_code == 0, result.output
     assert len(api.requests) == 1
     assert RUN_ID in result.output, "the request under way ended, and its runs were shown"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "Ctrl-C is Python's again"
+    assert signal.getsignal(signal.SIGINT) == before, "Ctrl-C is handled as before the watch again"
 
 
 def test_watch_on_a_terminal_redraws_the_table_and_stops_when_done(
