@@ -24,7 +24,7 @@ from cryptography.x509.oid import NameOID
 
 from chimes.security.ssrf import EgressPolicy
 from chimes.worker.tasks.common import TaskContext
-from chimes.worker.tasks.curl import CurlPool
+from chimes.worker.tasks.curl import CurlPool, Reply
 from chimes.worker.tasks.http import HttpExecutor
 from tests.helpers import wait_for
 
@@ -163,6 +163,85 @@ async def test_an_endless_response_is_cut_at_the_read_limit_and_judged_by_its_st
     pool = http.pool_of("")
     assert pool is not None and pool.in_flight == 0
     assert (await http.run({"type": "http", "url": f"{served.base}/after"}, ctx())).output == "GET /after"
+
+
+@pytest.fixture
+async def short_keepalive() -> AsyncIterator[str]:
+    """A target that closes a connection idle for 0.2 s, as servers do after their keep-alive timeout."""
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.Response(text="hello")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", hello)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=0.2, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
+async def test_an_idle_connection_the_target_closes_is_let_go_and_the_next_call_connects_anew(
+    short_keepalive: str, http: HttpExecutor
+) -> None:
+    assert (await http.run({"type": "http", "url": f"{short_keepalive}/first"}, ctx())).output == "hello"
+    pool = http.pool_of("")
+    assert pool is not None
+    kept = pool.watched_sockets  # the kept-alive connection, and whatever libcurl watches of its own (an eventfd)
+    assert kept >= 1
+    # Its end of file comes while libcurl does not watch it: the pool lets it go (a socket left in the
+    # set would wake the loop for ever), and libcurl finds the connection dead when it would reuse it.
+    await wait_for(lambda: pool.watched_sockets == kept - 1, timeout=10, what="the closed idle connection to be let go")
+    outcome = await asyncio.wait_for(http.run({"type": "http", "url": f"{short_keepalive}/second"}, ctx()), 10)
+    assert outcome.output == "hello"
+    assert pool.watched_sockets == kept, "the new connection is kept, and watched, in its turn"
+
+
+async def test_calls_taking_turns_between_two_targets_on_one_connection_all_arrive(
+    served: Served, short_keepalive: str
+) -> None:
+    """With room for one connection, each call closes the other target's idle connection, which
+    libcurl no longer watched, and the next socket is often given its number: it must be watched
+    afresh, not taken for the one parked there."""
+    executor = HttpExecutor(max_connections=1)
+    try:
+        for n in range(30):
+            url = f"{served.base}/n{n}" if n % 2 else f"{short_keepalive}/n{n}"
+            outcome = await asyncio.wait_for(executor.run({"type": "http", "url": url}, ctx()), timeout=10)
+            assert outcome.succeeded, (n, outcome.error)
+        urls = [f"{served.base}/g{n}" if n % 2 else f"{short_keepalive}/g{n}" for n in range(20)]
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(executor.run({"type": "http", "url": url}, ctx()) for url in urls)), timeout=20)
+    finally:
+        await executor.close()
+    assert all(o.succeeded for o in outcomes)
+    assert len(served.requests) == 25  # 15 one after the other, then 10 at once
+
+
+@pytest.mark.parametrize("own_epoll", [True, False], ids=["epoll-set", "loop-readers"])
+async def test_both_ways_of_watching_sockets_carry_calls_on_kept_alive_connections(
+    served: Served, own_epoll: bool
+) -> None:
+    """The pool's own epoll set (Linux) and the loop's readers (elsewhere) carry the same calls."""
+    pool = CurlPool(EgressPolicy.build(), max_connections=4, own_epoll=own_epoll)
+
+    async def get(path: str) -> Reply:
+        transfer = pool.transfer("127.0.0.1", lambda chunk: True)
+        transfer.curl.setopt(pycurl.URL, f"{served.base}/{path}")
+        transfer.curl.setopt(pycurl.HTTPGET, 1)
+        return await pool.perform(transfer)
+
+    try:
+        replies = await asyncio.wait_for(asyncio.gather(*(get(f"c{n}") for n in range(12))), timeout=10)
+        replies.append(await asyncio.wait_for(get("last"), timeout=10))
+    finally:
+        pool.close()
+    assert [r.status for r in replies] == [200] * 13
+    assert len(served.requests) == 13 and served.connections <= 4
+    assert pool.watched_sockets == 0
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:

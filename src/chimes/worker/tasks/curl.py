@@ -13,13 +13,25 @@ which libcurl calls with the address it is about to connect to, after its name l
 policy judges that very address, so no lookup can be swapped in between (DNS rebinding). libcurl
 forbids calling back into it from its callbacks; the socket and timer callbacks here only register
 with the loop, and the loop's callbacks call ``socket_action``.
+
+On Linux a pool watches its connections' sockets in an epoll set of its own, and the loop watches
+that one descriptor (:class:`_EpollWatch`). Through the loop's own readers every call cost a poll
+handle made and freed and about six ``epoll_ctl`` calls, half of them failing, as libcurl stops
+watching a kept-alive connection when a call ends and watches it again when the next call reuses it
+(docs/benchmarks.md). Here the idle connection stays in the set ("parked"): reusing it is one
+``epoll_ctl``, and a closed one leaves the set by itself, which the kernel does when the last
+descriptor of a socket is closed, whether or not libcurl said so. Elsewhere the loop's readers and
+writers watch each socket (:class:`_LoopWatch`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import select
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,11 +119,131 @@ class Transfer:
         return 0  # anything but len(chunk): libcurl ends the transfer with CURLE_WRITE_ERROR
 
 
+_Act = Callable[[int, int], None]  # (fd, CSELECT_* bits): hand the socket's readiness to libcurl
+_CSELECT_IN, _CSELECT_OUT, _CSELECT_ERR = pycurl.CSELECT_IN, pycurl.CSELECT_OUT, pycurl.CSELECT_ERR
+
+
+class _LoopWatch:
+    """Each socket libcurl watches, watched by the loop's own readers and writers."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, act: _Act) -> None:
+        self._loop = loop
+        self._act = act
+        self._watched: dict[int, int] = {}  # fd -> _IN | _OUT bits registered with the loop
+
+    def want(self, fd: int, what: int) -> None:
+        wanted = 0 if what == pycurl.POLL_REMOVE else what & (_IN | _OUT)
+        had = self._watched.get(fd, 0)
+        if wanted == had:
+            return
+        if had & _IN and not wanted & _IN:
+            self._loop.remove_reader(fd)
+        if had & _OUT and not wanted & _OUT:
+            self._loop.remove_writer(fd)
+        if wanted & _IN and not had & _IN:
+            self._loop.add_reader(fd, self._act, fd, _CSELECT_IN)
+        if wanted & _OUT and not had & _OUT:
+            self._loop.add_writer(fd, self._act, fd, _CSELECT_OUT)
+        if wanted:
+            self._watched[fd] = wanted
+        else:
+            self._watched.pop(fd, None)
+
+    def watched(self) -> int:
+        return len(self._watched)
+
+    def close(self) -> None:
+        for fd, bits in self._watched.items():
+            if bits & _IN:
+                self._loop.remove_reader(fd)
+            if bits & _OUT:
+                self._loop.remove_writer(fd)
+        self._watched.clear()
+
+
+_PARKED = 0
+_EPOLL_EVENTS = {pycurl.POLL_IN: select.EPOLLIN, pycurl.POLL_OUT: select.EPOLLOUT,
+                 pycurl.POLL_INOUT: select.EPOLLIN | select.EPOLLOUT} if hasattr(select, "epoll") else {}
+
+
+class _EpollWatch:
+    """The sockets libcurl watches, in an epoll set of the pool's own that the loop watches as one
+    descriptor. A socket libcurl stops watching while it only waited to read (a kept-alive connection
+    between calls) stays in the set, parked; anything it reports meanwhile (the target closed the
+    connection) takes it out, and libcurl finds out itself when it reuses the connection."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, act: _Act, after: Callable[[], None]) -> None:
+        self._loop = loop
+        self._act = act
+        self._after = after  # once per wake-up, after every ready socket was handed to libcurl
+        self._epoll = select.epoll()
+        self._watched: dict[int, int] = {}  # fd -> the epoll events libcurl asked for, or _PARKED
+        loop.add_reader(self._epoll.fileno(), self._ready)
+
+    def want(self, fd: int, what: int) -> None:
+        had = self._watched.get(fd)
+        if what == pycurl.POLL_REMOVE:
+            if had == select.EPOLLIN:
+                self._watched[fd] = _PARKED
+            elif had is not None:
+                self._forget(fd)
+            return
+        wanted = _EPOLL_EVENTS[what]
+        if wanted == had:
+            return
+        try:
+            if had is None:
+                self._epoll.register(fd, wanted)
+            else:  # even from parked: the kernel finds out whether this is still the socket parked there
+                self._epoll.modify(fd, wanted)
+        except FileNotFoundError:  # the parked socket was closed, and a new one has its number
+            self._epoll.register(fd, wanted)
+        except FileExistsError:  # forgotten here while the kernel kept it (a socket closed and reopened)
+            self._epoll.modify(fd, wanted)
+        self._watched[fd] = wanted
+
+    def _forget(self, fd: int) -> None:
+        del self._watched[fd]
+        with contextlib.suppress(OSError):  # closed already: the kernel took it out of the set
+            self._epoll.unregister(fd)
+
+    def _ready(self) -> None:
+        try:
+            events = self._epoll.poll(0)
+        except OSError:  # closed meanwhile
+            return
+        for fd, happened in events:
+            wanted = self._watched.get(fd)
+            if not wanted:  # parked: its idle connection was closed or spoke out of turn
+                if wanted is not None:
+                    self._forget(fd)
+                continue
+            bits = 0
+            if happened & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):
+                bits |= _CSELECT_IN
+            if happened & select.EPOLLOUT:
+                bits |= _CSELECT_OUT
+            if happened & select.EPOLLERR:
+                bits |= _CSELECT_ERR
+            self._act(fd, bits)
+        self._after()
+
+    def watched(self) -> int:
+        return len(self._watched)
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._epoll.fileno())
+        self._epoll.close()
+        self._watched.clear()
+
+
 class CurlPool:
     """One connection cache and its transfers, bound to the running loop. ``in_flight`` and
     ``last_used`` are the owner's pool bookkeeping (chimes.worker.tasks.http)."""
 
-    def __init__(self, policy: EgressPolicy, *, max_connections: int) -> None:
+    def __init__(self, policy: EgressPolicy, *, max_connections: int, own_epoll: bool = True) -> None:
+        """``own_epoll``: watch the sockets in an epoll set of the pool's own where there is epoll
+        (Linux); False, or elsewhere, through the loop's readers and writers."""
         self._loop = asyncio.get_running_loop()
         self._policy = policy
         self._verify = ssl.get_default_verify_paths()
@@ -120,7 +252,9 @@ class CurlPool:
         self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
         self._multi.setopt(pycurl.M_MAX_TOTAL_CONNECTIONS, max_connections)
         self._multi.setopt(pycurl.M_MAXCONNECTS, max_connections)
-        self._watched: dict[int, int] = {}  # fd -> _IN | _OUT bits registered with the loop
+        self._watch: _LoopWatch | _EpollWatch = (
+            _EpollWatch(self._loop, self._socket_ready, self._after_ready) if own_epoll and _EPOLL_EVENTS
+            else _LoopWatch(self._loop, self._act))
         self._timer: asyncio.Handle | None = None
         self._idle: list[Transfer] = []
         self._active: dict[pycurl.Curl, Transfer] = {}
@@ -128,6 +262,11 @@ class CurlPool:
         self.closed = False
         self.in_flight = 0
         self.last_used = 0.0
+
+    @property
+    def watched_sockets(self) -> int:
+        """The sockets watched for libcurl, idle kept-alive connections parked in the epoll set included."""
+        return self._watch.watched()
 
     def transfer(self, host: str, on_body: Any) -> Transfer:
         """An easy handle for one call to ``host``; set its request options, then :meth:`perform`."""
@@ -169,22 +308,8 @@ class CurlPool:
                 transfer.curl.close()
 
     def _on_socket(self, what: int, fd: int, _multi: Any, _data: Any) -> None:
-        wanted = 0 if what == pycurl.POLL_REMOVE else what & (_IN | _OUT)
-        had = self._watched.get(fd, 0)
-        if wanted == had:
-            return
-        if had & _IN and not wanted & _IN:
-            self._loop.remove_reader(fd)
-        if had & _OUT and not wanted & _OUT:
-            self._loop.remove_writer(fd)
-        if wanted & _IN and not had & _IN:
-            self._loop.add_reader(fd, self._act, fd, pycurl.CSELECT_IN)
-        if wanted & _OUT and not had & _OUT:
-            self._loop.add_writer(fd, self._act, fd, pycurl.CSELECT_OUT)
-        if wanted:
-            self._watched[fd] = wanted
-        else:
-            self._watched.pop(fd, None)
+        if not self.closed:  # closing, libcurl may still ask to watch a TLS connection's goodbye
+            self._watch.want(fd, what)
 
     def _on_timer(self, timeout_ms: int) -> None:
         if self._timer is not None:
@@ -200,8 +325,17 @@ class CurlPool:
             return
         if fd == pycurl.SOCKET_TIMEOUT:
             self._timer = None
-        while self._multi.socket_action(fd, events)[0] == pycurl.E_CALL_MULTI_PERFORM:
-            pass
+        self._socket_ready(fd, events)
+        self._after_ready()
+
+    def _socket_ready(self, fd: int, events: int) -> None:
+        if not self.closed:
+            while self._multi.socket_action(fd, events)[0] == pycurl.E_CALL_MULTI_PERFORM:
+                pass
+
+    def _after_ready(self) -> None:
+        if self.closed:
+            return
         if self._opened:  # libcurl connects on its duplicates of these
             for sock in self._opened:
                 sock.close()
@@ -240,13 +374,8 @@ class CurlPool:
             if transfer.future is not None and not transfer.future.done():
                 transfer.future.set_exception(RuntimeError("the connection pool was closed"))
         self._active.clear()
-        for fd, bits in self._watched.items():
-            if bits & _IN:
-                self._loop.remove_reader(fd)
-            if bits & _OUT:
-                self._loop.remove_writer(fd)
-        self._watched.clear()
         self._multi.close()
+        self._watch.close()
         for transfer in self._idle:
             transfer.curl.close()
         self._idle.clear()
