@@ -182,13 +182,13 @@ class _EpollWatch:
 
     def want(self, fd: int, what: int) -> None:
         had = self._watched.get(fd)
-        if what == pycurl.POLL_REMOVE:
+        wanted = _EPOLL_EVENTS.get(what, 0)  # POLL_REMOVE, or POLL_NONE: nothing to wait for
+        if not wanted:
             if had == select.EPOLLIN:
                 self._watched[fd] = _PARKED
-            elif had is not None:
+            elif had:
                 self._forget(fd)
             return
-        wanted = _EPOLL_EVENTS[what]
         if wanted == had:
             return
         try:
@@ -210,7 +210,7 @@ class _EpollWatch:
     def _ready(self) -> None:
         try:
             events = self._epoll.poll(0)
-        except OSError:  # closed meanwhile
+        except (OSError, ValueError):  # the pool closed meanwhile (ValueError: the set is closed)
             return
         for fd, happened in events:
             wanted = self._watched.get(fd)
