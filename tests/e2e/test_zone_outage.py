@@ -329,7 +329,15 @@ async def test_losing_the_primary_zone_stalls_nothing_for_long(zones: Zones, tmp
                     acknowledged)
                 return done == len(acknowledged)
 
-            await wait_for(all_ran, timeout=60, what=f"all {len(acknowledged)} acknowledged jobs to run")
+            try:
+                await wait_for(all_ran, timeout=60, what=f"all {len(acknowledged)} acknowledged jobs to run")
+            except AssertionError as exc:
+                not_done = await new_primary.fetch(
+                    "SELECT j.name, r.status, r.attempt, r.worker_id, r.scheduled_at, r.started_at, r.error"
+                    " FROM jobs j LEFT JOIN runs r ON r.job_id = j.job_id WHERE j.job_id = ANY($1::uuid[])"
+                    " AND NOT EXISTS (SELECT FROM runs s WHERE s.job_id = j.job_id AND s.status = 'succeeded')"
+                    " ORDER BY j.name, r.attempt", acknowledged)
+                raise AssertionError(f"{exc}; not run: {[dict(row) for row in not_done]}") from None
             stage('all acknowledged ran')
             twice = await new_primary.fetch(
                 "SELECT job_id, scheduled_at, count(*) AS n FROM runs GROUP BY 1, 2 HAVING count(*) > 1")
