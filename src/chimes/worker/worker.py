@@ -44,6 +44,10 @@ CAPS_RECHECK_SEC = 2.0
 #: claim skips those runs and so reads past every one of them still queued: its cost follows the
 #: backlog (``python -m bench skip-claim``, docs/architecture.md).
 SKIP_POLL_MAX_SEC = 16.0
+# How long the runs whose outcome was refused are given up again at every heartbeat (_give_up_refused):
+# past a failover of the database, which takes a failover manager well under a minute.
+REFUSED_GIVE_UP_SEC = 300.0
+REFUSED_REMEMBERED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,8 @@ class Worker:
         self._forget: list[uuid.UUID] = []
         self._taken: set[uuid.UUID] = set()  # runs stopped because they are no longer this worker's
         self._to_give_up: list[ClaimedRun] = []  # runs stopped here that are still this worker's
+        # Runs whose outcome was refused, by run id: (monotonic time of the refusal, run); _give_up_refused.
+        self._refused: dict[uuid.UUID, tuple[float, ClaimedRun]] = {}
 
     def count_caps_in(self, cap_slots: CapSlots | None) -> None:
         """The shard map gained (or lost) ranges while this worker ran: from its next claim on, capped
@@ -499,6 +505,10 @@ class Worker:
         for completion in batch:
             if completion.run.run_id in done and completion.run.run_id not in giving_up:
                 self._settle(completion.run)
+        refused_at = time.monotonic()
+        for completion in batch:
+            if completion.run.run_id in done and completion.run.run_id not in accepted:
+                self._refused[completion.run.run_id] = (refused_at, completion.run)
         self._slots_to_free += [run_id for run_id in done if run_id in self._slotted]
         self._slotted -= done
         await self._free_slots()
@@ -568,6 +578,7 @@ class Worker:
                             extra=run_fields(_run))
                 self._taken.add(run_id)
                 task.cancel()
+        await self._give_up_refused()
         # Claims that ended while no outcome was written to take their rows along (a cancel, say).
         forget, self._forget = self._forget, []
         try:
@@ -575,6 +586,22 @@ class Worker:
         except BaseException:
             self._forget[:0] = forget
             raise
+
+    async def _give_up_refused(self) -> None:
+        """Give up again, for a while, the runs whose outcome was refused. A refusal most often means
+        the lease was lost, and then this changes nothing. But it also follows a write that timed out
+        waiting for a synchronous standby: committed on the primary, never replicated. Once the standby
+        is promoted, the run is still running there under this worker's claim, whose lease row the
+        heartbeat extends for the claim's other runs and the claim's last outcome deletes: the run would
+        wait for the rest of its claim, then for nobody. An expired lease of its own (give_up_runs) has
+        the reaper end the attempt as a lost one, to be retried."""
+        if not self._refused:
+            return
+        since = time.monotonic() - REFUSED_GIVE_UP_SEC
+        kept = [(at, run) for at, run in self._refused.values() if at >= since][-REFUSED_REMEMBERED:]
+        self._refused = {run.run_id: (at, run) for at, run in kept}
+        if kept:
+            await self.store.give_up([run for _, run in kept])
 
     async def _renew_slots(self, slots: CapSlots) -> None:
         """The slots of the runs this worker runs (or whose outcome waits to be written), and of those
