@@ -23,7 +23,7 @@ from chimes.store.working import ClaimedRun
 from chimes.worker.worker import Worker, WorkerConfig
 from tests.helpers import wait_for
 from tests.integration.fleet import FAST_SCHEDULER
-from tests.integration.test_fencing import due, make_due_job, spec, stall, take_all
+from tests.integration.test_fencing import due, fire_due_one_offs, make_due_job, spec, stall, take_all
 
 FIRE_WAITING = """
 SELECT count(*) FROM pg_stat_activity
@@ -79,11 +79,7 @@ async def test_takeover_skips_a_partition_while_its_fire_is_in_flight(pool: asyn
 
 
 async def test_heartbeat_keeps_a_run_claimed_while_it_waited(pool: asyncpg.Pool, database_url: str) -> None:
-    for _ in range(2):
-        await make_due_job(pool, {"at": (datetime.now(UTC) - timedelta(seconds=1)).isoformat()})
-    store = SchedulerStore(pool, "node")
-    leases = await take_all(store)
-    await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
+    await fire_due_one_offs(pool, 2)
     worker = Worker(pool, database_url, WorkerConfig(), worker_id="worker")
     never = asyncio.Event()
 

@@ -42,6 +42,16 @@ async def take_all(store: SchedulerStore) -> dict[int, int]:
     return await store.sync_leases("host", 1, {}, ttl_sec=30)
 
 
+async def fire_due_one_offs(pool: asyncpg.Pool, count: int) -> tuple[SchedulerStore, dict[int, int]]:
+    """``count`` one-off jobs due a second ago, fired by a node holding every partition: their runs are queued."""
+    for _ in range(count):
+        await make_due_job(pool, {"at": (datetime.now(UTC) - timedelta(seconds=1)).isoformat()})
+    store = SchedulerStore(pool, "node")
+    leases = await take_all(store)
+    await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
+    return store, leases
+
+
 async def stall(pool: asyncpg.Pool, node_id: str) -> None:
     """The node stops (SIGSTOP, GC pause, partition): its heartbeat and leases run out."""
     await pool.execute("UPDATE scheduler_nodes SET heartbeat_at = now() - interval '1 minute' WHERE node_id = $1",

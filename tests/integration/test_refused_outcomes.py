@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import asyncpg
 
 from chimes.enums import RunStatus
-from chimes.scheduler.firing import plan_fires
-from chimes.store.scheduling import SchedulerStore
 from chimes.store.working import ClaimedRun, Completion
 from chimes.worker.tasks.common import Outcome
 from chimes.worker.worker import Worker, WorkerConfig
-from tests.integration.test_fencing import due, make_due_job, take_all
+from tests.integration.test_fencing import fire_due_one_offs
 
 LEASES = """
 SELECT run_id, expires_at <= now() AS expired FROM leases_in_force WHERE run_id = ANY($1::uuid[])
@@ -34,11 +32,7 @@ SELECT run_id, expires_at <= now() AS expired FROM leases_in_force WHERE run_id 
 
 async def test_a_run_whose_outcome_was_refused_is_given_up_while_its_claim_is_still_held(
         pool: asyncpg.Pool, database_url: str) -> None:
-    for _ in range(2):
-        await make_due_job(pool, {"at": (datetime.now(UTC) - timedelta(seconds=1)).isoformat()})
-    store = SchedulerStore(pool, "node")
-    leases = await take_all(store)
-    await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))
+    store, leases = await fire_due_one_offs(pool, 2)
     worker = Worker(pool, database_url, WorkerConfig(), worker_id="worker")
     never = asyncio.Event()
     claimed = await worker.store.claim(2, 30, 30)
