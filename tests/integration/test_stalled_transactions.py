@@ -40,7 +40,7 @@ async def stall_inside_a_fire(conn: asyncpg.Connection, token: int) -> None:
     empty: list[list[object]] = [[] for _ in range(16)]
     counted: list[list[object]] = [[], []]  # no run caps to count
     row = await conn.fetchrow(sql("fire_triggers"), [PARTITION], [token], "node-a", *empty, datetime.now(UTC),
-                              *counted)
+                              *counted, 0.0)  # fired at its time, not ahead
     assert row["leases_held"] == 1
 
 

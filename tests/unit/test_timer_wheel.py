@@ -30,6 +30,17 @@ def ids(triggers: list[DueTrigger]) -> list[int]:
     return [t.trigger_id.int for t in triggers]
 
 
+def test_count_due_counts_what_pop_due_would_take_up_to_enough() -> None:
+    wheel = TimerWheel()
+    offsets = [7, 1, 3, 3, 9, 2, 3, 8, 5, 3, 6, 4, 3]  # heap order is not fire order
+    wheel.add_all(trig(n, offset) for n, offset in enumerate(offsets))
+    for until in (0, 1, 2.5, 3, 4, 8.9, 9, 100):
+        due = sum(offset <= until for offset in offsets)
+        assert wheel.count_due(at(until), enough=100) == due
+        assert wheel.count_due(at(until), enough=3) == min(due, 3)
+    assert wheel.count_due(at(3), enough=100) == len(wheel.pop_due(at(3)))
+
+
 def test_pop_due_returns_only_due_in_fire_order() -> None:
     wheel = TimerWheel()
     assert wheel.add_all([trig(3, 3), trig(1, 1), trig(5, 5), trig(2, 2), trig(4, 4)]) == 5

@@ -35,13 +35,20 @@ from chimes.worker.tiers import OWNER_SHARE, TierPolicy
 from chimes.worker.worker import Worker, WorkerConfig, new_worker_id
 
 log = logging.getLogger("chimes")
+# Connections per database. A scheduler node fires up to fire_concurrency batches at once and holds
+# fire_ahead_concurrency more open until their instant (SchedulerConfig): 7 of these while a burst
+# is fired ahead, with its scans, leases and reaper beside them; one process of every role also
+# claims, records outcomes and serves the API.
+SCHEDULER_POOL = 10
+ALL_IN_ONE_POOL = 16
 
 
 async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
                          api: ApiSecurity | None = None, work: WorkerSecurity | None = None) -> None:
     shard_map = await prepare_role_database(dsn)
     await _announce_admin_token(dsn, allow_commands=bool(work and work.allow_commands))
-    pool = await db.create_pool(dsn, max_size=12, command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
+    pool = await db.create_pool(dsn, max_size=ALL_IN_ONE_POOL,
+                                command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
     try:
         if work is not None:  # before anything starts: a wrong key must not leave half the roles running
             await _require_database_key(pool, work.keyring)
@@ -73,7 +80,7 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
                         guard=guard, budget=budget, cap_slots=_with_shards(cap_slots, serves), shard_id=shard_id)
         return [node, worker]
 
-    homes = ServedHomes(pool, dsn, shard_map, start_home, pool_size=12,
+    homes = ServedHomes(pool, dsn, shard_map, start_home, pool_size=ALL_IN_ONE_POOL,
                         serves_changed=lambda roles, serves: _serves_changed(roles, serves, cap_slots))
     try:
         await homes.open()
@@ -179,7 +186,7 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
     shard_map = await prepare_role_database(dsn)
     # A node stalled inside a fire holds its lease rows: no takeover until the session ends.
     settings = db.lock_holding_limit(lease_ttl)
-    pool = await db.create_pool(dsn, max_size=6, server_settings=settings,
+    pool = await db.create_pool(dsn, max_size=SCHEDULER_POOL, server_settings=settings,
                                 command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
     try:
         if outgoing is not None:  # it signs webhooks: a wrong key is a start-up error, as for a worker
@@ -201,7 +208,7 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
                               egress=outgoing.egress if outgoing else None, serves=serves,
                               calendars=CalendarBook(pool))]
 
-    await _serve_homes(pool, dsn, shard_map, start_home, pool_size=6, server_settings=settings)
+    await _serve_homes(pool, dsn, shard_map, start_home, pool_size=SCHEDULER_POOL, server_settings=settings)
 
 
 async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_sec: float,

@@ -84,4 +84,16 @@ def follow_up(fire: Fire) -> DueTrigger | None:
     return DueTrigger(t.partition_id, fire.next_fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
                       t.cron, t.timezone, t.dst_gap, t.dst_fold, t.jitter_sec, t.catch_up, t.paused_at,
                       t.resumed_at, t.start_deadline_sec, t.every_sec, t.phase_sec, t.start_at, t.end_at, t.max_runs,
-                      t.slots_fired + len(fire.slots) if t.max_runs is not None else 0, t.owner, t.exclude_calendars)
+                      t.slots_fired + len(fire.slots) if t.max_runs is not None else 0, t.owner, t.exclude_calendars,
+                      t.concurrency)
+
+
+def fires_ahead(trigger: DueTrigger) -> bool:
+    """Whether a trigger may be fired ahead of its time and committed at it (SchedulerStore.fire_ahead):
+    a schedule's slot, of a job whose policy starts its runs (allow) or decides by the runs still
+    active (skip, queue: checked again at the time). replace cancels the runs it replaces, which
+    must not wait for the instant, and retry triggers are rare: they fire at their time."""
+    return trigger.kind == TriggerKind.SCHEDULE and trigger.concurrency in FIRED_AHEAD_POLICIES
+
+
+FIRED_AHEAD_POLICIES = frozenset({"allow", "skip", "queue"})

@@ -17,7 +17,7 @@ from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.notifier import Notifier, NotifierConfig
 from chimes.scheduler.calendar_book import CALENDAR_REFRESH_SEC, CalendarBook
 from chimes.scheduler.database_clock import DatabaseClock
-from chimes.scheduler.firing import follow_up, plan_fire
+from chimes.scheduler.firing import fires_ahead, follow_up, plan_fire
 from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.leases import LeaseConfig, LeaseManager
 from chimes.scheduler.reaper import Reaper
@@ -44,6 +44,14 @@ class SchedulerConfig:
     fire_batch_size: int = 1000
     fire_concurrency: int = 3  # batches fired at once, each on its own connection
     fire_coalesce_sec: float = 0.02  # a trigger waits this long for others due just after it
+    # An instant with at least fire_ahead_min triggers is fired up to fire_ahead_sec before it, in
+    # batches of up to fire_ahead_batch_size, fire_ahead_concurrency at once, each committed at the
+    # instant (SchedulerStore.fire_ahead): a burst's runs are there at its second, not written after
+    # it. Only the triggers firing.fires_ahead allows; the others of the instant fire at it. 0: off.
+    fire_ahead_sec: float = 1.0
+    fire_ahead_min: int = 500
+    fire_ahead_batch_size: int = 5000
+    fire_ahead_concurrency: int = 4
     reap_every_sec: float = 2.0
     missed_after_sec: float = MISSED_AFTER_SEC  # later than this, catch-up policies apply
     retention_days: int = RETENTION_DAYS  # run history older than this is dropped, a day's partition at a time
@@ -67,6 +75,8 @@ class SchedulerStats:
     enqueued: int = 0
     refused: int = 0  # triggers in batches whose lease was no longer held
     too_early: int = 0  # triggers the database found not yet due (a host clock ahead of it)
+    fired_ahead: int = 0  # triggers fired by batches fired ahead of their time and committed at it
+    ahead_rolled_back: int = 0  # triggers of such batches rolled back at their time, and fired then
     max_fire_lag_sec: float = 0.0
 
 
@@ -100,6 +110,8 @@ class SchedulerNode:
         self._stopping = asyncio.Event()
         self._fire_slots = asyncio.Semaphore(self.config.fire_concurrency)
         self._batches: set[asyncio.Task[None]] = set()
+        self._ahead_in_flight = 0  # batches fired ahead, waiting for their instant or committing
+        self._ahead_declined = float("-inf")  # the last instant found too small to fire ahead
         self._scanned_until: datetime | None = None  # the look-ahead the last scan read in full
         # The wheel holds a fire's next trigger only if it is due before this, the end of the look-ahead
         # the wheel was given, so that the wheel's sums and the database's cover the same triggers.
@@ -327,11 +339,16 @@ class SchedulerNode:
                 self._batches.add(task)
                 task.add_done_callback(self._batch_done)
                 continue
+            if first is not None and self._ahead_ready(first, now):
+                self._fire_ahead_batch(self.wheel.pop_due(first + coalesce, limit=self.config.fire_ahead_batch_size))
+                continue
             self._wake.clear()
             if not self.firing():
                 self._quiet.set()
             next_due = self.wheel.next_due()
             delay = 0.25 if next_due is None else min(0.25, max(0.0, next_due + coalesce - now))
+            if next_due is not None and self._ahead_room() and next_due > self._ahead_declined:
+                delay = min(delay, max(0.0, next_due - self.config.fire_ahead_sec - now))
             await wait_event(self._wake, delay)
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
@@ -339,6 +356,74 @@ class SchedulerNode:
         self._fire_slots.release()
         if not self.firing():
             self._quiet.set()
+
+    def _ahead_room(self) -> bool:
+        return self.config.fire_ahead_sec > 0 and self._ahead_in_flight < self.config.fire_ahead_concurrency
+
+    def _ahead_ready(self, first: float, now: float) -> bool:
+        """Whether the earliest instant held is within fire_ahead_sec and large enough to fire ahead."""
+        if not self._ahead_room() or first > now + self.config.fire_ahead_sec or first <= self._ahead_declined:
+            return False
+        enough = self.config.fire_ahead_min
+        if self.wheel.count_due(first + self.config.fire_coalesce_sec, enough) < enough:
+            self._ahead_declined = first  # fired at its time, as a steady stream's instants are
+            return False
+        return True
+
+    def _fire_ahead_batch(self, due: list[DueTrigger]) -> None:
+        early = [t for t in due if fires_ahead(t)]
+        on_time = [t for t in due if not fires_ahead(t)]
+        if on_time:
+            self._track(asyncio.create_task(self._fire_at_its_time(on_time)))
+        if early:
+            self._ahead_in_flight += 1
+            task = asyncio.create_task(self._fire_ahead(early))
+            self._track(task)
+            task.add_done_callback(self._ahead_done)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    def _ahead_done(self, task: asyncio.Task[None]) -> None:
+        self._ahead_in_flight -= 1
+        self._wake.set()
+        if not self.firing():
+            self._quiet.set()
+
+    async def _until(self, at: datetime) -> None:
+        """Wait until the node's clock, which follows the database's, reaches ``at``."""
+        wait = at.timestamp() - self.clock.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    async def _fire_at_its_time(self, due: list[DueTrigger]) -> None:
+        await self._until(max(t.fire_at for t in due))
+        async with self._fire_slots:
+            await self._fire_batch(due)
+
+    async def _fire_ahead(self, due: list[DueTrigger]) -> None:
+        """Fire a batch ahead of its instant and commit it at the instant; rolled back (a job changed, a
+        lease lost) or failed, it is fired the ordinary way once due."""
+        due_at = max(t.fire_at for t in due)
+        fires: list[Fire] = []
+        result = None
+        try:
+            fires = self._plan(due, due_at)
+            if fires:
+                ahead = self.config.fire_ahead_sec + self.config.fire_coalesce_sec
+                result = await self.store.fire_ahead(self.leases.held, fires, due_at, ahead,
+                                                     lambda: self._until(due_at))
+        except Exception as exc:
+            failures.loop_failed("scheduler", "fire_ahead", exc)
+        if fires and result is None:
+            self.stats.ahead_rolled_back += len(due)
+            await self._fire_at_its_time(due)
+            return
+        self._batch_ended(due)
+        if result is not None:
+            self.stats.fired_ahead += result.fired
+            self._fired([f.trigger for f in fires], fires, due_at, result)
 
     async def _fire_batch(self, due: list[DueTrigger]) -> None:
         fired_at = self._now()

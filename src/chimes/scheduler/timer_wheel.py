@@ -69,6 +69,17 @@ class TimerWheel:
         """The epoch second of the earliest held trigger (dropped ones may linger at the top)."""
         return self._heap[0][0] if self._heap else None
 
+    def count_due(self, until: float, enough: int) -> int:
+        """How many held triggers are due by ``until``, counted up to ``enough`` (a walk of the heap's
+        entries due by then, never of the rest; dropped entries that linger count too)."""
+        heap, count, stack = self._heap, 0, [0]
+        while stack and count < enough:
+            i = stack.pop()
+            if i < len(heap) and heap[i][0] <= until:
+                count += 1
+                stack += (2 * i + 1, 2 * i + 2)
+        return count
+
     def pop_due(self, now: float, limit: int | None = None) -> list[DueTrigger]:
         """Remove and return the triggers due at ``now``; they count as in flight until :meth:`done`."""
         due: list[DueTrigger] = []

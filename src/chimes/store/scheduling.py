@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,6 +21,9 @@ from chimes.store.db import Conn, Row, one_row
 from chimes.store.queries import sql
 from chimes.store.working import ANY_OWNER, queued_payload, runs_ended
 
+# A batch fired ahead whose time the database's clock has not reached when the node's clock says it has
+# (the node follows the database's clock as measured; a measurement can be off) asks again after this.
+FIRE_AHEAD_RECHECK_SEC = 0.002
 MIN_START_DEADLINE = timedelta(seconds=1)  # the smallest startDeadlineSec a job may have
 TriggerKey = tuple[int, datetime, uuid.UUID]  # (partition_id, fire_at, trigger_id): the primary key
 # partition -> (how many triggers, the sum of their fire times in microseconds since the epoch)
@@ -52,6 +57,7 @@ class DueTrigger:
     slots_fired: int = 0  # its slots recorded so far, counted for max_runs
     owner: str | None = None
     exclude_calendars: Sequence[str] | None = None  # names of the owner's calendars
+    concurrency: str | None = None  # the job's concurrency policy; None: not read (a retry trigger)
 
     @property
     def remaining_runs(self) -> int | None:
@@ -202,6 +208,52 @@ class SchedulerStore:
 
     async def fire(self, leases: Mapping[int, int], fires: Sequence[Fire], fired_at: datetime) -> FireResult:
         """Fire one batch in one transaction, fenced by this node's lease tokens."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await self._fire_in(conn, leases, fires, fired_at, 0.0)
+            if row["replacing"]:
+                await _replace_active_runs(conn, fires, row["replacing"])
+            await self._notify_late_fires(conn, fires, fired_at)
+        return FireResult(row["leases_held"], row["fired"], row["enqueued"], row["too_early"])
+
+    async def fire_ahead(self, leases: Mapping[int, int], fires: Sequence[Fire], due_at: datetime,
+                         ahead_sec: float, until_due: Callable[[], Awaitable[None]]) -> FireResult | None:
+        """Fire a batch up to ``ahead_sec`` before ``due_at``, the latest fire time in it, and commit it
+        at that time: the statement's work is done before the second it is due, and what it writes is
+        seen by no one (workers, the API) until then. A job changed or deleted meanwhile, or a lease
+        lost, or a job's runs still active changed (those its concurrency policy decided by), rolls the
+        batch back (None): the caller fires it the ordinary way. Only for the triggers
+        ``firing.fires_ahead`` allows."""
+        partitions = sorted({f.trigger.partition_id for f in fires})
+        lease_ids = [p for p in partitions if p in leases]
+        jobs = {f.trigger.job_id: f.trigger.job_version for f in fires}
+        async with self._pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            try:
+                row = await self._fire_in(conn, leases, fires, due_at, ahead_sec)
+                await until_due()
+                give_up = time.monotonic() + ahead_sec
+                while True:
+                    confirmed = one_row(await conn.fetchrow(
+                        sql("confirm_fire_ahead"), due_at, lease_ids, [leases[p] for p in lease_ids],
+                        self.node_id, list(jobs), list(jobs.values()), row["decided_jobs"] or [],
+                        row["decided_running"] or [], row["decided_held"] or []))
+                    if confirmed["due"] or time.monotonic() > give_up:
+                        break
+                    await asyncio.sleep(FIRE_AHEAD_RECHECK_SEC)
+                if not (confirmed["due"] and confirmed["leases_held"] and confirmed["jobs_unchanged"]
+                        and confirmed["policies_unchanged"]) or row["replacing"]:
+                    await tx.rollback()
+                    return None
+            except BaseException:
+                await tx.rollback()
+                raise
+            await tx.commit()
+        return FireResult(row["leases_held"], row["fired"], row["enqueued"], row["too_early"])
+
+    async def _fire_in(self, conn: Conn, leases: Mapping[int, int], fires: Sequence[Fire], fired_at: datetime,
+                       ahead_sec: float) -> Row:
+        """The fire statement, and the queue's NOTIFY (sent at the transaction's commit)."""
         partitions = {f.trigger.partition_id for f in fires}
         lease_ids = [p for p in partitions if p in leases]
         triggers: list[list[Any]] = [[] for _ in range(10)]
@@ -215,17 +267,13 @@ class SchedulerStore:
                 _append(slots, (index, s.run_id, s.scheduled_at, s.trigger, s.outcome, s.reason))
             if t.max_runs is not None and f.slots:
                 _append(counted, (t.job_id, len(f.slots)))
-        async with self._pool.acquire() as conn, conn.transaction():
-            row = one_row(await conn.fetchrow(
-                sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *triggers, *slots,
-                fired_at, *counted,
-            ))
-            if row["enqueued"]:
-                await conn.execute(sql("notify_queue"), queued_payload(f.trigger.owner for f in fires))
-            if row["replacing"]:
-                await _replace_active_runs(conn, fires, row["replacing"])
-            await self._notify_late_fires(conn, fires, fired_at)
-        return FireResult(row["leases_held"], row["fired"], row["enqueued"], row["too_early"])
+        row = one_row(await conn.fetchrow(
+            sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *triggers, *slots,
+            fired_at, *counted, ahead_sec,
+        ))
+        if row["enqueued"]:
+            await conn.execute(sql("notify_queue"), queued_payload(f.trigger.owner for f in fires))
+        return row
 
     async def _notify_late_fires(self, conn: Conn, fires: Sequence[Fire], fired_at: datetime) -> None:
         """A run created later than its job's start deadline has missed its start, however soon a

@@ -50,14 +50,14 @@ RETURNING l.partition_id, l.token;
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
        j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
-       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars
+       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars, j.concurrency
 FROM triggers t
 LEFT JOIN LATERAL (
     SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
            j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
            CASE WHEN j.max_runs IS NOT NULL  -- counted only for the jobs with a run cap
                THEN (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) END AS slots_fired,
-           j.owner, j.exclude_calendars
+           j.owner, j.exclude_calendars, j.concurrency
     FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
     LIMIT 1
 ) j ON true
@@ -87,7 +87,7 @@ GROUP BY partition_id;
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
        j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
-       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars
+       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars, j.concurrency
 FROM unnest($1::smallint[], $2::timestamptz[], $3::uuid[]) AS k(partition_id, fire_at, trigger_id)
 JOIN triggers t ON t.partition_id = k.partition_id AND t.fire_at = k.fire_at AND t.trigger_id = k.trigger_id
 LEFT JOIN LATERAL (  -- by key, as in scan_due_triggers
@@ -95,7 +95,7 @@ LEFT JOIN LATERAL (  -- by key, as in scan_due_triggers
            j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
            CASE WHEN j.max_runs IS NOT NULL  -- counted only for the jobs with a run cap
                THEN (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) END AS slots_fired,
-           j.owner, j.exclude_calendars
+           j.owner, j.exclude_calendars, j.concurrency
     FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
     LIMIT 1
 ) j ON true;
@@ -121,8 +121,10 @@ WITH lease AS (
     FOR KEY SHARE OF l
 ),
 -- The database's clock says whether a trigger's time has come: a node whose clock runs ahead
--- fires nothing early; what it sent too soon stays for its next scan, and is counted.
-moment AS MATERIALIZED (SELECT clock_timestamp() AS now),
+-- fires nothing early; what it sent too soon stays for its next scan, and is counted. $23: how far
+-- ahead of its time a batch fired ahead may be (0 otherwise); its transaction commits only once
+-- confirm_fire_ahead finds the time come, so nothing it writes is seen before then.
+moment AS MATERIALIZED (SELECT clock_timestamp() + make_interval(secs => $23::float8) AS now),
 batch AS (
     SELECT d.*
     FROM unnest($4::integer[], $5::smallint[], $6::timestamptz[], $7::uuid[], $8::uuid[], $9::integer[],
@@ -250,7 +252,46 @@ SELECT (SELECT count(*) FROM lease) AS leases_held,
        (SELECT count(*) FROM batch WHERE fire_at > (SELECT now FROM moment)) AS too_early,
        -- The new runs of replace jobs that found runs still active, for replace_active_runs: NULL
        -- (no second statement) unless a replace job had an active run.
-       (SELECT array_agg(run_id) FROM admitted WHERE concurrency = 'replace' AND replacing) AS replacing;
+       (SELECT array_agg(run_id) FROM admitted WHERE concurrency = 'replace' AND replacing) AS replacing,
+       -- The runs still active that skip and queue decided by, per job: a batch fired ahead checks
+       -- them again at its time (confirm_fire_ahead).
+       (SELECT array_agg(job_id ORDER BY job_id) FROM (SELECT DISTINCT job_id FROM decided WHERE concurrency <> 'allow') d)
+           AS decided_jobs,
+       (SELECT array_agg(running ORDER BY job_id)
+        FROM (SELECT DISTINCT job_id, running FROM decided WHERE concurrency <> 'allow') d) AS decided_running,
+       (SELECT array_agg(held_before ORDER BY job_id)
+        FROM (SELECT DISTINCT job_id, held_before FROM decided WHERE concurrency <> 'allow') d) AS decided_held;
+
+-- name: confirm_fire_ahead
+-- A batch fired ahead of its time ($1, the latest fire time in it), just before its transaction
+-- commits: whether that time has come by the database's clock, whether this node ($4) still holds
+-- every partition of the batch ($2, with the lease tokens $3), and whether every job of the batch
+-- ($5, at the versions $6) is still there, unpaused and unchanged, and whether the runs still active
+-- that skip and queue decided by are the same. Anything else and the batch is
+-- rolled back and fired again the ordinary way, as it would have been at its time. clock_timestamp(),
+-- not now(): now() is when the transaction began, ahead of the batch's time.
+SELECT clock_timestamp() >= $1::timestamptz AS due,
+       (SELECT count(*) FROM partition_leases l
+        JOIN unnest($2::smallint[], $3::bigint[]) AS held(partition_id, token)
+          ON l.partition_id = held.partition_id AND l.token = held.token
+        WHERE l.partition_id = ANY($2::smallint[]) AND l.owner = $4 AND l.expires_at > clock_timestamp())
+           = cardinality($2::smallint[]) AS leases_held,
+       NOT EXISTS (
+           SELECT 1 FROM unnest($5::uuid[], $6::integer[]) AS f(job_id, version)
+           LEFT JOIN jobs j ON j.job_id = f.job_id
+           WHERE j.job_id IS NULL OR j.version <> f.version OR j.paused
+       ) AS jobs_unchanged,
+       -- $7..$9: the jobs whose policy (skip, queue) decided by their runs still active, and how many
+       -- were running and held then. The same counts now, leaving out the rows this transaction wrote
+       -- (xmin), or the batch decided by a past that is gone: a run ended, or one began, meanwhile.
+       NOT EXISTS (
+           SELECT 1 FROM unnest($7::uuid[], $8::bigint[], $9::bigint[]) AS d(job_id, running, held)
+           CROSS JOIN LATERAL (
+               SELECT count(*) FILTER (WHERE NOT a.held) AS running, count(*) FILTER (WHERE a.held) AS held
+               FROM active_runs a WHERE a.job_id = d.job_id AND a.xmin <> xid(pg_current_xact_id())
+           ) active
+           WHERE active.running <> d.running OR active.held <> d.held
+       ) AS policies_unchanged;
 
 -- name: replace_active_runs
 -- concurrency replace: the new runs $1 (of jobs $2) end their jobs' other unfinished runs, each
