@@ -208,6 +208,7 @@ class SchedulerNode:
             added += self._hold(trigger)
         self._held_until = until
         if added:
+            self._ahead_declined = float("-inf")  # an instant found too small may have grown
             self._wake.set()
 
     def _set_aside(self, trigger: DueTrigger, exc: Exception) -> None:
