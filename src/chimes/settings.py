@@ -34,6 +34,9 @@ PARTITION_LEASE_TTL_SEC = 5.0
 RETENTION_DAYS = 30
 #: Seconds late after which a slot counts as missed and follows its job's catch-up policy (--missed-after).
 MISSED_AFTER_SEC = 60.0
+# A scheduler node fires an instant of many triggers up to this long before it, committed at it
+# (chimes.scheduler.node.SchedulerConfig.fire_ahead_sec; 0: every instant fires at its time).
+FIRE_AHEAD_SEC = 1.0
 #: Hours after which a notification its webhook never accepted is dead-lettered (--notify-give-up-hours).
 NOTIFY_GIVE_UP_HOURS = 24.0
 

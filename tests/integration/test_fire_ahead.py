@@ -57,6 +57,14 @@ async def an_active_run(pool: asyncpg.Pool, job_id: uuid.UUID) -> uuid.UUID:
     return run_id
 
 
+async def batches_waiting(pool: asyncpg.Pool) -> int:
+    """Batches whose fire statement has run and whose transaction waits for the instant: the queue's
+    NOTIFY is the last statement a batch sends before it waits."""
+    return int(await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' "
+        "AND query LIKE '%pg_notify(''chimes_run_queue''%'"))
+
+
 @asynccontextmanager
 async def running(pool: asyncpg.Pool, config: SchedulerConfig) -> AsyncIterator[SchedulerNode]:
     node = SchedulerNode(pool, config, node_id="node-ahead")
@@ -83,7 +91,10 @@ async def test_a_burst_fired_ahead_is_seen_from_its_instant_on(
 
     async with running(pool, AHEAD) as node:
         # three batches of five, all written and waiting for the instant
-        await wait_for(lambda: node._ahead_in_flight == 3, timeout=10, what="the batches fired ahead")
+        async def all_waiting() -> bool:
+            return await batches_waiting(pool) == 3
+
+        await wait_for(all_waiting, timeout=10, what="the batches fired ahead")
         assert await pool.fetchval("SELECT clock_timestamp()") < instant
         await wait_for(all_there, timeout=10, what="the burst's runs")
         before = [runs for now, runs in seen if now < instant]
@@ -106,7 +117,8 @@ async def test_a_job_paused_while_its_batch_waits_gets_no_run(
     jobs = await one_offs(client, target, instant, 8)
     paused = jobs[0]
     async with running(pool, replace(AHEAD, fire_ahead_batch_size=100)) as node:
-        await wait_for(lambda: node._ahead_in_flight == 1, timeout=10, what="the batch fired ahead")
+        # the statement has decided, ahead of the instant, before anything changes
+        await wait_for(lambda: batches_waiting(pool), timeout=10, what="the batch fired ahead")
         # A change that leaves the job's trigger alone (the API's own edits rewrite it, and wait for
         # the batch): the batch's check at its instant is all that can see it.
         await pool.execute("UPDATE jobs SET paused = true WHERE job_id = $1", paused)
@@ -145,7 +157,8 @@ async def test_a_skip_job_whose_active_run_ends_while_its_batch_waits_runs(
     busy = jobs[0]
     previous = await an_active_run(pool, busy)
     async with running(pool, replace(AHEAD, fire_ahead_batch_size=100)) as node:
-        await wait_for(lambda: node._ahead_in_flight == 1, timeout=10, what="the batch fired ahead")
+        # the statement has decided, ahead of the instant, before anything changes
+        await wait_for(lambda: batches_waiting(pool), timeout=10, what="the batch fired ahead")
         await pool.execute("WITH ended AS (UPDATE runs SET status = 'succeeded', finished_at = now() "
                            "WHERE run_id = $1 RETURNING run_id) "
                            "DELETE FROM active_runs a USING ended e WHERE a.run_id = e.run_id", previous)  # it ended

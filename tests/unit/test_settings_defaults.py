@@ -36,6 +36,7 @@ def test_the_role_options_show_the_settings_defaults() -> None:
     assert scheduler["retention_days"] == settings.RETENTION_DAYS
     assert scheduler["missed_after"] == settings.MISSED_AFTER_SEC
     assert scheduler["notify_give_up_hours"] == settings.NOTIFY_GIVE_UP_HOURS
+    assert scheduler["fire_ahead"] == settings.FIRE_AHEAD_SEC
     assert worker["lease_sec"] == settings.RUN_LEASE_SEC
     assert worker["shutdown_grace"] == settings.SHUTDOWN_GRACE_SEC
     assert worker["container_runtime"] == settings.CONTAINER_RUNTIME

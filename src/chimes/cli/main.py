@@ -26,6 +26,7 @@ from chimes.cli.security_options import (
 )
 from chimes.settings import (
     CONTAINER_RUNTIME,
+    FIRE_AHEAD_SEC,
     MISSED_AFTER_SEC,
     NOTIFY_GIVE_UP_HOURS,
     PARTITION_LEASE_TTL_SEC,
@@ -151,18 +152,23 @@ def api(database_url: str | None, data_dir: Path, host: str, port: int, **securi
               default=NOTIFY_GIVE_UP_HOURS,
               show_default=True, type=click.FloatRange(0.01, 24 * 365),
               help="A notification its webhook has not accepted this long after it was queued is dead-lettered.")
+@click.option("--fire-ahead", envvar="CHIMES_FIRE_AHEAD_SEC", show_envvar=True, default=FIRE_AHEAD_SEC,
+              show_default=True, type=click.FloatRange(0, 2),
+              help="Seconds before an instant of 500 triggers or more its fire may begin (committed at the "
+                   "instant; at most half of --lease-ttl). 0: every instant fires at its time.")
 @worker_security_options  # a node sends the failure webhooks: the same egress policy, signed with the key
 @egress_loopback_option(default=False)
 @key_file_option
 def scheduler(database_url: str | None, data_dir: Path, node_id: str | None, lease_ttl: float, retention_days: int,
-              missed_after: float, notify_give_up_hours: float, **security: Any) -> None:
+              missed_after: float, notify_give_up_hours: float, fire_ahead: float, **security: Any) -> None:
     """A scheduler node: leases a fair share of the 1,024 trigger partitions and fires their runs."""
     from chimes.cli.roles import run_scheduler
 
     outgoing = worker_security(data_dir, security)
     with db.database_url(settings_from(database_url, data_dir)) as dsn:
         run_async(lambda: run_scheduler(dsn, node_id, lease_ttl, retention_days, missed_after, outgoing,
-                                                notify_give_up_sec=notify_give_up_hours * 3600))
+                                                notify_give_up_sec=notify_give_up_hours * 3600,
+                                                fire_ahead_sec=fire_ahead))
 
 
 @cli.command()

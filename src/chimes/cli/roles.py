@@ -23,7 +23,14 @@ from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode, new_node_id
 from chimes.security.secrets import Keyring, SecretKeyError
 from chimes.services.owners import SigningSecrets, check_secret_key
-from chimes.settings import CONTAINER_RUNTIME, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS, Settings
+from chimes.settings import (
+    CONTAINER_RUNTIME,
+    FIRE_AHEAD_SEC,
+    MISSED_AFTER_SEC,
+    NOTIFY_GIVE_UP_HOURS,
+    RETENTION_DAYS,
+    Settings,
+)
 from chimes.store import db, tokens
 from chimes.store.cap_slots import CapSlots
 from chimes.store.shards import ShardMap
@@ -182,7 +189,8 @@ async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) 
 
 async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retention_days: int = RETENTION_DAYS,
                         missed_after: float = MISSED_AFTER_SEC, outgoing: WorkerSecurity | None = None, *,
-                        notify_give_up_sec: float = NOTIFY_GIVE_UP_HOURS * 3600) -> None:
+                        notify_give_up_sec: float = NOTIFY_GIVE_UP_HOURS * 3600,
+                        fire_ahead_sec: float = FIRE_AHEAD_SEC) -> None:
     shard_map = await prepare_role_database(dsn)
     # A node stalled inside a fire holds its lease rows: no takeover until the session ends.
     settings = db.lock_holding_limit(lease_ttl)
@@ -195,8 +203,10 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
         await pool.close()
         raise
     lease = LeaseConfig(ttl_sec=lease_ttl, renew_every_sec=min(1.0, lease_ttl / 4))
+    # A batch fired ahead is idle inside its transaction until its instant: well inside the session's
+    # limit (lock_holding_limit), which ends it after the lease's time.
     config = SchedulerConfig(lease=lease, retention_days=retention_days, missed_after_sec=missed_after,
-                             notify_give_up_sec=notify_give_up_sec)
+                             notify_give_up_sec=notify_give_up_sec, fire_ahead_sec=min(fire_ahead_sec, lease_ttl / 2))
     # One id for the process on every home, so the fleet page sees one node serving every shard.
     node_id = node_id or new_node_id()
 

@@ -25,7 +25,7 @@ from chimes.scheduler.retention import Retention
 from chimes.scheduler.timer_wheel import TimerWheel
 from chimes.security.ssrf import EgressPolicy
 from chimes.services.owners import SigningSecrets
-from chimes.settings import MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS
+from chimes.settings import FIRE_AHEAD_SEC, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS
 from chimes.store.db import DB_ERRORS, Pool, describe
 from chimes.store.migrate import ensure_run_partitions
 from chimes.store.scheduling import DueTrigger, Fire, FireResult, SchedulerStore
@@ -48,7 +48,7 @@ class SchedulerConfig:
     # batches of up to fire_ahead_batch_size, fire_ahead_concurrency at once, each committed at the
     # instant (SchedulerStore.fire_ahead): a burst's runs are there at its second, not written after
     # it. Only the triggers firing.fires_ahead allows; the others of the instant fire at it. 0: off.
-    fire_ahead_sec: float = 1.0
+    fire_ahead_sec: float = FIRE_AHEAD_SEC
     fire_ahead_min: int = 500
     fire_ahead_batch_size: int = 5000
     fire_ahead_concurrency: int = 4
