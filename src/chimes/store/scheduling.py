@@ -223,8 +223,7 @@ class SchedulerStore:
         lost, or a job's runs still active changed (those its concurrency policy decided by), rolls the
         batch back (None): the caller fires it the ordinary way. Only for the triggers
         ``firing.fires_ahead`` allows."""
-        partitions = sorted({f.trigger.partition_id for f in fires})
-        lease_ids = [p for p in partitions if p in leases]
+        lease_ids = _held_partitions(leases, fires)
         jobs = {f.trigger.job_id: f.trigger.job_version for f in fires}
         async with self._pool.acquire() as conn:
             tx = conn.transaction()
@@ -254,8 +253,7 @@ class SchedulerStore:
     async def _fire_in(self, conn: Conn, leases: Mapping[int, int], fires: Sequence[Fire], fired_at: datetime,
                        ahead_sec: float) -> Row:
         """The fire statement, and the queue's NOTIFY (sent at the transaction's commit)."""
-        partitions = {f.trigger.partition_id for f in fires}
-        lease_ids = [p for p in partitions if p in leases]
+        lease_ids = _held_partitions(leases, fires)
         triggers: list[list[Any]] = [[] for _ in range(10)]
         slots: list[list[Any]] = [[] for _ in range(6)]
         counted: list[list[Any]] = [[], []]  # the jobs with a run cap, and how many slots this batch records
@@ -340,6 +338,12 @@ def late_slots(fires: Sequence[Fire], fired_at: datetime) -> list[Slot]:
         allowed = MIN_START_DEADLINE if deadline is None else timedelta(seconds=deadline + f.trigger.jitter_sec)
         late += [s for s in f.slots if s.outcome != "skip" and fired_at - s.scheduled_at > allowed]
     return late
+
+
+def _held_partitions(leases: Mapping[int, int], fires: Sequence[Fire]) -> list[int]:
+    """The partitions of a batch whose lease the node holds, as the fire statement and its
+    confirmation name them."""
+    return [p for p in {f.trigger.partition_id for f in fires} if p in leases]
 
 
 def _append(columns: list[list[Any]], values: tuple[Any, ...]) -> None:

@@ -228,6 +228,11 @@ activated AS (
     SELECT job_id, run_id, scheduled_at, decision = 'hold' FROM admitted WHERE concurrency <> 'allow'
     ON CONFLICT DO NOTHING
 ),
+-- Per job, what skip and queue decided by; read only by a batch fired ahead ($23 > 0). One row a job:
+-- its slots share the counts.
+decided_by_active AS MATERIALIZED (
+    SELECT DISTINCT job_id, running, held_before FROM decided WHERE concurrency <> 'allow' AND $23::float8 > 0
+),
 retried AS (
     SELECT r.run_id, r.scheduled_at, r.job_id, r.priority
     FROM fired f JOIN runs r ON r.run_id = f.run_id AND r.scheduled_at = f.scheduled_at
@@ -253,14 +258,11 @@ SELECT (SELECT count(*) FROM lease) AS leases_held,
        -- The new runs of replace jobs that found runs still active, for replace_active_runs: NULL
        -- (no second statement) unless a replace job had an active run.
        (SELECT array_agg(run_id) FROM admitted WHERE concurrency = 'replace' AND replacing) AS replacing,
-       -- The runs still active that skip and queue decided by, per job: a batch fired ahead checks
-       -- them again at its time (confirm_fire_ahead).
-       (SELECT array_agg(job_id ORDER BY job_id) FROM (SELECT DISTINCT job_id FROM decided WHERE concurrency <> 'allow') d)
-           AS decided_jobs,
-       (SELECT array_agg(running ORDER BY job_id)
-        FROM (SELECT DISTINCT job_id, running FROM decided WHERE concurrency <> 'allow') d) AS decided_running,
-       (SELECT array_agg(held_before ORDER BY job_id)
-        FROM (SELECT DISTINCT job_id, held_before FROM decided WHERE concurrency <> 'allow') d) AS decided_held;
+       -- The runs still active that skip and queue decided by, per job, for a batch fired ahead to
+       -- check again at its time (confirm_fire_ahead).
+       (SELECT array_agg(job_id ORDER BY job_id) FROM decided_by_active) AS decided_jobs,
+       (SELECT array_agg(running ORDER BY job_id) FROM decided_by_active) AS decided_running,
+       (SELECT array_agg(held_before ORDER BY job_id) FROM decided_by_active) AS decided_held;
 
 -- name: confirm_fire_ahead
 -- A batch fired ahead of its time ($1, the latest fire time in it), just before its transaction
