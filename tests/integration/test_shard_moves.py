@@ -127,6 +127,25 @@ async def test_a_router_on_the_old_map_is_refused_by_the_source_and_writes_on_th
     assert (await stale_api.get(f"/jobs/{renamed}")).json()["name"] == "renamed"
 
 
+async def test_a_router_on_the_old_map_reads_a_moved_job_from_the_target(
+    stale_api: httpx.AsyncClient, database_url: str, shard_url: str
+) -> None:
+    (job_id,) = await jobs_in_range(stale_api, 1)
+    async with mover_at(database_url, shard_url) as moving:
+        await moving
+    assert await job_ids(database_url) == set()  # the source's copy is gone: only the target has the job
+    # This API still has the map it read at start; its first request after the move is a read, which
+    # the source answers "not found": the API reads the map again and asks the target.
+    found = await stale_api.get(f"/jobs/{job_id}")
+    assert found.status_code == 200, found.text
+    assert found.json()["jobId"] == str(job_id)
+    runs = await stale_api.get(f"/jobs/{job_id}/runs")
+    assert runs.status_code == 200, runs.text
+    # A job that is nowhere is still not found, with the map unchanged.
+    missing = await stale_api.get(f"/jobs/{uuid.uuid4()}")
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found", missing.text
+
+
 async def test_a_fenced_source_refuses_job_writes_and_the_api_waits_for_the_cut_over(
     stale_api: httpx.AsyncClient, database_url: str, shard_url: str
 ) -> None:

@@ -27,7 +27,7 @@ from chimes.api import (
     whoami,
 )
 from chimes.api.limits import BodySizeLimit, LimitSettings, RequestLimits
-from chimes.api.moved import ReplayMovedWrites
+from chimes.api.moved import ReplayMovedRequests
 from chimes.api.responses import JSONResponse
 from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.security.refusals import Refused
@@ -128,7 +128,7 @@ def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 
         return Response(body, media_type=content_type)
 
     dashboard.install(app)
-    app.add_middleware(ReplayMovedWrites)  # inside the body limit: it keeps a body that was let through
+    app.add_middleware(ReplayMovedRequests)  # inside the body limit: it keeps a body that was let through
     app.add_middleware(BodySizeLimit, max_bytes=limits.max_body_bytes if max_body_bytes is None else max_body_bytes)
     app.add_middleware(RequestLimits, settings=limits)
     app.add_middleware(standby.StandbyReads)  # inside the deadline: a read from the standby is bounded too

@@ -1,10 +1,17 @@
-"""Writes that meet a partition being moved (docs/scaling.md, "Moving partitions").
+"""Requests that meet a partition being moved, or moved a moment ago (docs/scaling.md, "Moving
+partitions").
 
 A job's database refuses a write to a partition it is giving away, or has given away (SQLSTATE CH001:
 the move's fence, or the catalog's). The request changed nothing, so it can be made again: this
 middleware reads the shard map again and replays the request (its body is kept) until the write
 lands where the job lives, for up to ``seconds``: a move's cut-over is a pause for the writer, not an
 error. Past that, 503 ``partition_moving`` with Retry-After.
+
+Reads are not fenced, and the source deletes its copies once the range is cut over: a process still
+on the old map (it reads the map every second) would answer 404 for a job that only moved. A 404 is
+therefore held back while the map's version is read again (one primary-key read): when the map
+changed, the request is made again on the new one; when not, the 404 is what it said. Nothing
+changed for it: a 404 is an answer about a job or run its database does not have.
 """
 
 from __future__ import annotations
@@ -17,48 +24,84 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chimes.api.errors import error_body
 from chimes.api.responses import JSONResponse
-from chimes.store.shards import partition_moved
+from chimes.store import db
+from chimes.store.shards import ShardPools, partition_moved
 
 log = logging.getLogger(__name__)
 
-READS = frozenset({"GET", "HEAD", "OPTIONS"})
+NOT_FOUND = 404
 
 
-class ReplayMovedWrites:
+class ReplayMovedRequests:
     def __init__(self, app: ASGIApp, seconds: float = 10.0, pause_sec: float = 0.05) -> None:
         self.app, self.seconds, self.pause_sec = app, seconds, pause_sec
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in READS:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        shards: ShardPools = scope["app"].state.shards
+        # Served from a standby, the catalog is unreachable: its map cannot be read again.
+        hold = not scope.get("state", {}).get("standby")
         body = await _whole_body(receive)
         deadline = time.monotonic() + self.seconds
         while True:
-            started = False
-
-            async def noting_start(message: Message) -> None:
-                nonlocal started
-                started = started or message["type"] == "http.response.start"
-                await send(message)
-
+            response = _HeldNotFound(send, hold=hold)
             try:
-                await self.app(scope, _replay(body, receive), noting_start)
-                return
+                await self.app(scope, _replay(body, receive), response.send)
             except Exception as exc:
-                if started or not partition_moved(exc):
+                if response.started or not partition_moved(exc):
                     raise
                 log.info("%s %s: the job's partition is moving; reading the shard map again",
                          scope["method"], scope["path"])
-            await scope["app"].state.shards.refresh()
+            else:
+                if not response.held or not await _map_changed(shards):
+                    await response.release()
+                    return
+                log.info("%s %s: not found on the old shard map; made again on the new one",
+                         scope["method"], scope["path"])
+                continue
+            await shards.refresh()
             if time.monotonic() > deadline:
-                response = JSONResponse(
+                refused = JSONResponse(
                     error_body("partition_moving", f"the job's partitions are being moved to another database and "
                                f"the move had not cut over after {self.seconds:g} s; nothing was changed: retry"),
                     503, headers={"Retry-After": "1"})
-                await response(scope, receive, send)
+                await refused(scope, receive, send)
                 return
             await asyncio.sleep(self.pause_sec)
+
+
+class _HeldNotFound:
+    """Passes a response through, except a 404 while ``hold``: kept until :meth:`release`."""
+
+    def __init__(self, send: Send, *, hold: bool) -> None:
+        self._send, self._hold = send, hold
+        self.started = False
+        self.held: list[Message] = []
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            if self._hold and message["status"] == NOT_FOUND:
+                self.held.append(message)
+                return
+        elif self.held:
+            self.held.append(message)
+            return
+        await self._send(message)
+
+    async def release(self) -> None:
+        for message in self.held:
+            await self._send(message)
+
+
+async def _map_changed(shards: ShardPools) -> bool:
+    try:
+        return await shards.refresh()
+    except Exception as exc:  # the catalog unreachable: the 404 stands, as the map is all there is
+        log.debug("could not read the shard map: %s", db.describe(exc))
+        return False
 
 
 async def _whole_body(receive: Receive) -> bytes:
