@@ -50,7 +50,7 @@ from chimes.worker.tasks.common import (
     rfc3339_utc,
     short_error,
 )
-from chimes.worker.tasks.curl import CurlError, CurlPool, Reply
+from chimes.worker.tasks.curl import CurlError, CurlPool, Reply, Transfer
 
 __all__ = ["HTTP_READ_LIMIT_BYTES", "MAX_OWNER_POOLS", "MAX_REDIRECTS", "OWNER_POOL_IDLE_SEC", "USER_AGENT",
            "HttpExecutor", "build_headers"]
@@ -259,8 +259,20 @@ class HttpExecutor:
 
     async def run(self, task: dict[str, Any], ctx: TaskContext) -> Outcome:
         """Perform the request; 2xx is success, everything else a failed outcome (never raises)."""
+        # One coroutine from here to the transfer (_send), not one per step: each layer is a frame
+        # made per run and walked again at every resume.
         try:
-            return await self._request(task, ctx)
+            user_headers = task.get("headers")
+            headers = build_headers(user_headers, ctx, lease_token=bool(task.get("callback")))
+            problem = _header_problem(headers, user_headers)
+            if problem is not None:  # refused by the API; a row written around it fails clearly
+                return Outcome.failure(short_error(problem))
+            self._close_idle_pools()
+            pool = self._acquire(ctx.owner)
+            try:
+                return await self._send(pool, task, ctx, headers)
+            finally:
+                self._release(pool)
         except asyncio.CancelledError:
             raise
         except TimeoutError:
@@ -269,19 +281,6 @@ class HttpExecutor:
             return Outcome.failure(_call_error(exc, ctx.timeout_sec))
         except Exception as exc:  # bad URL, unserialisable body, ...: a failed run, not a worker crash
             return Outcome.failure(short_error(f"{type(exc).__name__}: {exc}"))
-
-    async def _request(self, task: dict[str, Any], ctx: TaskContext) -> Outcome:
-        user_headers = task.get("headers")
-        headers = build_headers(user_headers, ctx, lease_token=bool(task.get("callback")))
-        problem = _header_problem(headers, user_headers)
-        if problem is not None:  # refused by the API; a row written around it fails clearly
-            return Outcome.failure(short_error(problem))
-        self._close_idle_pools()
-        pool = self._acquire(ctx.owner)
-        try:
-            return await self._send(pool, task, ctx, headers)
-        finally:
-            self._release(pool)
 
     async def _send(self, pool: CurlPool, task: dict[str, Any], ctx: TaskContext,
                     headers: CIMultiDict[str]) -> Outcome:
@@ -296,7 +295,7 @@ class HttpExecutor:
         deadline = time.monotonic() + ctx.timeout_sec  # every hop, connect, send and body read together
         for _ in range(MAX_REDIRECTS + 1):
             tail = OutputTail(OUTPUT_TAIL_BYTES)
-            reply = await self._call(pool, method, url, headers, data, tail, deadline)
+            reply = await pool.perform(self._transfer(pool, method, url, headers, data, tail, deadline))
             if reply.status not in _REDIRECT_STATUSES or not reply.redirect_url:
                 return _outcome(reply, tail, task, ctx)
             if URL(reply.redirect_url).scheme not in ("http", "https"):
@@ -315,9 +314,9 @@ class HttpExecutor:
             url = following
         return Outcome.failure(f"more than {MAX_REDIRECTS} redirects")
 
-    async def _call(self, pool: CurlPool, method: str, url: URL, headers: CIMultiDict[str], data: bytes | None,
-                    tail: OutputTail, deadline: float) -> Reply:
-        """One request; its body goes to ``tail``, up to :data:`HTTP_READ_LIMIT_BYTES`."""
+    def _transfer(self, pool: CurlPool, method: str, url: URL, headers: CIMultiDict[str], data: bytes | None,
+                  tail: OutputTail, deadline: float) -> Transfer:
+        """One request, ready to perform; its body goes to ``tail``, up to :data:`HTTP_READ_LIMIT_BYTES`."""
         host = url.raw_host or ""  # normalised by outgoing_url: the name libcurl resolves
         refusal = self._host_refusal(host)
         if refusal is not None:  # a denied name is not even looked up
@@ -336,7 +335,7 @@ class HttpExecutor:
         _set_method(curl, method, data)
         curl.setopt(pycurl.HTTPHEADER, _header_lines(headers))
         curl.setopt(pycurl.TIMEOUT_MS, max(1, math.ceil(remaining * 1000)))
-        return await pool.perform(transfer)
+        return transfer
 
     async def close(self) -> None:
         """Close every owner's pooled connections; a later ``run`` opens fresh pools."""
