@@ -22,6 +22,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from chimes.api import standby
 from chimes.api.errors import error_body
 from chimes.api.responses import JSONResponse
 from chimes.store import db
@@ -41,14 +42,15 @@ class ReplayMovedRequests:
             await self.app(scope, receive, send)
             return
         shards: ShardPools = scope["app"].state.shards
-        # Served from a standby, the catalog is unreachable: its map cannot be read again.
-        hold = not scope.get("state", {}).get("standby")
-        body = await _whole_body(receive)
+        # Served from a standby, or while the primary fails, the catalog's map cannot be read again: a
+        # 404 then goes out at once, not after the primary's timeout.
+        hold = not scope.get("state", {}).get("standby") and not standby.primary_failing()
+        body = _Body(receive)
         deadline = time.monotonic() + self.seconds
         while True:
             response = _HeldNotFound(send, hold=hold)
             try:
-                await self.app(scope, _replay(body, receive), response.send)
+                await self.app(scope, body.replay(), response.send)
             except Exception as exc:
                 if response.started or not partition_moved(exc):
                     raise
@@ -104,6 +106,31 @@ async def _map_changed(shards: ShardPools) -> bool:
         return False
 
 
+class _Body:
+    """The request's body, read from the client once, when the app first asks for it, and given again
+    to each replay. Not read before: a request whose app never reads its body (a GET) leaves it to
+    whoever calls this middleware again with the same ``receive`` (StandbyReads does, from the
+    standby), which would otherwise wait for a body already taken."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._body: bytes | None = None
+
+    def replay(self) -> Receive:
+        sent = False
+
+        async def replayed() -> Message:
+            nonlocal sent
+            if sent:
+                return await self._receive()  # after the body: the client's disconnect, when it comes
+            sent = True
+            if self._body is None:
+                self._body = await _whole_body(self._receive)
+            return {"type": "http.request", "body": self._body, "more_body": False}
+
+        return replayed
+
+
 async def _whole_body(receive: Receive) -> bytes:
     parts = []
     while True:
@@ -114,16 +141,3 @@ async def _whole_body(receive: Receive) -> bytes:
         if not message.get("more_body", False):
             break
     return b"".join(parts)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # after the body: the client's disconnect, when it comes
-
-    return replayed

@@ -83,6 +83,13 @@ def runs(request: Request) -> RunStore:
     return store
 
 
+def primary_failing() -> bool:
+    """Whether this process failed to reach a primary in the last few seconds: reads then go to the
+    standby at once, and nothing else waits on the primary that it can do without."""
+    going_on = outage.current()
+    return going_on is not None and time.monotonic() - going_on.last_failure < STRAIGHT_TO_STANDBY_SEC
+
+
 class StandbyReads:
     """ASGI middleware: a read that meets an unreachable primary is answered from the standby."""
 
@@ -94,8 +101,7 @@ class StandbyReads:
                 READ_PATHS):
             await self.app(scope, receive, send)
             return
-        going_on = outage.current()
-        if going_on is not None and time.monotonic() - going_on.last_failure < STRAIGHT_TO_STANDBY_SEC:
+        if primary_failing():
             if await self._from_standby(scope, receive, send):
                 return
         held: list[Message] = []
