@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import Message
+from starlette.types import ASGIApp, Message
 
 from chimes.api.moved import ReplayMovedRequests
 from chimes.store.shards import ShardMap, ShardPools
@@ -25,20 +25,30 @@ def scope_of(method: str) -> dict[str, Any]:
             "headers": [], "app": SimpleNamespace(state=SimpleNamespace(shards=shards))}
 
 
+def client_sending(*messages: Message) -> asyncio.Queue[Message]:
+    """The client's side of ``receive``: these messages, then nothing until it leaves."""
+    client: asyncio.Queue[Message] = asyncio.Queue()
+    for message in messages:
+        client.put_nowait(message)
+    return client
+
+
+async def call(middleware: ASGIApp, method: str, client: asyncio.Queue[Message], answers: list[Message]) -> None:
+    async def send(message: Message) -> None:
+        answers.append(message)
+
+    await asyncio.wait_for(middleware(scope_of(method), client.get, send), timeout=5)
+
+
 async def test_a_read_made_a_second_time_with_the_same_receive_is_answered_again() -> None:
     async def jobs(request: Request) -> JSONResponse:
         return JSONResponse({"method": request.method})
 
     middleware = ReplayMovedRequests(Starlette(routes=[Route("/jobs", jobs)]))
-    client: asyncio.Queue[Message] = asyncio.Queue()
-    await client.put({"type": "http.request", "body": b"", "more_body": False})  # then nothing until it leaves
+    client = client_sending({"type": "http.request", "body": b"", "more_body": False})
     answers: list[Message] = []
-
-    async def send(message: Message) -> None:
-        answers.append(message)
-
     for _ in range(2):  # the second as StandbyReads makes it, from the standby
-        await asyncio.wait_for(middleware(scope_of("GET"), client.get, send), timeout=5)
+        await call(middleware, "GET", client, answers)
     assert [m["status"] for m in answers if m["type"] == "http.response.start"] == [200, 200]
     assert [m["body"] for m in answers if m["type"] == "http.response.body" and m["body"]] == [b'{"method":"GET"}'] * 2
 
@@ -48,15 +58,10 @@ async def test_a_write_reads_its_body_once_and_gets_all_of_it() -> None:
         return JSONResponse({"body": (await request.body()).decode()})
 
     middleware = ReplayMovedRequests(Starlette(routes=[Route("/jobs", echo, methods=["POST"])]))
-    client: asyncio.Queue[Message] = asyncio.Queue()
-    await client.put({"type": "http.request", "body": b'{"name":', "more_body": True})
-    await client.put({"type": "http.request", "body": b'"a"}', "more_body": False})
+    client = client_sending({"type": "http.request", "body": b'{"name":', "more_body": True},
+                            {"type": "http.request", "body": b'"a"}', "more_body": False})
     answers: list[Message] = []
-
-    async def send(message: Message) -> None:
-        answers.append(message)
-
-    await asyncio.wait_for(middleware(scope_of("POST"), client.get, send), timeout=5)
+    await call(middleware, "POST", client, answers)
     body = b"".join(m["body"] for m in answers if m["type"] == "http.response.body")
     assert body == b'{"body":"{\\"name\\":\\"a\\"}"}'
     assert client.empty()

@@ -37,11 +37,20 @@ async def follow_map(shards: ShardPools, every_sec: float = MAP_FOLLOW_SEC) -> N
     process would create in the shard's partitions (``create_routed``)."""
     while True:
         await asyncio.sleep(every_sec)
-        try:
-            if await shards.refresh():
-                log.info("shard map version %d: %d ranges", shards.map.version, len(shards.map.ranges))
-        except Exception as exc:  # the catalog unreachable: the requests say so; try again next time
-            log.debug("could not read the shard map: %s", db.describe(exc))
+        await read_map_again(shards)
+
+
+async def read_map_again(shards: ShardPools) -> bool:
+    """Read the map's version, and the map when it changed: True then. The catalog unreachable: False
+    (the requests say so; the map is read again next time)."""
+    try:
+        changed = await shards.refresh()
+    except Exception as exc:
+        log.debug("could not read the shard map: %s", db.describe(exc))
+        return False
+    if changed:
+        log.info("shard map version %d: %d ranges", shards.map.version, len(shards.map.ranges))
+    return changed
 
 
 def _services(request: Request, pool: Pool) -> tuple[JobService, RunStore]:

@@ -22,10 +22,9 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from chimes.api import standby
+from chimes.api import homes, standby
 from chimes.api.errors import error_body
 from chimes.api.responses import JSONResponse
-from chimes.store import db
 from chimes.store.shards import ShardPools, partition_moved
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,7 @@ class ReplayMovedRequests:
         shards: ShardPools = scope["app"].state.shards
         # Served from a standby, or while the primary fails, the catalog's map cannot be read again: a
         # 404 then goes out at once, not after the primary's timeout.
-        hold = not scope.get("state", {}).get("standby") and not standby.primary_failing()
+        hold = not standby.scope_from_standby(scope) and not standby.primary_failing()
         body = _Body(receive)
         deadline = time.monotonic() + self.seconds
         while True:
@@ -57,7 +56,7 @@ class ReplayMovedRequests:
                 log.info("%s %s: the job's partition is moving; reading the shard map again",
                          scope["method"], scope["path"])
             else:
-                if not response.held or not await _map_changed(shards):
+                if not response.held or not await homes.read_map_again(shards):
                     await response.release()
                     return
                 log.info("%s %s: not found on the old shard map; made again on the new one",
@@ -96,14 +95,6 @@ class _HeldNotFound:
     async def release(self) -> None:
         for message in self.held:
             await self._send(message)
-
-
-async def _map_changed(shards: ShardPools) -> bool:
-    try:
-        return await shards.refresh()
-    except Exception as exc:  # the catalog unreachable: the 404 stands, as the map is all there is
-        log.debug("could not read the shard map: %s", db.describe(exc))
-        return False
 
 
 class _Body:

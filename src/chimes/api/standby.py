@@ -65,7 +65,12 @@ class Standby:
 
 
 def reading_from_standby(request: Request) -> bool:
-    return bool(request.scope.get("state", {}).get("standby"))
+    return scope_from_standby(request.scope)
+
+
+def scope_from_standby(scope: Scope) -> bool:
+    """Whether the request of ``scope`` is served from the standby (StandbyReads marks it so)."""
+    return bool(scope.get("state", {}).get("standby"))
 
 
 def pool(request: Request) -> Any:
