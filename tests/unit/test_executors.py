@@ -322,6 +322,28 @@ async def test_http_timeout(server: Server, http: HttpExecutor) -> None:
     assert len(server.requests) == 1
 
 
+@pytest.mark.parametrize("first_sec, second_sec", [(2.0, 0.3), (0.3, 2.0)])
+async def test_http_timeouts_of_calls_in_flight_together_each_end_their_own_call(
+        server: Server, http: HttpExecutor, first_sec: float, second_sec: float) -> None:
+    """The pool keeps one timer for libcurl's next timeout: a later one must not delay an earlier one
+    (the short call started second ends long before the long call's time), and an earlier one that
+    fires first must leave the longer call its own (a timer lost leaves that call hanging)."""
+    loop = asyncio.get_running_loop()
+
+    async def hanging_call(timeout_sec: float) -> tuple[Outcome, float]:
+        started = loop.time()
+        outcome = await http.run({"type": "http", "url": f"{server.base}/hang"}, make_ctx(timeout_sec=timeout_sec))
+        return outcome, loop.time() - started
+
+    first = asyncio.ensure_future(hanging_call(first_sec))
+    await wait_for(lambda: len(server.requests) == 1, timeout=5.0, what="the first call to arrive")
+    second = asyncio.ensure_future(hanging_call(second_sec))
+    for call, timeout_sec in ((first, first_sec), (second, second_sec)):
+        outcome, elapsed = await asyncio.wait_for(call, timeout=10)
+        assert outcome.error == f"timed out after {timeout_sec:g}s"
+        assert timeout_sec - 0.1 <= elapsed < timeout_sec + 1.5
+
+
 async def test_http_connection_refused(http: HttpExecutor) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -256,6 +256,7 @@ class CurlPool:
             _EpollWatch(self._loop, self._socket_ready, self._after_ready) if own_epoll and _EPOLL_EVENTS
             else _LoopWatch(self._loop, self._act))
         self._timer: asyncio.Handle | None = None
+        self._timer_due = 0.0  # the loop's time the timer is due at
         self._idle: list[Transfer] = []
         self._active: dict[pycurl.Curl, Transfer] = {}
         self._opened: list[socket.socket] = []
@@ -312,13 +313,23 @@ class CurlPool:
             self._watch.want(fd, what)
 
     def _on_timer(self, timeout_ms: int) -> None:
+        """libcurl's next timeout (-1: none). A handle already due no later is kept: libcurl asks twice a
+        call (at once when a call is added, then its timeout), and making and cancelling a handle each
+        time cost more than the rest of the timer's work (docs/benchmarks.md). One that fires early is
+        harmless: told of a timeout, libcurl does what is due and names its next timeout again, even an
+        unchanged one. Nor is one left when libcurl needs none: it then finds nothing to do."""
+        if timeout_ms < 0:
+            return
+        due = self._loop.time() + timeout_ms / 1000
         if self._timer is not None:
+            if self._timer_due <= due:
+                return
             self._timer.cancel()
-            self._timer = None
+        self._timer_due = due
         if timeout_ms == 0:
             self._timer = self._loop.call_soon(self._act, pycurl.SOCKET_TIMEOUT, 0)
-        elif timeout_ms > 0:
-            self._timer = self._loop.call_later(timeout_ms / 1000, self._act, pycurl.SOCKET_TIMEOUT, 0)
+        else:
+            self._timer = self._loop.call_at(due, self._act, pycurl.SOCKET_TIMEOUT, 0)
 
     def _act(self, fd: int, events: int) -> None:
         if self.closed:
