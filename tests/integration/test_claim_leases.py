@@ -13,9 +13,10 @@ import httpx
 
 from chimes.scheduler.firing import plan_fires
 from chimes.scheduler.reaper import Reaper, judge
+from chimes.store import db
 from chimes.store.runs import RunStore
 from chimes.store.scheduling import SchedulerStore
-from chimes.store.working import ClaimedRun, Completion, WorkerStore
+from chimes.store.working import ClaimedRun, Completion, WorkerStore, open_claims_pool
 from chimes.worker.tasks.common import Outcome
 from tests.helpers import Homes, wait_for
 from tests.integration.fleet import Fleet
@@ -58,6 +59,33 @@ async def test_a_claim_writes_one_lease_row_for_all_its_runs(pool: asyncpg.Pool)
     assert row["deadline_at"] == min(row["deadlines"]) and row["expires_at"] < row["deadline_at"]
     assert await pool.fetchval("SELECT count(*) FROM run_leases") == 0
     assert await pool.fetchval("SELECT count(*) FROM leases_in_force") == 5
+
+
+async def test_a_claim_on_the_claims_connection_is_a_statement_of_its_own_planned_by_key(
+    pool: asyncpg.Pool, database_url: str
+) -> None:
+    """A worker's claims go through a connection whose session has begin_by_key's settings, one
+    statement each: the runs are claimed, their lease row written and committed, and the worker's
+    pool (closed here) is not used at all."""
+    for _ in range(3):
+        await make_due_job(pool, {"at": (now() - timedelta(seconds=1)).isoformat()})
+    store = SchedulerStore(pool, "node")
+    leases = await take_all(store)
+    assert (await store.fire(leases, plan_fires(await due(store, leases)), now())).enqueued == 3
+    claims = await open_claims_pool(database_url)
+    closed = await db.create_pool(database_url, min_size=0, max_size=1)
+    await closed.close()
+    try:
+        assert await claims.fetchval("SHOW enable_hashjoin") == "off"
+        assert await claims.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
+        claimed = await WorkerStore(closed, "worker-1", claims=claims).claim(10, lease_sec=30, deadline_grace_sec=30)
+        assert len(claimed) == 3
+        assert await claims.fetchval("SELECT pg_current_xact_id_if_assigned()") is None  # no transaction left open
+    finally:
+        await claims.close()
+    [row] = await claim_rows(pool)  # committed: seen from another session
+    assert sorted(row["run_ids"]) == sorted(run.run_id for run in claimed)
+    assert await pool.fetchval("SELECT count(*) FROM runs WHERE status = 'running'") == 3
 
 
 async def test_a_callback_run_has_a_lease_of_its_own(pool: asyncpg.Pool) -> None:

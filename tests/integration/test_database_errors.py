@@ -25,7 +25,7 @@ import pytest
 
 from chimes.worker.worker import Worker
 from chimes_chaos import observer
-from tests.helpers import FailsOnce, wait_for
+from tests.helpers import FailsOnce, Homes, wait_for
 from tests.integration.fleet import FAST_WORKER, Fleet
 from tests.target import Target
 
@@ -56,6 +56,21 @@ async def test_worker_keeps_claiming_after_asyncpg_fails_a_broken_connection(
     job_id = await one_off(client, target, "/after-claim-error")
     await wait_for(lambda: succeeded(client, job_id), timeout=15, what="the worker to run the job anyway")
     assert len(target.calls_to("/after-claim-error")) == 1
+
+
+async def test_worker_keeps_claiming_after_its_claims_connection_is_ended(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    """Each claim loop claims on a connection of its own (open_claims_pool); ended by the server, as a
+    restart ends it, it is replaced at the next claim."""
+    for home, worker in zip(await homes.homes(), fleet.workers, strict=True):
+        claims = await wait_for(lambda w=worker: w.store.claims, timeout=10, what="the claims connection")
+        async with claims.acquire() as conn:
+            backend = conn.get_server_pid()
+        assert await home.fetchval("SELECT pg_terminate_backend($1)", backend)
+    job_id = await one_off(client, target, "/after-claims-ended")
+    await wait_for(lambda: succeeded(client, job_id), timeout=15, what="the worker to run the job anyway")
+    assert len(target.calls_to("/after-claims-ended")) == 1
 
 
 async def test_scheduler_keeps_scanning_after_asyncpg_fails_a_broken_connection(

@@ -88,7 +88,9 @@ async def test_runs_claimed_by_a_worker_stalled_inside_its_claim_are_started_by_
                                         server_settings=db.lock_holding_limit(TTL))
     try:
         conn = await stalled_pool.acquire()
-        await conn.execute(sql("begin_by_key"))  # as WorkerStore.claim, which then falls silent before the commit
+        # As the claim of a worker whose claims begin a transaction (one of an earlier release, or one
+        # with no claims connection: WorkerStore.claim), which then falls silent before the commit.
+        await conn.execute(sql("begin_by_key"))
         [claimed] = await conn.fetch(sql("claim_runs"), 10, "worker-a", TTL, 1.0, 0, 2, RUN_TIMEOUT_SEC, [])
         stalled_at = time.monotonic()
         worker_b = WorkerStore(pool, "worker-b")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from chimes.enums import Priority, RunStatus
 from chimes.settings import RUN_TIMEOUT_SEC
 from chimes.store.cap_slots import CapSlots, full_caps, rooms_of
 from chimes.store.caps import Candidate, Cap, CapKey, caps_of
-from chimes.store.db import DB_ERRORS, Conn, open_connection
+from chimes.store.db import DB_ERRORS, ROLE_COMMAND_TIMEOUT_SEC, Conn, command_timeout, create_pool, open_connection
 from chimes.store.queries import sql
 
 #: The admission policy of a capped claim (chimes.worker.caps.admit): from the candidates in queue
@@ -136,10 +137,45 @@ async def by_key(pool: asyncpg.Pool) -> AsyncIterator[Conn]:
         await conn.execute("COMMIT")
 
 
+_SET_LOCAL = re.compile(r"^SET LOCAL (\w+) = (\w+);?$", re.MULTILINE)
+
+
+@functools.cache
+def by_key_settings() -> dict[str, str]:
+    """The settings begin_by_key gives a transaction, as settings of a whole session: read from the
+    statement itself, so that the two cannot drift apart."""
+    settings = dict(_SET_LOCAL.findall(sql("begin_by_key")))
+    if not settings:
+        raise RuntimeError("begin_by_key sets nothing: by_key_settings cannot read it")
+    return settings
+
+
+async def open_claims_pool(dsn: str) -> asyncpg.Pool:
+    """A worker's connection for its claims, whose session is planned as :func:`by_key` plans a
+    transaction. A claim is one statement, a transaction by itself: on it, one round trip instead of
+    three (the settings with BEGIN, the claim, COMMIT). In a burst a worker's event loop answers each
+    round trip only between the calls it handles, so each cost a claim milliseconds, while the runs
+    it had were done and it waited (docs/benchmarks.md, "A claim in one round trip"). The connection
+    is opened at the first claim, and its statements are bounded as the roles' pools bound theirs."""
+    return await create_pool(dsn, min_size=0, max_size=1, server_settings=by_key_settings(),
+                             command_timeout=command_timeout(ROLE_COMMAND_TIMEOUT_SEC))
+
+
 class WorkerStore:
-    def __init__(self, pool: asyncpg.Pool, worker_id: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, worker_id: str, claims: asyncpg.Pool | None = None) -> None:
+        """``claims``: a pool of :func:`open_claims_pool` for the claims; without one they begin
+        their transaction on ``pool`` with :func:`by_key`."""
         self._pool = pool
         self.worker_id = worker_id
+        self.claims = claims
+
+    async def _claim_rows(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        if self.claims is not None:
+            rows: list[asyncpg.Record] = await self.claims.fetch(query, *args)
+            return rows
+        async with by_key(self._pool) as conn:
+            rows = await conn.fetch(query, *args)
+        return rows
 
     async def register(self, hostname: str, pid: int, concurrency: int, in_flight: int) -> None:
         await self._pool.execute(sql("register_worker"), self.worker_id, hostname, pid, concurrency, in_flight,
@@ -155,10 +191,9 @@ class WorkerStore:
         ``skip_owners`` (owners that hold their share of this worker)."""
         if limit <= 0:
             return []
-        async with by_key(self._pool) as conn:
-            rows = await conn.fetch(sql("claim_runs"), limit, self.worker_id, lease_sec, deadline_grace_sec,
-                                    tiers[0], tiers[1], RUN_TIMEOUT_SEC, list(skip_owners))
-        return claimed_runs(rows)
+        return claimed_runs(await self._claim_rows(sql("claim_runs"), limit, self.worker_id, lease_sec,
+                                                   deadline_grace_sec, tiers[0], tiers[1], RUN_TIMEOUT_SEC,
+                                                   list(skip_owners)))
 
     async def caps_exist(self) -> bool:
         exist: bool = await self._pool.fetchval(sql("caps_exist"))
@@ -188,11 +223,9 @@ class WorkerStore:
         table of caps is empty) to :meth:`claim_capped_with_slots`."""
         if limit <= 0:
             return []
-        async with by_key(self._pool) as conn:
-            rows = await conn.fetch(_caps_given("claim_runs", 9), limit, self.worker_id, lease_sec,
-                                    deadline_grace_sec, tiers[0], tiers[1], RUN_TIMEOUT_SEC, list(skip_owners),
-                                    *_cap_columns(caps))
-        return claimed_runs(rows)
+        return claimed_runs(await self._claim_rows(_caps_given("claim_runs", 9), limit, self.worker_id, lease_sec,
+                                                   deadline_grace_sec, tiers[0], tiers[1], RUN_TIMEOUT_SEC,
+                                                   list(skip_owners), *_cap_columns(caps)))
 
     async def claim_capped_with_slots(self, limit: int, lease_sec: float, deadline_grace_sec: float, admit: Admission,
                                       slots: CapSlots, shard_id: int | None,

@@ -28,7 +28,7 @@ from chimes.settings import RUN_LEASE_SEC, RUN_TIMEOUT_SEC, SHUTDOWN_GRACE_SEC, 
 from chimes.store.cap_slots import CapSlots
 from chimes.store.caps import Candidate, Cap, CapKey
 from chimes.store.db import DB_ERRORS, Pool
-from chimes.store.working import ClaimedRun, Completion, RunSignals, WorkerStore
+from chimes.store.working import ClaimedRun, Completion, RunSignals, WorkerStore, open_claims_pool
 from chimes.timeouts import wait_event
 from chimes.worker.budget import SlotBudget
 from chimes.worker.caps import admit
@@ -148,6 +148,7 @@ class Worker:
     async def run(self) -> None:
         log.info("worker %s starting (concurrency %d)", self.worker_id, self.config.concurrency)
         await self.guard.start()  # a secret key that is not the database's stops the worker here
+        claims = self.store.claims = await open_claims_pool(self._dsn)
         with contextlib.suppress(*DB_ERRORS):
             await self.store.register(socket.gethostname(), os.getpid(), self.config.concurrency, 0)
         listener = asyncio.create_task(self._listen_loop())
@@ -170,6 +171,8 @@ class Worker:
             with contextlib.suppress(*DB_ERRORS):
                 await self.store.forget()
             await self.executors.close()
+            with contextlib.suppress(*DB_ERRORS):
+                await claims.close()
             log.info("worker %s stopped after %d runs", self.worker_id, self.completed)
 
     async def _listen_loop(self) -> None:
