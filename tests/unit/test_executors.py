@@ -322,7 +322,7 @@ async def test_http_timeout(server: Server, http: HttpExecutor) -> None:
     assert len(server.requests) == 1
 
 
-@pytest.mark.parametrize("first_sec, second_sec", [(2.0, 0.3), (0.3, 2.0)])
+@pytest.mark.parametrize("first_sec, second_sec", [(3.0, 0.3), (0.3, 3.0)])
 async def test_http_timeouts_of_calls_in_flight_together_each_end_their_own_call(
         server: Server, http: HttpExecutor, first_sec: float, second_sec: float) -> None:
     """The pool keeps one timer for libcurl's next timeout: a later one must not delay an earlier one
@@ -341,7 +341,7 @@ async def test_http_timeouts_of_calls_in_flight_together_each_end_their_own_call
     for call, timeout_sec in ((first, first_sec), (second, second_sec)):
         outcome, elapsed = await asyncio.wait_for(call, timeout=10)
         assert outcome.error == f"timed out after {timeout_sec:g}s"
-        assert timeout_sec - 0.1 <= elapsed < timeout_sec + 1.5
+        assert timeout_sec - 0.1 <= elapsed < timeout_sec + 2.0
 
 
 async def test_http_connection_refused(http: HttpExecutor) -> None:
