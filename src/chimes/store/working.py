@@ -171,11 +171,9 @@ class WorkerStore:
 
     async def _claim_rows(self, query: str, *args: Any) -> list[asyncpg.Record]:
         if self.claims is not None:
-            rows: list[asyncpg.Record] = await self.claims.fetch(query, *args)
-            return rows
+            return await self.claims.fetch(query, *args)
         async with by_key(self._pool) as conn:
-            rows = await conn.fetch(query, *args)
-        return rows
+            return await conn.fetch(query, *args)
 
     async def register(self, hostname: str, pid: int, concurrency: int, in_flight: int) -> None:
         await self._pool.execute(sql("register_worker"), self.worker_id, hostname, pid, concurrency, in_flight,
