@@ -42,7 +42,7 @@ NOTIFY_GIVE_UP_HOURS = 24.0
 
 # --- worker (chimes worker, and the one chimes up starts) --------------------------------------
 #: Runs a worker executes at once (--concurrency, --worker-concurrency). One owner may hold
-#: owner_share of them (160), claimed a quarter of that at a time in a burst: with 100, a 20,000-run
+#: owner_share of them (160 at 0.8), claimed a quarter of that at a time in a burst: with 100, a 20,000-run
 #: burst on a plain chimes up started with p99 2.56 s against 2.15 s (docs/benchmarks.md, "Twice the
 #: slots for a worker").
 WORKER_CONCURRENCY = 200
