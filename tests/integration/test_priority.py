@@ -12,6 +12,7 @@ import asyncpg
 import httpx
 
 from chimes.store.working import ClaimedRun
+from chimes.worker.worker import Worker
 from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import FAST_WORKER, Fleet, running_fleet
 from tests.target import Target
@@ -130,16 +131,7 @@ async def test_while_an_owner_holds_its_share_the_poll_backs_off_and_notify_stil
     run, announced by its NOTIFY, still starts at once, not at the next poll."""
     share = await flood_a_share_of_the_worker(fleet, client, target)
     worker = fleet.workers[0]
-    fruitless: list[float] = []  # when each claim cycle that skipped team A and found nothing ended
-    claim_by_tier = worker._claim_by_tier
-
-    async def recorded(limit: int) -> list[ClaimedRun]:
-        claimed = await claim_by_tier(limit)
-        if worker._skip_owners and not claimed:
-            fruitless.append(time.monotonic())
-        return claimed
-
-    worker._claim_by_tier = recorded  # type: ignore[method-assign]
+    fruitless = record_fruitless_skips(worker)
     # Over a window of 20 polls (6 s here) nothing wakes the claim loop but the poll: no run is queued
     # and none of A's ends. At the poll's own pace it would send 20 such claims; backing off, a few.
     poll = worker.config.poll_every_sec
@@ -150,31 +142,55 @@ async def test_while_an_owner_holds_its_share_the_poll_backs_off_and_notify_stil
     assert target.most_in_flight["/long"] == share, "team A never held more than its share"
 
 
+def record_fruitless_skips(worker: Worker) -> list[float]:
+    """When each of ``worker``'s claim cycles from now on that skipped owners at their share found nothing."""
+    fruitless: list[float] = []
+    claim_by_tier = worker._claim_by_tier
+
+    async def recorded(limit: int) -> list[ClaimedRun]:
+        claimed = await claim_by_tier(limit)
+        if worker._skip_owners and not claimed:
+            fruitless.append(time.monotonic())
+        return claimed
+
+    worker._claim_by_tier = recorded  # type: ignore[method-assign]
+    return fruitless
+
+
 async def test_an_owner_with_more_runs_than_its_share_gets_them_as_its_runs_end(
     pool: asyncpg.Pool, database_url: str, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:
-    """One owner's burst, many times its share of the worker: as its runs end the worker claims the
-    next of them, a batch at a time, rather than once a poll (a minute here)."""
+    """One owner's burst, many times its share of the worker, queued when the worker had found the
+    queue empty: as its runs end the worker claims the next of them, a batch at a time, rather than
+    once a poll (a minute here). Its NOTIFY named that owner alone, so no claim skips the owner to
+    look for others' runs: such a claim would read past every one of the burst's runs and find nothing."""
     target.delays["/burst"] = lambda n: 0.05
     job_id = (await client.post("/jobs", json={
         "name": "burst", "schedule": {"cron": "0 0 1 1 *"}, "concurrency": "allow",
         "task": {"type": "http", "url": target.url + "/burst"}})).json()["jobId"]
-    await (await homes.for_job(job_id)).execute("""
-        WITH made AS (
-            INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority)
-            SELECT gen_random_uuid(), now() - make_interval(secs => n), $1, 'team-a', 0, 1, 'manual', 1
-            FROM generate_series(1, 200) AS n
-            RETURNING run_id, scheduled_at, job_id
-        )
-        INSERT INTO run_queue (tier, run_id, scheduled_at, job_id) SELECT 1, run_id, scheduled_at, job_id FROM made
-    """, uuid.UUID(job_id))
+
+    async def queue_burst() -> None:  # written straight into the tables: no NOTIFY
+        await (await homes.for_job(job_id)).execute("""
+            WITH made AS (
+                INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority)
+                SELECT gen_random_uuid(), now() - make_interval(secs => n), $1, 'team-a', 0, 1, 'manual', 1
+                FROM generate_series(1, 200) AS n
+                RETURNING run_id, scheduled_at, job_id
+            )
+            INSERT INTO run_queue (tier, run_id, scheduled_at, job_id) SELECT 1, run_id, scheduled_at, job_id FROM made
+        """, uuid.UUID(job_id))
     config = replace(FAST_WORKER, poll_every_sec=60.0)
     async with running_fleet(pool, database_url, homes, scheduler=None, worker=config) as fleet:
         await wait_for(fleet.listening, timeout=10, what="the worker to listen")
+        worker = fleet.workers[0]
+        await wait_for(lambda: worker._maybe_queued == set(), timeout=10, what="the worker to find the queue empty")
+        fruitless = record_fruitless_skips(worker)
+        await queue_burst()
         assert (await client.post(f"/jobs/{job_id}/runs")).status_code == 202  # its NOTIFY wakes the worker
         await wait_for(lambda: _succeeded(homes, 201), timeout=20, what="every run of the burst to succeed")
     share = config.tiers.owner_cap(config.concurrency)
     assert target.most_in_flight["/burst"] == share, "the owner held its share of the worker, and no more"
+    assert fruitless == [], "no claim skipped the only owner whose runs were queued"
 
 
 async def _succeeded(homes: Homes, count: int) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+import httpx
 
 from chimes.store.db import open_connection
 from chimes.store.working import ANY_OWNER, QUEUE_CHANNEL, queued_owners, queued_payload
@@ -25,6 +26,20 @@ async def test_a_fire_names_the_owners_whose_runs_it_queued(pool: asyncpg.Pool, 
     assert queued_owners(payload) == {"team-a"}
 
 
+async def test_a_manual_run_names_its_jobs_owner(client: httpx.AsyncClient, database_url: str) -> None:
+    job = (await client.post("/jobs", json={"name": "by-hand", "schedule": {"cron": "0 0 1 1 *"},
+                                            "task": {"type": "http", "url": "http://127.0.0.1:9/"}})).json()
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await open_connection(database_url)
+    try:
+        await listener.add_listener(QUEUE_CHANNEL, lambda _c, _p, _ch, payload: heard.put_nowait(payload))
+        assert (await client.post(f"/jobs/{job['jobId']}/runs")).status_code == 202
+        payload = await asyncio.wait_for(heard.get(), 10)
+    finally:
+        await listener.close()
+    assert queued_owners(payload) == {"team-a"}  # the client's
+
+
 def test_a_payload_names_owners_only_when_it_knows_them_all() -> None:
     assert queued_owners(queued_payload(["b", "a", "b"])) == {"a", "b"}
     assert queued_payload(["a", None]) == ANY_OWNER  # a run whose owner the fire did not read
@@ -35,13 +50,15 @@ def test_a_payload_names_owners_only_when_it_knows_them_all() -> None:
 
 async def test_a_worker_claims_again_only_for_runs_of_owners_below_their_share(pool: asyncpg.Pool) -> None:
     worker = Worker(pool, "postgresql://unused")
-    worker._others_drained = True  # its last claim found nothing but the runs of owners at their share
-    worker._refill_at = {"team-a": 20}
+    worker._maybe_queued = set()  # its last claim found the queue empty
+    worker._refill_at = {"team-a": 20}  # team-a holds its share of the worker
     worker._queued(frozenset({"team-a"}))
     assert not worker._wake.is_set()  # a claim now would skip team-a's runs and find nothing
+    assert worker._maybe_queued == {"team-a"}  # claimed as team-a's runs end
     worker._queued(frozenset({"team-a", "team-b"}))
-    assert worker._wake.is_set() and not worker._others_drained
+    assert worker._wake.is_set() and worker._maybe_queued == {"team-a", "team-b"}
     worker._wake.clear()
-    worker._others_drained = True
     worker._queued(None)  # whose runs, not known
-    assert worker._wake.is_set()
+    assert worker._wake.is_set() and worker._maybe_queued is None
+    worker._queued(frozenset({"team-a"}))
+    assert worker._maybe_queued is None  # still not known

@@ -23,7 +23,7 @@ from chimes.schedules import fire_times, recurrence_of
 from chimes.store.audit import AuditNote, record
 from chimes.store.db import Row, one_row
 from chimes.store.queries import sql
-from chimes.store.working import ANY_OWNER, runs_ended
+from chimes.store.working import ANY_OWNER, queued_payload, runs_ended
 
 
 class BackfillError(ValueError):
@@ -98,7 +98,7 @@ class RunStore:
             ))
             if not row["job_found"]:
                 return None
-            await conn.execute(sql("notify_queue"), ANY_OWNER)
+            await conn.execute(sql("notify_queue"), queued_payload([row["owner"]]))
             if note is not None:
                 action = "run.rerun" if trigger == RunTrigger.RERUN else "run.trigger"
                 await record(conn, note, action, f"run {run_id}", None,

@@ -103,11 +103,13 @@ class Worker:
         self._claim_cycles = 0
         self._claim_asked = 0  # the most runs the last claim could take (within the owners' shares)
         self._skip_owners: list[str] = []  # owners holding their share of this worker (tiers.owner_room)
-        # Whether the last claim took fewer runs than it asked and no runs were queued since (NOTIFY),
-        # nor has the poll come round: then all a claim could find are the runs of owners at their
-        # share, which it skips. Those owners' runs wake the claim loop as they end (_refill_at):
-        # how many more of each owner's are to end first.
-        self._others_drained = False
+        # The owners whose runs may be queued beyond what this worker's claims took (None: any owner's):
+        # those a NOTIFY named since the last claim that found fewer runs than it asked, and those that
+        # claim skipped. While every one of them holds its share of this worker, a claim would skip
+        # all their runs, reading past every one of them queued, and find nothing: the claim loop
+        # waits until one of them has room for a batch (_refill_at: how many more of each owner's
+        # runs are to end first), another owner's runs are queued, or the poll comes round.
+        self._maybe_queued: set[str] | None = None
         self._refill_at: dict[str, int] = {}
         # Claims in a row that skipped owners at their share and found nothing: the poll backs off with
         # each (_poll_wait), as only a NOTIFY or the poll can bring runs to find.
@@ -203,13 +205,16 @@ class Worker:
             signals.drop()
 
     def _queued(self, owners: frozenset[str] | None) -> None:
-        """Runs of ``owners`` were queued (NOTIFY; None: of any owner): the next claim looks at every
-        owner's, unless they are all owners that hold their share of this worker already. A claim
-        then would skip their runs, scanning past every one of them queued, and find nothing: their
-        runs are claimed as theirs end (_refill_at)."""
-        if self._others_drained and owners is not None and owners <= self._refill_at.keys():
+        """Runs of ``owners`` were queued (NOTIFY; None: of any owner): the claim loop wakes, unless
+        they are all owners that hold their share of this worker already. A claim then would skip
+        their runs, scanning past every one of them queued, and find nothing: their runs are claimed
+        as theirs end (_refill_at)."""
+        if owners is None:
+            self._maybe_queued = None
+        elif self._maybe_queued is not None:
+            self._maybe_queued |= owners
+        if owners is not None and owners <= self._refill_at.keys():
             return
-        self._others_drained = False
         self._wake.set()
 
     def _on_cancel(self, payload: str) -> None:
@@ -234,12 +239,15 @@ class Worker:
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
-            if self._others_drained and not self._wake.is_set() and self._owners_at_share(free):
+            if self._only_owners_at_share_queued(free):
                 # A claim now would skip those owners' runs, scanning past every one of them, and find
                 # nothing: it waits until one of them has room for a batch of its own, or runs are queued.
+                # Whatever woke the loop meanwhile is in what was just looked at.
+                self._wake.clear()
                 await self._wait_for_runs()
                 continue
             self._wake.clear()
+            looked_past, self._maybe_queued = self._maybe_queued, set()  # from now: the NOTIFYs during the claim
             limit = min(free, self.config.claim_batch)
             if self._budget is not None:
                 # Held until the claim answers, which a hung database delays: never more than a share,
@@ -265,15 +273,18 @@ class Worker:
                 self._fruitless_skips = 0  # no answer, or the queue is empty: the poll keeps its pace
             elif self._skip_owners:
                 self._fruitless_skips = 0 if claimed else self._fruitless_skips + 1
+            drained = self._claims_answer and len(claimed) < self._claim_asked
+            named = self._maybe_queued
+            left = set(self._skip_owners) if drained else looked_past
+            self._maybe_queued = None if named is None or left is None else left | named
             if len(claimed) < self._claim_asked:
-                self._others_drained = True
                 await self._wait_for_runs()
 
     async def _wait_for_runs(self) -> None:
         """Until runs are queued (NOTIFY), an owner at its share has room for a batch (_refill_at), or
         the poll comes round: it finds runs no NOTIFY announced, whoever's they are."""
         if not await wait_event(self._wake, self._poll_wait()):
-            self._others_drained = False
+            self._maybe_queued = None
 
     def _poll_wait(self) -> float:
         """The poll's wait: ``poll_every_sec``, doubled for each claim in a row that skipped owners at
@@ -286,12 +297,15 @@ class Worker:
             return poll
         return min(poll * (1 << min(self._fruitless_skips - 1, 16)), max(poll, SKIP_POLL_MAX_SEC))
 
-    def _owners_at_share(self, free: int) -> bool:
-        """Whether some owner holds its share of this worker; if so, its ending runs wake the claim loop."""
+    def _only_owners_at_share_queued(self, free: int) -> bool:
+        """Whether some owner holds its share of this worker, and only such owners' runs may be queued
+        (_maybe_queued, not None); the ending runs of the owners at their share wake the claim loop."""
+        if self._maybe_queued is None:
+            return False
         shares = owner_room((run.owner for run, _ in self._running.values()),
                             self.config.tiers.owner_cap(self.config.concurrency), free)
         self._refill_at = shares.refill
-        return bool(shares.full)
+        return bool(shares.full) and self._maybe_queued <= self._refill_at.keys()
 
     def _owner_run_ended(self, owner: str) -> None:
         left = self._refill_at.get(owner)

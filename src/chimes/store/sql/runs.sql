@@ -48,7 +48,8 @@ enqueued AS (
     SELECT priority, run_id, scheduled_at, job_id FROM created
     RETURNING run_id
 )
-SELECT (SELECT count(*) FROM job) AS job_found, (SELECT count(*) FROM enqueued) AS enqueued;
+SELECT (SELECT count(*) FROM job) AS job_found, (SELECT owner FROM job) AS owner,
+       (SELECT count(*) FROM enqueued) AS enqueued;
 
 -- name: cancel_run
 -- Ends a run that has not finished. An attempt in progress is recorded as cancelled, with who
