@@ -4,6 +4,7 @@ does not answer it with a claim."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import httpx
@@ -14,29 +15,31 @@ from chimes.worker.worker import Worker
 from tests.integration.test_fences import fired_one_off
 
 
-async def test_a_fire_names_the_owners_whose_runs_it_queued(pool: asyncpg.Pool, database_url: str) -> None:
+async def first_queue_notify(database_url: str, queue: Callable[[], Awaitable[object]]) -> str:
+    """The payload of the first queue NOTIFY after ``queue`` was awaited."""
     heard: asyncio.Queue[str] = asyncio.Queue()
     listener = await open_connection(database_url)
     try:
         await listener.add_listener(QUEUE_CHANNEL, lambda _c, _p, _ch, payload: heard.put_nowait(payload))
-        await fired_one_off(pool)
-        payload = await asyncio.wait_for(heard.get(), 10)
+        await queue()
+        return await asyncio.wait_for(heard.get(), 10)
     finally:
         await listener.close()
+
+
+async def test_a_fire_names_the_owners_whose_runs_it_queued(pool: asyncpg.Pool, database_url: str) -> None:
+    payload = await first_queue_notify(database_url, lambda: fired_one_off(pool))
     assert queued_owners(payload) == {"team-a"}
 
 
 async def test_a_manual_run_names_its_jobs_owner(client: httpx.AsyncClient, database_url: str) -> None:
     job = (await client.post("/jobs", json={"name": "by-hand", "schedule": {"cron": "0 0 1 1 *"},
                                             "task": {"type": "http", "url": "http://127.0.0.1:9/"}})).json()
-    heard: asyncio.Queue[str] = asyncio.Queue()
-    listener = await open_connection(database_url)
-    try:
-        await listener.add_listener(QUEUE_CHANNEL, lambda _c, _p, _ch, payload: heard.put_nowait(payload))
+
+    async def run_now() -> None:
         assert (await client.post(f"/jobs/{job['jobId']}/runs")).status_code == 202
-        payload = await asyncio.wait_for(heard.get(), 10)
-    finally:
-        await listener.close()
+
+    payload = await first_queue_notify(database_url, run_now)
     assert queued_owners(payload) == {"team-a"}  # the client's
 
 

@@ -66,6 +66,11 @@ class WorkerConfig:
     allow_commands: bool = False  # run command and container tasks (--allow-commands)
 
 
+def _also(owners: set[str] | None, named: Iterable[str] | None) -> set[str] | None:
+    """``owners`` and those ``named`` (None: any owner's)."""
+    return None if owners is None or named is None else owners | set(named)
+
+
 def new_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -110,6 +115,7 @@ class Worker:
         # waits until one of them has room for a batch (_refill_at: how many more of each owner's
         # runs are to end first), another owner's runs are queued, or the poll comes round.
         self._maybe_queued: set[str] | None = None
+        self._named_since_claim: set[str] | None = set()  # those named since the last claim was sent
         self._refill_at: dict[str, int] = {}
         # Claims in a row that skipped owners at their share and found nothing: the poll backs off with
         # each (_poll_wait), as only a NOTIFY or the poll can bring runs to find.
@@ -209,10 +215,8 @@ class Worker:
         they are all owners that hold their share of this worker already. A claim then would skip
         their runs, scanning past every one of them queued, and find nothing: their runs are claimed
         as theirs end (_refill_at)."""
-        if owners is None:
-            self._maybe_queued = None
-        elif self._maybe_queued is not None:
-            self._maybe_queued |= owners
+        self._maybe_queued = _also(self._maybe_queued, owners)
+        self._named_since_claim = _also(self._named_since_claim, owners)
         if owners is not None and owners <= self._refill_at.keys():
             return
         self._wake.set()
@@ -247,7 +251,7 @@ class Worker:
                 await self._wait_for_runs()
                 continue
             self._wake.clear()
-            looked_past, self._maybe_queued = self._maybe_queued, set()  # from now: the NOTIFYs during the claim
+            self._named_since_claim = set()
             limit = min(free, self.config.claim_batch)
             if self._budget is not None:
                 # Held until the claim answers, which a hung database delays: never more than a share,
@@ -273,10 +277,8 @@ class Worker:
                 self._fruitless_skips = 0  # no answer, or the queue is empty: the poll keeps its pace
             elif self._skip_owners:
                 self._fruitless_skips = 0 if claimed else self._fruitless_skips + 1
-            drained = self._claims_answer and len(claimed) < self._claim_asked
-            named = self._maybe_queued
-            left = set(self._skip_owners) if drained else looked_past
-            self._maybe_queued = None if named is None or left is None else left | named
+            if self._claims_answer and len(claimed) < self._claim_asked:  # none but the skipped owners' left
+                self._maybe_queued = _also(set(self._skip_owners), self._named_since_claim)
             if len(claimed) < self._claim_asked:
                 await self._wait_for_runs()
 
