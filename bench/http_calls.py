@@ -79,7 +79,7 @@ async def _measure(client: str, url: str, runs: int, concurrency: int) -> dict[s
 
         async def call(i: int) -> bool:
             async with slots:
-                headers = dict(build_headers(None, context(i)))
+                headers = dict(build_headers(None, context(i)).values())
                 async with session.post(url, headers=headers, timeout=aiohttp.ClientTimeout()) as response:
                     await response.read()
                     return 200 <= response.status < 300

@@ -129,13 +129,22 @@ def _open_descriptors() -> int:
 
 
 async def test_every_method_is_sent_as_asked_with_or_without_a_body(served: Served, http: HttpExecutor) -> None:
-    for method, body in [("DELETE", None), ("HEAD", None), ("PATCH", {"a": 1}), ("OPTIONS", None), ("GET", "q"),
-                         ("POST", None), ("PUT", None)]:
+    """One after the other, on one reused handle: each call's method and body, whatever the last call's
+    were (a call like the last one, without a body, keeps the method the handle has)."""
+    calls = [("DELETE", None), ("HEAD", None), ("PATCH", {"a": 1}), ("OPTIONS", None), ("GET", "q"), ("POST", None),
+             ("PUT", None), ("PUT", None), ("GET", None), ("GET", None), ("HEAD", None), ("GET", None),
+             ("POST", {"b": 2}), ("POST", None), ("POST", None), ("DELETE", None)]
+    for method, body in calls:
         task = {"type": "http", "method": method, "url": f"{served.base}/m", **({"body": body} if body else {})}
         assert (await http.run(task, ctx())).succeeded, method
-    sent = [(method, body, headers.get("Content-Length")) for method, _, headers, body in served.requests]
-    assert sent == [("DELETE", b"", None), ("HEAD", b"", None), ("PATCH", b'{"a":1}', "7"), ("OPTIONS", b"", None),
-                    ("GET", b"q", "1"), ("POST", b"", "0"), ("PUT", b"", "0")]
+    sent = [(method, body, headers.get("Content-Length"), headers.get("Content-Type"))
+            for method, _, headers, body in served.requests]
+    assert sent == [("DELETE", b"", None, None), ("HEAD", b"", None, None),
+                    ("PATCH", b'{"a":1}', "7", "application/json"), ("OPTIONS", b"", None, None),
+                    ("GET", b"q", "1", "text/plain; charset=utf-8"), ("POST", b"", "0", None), ("PUT", b"", "0", None),
+                    ("PUT", b"", "0", None), ("GET", b"", None, None), ("GET", b"", None, None),
+                    ("HEAD", b"", None, None), ("GET", b"", None, None), ("POST", b'{"b":2}', "7", "application/json"),
+                    ("POST", b"", "0", None), ("POST", b"", "0", None), ("DELETE", b"", None, None)]
     assert all("Expect" not in headers for _, _, headers, _ in served.requests)
 
 

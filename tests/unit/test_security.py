@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import os
 import re
 import socket
@@ -17,6 +18,7 @@ from chimes.api.limits import RateLimiter
 from chimes.cli.main import cli
 from chimes.cli.security_options import egress_policy, trusted_proxies, worker_security
 from chimes.jobs import JobSpec
+from chimes.security import ssrf
 from chimes.security.refusals import SecretNotKept
 from chimes.security.secrets import (
     REDACTED,
@@ -30,7 +32,14 @@ from chimes.security.secrets import (
     split_sealed,
 )
 from chimes.security.signing import signature_header, verify
-from chimes.security.ssrf import EgressDenied, EgressPolicy, GuardedConnector, normal_host, outgoing_url
+from chimes.security.ssrf import (
+    EgressDenied,
+    EgressPolicy,
+    GuardedConnector,
+    normal_host,
+    outgoing_target,
+    outgoing_url,
+)
 from chimes.security.storable import storable_problem
 
 DEFAULT = EgressPolicy.build()
@@ -333,6 +342,45 @@ def test_the_client_is_handed_the_name_the_policy_judged() -> None:
                      ("http://a:0/", "port 0"), ("ftp://a/", "not an http(s) URL")]:
         with pytest.raises(ValueError, match=re.escape(why)):
             outgoing_url(url)
+
+
+# URLs made of parts yarl leaves alone and parts it changes or refuses: a scheme's own port, dot
+# segments, escapes, upper case, IDNA, addresses, empty queries, fragments, characters to encode.
+_SCHEMES = ["http", "https", "HTTP", "ftp"]
+_HOSTS = ["a", "example.com", "A.com", "127.0.0.1", "01.2.3.4", "1.2.3", "xn--bcher-kva.example", "xn--zz", "a_b.c",
+          "a..b", "a.", "-a.b", "a-", "0x7f.1", "[::1]", "ex%41mple.com", "bücher.example", "a" * 64 + ".com",
+          "a." * 126 + "b", "a." * 127 + "b", ""]
+_PORTS = [None, "", "80", "443", "0", "1", "8080", "65535", "65536", "080", "99999"]
+_PATHS = ["", "/", "/x", "/a/b/../c", "/./x", "/.x", "/x.", "/x/..", "/~u", "/%7e", "/x y", "/x;y",
+          "/x'y(z)*!$,=:@", "//x", "/é", "/x#f", "/x\\y", "/a-b_c.d"]
+_QUERIES = [None, "", "a=1", "a=b+c&d=e", "q=a/b?c", "x=%20", "x=é", "a==b", "$'()*!,:@-._~", "a=1#f", "a b"]
+
+
+def _parsed(text: str) -> tuple[str, str] | str:
+    try:
+        url = outgoing_url(text)
+    except ValueError:
+        return "refused"
+    return str(url), url.raw_host or ""
+
+
+def _targeted(text: str) -> tuple[str, str] | str:
+    try:
+        return outgoing_target.__wrapped__(text)
+    except ValueError:
+        return "refused"
+
+
+def test_a_url_is_targeted_as_parsed() -> None:
+    """outgoing_target matches the URLs yarl would leave as they are, and parses the others: every
+    URL of the product of the parts above gives what outgoing_url gives, text and host."""
+    matched = 0
+    for scheme, host, port, path, query in itertools.product(_SCHEMES, _HOSTS, _PORTS, _PATHS, _QUERIES):
+        text = (f"{scheme}://{host}" + ("" if port is None else f":{port}") + path
+                + ("" if query is None else f"?{query}"))
+        assert _targeted(text) == _parsed(text), text
+        matched += ssrf._PLAIN_URL.fullmatch(text) is not None
+    assert matched > 5000  # URLs the pattern matched: the match was compared, not only the parse
 
 
 @pytest.mark.parametrize(("role", "args", "share"), [

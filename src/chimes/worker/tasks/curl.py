@@ -32,8 +32,7 @@ import select
 import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pycurl
 
@@ -57,9 +56,9 @@ class CurlError(Exception):
         self.refusals: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What a call's caller reads of the response besides its body (which went to ``on_body``)."""
+class Reply(NamedTuple):
+    """What a call's caller reads of the response besides its body (which went to ``on_body``). A
+    named tuple: one is made per call."""
 
     status: int
     content_type: str | None
@@ -71,7 +70,7 @@ class Transfer:
     body (through ``on_body``), the egress refusals of the addresses it would not connect to, and
     whether the body was cut short on purpose (``stopped``: ``on_body`` returned False)."""
 
-    __slots__ = ("_opened", "_policy", "curl", "future", "host", "on_body", "refusals", "stopped")
+    __slots__ = ("_opened", "_policy", "curl", "future", "host", "method", "on_body", "refusals", "stopped")
 
     def __init__(self, policy: EgressPolicy, verify: ssl.DefaultVerifyPaths, opened: list[socket.socket]) -> None:
         self._policy = policy
@@ -79,6 +78,7 @@ class Transfer:
         self.curl = pycurl.Curl()
         self.future: asyncio.Future[None] | None = None
         self.host = ""
+        self.method = ""  # the method set on the handle, when without a body: the next such call's is already set
         self.on_body: Any = None  # (bytes) -> bool: False stops the transfer
         self.refusals: list[str] = []
         self.stopped = False

@@ -34,12 +34,11 @@ from typing import Any
 
 import orjson
 import pycurl
-from multidict import CIMultiDict
 from yarl import URL
 
 from chimes.security.headers import forbidden_header, header_value_problem
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
-from chimes.security.ssrf import EgressPolicy, outgoing_url
+from chimes.security.ssrf import EgressPolicy, outgoing_target
 from chimes.tracing import traceparent
 from chimes.worker.tasks.common import (
     OUTPUT_TAIL_BYTES,
@@ -52,7 +51,7 @@ from chimes.worker.tasks.common import (
 )
 from chimes.worker.tasks.curl import CurlError, CurlPool, Reply, Transfer
 
-__all__ = ["HTTP_READ_LIMIT_BYTES", "MAX_OWNER_POOLS", "MAX_REDIRECTS", "OWNER_POOL_IDLE_SEC", "USER_AGENT",
+__all__ = ["HTTP_READ_LIMIT_BYTES", "MAX_OWNER_POOLS", "MAX_REDIRECTS", "OWNER_POOL_IDLE_SEC", "USER_AGENT", "Headers",
            "HttpExecutor", "build_headers"]
 
 log = logging.getLogger(__name__)
@@ -79,8 +78,14 @@ def _package_version() -> str:
 USER_AGENT = f"chimes/{_package_version()}"
 
 
-def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *,
-                  lease_token: bool = False) -> CIMultiDict[str]:
+#: A request's headers: by the lowered name, the name as sent and its value. One entry a name, whatever
+#: its case, as HTTP compares names; a plain dict, as a run's call makes one.
+Headers = dict[str, tuple[str, str]]
+
+_RESERVED_NAMES = frozenset({"idempotency-key", "traceparent"})
+
+
+def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *, lease_token: bool = False) -> Headers:
     """Merge task headers with ours; ours win so receivers can trust them for dedupe.
 
     ``User-Agent`` is only a default the task may override; ``Idempotency-Key``,
@@ -88,58 +93,67 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *,
     framing and connection headers are the client's (dropped). ``X-Chimes-Lease-Token`` is added
     only with ``lease_token``: for a task that reports through the callbacks, on its own origin.
     """
-    headers: CIMultiDict[str] = CIMultiDict({"User-Agent": USER_AGENT})
+    headers: Headers = {"user-agent": ("User-Agent", USER_AGENT)}
     for name, value in (user_headers or {}).items():
         name = str(name)
         lowered = name.lower()
-        if lowered.startswith(_RESERVED_PREFIX) or lowered in ("idempotency-key", "traceparent"):
+        if lowered.startswith(_RESERVED_PREFIX) or lowered in _RESERVED_NAMES:
             continue
         if forbidden_header(name):  # refused by the API; a row written around it must not smuggle
             log.warning("dropped header %r of job %s: tasks may not set it", name, ctx.job_id,
                         extra={"run_id": ctx.run_id, "job_id": ctx.job_id})
             continue
-        headers[name] = str(value)
-    headers["Idempotency-Key"] = ctx.run_id
-    headers["X-Chimes-Run-Id"] = ctx.run_id
-    headers["X-Chimes-Job-Id"] = ctx.job_id
-    headers["X-Chimes-Attempt"] = str(int(ctx.attempt))
-    headers["X-Chimes-Scheduled-At"] = rfc3339_utc(ctx.scheduled_at)
-    headers["traceparent"] = traceparent(ctx.run_id, ctx.attempt)  # the run's trace (chimes.tracing)
+        headers[lowered] = (name, str(value))
+    run_id = ctx.run_id
+    headers["idempotency-key"] = ("Idempotency-Key", run_id)
+    headers["x-chimes-run-id"] = ("X-Chimes-Run-Id", run_id)
+    headers["x-chimes-job-id"] = ("X-Chimes-Job-Id", ctx.job_id)
+    headers["x-chimes-attempt"] = ("X-Chimes-Attempt", str(int(ctx.attempt)))
+    headers["x-chimes-scheduled-at"] = ("X-Chimes-Scheduled-At", rfc3339_utc(ctx.scheduled_at))
+    headers["traceparent"] = ("traceparent", traceparent(run_id, ctx.attempt))  # the run's trace (chimes.tracing)
     if lease_token and ctx.lease_token is not None:
-        headers["X-Chimes-Lease-Token"] = ctx.lease_token
+        headers["x-chimes-lease-token"] = ("X-Chimes-Lease-Token", ctx.lease_token)
     return headers
 
 
-def _header_problem(headers: CIMultiDict[str], user_headers: dict[str, Any] | None) -> str | None:
+def _header_problem(headers: Headers, user_headers: dict[str, Any] | None) -> str | None:
     """The first header the task set (and ``build_headers`` kept) whose value cannot be sent. Chimes'
     own values (ids, numbers, a timestamp, hex digits) are never checked: they cannot hold one."""
     for name in user_headers or ():
-        for value in headers.getall(str(name), ()):
-            problem = header_value_problem(value)
+        kept = headers.get(str(name).lower())
+        if kept is not None:
+            problem = header_value_problem(kept[1])
             if problem is not None:
                 return f"header {str(name)!r} {problem}"
     return None
 
 
-def _encode_body(body: Any, headers: CIMultiDict[str]) -> bytes | None:
+def _encode_body(body: Any, headers: Headers) -> bytes | None:
     """Serialise the task body; a Content-Type given by the task is respected."""
     if body is None:
         return None
     if isinstance(body, str):
-        headers.setdefault("Content-Type", "text/plain; charset=utf-8")
+        headers.setdefault("content-type", ("Content-Type", "text/plain; charset=utf-8"))
         return body.encode("utf-8")
-    headers.setdefault("Content-Type", "application/json")
+    headers.setdefault("content-type", ("Content-Type", "application/json"))
     return orjson.dumps(body)
 
 
-def _header_lines(headers: CIMultiDict[str]) -> list[str]:
-    """The request's headers as libcurl takes them, without the two libcurl would add of its own: a
-    form Content-Type on a POST and ``Expect: 100-continue`` on a large body."""
-    lines = [f"{name}: {value}" if value else f"{name};" for name, value in headers.items()]  # "X;": X, empty
-    if "Content-Type" not in headers:
-        lines.append("Content-Type:")
-    lines.append("Expect:")
+def _header_lines(headers: Headers, posts: bool) -> list[str]:
+    """The request's headers as libcurl takes them. A request that ``posts`` a body (POSTFIELDS, even
+    an empty one) goes without the two libcurl would add of its own: a form Content-Type and ``Expect:
+    100-continue`` on a large body; one without, as a GET, gets neither."""
+    lines = [f"{name}: {value}" if value else f"{name};" for name, value in headers.values()]  # "X;": X, empty
+    if posts:
+        if "content-type" not in headers:
+            lines.append("Content-Type:")
+        lines.append("Expect:")
     return lines
+
+
+def _posts(method: str, data: bytes | None) -> bool:
+    """Whether :func:`_set_method` has libcurl send a body, an empty one included."""
+    return data is not None or method in ("POST", "PUT", "PATCH")
 
 
 def _set_method(curl: pycurl.Curl, method: str, data: bytes | None) -> None:
@@ -149,7 +163,7 @@ def _set_method(curl: pycurl.Curl, method: str, data: bytes | None) -> None:
         curl.setopt(pycurl.NOBODY, 1)
         return
     curl.setopt(pycurl.NOBODY, 0)  # before the body: clearing it afterwards would make the call a GET
-    if data is None and method not in ("POST", "PUT", "PATCH"):
+    if not _posts(method, data):
         curl.setopt(pycurl.HTTPGET, 1)
         curl.setopt(pycurl.CUSTOMREQUEST, None if method == "GET" else method)
     else:
@@ -178,11 +192,11 @@ def _call_error(exc: CurlError, timeout_sec: float) -> str:
     return short_error(str(exc) or f"libcurl error {exc.code}")
 
 
-def _for_another_origin(headers: CIMultiDict[str], ctx: TaskContext) -> CIMultiDict[str]:
+def _for_another_origin(headers: Headers, ctx: TaskContext) -> Headers:
     """Chimes' own headers only (and the body's type): no task header, secret or not, no signature."""
     kept = build_headers(None, ctx)
-    if "Content-Type" in headers:
-        kept["Content-Type"] = headers["Content-Type"]
+    if "content-type" in headers:
+        kept["content-type"] = headers["content-type"]
     return kept
 
 
@@ -283,41 +297,42 @@ class HttpExecutor:
             return Outcome.failure(short_error(f"{type(exc).__name__}: {exc}"))
 
     async def _send(self, pool: CurlPool, task: dict[str, Any], ctx: TaskContext,
-                    headers: CIMultiDict[str]) -> Outcome:
+                    headers: Headers) -> Outcome:
         data = _encode_body(task.get("body"), headers)
         if ctx.signing_secret is not None:  # fresh on every attempt: targets refuse old timestamps
-            headers[SIGNATURE_HEADER] = signature_header(ctx.signing_secret, int(time.time()), data or b"")
+            signature = signature_header(ctx.signing_secret, int(time.time()), data or b"")
+            headers["x-chimes-signature"] = (SIGNATURE_HEADER, signature)
         method = str(task.get("method") or "GET").upper()
         try:  # refused by the API; a row written around it fails clearly
-            url = outgoing_url(str(task["url"]))  # the host as libcurl will resolve it, which the policy judges
+            url, host = outgoing_target(str(task["url"]))  # the host as libcurl will resolve it: the policy judges it
         except ValueError as exc:
             return Outcome.failure(short_error(f"cannot call {task['url']}: {exc}"))
         deadline = time.monotonic() + ctx.timeout_sec  # every hop, connect, send and body read together
         for _ in range(MAX_REDIRECTS + 1):
             tail = OutputTail(OUTPUT_TAIL_BYTES)
-            reply = await pool.perform(self._transfer(pool, method, url, headers, data, tail, deadline))
+            reply = await pool.perform(self._transfer(pool, method, url, host, headers, data, tail, deadline))
             if reply.status not in _REDIRECT_STATUSES or not reply.redirect_url:
                 return _outcome(reply, tail, task, ctx)
             if URL(reply.redirect_url).scheme not in ("http", "https"):
                 return Outcome.failure(short_error(
                     f"HTTP {reply.status}: redirect to an unsupported URL {reply.redirect_url}"))
             try:
-                following = outgoing_url(reply.redirect_url)
+                following, following_host = outgoing_target(reply.redirect_url)
             except ValueError as exc:
                 return Outcome.failure(short_error(f"HTTP {reply.status}: redirect to {reply.redirect_url}: {exc}"))
             if reply.status == 303 or (reply.status in (301, 302) and method == "POST"):  # as every client does
                 method = "HEAD" if method == "HEAD" else "GET"
                 data = None
-                headers.popall("Content-Type", None)
-            if following.origin() != url.origin():
+                headers.pop("content-type", None)
+            if URL(following).origin() != URL(url).origin():
                 headers = _for_another_origin(headers, ctx)
-            url = following
+            url, host = following, following_host
         return Outcome.failure(f"more than {MAX_REDIRECTS} redirects")
 
-    def _transfer(self, pool: CurlPool, method: str, url: URL, headers: CIMultiDict[str], data: bytes | None,
+    def _transfer(self, pool: CurlPool, method: str, url: str, host: str, headers: Headers, data: bytes | None,
                   tail: OutputTail, deadline: float) -> Transfer:
-        """One request, ready to perform; its body goes to ``tail``, up to :data:`HTTP_READ_LIMIT_BYTES`."""
-        host = url.raw_host or ""  # normalised by outgoing_url: the name libcurl resolves
+        """One request to ``url``, ready to perform; its body goes to ``tail``, up to
+        :data:`HTTP_READ_LIMIT_BYTES`. ``host``: the URL's, normalised (outgoing_target), which libcurl resolves."""
         refusal = self._host_refusal(host)
         if refusal is not None:  # a denied name is not even looked up
             raise CurlError(pycurl.E_COULDNT_CONNECT, f"refused by egress policy: {refusal}")
@@ -331,9 +346,11 @@ class HttpExecutor:
 
         transfer = pool.transfer(host, on_body)
         curl = transfer.curl
-        curl.setopt(pycurl.URL, str(url))
-        _set_method(curl, method, data)
-        curl.setopt(pycurl.HTTPHEADER, _header_lines(headers))
+        curl.setopt(pycurl.URL, url)
+        if data is not None or method != transfer.method:
+            _set_method(curl, method, data)
+            transfer.method = method if data is None else ""
+        curl.setopt(pycurl.HTTPHEADER, _header_lines(headers, method != "HEAD" and _posts(method, data)))
         curl.setopt(pycurl.TIMEOUT_MS, max(1, math.ceil(remaining * 1000)))
         return transfer
 
