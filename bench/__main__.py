@@ -125,6 +125,8 @@ def _parser() -> argparse.ArgumentParser:
                              "load average to fall to 0.5 per core; 0: start at once")
     parser.add_argument("--statements", action="store_true",
                         help="load pg_stat_statements (embedded server) and report the database time by statement")
+    parser.add_argument("--distinct-urls", action="store_true",
+                        help="http-calls: each call to a URL of its own, as each of up's jobs calls, parsed once each")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--chart", type=Path, help="write a PNG of the start-lag distributions here")
     return parser
@@ -211,7 +213,8 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
     if args.scenario == "http-calls":
         from bench.http_calls import http_calls
 
-        return await http_calls(target.url, runs=args.runs, concurrency=args.concurrency, say=say)
+        return await http_calls(target.url, runs=args.runs, concurrency=args.concurrency,
+                                distinct_urls=args.distinct_urls, say=say)
     if args.scenario == "skip-claim":
         from bench.skip_claim import skip_claim
 

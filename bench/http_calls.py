@@ -5,7 +5,9 @@ each client in a process of its own so that its CPU time is its own: Chimes' HTT
 (chimes.worker.tasks.http, libcurl, with everything a run's call carries: Chimes' headers, the
 signature, the egress check, the output tail) and one pooled aiohttp session sending the same
 headers (the client HTTP tasks went through before; the other systems of ``peers`` use it). The
-figure is the client process's CPU per call, what a worker spends on the call itself.
+figure is the client process's CPU per call, what a worker spends on the call itself. With
+``--distinct-urls`` each call goes to a URL of its own (``/r0``, ``/r1``, ...), as the jobs of ``up``
+do, which the client has not seen before.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ CLIENTS = {"chimes": "Chimes HTTP executor (libcurl)", "aiohttp": "aiohttp Clien
 WARM_UP = 200  # calls before the measured ones: connections opened, caches filled
 
 
-async def http_calls(target_url: str, *, runs: int, concurrency: int, say: Any) -> list[Result]:
+async def http_calls(target_url: str, *, runs: int, concurrency: int, say: Any,
+                     distinct_urls: bool = False) -> list[Result]:
     """One measurement of each client, one after the other."""
     results = []
     for client, name in CLIENTS.items():
         proc = await asyncio.create_subprocess_exec(
-            *python("-m", "bench.http_calls", client, f"{target_url}/r", str(runs), str(concurrency)),
+            *python("-m", "bench.http_calls", client, f"{target_url}/r", str(runs), str(concurrency),
+                    *(["distinct"] if distinct_urls else [])),
             stdout=asyncio.subprocess.PIPE)
         out, _ = await proc.communicate()
         if proc.returncode != 0:
@@ -50,7 +54,7 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _measure(client: str, url: str, runs: int, concurrency: int) -> dict[str, Any]:
+async def _measure(client: str, url: str, runs: int, concurrency: int, distinct: bool) -> dict[str, Any]:
     from chimes.security.ssrf import EgressPolicy
     from chimes.worker.tasks.common import TaskContext
     from chimes.worker.tasks.http import HttpExecutor, build_headers
@@ -61,14 +65,16 @@ async def _measure(client: str, url: str, runs: int, concurrency: int) -> dict[s
         return TaskContext(f"0193e000-0000-7000-8000-{i:012d}", "0193e000-0000-7000-8000-ffffffffffff", 1,
                            scheduled, 60.0, signing_secret="whsec_bench", owner="bench")
 
+    def url_of(i: int) -> str:
+        return f"{url}{i}" if distinct else url
+
     slots = asyncio.Semaphore(concurrency)
     if client == "chimes":
         executor = HttpExecutor(egress=EgressPolicy.build(allow_loopback=True))
-        task = {"type": "http", "method": "POST", "url": url}
 
         async def call(i: int) -> bool:
             async with slots:
-                return (await executor.run(task, context(i))).succeeded
+                return (await executor.run({"type": "http", "method": "POST", "url": url_of(i)}, context(i))).succeeded
 
         close = executor.close
     else:
@@ -80,13 +86,13 @@ async def _measure(client: str, url: str, runs: int, concurrency: int) -> dict[s
         async def call(i: int) -> bool:
             async with slots:
                 headers = dict(build_headers(None, context(i)).values())
-                async with session.post(url, headers=headers, timeout=aiohttp.ClientTimeout()) as response:
+                async with session.post(url_of(i), headers=headers, timeout=aiohttp.ClientTimeout()) as response:
                     await response.read()
                     return 200 <= response.status < 300
 
         close = session.close
     try:
-        await asyncio.gather(*(call(i) for i in range(WARM_UP)))
+        await asyncio.gather(*(call(i) for i in range(runs, runs + WARM_UP)))  # URLs the measured calls do not reuse
         cpu, started = _cpu(), time.perf_counter()
         done = await asyncio.gather(*(call(i) for i in range(runs)))
         cpu, wall = _cpu() - cpu, time.perf_counter() - started
@@ -99,4 +105,4 @@ if __name__ == "__main__":
     import uvloop
 
     which, address, count, at_once = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    print(json.dumps(uvloop.run(_measure(which, address, count, at_once))))
+    print(json.dumps(uvloop.run(_measure(which, address, count, at_once, sys.argv[5:] == ["distinct"]))))

@@ -50,16 +50,20 @@ async def test_burst_scenario_runs_every_job_once_and_reports(server_dsn: str, t
     assert orjson.loads(orjson.dumps(result.to_json()))["runs"] == 30
 
 
-async def test_http_calls_scenario_makes_every_call_through_both_clients(tmp_path: Path) -> None:
+@pytest.mark.parametrize("distinct_urls", [False, True])
+async def test_http_calls_scenario_makes_every_call_through_both_clients(tmp_path: Path, distinct_urls: bool) -> None:
     target = TargetProcess(tmp_path)
     try:
-        results = await http_calls(target.url, runs=50, concurrency=5, say=lambda _: None)
-        times, _keys = await target.arrivals()
+        results = await http_calls(target.url, runs=50, concurrency=5, say=lambda _: None, distinct_urls=distinct_urls)
+        deliveries = await target.deliveries()
     finally:
         target.stop()
     assert [r.system for r in results] == list(CLIENTS.values())
     assert [(r.runs, r.completed) for r in results] == [(50, 50), (50, 50)]
-    assert len(times) == 2 * (50 + WARM_UP), "each client's calls, and its warm-up's, reached the target"
+    assert len(deliveries) == 2 * (50 + WARM_UP), "each client's calls, and its warm-up's, reached the target"
+    paths = sorted({path for _, _, path in deliveries})
+    # with distinct URLs each call of a client, warm-up included, had a path of its own
+    assert paths == (sorted(f"/r{i}" for i in range(50 + WARM_UP)) if distinct_urls else ["/r"])
     assert all(r.cpu_sec["client"] > 0 and r.extra["cpu_us_per_call"] > 0 for r in results)
     assert "50/50" in table(results)
 
