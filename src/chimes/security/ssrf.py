@@ -266,7 +266,7 @@ _DEFAULT_PORTS = {"http": "80", "https": "443"}
 @functools.lru_cache(maxsize=1024)
 def outgoing_target(text: str) -> tuple[str, str]:
     """:func:`outgoing_url` as libcurl takes it: the URL's text and its host. A URL nothing would
-    change is matched rather than parsed, at about a fifth of the cost: a burst of jobs that each
+    change is matched rather than parsed, at about a third of the cost: a burst of jobs that each
     call a URL of their own parses each once (tests/unit/test_security.py compares the two)."""
     plain = _PLAIN_URL.fullmatch(text)
     if plain is not None:
