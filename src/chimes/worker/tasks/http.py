@@ -152,8 +152,8 @@ def _header_lines(headers: Headers, posts: bool) -> list[str]:
 
 
 def _posts(method: str, data: bytes | None) -> bool:
-    """Whether :func:`_set_method` has libcurl send a body, an empty one included."""
-    return data is not None or method in ("POST", "PUT", "PATCH")
+    """Whether :func:`_set_method` has libcurl send a body, an empty one included (never with HEAD)."""
+    return method != "HEAD" and (data is not None or method in ("POST", "PUT", "PATCH"))
 
 
 def _set_method(curl: pycurl.Curl, method: str, data: bytes | None) -> None:
@@ -350,7 +350,7 @@ class HttpExecutor:
         if data is not None or method != transfer.method:
             _set_method(curl, method, data)
             transfer.method = method if data is None else ""
-        curl.setopt(pycurl.HTTPHEADER, _header_lines(headers, method != "HEAD" and _posts(method, data)))
+        curl.setopt(pycurl.HTTPHEADER, _header_lines(headers, _posts(method, data)))
         curl.setopt(pycurl.TIMEOUT_MS, max(1, math.ceil(remaining * 1000)))
         return transfer
 
