@@ -25,7 +25,7 @@ from cryptography.x509.oid import NameOID
 from chimes.security.ssrf import EgressPolicy
 from chimes.worker.tasks.common import TaskContext
 from chimes.worker.tasks.curl import CurlPool, Reply
-from chimes.worker.tasks.http import HttpExecutor
+from chimes.worker.tasks.http import LANE_CALLS, HttpExecutor
 from tests.helpers import wait_for
 
 
@@ -103,6 +103,28 @@ async def test_calls_of_one_owner_share_kept_alive_connections(served: Served, h
         assert (await http.run({"type": "http", "url": f"{served.base}/n"}, ctx())).succeeded
     assert len(served.requests) == 60
     assert served.connections <= 10, "at most max_connections, then kept alive and reused"
+
+
+async def test_many_calls_at_once_go_over_lanes_within_max_connections_and_a_light_load_keeps_to_one(
+    served: Served,
+) -> None:
+    executor = HttpExecutor(max_connections=2 * LANE_CALLS)
+    try:
+        outcomes = await asyncio.gather(*(executor.run({"type": "http", "url": f"{served.base}/n{i}"}, ctx())
+                                          for i in range(3 * LANE_CALLS)))
+        assert all(o.succeeded for o in outcomes)
+        pool = executor.pool_of("")
+        assert pool is not None and len(pool.lanes) == 2, "a lane per LANE_CALLS at once, as max_connections allows"
+        assert served.connections <= 2 * LANE_CALLS, "at most max_connections over all the lanes"
+        assert pool.in_flight == 0 and [lane.in_flight for lane in pool.lanes] == [0, 0]
+        opened = served.connections
+        for i in range(10):
+            assert (await executor.run({"type": "http", "url": f"{served.base}/after{i}"}, ctx())).succeeded
+        assert served.connections == opened, "one call at a time takes the first lane's kept-alive connections"
+        assert len(pool.lanes) == 2
+    finally:
+        await executor.close()
+    assert pool.closed and all(lane.closed for lane in pool.lanes)
 
 
 async def test_a_connection_the_target_closes_is_not_reused(served: Served, http: HttpExecutor) -> None:

@@ -238,8 +238,8 @@ class _EpollWatch:
 
 
 class CurlPool:
-    """One connection cache and its transfers, bound to the running loop. ``in_flight`` and
-    ``last_used`` are the owner's pool bookkeeping (chimes.worker.tasks.http)."""
+    """One connection cache and its transfers, bound to the running loop. ``in_flight``: the calls
+    it carries, kept by its owner's pool (chimes.worker.tasks.http.OwnerPool)."""
 
     def __init__(self, policy: EgressPolicy, *, max_connections: int, own_epoll: bool = True) -> None:
         """``own_epoll``: watch the sockets in an epoll set of the pool's own where there is epoll
@@ -262,7 +262,6 @@ class CurlPool:
         self._opened: list[socket.socket] = []
         self.closed = False
         self.in_flight = 0
-        self.last_used = 0.0
 
     @property
     def watched_sockets(self) -> int:

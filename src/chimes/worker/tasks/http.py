@@ -51,8 +51,8 @@ from chimes.worker.tasks.common import (
 )
 from chimes.worker.tasks.curl import CurlError, CurlPool, Reply, Transfer
 
-__all__ = ["HTTP_READ_LIMIT_BYTES", "MAX_OWNER_POOLS", "MAX_REDIRECTS", "OWNER_POOL_IDLE_SEC", "USER_AGENT", "Headers",
-           "HttpExecutor", "build_headers"]
+__all__ = ["HTTP_READ_LIMIT_BYTES", "LANE_CALLS", "MAX_LANES", "MAX_OWNER_POOLS", "MAX_REDIRECTS",
+           "OWNER_POOL_IDLE_SEC", "USER_AGENT", "Headers", "HttpExecutor", "OwnerPool", "build_headers"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,13 @@ _RESERVED_PREFIX = "x-chimes-"
 MAX_OWNER_POOLS = 256
 #: An owner's pool unused this long is closed, with the connections it kept alive.
 OWNER_POOL_IDLE_SEC = 60.0
+#: An owner's calls go over lanes, each a libcurl multi handle with a connection cache of its own.
+#: To reuse a kept-alive connection libcurl walks its cache's connections to the target one by one:
+#: with 200 calls at once to one host that walk was a twentieth of a call's instructions
+#: (docs/benchmarks.md, "An owner's calls over lanes"). A lane is added once every lane carries
+#: LANE_CALLS calls, up to MAX_LANES, each with an even part of the owner's connections.
+LANE_CALLS = 32
+MAX_LANES = 8
 MAX_REMEMBERED_HOSTS = 4096  # host names whose egress verdict is kept (then they are judged afresh)
 
 
@@ -209,6 +216,39 @@ def _outcome(reply: Reply, tail: OutputTail, task: dict[str, Any], ctx: TaskCont
     return Outcome.failure(f"HTTP {reply.status}", output)
 
 
+class OwnerPool:
+    """One owner's connections: its lanes (a :class:`CurlPool` each), the calls it carries and when it
+    was last used. A call takes the first lane that carries fewer than :data:`LANE_CALLS`, so that a
+    light load keeps to one lane and its kept-alive connections."""
+
+    def __init__(self, policy: EgressPolicy, max_connections: int) -> None:
+        self._policy = policy
+        self._most_lanes = max(1, min(MAX_LANES, max_connections // LANE_CALLS))
+        self._lane_connections = max(1, max_connections // self._most_lanes)
+        self.lanes: list[CurlPool] = []
+        self.closed = False
+        self.in_flight = 0
+        self.last_used = 0.0
+
+    @property
+    def watched_sockets(self) -> int:
+        return sum(lane.watched_sockets for lane in self.lanes)
+
+    def another_lane(self) -> CurlPool:
+        """Every lane carries LANE_CALLS calls or more: a new one, made inside the running loop (whose
+        readers and timers drive it), or the least busy once there are as many as may be."""
+        if len(self.lanes) < self._most_lanes:
+            lane = CurlPool(self._policy, max_connections=self._lane_connections)
+            self.lanes.append(lane)
+            return lane
+        return min(self.lanes, key=lambda lane: lane.in_flight)
+
+    def close(self) -> None:
+        self.closed = True
+        for lane in self.lanes:
+            lane.close()
+
+
 class HttpExecutor:
     """Runs ``{"type": "http"}`` tasks over pooled connections, a pool per owner, made on first use."""
 
@@ -218,27 +258,32 @@ class HttpExecutor:
         self._egress = egress or EgressPolicy.build()
         self._max_owner_pools = max_owner_pools
         self._owner_pool_idle_sec = owner_pool_idle_sec
-        self._pools: OrderedDict[str, CurlPool] = OrderedDict()  # least recently used first
+        self._pools: OrderedDict[str, OwnerPool] = OrderedDict()  # least recently used first
         self._next_idle_check = math.inf  # monotonic: when a pool may be idle for long enough, at the earliest
         self._host_refusals: dict[str, str | None] = {}  # the policy's verdict on a host name, which it never changes
 
-    def pool_of(self, owner: str) -> CurlPool | None:
+    def pool_of(self, owner: str) -> OwnerPool | None:
         """The open pool that carries ``owner``'s runs, if there is one."""
         pool = self._pools.get(owner)
         return pool if pool is not None and not pool.closed else None
 
-    def _acquire(self, owner: str) -> CurlPool:
-        # Made inside the running loop, whose readers and timers drive it.
+    def _acquire(self, owner: str) -> tuple[OwnerPool, CurlPool]:
         pool = self._pools.get(owner)
         if pool is None or pool.closed:
-            pool = CurlPool(self._egress, max_connections=self._max_connections)
-            self._pools[owner] = pool
+            pool = self._pools[owner] = OwnerPool(self._egress, self._max_connections)
         self._pools.move_to_end(owner)
+        for lane in pool.lanes:
+            if lane.in_flight < LANE_CALLS:
+                break
+        else:
+            lane = pool.another_lane()
         pool.in_flight += 1
-        return pool
+        lane.in_flight += 1
+        return pool, lane
 
-    def _release(self, pool: CurlPool) -> None:
+    def _release(self, pool: OwnerPool, lane: CurlPool) -> None:
         pool.in_flight -= 1
+        lane.in_flight -= 1
         pool.last_used = time.monotonic()
         if not pool.in_flight:
             self._next_idle_check = min(self._next_idle_check, pool.last_used + self._owner_pool_idle_sec)
@@ -282,11 +327,11 @@ class HttpExecutor:
             if problem is not None:  # refused by the API; a row written around it fails clearly
                 return Outcome.failure(short_error(problem))
             self._close_idle_pools()
-            pool = self._acquire(ctx.owner)
+            pool, lane = self._acquire(ctx.owner)
             try:
-                return await self._send(pool, task, ctx, headers)
+                return await self._send(lane, task, ctx, headers)
             finally:
-                self._release(pool)
+                self._release(pool, lane)
         except asyncio.CancelledError:
             raise
         except TimeoutError:
