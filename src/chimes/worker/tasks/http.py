@@ -227,7 +227,7 @@ class OwnerPool:
         self._lane_connections = max(1, max_connections // self._most_lanes)
         self.lanes: list[CurlPool] = []
         self.closed = False
-        self.in_flight = 0
+        self.in_flight = 0  # the lanes' in_flight together, counted as calls start and end: read per call
         self.last_used = 0.0
 
     @property
@@ -272,6 +272,8 @@ class HttpExecutor:
         if pool is None or pool.closed:
             pool = self._pools[owner] = OwnerPool(self._egress, self._max_connections)
         self._pools.move_to_end(owner)
+        # The first lane with room, looked for inline: this runs for every call. Only when every lane
+        # is full does the pool add one (docs/benchmarks.md, "An owner's calls over lanes").
         for lane in pool.lanes:
             if lane.in_flight < LANE_CALLS:
                 break
