@@ -23,6 +23,9 @@ Scenarios:
                aiohttp session with the same headers, each in a process of its own: CPU per call
   skip-claim   N queued runs of one owner, then a worker's claims timed on that queue: one of 100 that
                skips nobody, and one skipping the owner (as while it holds its share of the worker)
+  worker-instructions
+               the burst with N/4 runs and with N, the worker under valgrind's cachegrind: the
+               instructions one run costs the worker, counted (steady where times are not), and by function
 
 Each prints a table; ``--json FILE`` writes the figures, ``--chart FILE.png`` the lag distributions.
 Without ``--database-url`` an embedded PostgreSQL is started in a temporary folder and removed after.
@@ -83,14 +86,14 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenario", choices=["burst", "up", "top-of-hour", "steady", "load", "peers", "ha-cost",
                                              "idle-wal", "async-loss", "shards", "http-calls", "move",
-                                             "skip-claim"])
+                                             "skip-claim", "worker-instructions"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
     parser.add_argument("--database-prefix", type=_identifier, default="bench",
                         help="name prefix of the databases created on the server (two benchmarks can share one)")
     parser.add_argument("--runs", type=int, default=10_000,
-                        help="runs in the burst (burst, up, top-of-hour, peers, ha-cost), calls (http-calls), "
-                             "queued runs (skip-claim)")
+                        help="runs in the burst (burst, up, top-of-hour, peers, ha-cost, worker-instructions), calls "
+                             "(http-calls), queued runs (skip-claim)")
     parser.add_argument("--creates", type=_positive, default=300,
                         help="jobs created through the API one at a time, for their latency (ha-cost, shards)")
     parser.add_argument("--shards", type=_shard_counts, default="1,2,4",
@@ -215,6 +218,10 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
 
         return await http_calls(target.url, runs=args.runs, concurrency=args.concurrency,
                                 distinct_urls=args.distinct_urls, say=say)
+    if args.scenario == "worker-instructions":
+        from bench.instructions import worker_instructions
+
+        return [await worker_instructions(env, target, runs=args.runs, concurrency=args.concurrency, say=say)]
     if args.scenario == "skip-claim":
         from bench.skip_claim import skip_claim
 
@@ -246,6 +253,10 @@ def _report(scenario: str, results: list[Result]) -> str:
         from bench.move import move_table
 
         return move_table(results)
+    if scenario == "worker-instructions":
+        from bench.instructions import instructions_table
+
+        return instructions_table(results)
     if scenario == "skip-claim":
         from bench.skip_claim import skip_table
 

@@ -43,6 +43,7 @@ class FleetShape:
     schedulers: int = 1
     workers: int = 1
     concurrency: int = 200  # runs each worker executes at once
+    worker_prefix: tuple[str, ...] = ()  # a command each worker runs under (bench.instructions: valgrind)
 
 
 class Fleet:
@@ -62,7 +63,8 @@ class Fleet:
                                    common))
         for i in range(shape.workers):
             self.procs.append(Proc(f"worker{i + 1}" if shape.workers > 1 else "worker",
-                                   python("-m", "chimes", "worker", "--concurrency", str(shape.concurrency)),
+                                   [*shape.worker_prefix,
+                                    *python("-m", "chimes", "worker", "--concurrency", str(shape.concurrency))],
                                    env.workdir / f"{tag}-worker{i}.log", common))
 
     async def wait_ready(self, limit_sec: float = 60.0) -> None:
@@ -87,7 +89,8 @@ class Fleet:
 
     def stop(self) -> None:
         for proc in self.procs:
-            proc.stop()
+            # A worker under valgrind writes its counts as it exits, slowly: it is given the time.
+            proc.stop(timeout=180.0 if self.shape.worker_prefix else 20.0)
 
     def peaks(self) -> dict[str, float]:
         return {p.name: round(p.peak_rss_mb(), 1) for p in self.procs}
@@ -127,7 +130,7 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
     fleet = Fleet(env, dsn, shape, scenario)
     pool = await db.create_pool(dsn, max_size=2)
     try:
-        await fleet.wait_ready()
+        await fleet.wait_ready(300.0 if shape.worker_prefix else 60.0)  # valgrind starts a worker slowly
         lead = 3.0 + runs / 20_000 + (runs / 8_000 if spread_sec else 0)  # spread: a JobSpec validated per job
         due = seed.due_instant(lead)
         url = f"{target.url}/r"
