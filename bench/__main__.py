@@ -289,6 +289,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.scenario in ("shards", "move") and args.database_url:
         parser.error(f"{args.scenario} starts embedded PostgreSQL servers of its own, one per shard: drop "
                      "--database-url (and BENCH_DATABASE_URL)")
+    if args.scenario == "worker-instructions":
+        from bench.instructions import argument_problem
+
+        problem = argument_problem(args.runs)
+        if problem:
+            parser.error(problem)
     import uvloop
 
     machine, results, rounds = uvloop.run(_run(args))

@@ -27,10 +27,18 @@ from bench.target import TargetProcess
 SMALLER = 4  # the smaller burst is the larger's quarter
 
 
+def argument_problem(runs: int) -> str | None:
+    """Why ``worker-instructions`` cannot run as asked, told before anything starts; None: it can."""
+    if shutil.which("valgrind") is None:
+        return "worker-instructions needs valgrind on the PATH (apt-get install valgrind)"
+    if runs - max(1, runs // SMALLER) < 300:
+        return f"worker-instructions needs --runs 400 or more, not {runs}: its figure is the difference of two bursts"
+    return None
+
+
 def cachegrind_prefix(out_file: Path) -> tuple[str, ...]:
     valgrind = shutil.which("valgrind")
-    if valgrind is None:
-        raise SystemExit("worker-instructions needs valgrind on the PATH (apt-get install valgrind)")
+    assert valgrind is not None, "checked by argument_problem"
     return (valgrind, "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out_file}")
 
 
@@ -53,11 +61,20 @@ def read_counts(out_file: Path) -> tuple[int, Counter[str]]:
     return total, by_function
 
 
+def per_run_costs(smaller: tuple[int, Counter[str]], larger: tuple[int, Counter[str]],
+                  runs_between: int) -> tuple[float, list[tuple[str, int]]]:
+    """What one more run costs: the larger burst's counts less the smaller's, over the runs between
+    them; in all, and by function, most first."""
+    (small_total, small_by), (large_total, large_by) = smaller, larger
+    functions = [(name, round((large_by[name] - small_by[name]) / runs_between))
+                 for name in set(large_by) | set(small_by)]
+    functions.sort(key=lambda item: (-item[1], item[0]))
+    return (large_total - small_total) / runs_between, functions
+
+
 async def worker_instructions(env: Env, target: TargetProcess, *, runs: int, concurrency: int, say: Any,
                               top: int = 25) -> Result:
     smaller = max(1, runs // SMALLER)
-    if runs - smaller < 100:
-        raise SystemExit("worker-instructions needs --runs 400 or more: the figure is the difference of two bursts")
     counts = {}
     for size in (smaller, runs):
         out_file = env.workdir / f"cachegrind-{size}.out"
@@ -68,19 +85,14 @@ async def worker_instructions(env: Env, target: TargetProcess, *, runs: int, con
             raise RuntimeError(f"{burst.completed} of {size} runs succeeded")
         counts[size] = read_counts(out_file)
         say(f"worker: {counts[size][0]:,} instructions for a burst of {size:,}")
-    (small_total, small_by), (large_total, large_by) = counts[smaller], counts[runs]
-    between = runs - smaller
-    per_run = (large_total - small_total) / between
-    functions = [(name, round((large_by[name] - small_by[name]) / between))
-                 for name in set(large_by) | set(small_by)]
-    functions.sort(key=lambda item: -item[1])
+    per_run, functions = per_run_costs(counts[smaller], counts[runs], runs - smaller)
     say(f"worker: {per_run:,.0f} instructions a run (bursts of {smaller:,} and {runs:,}); the most a run costs:")
     for name, count in functions[:top]:
         say(f"  {count:>9,}  {name}")
     result = Result("chimes worker", "worker-instructions", runs, runs, None,
                     notes="instructions counted by cachegrind in the worker process; no lag or drain figures")
     result.extra = {"instructions_per_run": round(per_run), "bursts": [smaller, runs],
-                    "worker_instructions": [small_total, large_total],
+                    "worker_instructions": [counts[smaller][0], counts[runs][0]],
                     "by_function_per_run": functions[:top]}
     return result
 
