@@ -175,8 +175,11 @@ def record_outcomes(batch: Iterable[Completion], accepted: set[Any]) -> None:
     for done in batch:
         if done.run.run_id not in accepted:
             continue
-        task_type = bounded(str((done.run.task or {}).get("type", "none")), TASK_TYPES)
-        status = bounded(str(done.outcome.status), OUTCOME_STATUSES)
+        # bounded(), inline: this runs for every outcome
+        task_type = str((done.run.task or {}).get("type", "none"))
+        task_type = task_type if task_type in TASK_TYPES else OTHER
+        status = str(done.outcome.status)
+        status = status if status in OUTCOME_STATUSES else OTHER
         durations.setdefault((task_type, status), []).append(
             max(0.0, (done.finished_at - done.run.started_at).total_seconds()))
         if done.retry_at is not None:

@@ -126,7 +126,12 @@ def run_trace_id(run_id: object) -> str:
 
 def traceparent(run_id: str, attempt: int) -> str:
     """The ``traceparent`` header of an attempt's call: the current attempt span's when tracing is on."""
-    trace_id = run_trace_id(run_id)
+    # run_trace_id, inline for a run id as the worker has it (a UUID's text): this runs for every call
+    trace_id = run_id.replace("-", "")
+    if _TRACE_ID.fullmatch(trace_id) is None:
+        trace_id = run_trace_id(run_id)
+    else:
+        trace_id = trace_id.lower()
     if _tracer is not None:
         from opentelemetry import trace
 

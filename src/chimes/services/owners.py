@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 from chimes.security.secrets import Keyring, SecretKeyError, default_keyring
 from chimes.security.signing import new_signing_secret
@@ -62,9 +62,9 @@ class OwnerCache:
         return allowed
 
     async def signing_secret(self, owner: str) -> str:
-        fresh = self._fresh(("secret", owner))  # what every run of a burst finds: no read to set up
+        fresh: str = self._fresh(("secret", owner))  # what every run of a burst finds: no read to set up
         if fresh is not _STALE:
-            return cast(str, fresh)
+            return fresh
         secret: str = await self._cached(
             "secret", owner, lambda owner: signing_secret(self._store, owner, self._keyring))
         return secret

@@ -8,7 +8,6 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
@@ -101,10 +100,9 @@ class Outcome(Protocol):
     def output(self) -> str | None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
+class Completion(NamedTuple):
     """An attempt that ended, to record: its run, its outcome (succeeded, failed or cancelled) and when.
-    ``retry_at`` set: the run waits for another attempt then."""
+    ``retry_at`` set: the run waits for another attempt then. A named tuple, one a run, as ClaimedRun."""
 
     run: ClaimedRun
     outcome: Outcome

@@ -12,8 +12,7 @@ A refusal fails the attempt with a message saying what to change; it never raise
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from chimes.security.secrets import Keyring, SecretKeyError, SecretUnreadable, default_keyring, reveal
 from chimes.services.jobs import COMMAND_TASK_TYPES
@@ -25,8 +24,7 @@ from chimes.store.working import ClaimedRun
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedTask:
+class PreparedTask(NamedTuple):  # one a run: a named tuple is cheaper to make than a frozen dataclass
     task: dict[str, Any] | None = None
     signing_secret: str | None = None
     refusal: str | None = None

@@ -9,7 +9,6 @@ cancellation keep working. This module imports no executor: each executor import
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -48,13 +47,13 @@ class TaskContext(NamedTuple):
     owner: str = ""  # whose run: HTTP connections are never shared between owners (worker/tasks/http.py)
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """How one attempt of a run ended: what an executor returns, and what the worker records.
 
     ``status`` is ``succeeded``, ``failed`` or ``cancelled``; or ``running`` when the target accepted
     the run and reports its outcome itself (HTTP 202 to a task with callbacks): the run stays running
-    under its lease, which the target extends through the callback endpoints.
+    under its lease, which the target extends through the callback endpoints. A named tuple: a run
+    makes two, and a frozen dataclass sets each field through ``object.__setattr__``.
     """
 
     status: RunStatus

@@ -325,10 +325,11 @@ class HttpExecutor:
         try:
             user_headers = task.get("headers")
             headers = build_headers(user_headers, ctx, lease_token=bool(task.get("callback")))
-            problem = _header_problem(headers, user_headers)
+            problem = _header_problem(headers, user_headers) if user_headers else None
             if problem is not None:  # refused by the API; a row written around it fails clearly
                 return Outcome.failure(short_error(problem))
-            self._close_idle_pools()
+            if len(self._pools) > self._max_owner_pools or time.monotonic() > self._next_idle_check:
+                self._close_idle_pools()  # only when one may be closed: the test is inline, as this runs per call
             pool, lane = self._acquire(ctx.owner)
             try:
                 return await self._send(lane, task, ctx, headers)
