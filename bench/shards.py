@@ -49,6 +49,8 @@ from bench.env import Env
 from bench.procs import CpuMeter, Proc, free_port
 from bench.report import Result, percentiles
 from bench.target import TargetProcess
+from chimes.api.app import API_POOL
+from chimes.cli.roles import SCHEDULER_POOL, WORKER_POOL
 from chimes.ids import PARTITION_COUNT, partition_of
 from chimes.services.jobs import first_fire
 from chimes.store import db
@@ -59,11 +61,11 @@ from chimes.store.shards import ShardMap, add_shard, load_map
 
 Say = Callable[[str], None]
 
-# Each role's pool, per home (chimes/cli/roles.py; the API: create_app's pool_size). The design's bound
+# Each role's pool, per home, as the roles open them (the API: create_app's pool_size). The design's bound
 # is (shards + 1) x this per process, the catalog counted among the homes here, plus a worker's LISTEN
-# connection per home (docs/scaling.md).
-POOL_SIZES = {"scheduler": 6, "worker": 4, "api": 10}
-OUTSIDE_THE_POOL = {"scheduler": 0, "worker": 1, "api": 0}  # a worker's LISTEN connection, one per home
+# connection and its claims' connection per home (docs/scaling.md).
+POOL_SIZES = {"scheduler": SCHEDULER_POOL, "worker": WORKER_POOL, "api": API_POOL}
+OUTSIDE_THE_POOL = {"scheduler": 0, "worker": 2, "api": 0}  # a worker's LISTEN and claims connections, per home
 SAMPLE_EVERY_SEC = 1.0
 WARM_UP_REQUESTS = 20  # not counted: the API's first requests open its pools, one per shard
 ACTIVITY = """

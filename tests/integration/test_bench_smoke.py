@@ -30,6 +30,7 @@ from bench.report import spread_table, table
 from bench.shards import cpu_ms_per_run, shards, shards_table
 from bench.target import TargetProcess
 from bench.top_of_hour import top_of_hour
+from chimes.cli.roles import SCHEDULER_POOL, WORKER_POOL
 
 
 async def test_burst_scenario_runs_every_job_once_and_reports(server_dsn: str, tmp_path: Path) -> None:
@@ -135,11 +136,11 @@ async def test_shards_scenario_reports_each_configuration_the_api_and_a_stopped_
     cpu = cpu_ms_per_run(two)
     assert {"scheduler", "workers", "pg1", "pg2", "postgresql"} <= set(cpu) and cpu["postgresql"] > 0
     # every role holds connections on every server, the scheduler within (shards + 1) x its pool; a
-    # worker's LISTEN connection per home is outside its pool
+    # worker's LISTEN and claims connections per home are outside its pool
     held = two.extra["connections"]["by_process"]
     assert set(held["scheduler"]["by_server"]) == set(held["worker"]["by_server"]) == {"pg1", "pg2"}
-    assert 2 <= held["scheduler"]["most_at_once"] <= held["scheduler"]["bound"] == 12
-    assert 2 <= held["worker"]["most_at_once"] <= held["worker"]["bound"] + 2
+    assert 2 <= held["scheduler"]["most_at_once"] <= held["scheduler"]["bound"] == 2 * SCHEDULER_POOL
+    assert 2 <= held["worker"]["most_at_once"] <= held["worker"]["bound"] == 2 * (WORKER_POOL + 2)
     assert set(one.extra["connections"]["by_process"]["scheduler"]["by_server"]) == {"pg1"}
     # the API's routing, with 1 shard and with 2: every create and read answered, the jobs in both homes
     api_one, api_two = (r for r in results if r.scenario == "shards-api")

@@ -39,8 +39,10 @@ from chimes.store.owners import count_jobs_up_to
 from chimes.store.runs import RunStore
 from chimes.store.shards import ShardPools, load_map
 
+API_POOL = 10  # connections per database an API process opens at most, unless told otherwise
 
-def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = 10,
+
+def create_app(dsn: str, *, max_body_bytes: int | None = None, pool_size: int = API_POOL,
                limits: LimitSettings | None = None, keyring: Keyring | None = None,
                clock: Clock | None = None, follow_map_every_sec: float = homes.MAP_FOLLOW_SEC) -> FastAPI:
     """The API app; ``clock`` is the "now" its endpoints and pages read (chimes.api.clock), the host's by default;

@@ -48,6 +48,7 @@ log = logging.getLogger("chimes")
 # claims, records outcomes and serves the API.
 SCHEDULER_POOL = 10
 ALL_IN_ONE_POOL = 16
+WORKER_POOL = 4  # heartbeats, outcomes, cap slots: a worker's claims have a connection of their own
 
 
 async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
@@ -229,7 +230,7 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
     shard_map = await prepare_role_database(dsn)
     # A worker stalled inside a claim holds the claimed runs: nobody else starts them meanwhile.
     settings = db.lock_holding_limit(lease_sec)
-    pool = await db.create_pool(dsn, max_size=4, server_settings=settings,
+    pool = await db.create_pool(dsn, max_size=WORKER_POOL, server_settings=settings,
                                 command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
     allow_commands = bool(work and work.allow_commands)
     config = WorkerConfig(concurrency=concurrency, lease_sec=lease_sec,
@@ -251,7 +252,7 @@ async def run_worker(dsn: str, concurrency: int, worker_id: str | None, lease_se
         return [Worker(home, url, config, worker_id=worker_id, executors=executors() if executors else None,
                        guard=guard, budget=budget, cap_slots=_with_shards(cap_slots, serves), shard_id=shard_id)]
 
-    await _serve_homes(pool, dsn, shard_map, start_home, pool_size=4, server_settings=settings,
+    await _serve_homes(pool, dsn, shard_map, start_home, pool_size=WORKER_POOL, server_settings=settings,
                        cap_slots=cap_slots)
 
 
