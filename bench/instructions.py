@@ -45,17 +45,17 @@ def cachegrind_prefix(out_file: Path) -> tuple[str, ...]:
 def read_counts(out_file: Path) -> tuple[int, Counter[str]]:
     """Cachegrind's total of instructions, and each function's ("file:function")."""
     by_function: Counter[str] = Counter()
-    file = function = ""
+    file = key = ""  # key: the current function's name, made once per fn= line, not per counted line
     total = 0
     for line in out_file.read_text(errors="replace").splitlines():
         if line.startswith("fl="):
-            file = line[3:]
+            file = Path(line[3:]).name
         elif line.startswith("fn="):
-            function = line[3:]
+            key = f"{file}:{line[3:]}"
         elif line[:1].isdigit():
             fields = line.split()
             if len(fields) >= 2:
-                by_function[f"{Path(file).name}:{function}"] += int(fields[1])
+                by_function[key] += int(fields[1])
         elif line.startswith("summary:"):
             total = int(line.split()[1])
     return total, by_function

@@ -292,13 +292,10 @@ class HttpExecutor:
 
     def _close_idle_pools(self) -> None:
         """Close pools unused for ``owner_pool_idle_sec``, and the least recently used idle ones
-        beyond ``max_owner_pools``; a pool with a request in flight stays. The pools are only gone
-        through when one may be closed: there are too many, or one has been idle long enough (the
-        earliest such moment is kept as pools are released), not on every request."""
+        beyond ``max_owner_pools``; a pool with a request in flight stays. Called only when one may be
+        closed (the test before its call in :meth:`run`), not on every request."""
         now = time.monotonic()
         excess = len(self._pools) - self._max_owner_pools
-        if excess <= 0 and now <= self._next_idle_check:
-            return
         self._next_idle_check = math.inf
         for owner, pool in list(self._pools.items()):
             if pool.in_flight:
@@ -328,8 +325,10 @@ class HttpExecutor:
             problem = _header_problem(headers, user_headers) if user_headers else None
             if problem is not None:  # refused by the API; a row written around it fails clearly
                 return Outcome.failure(short_error(problem))
+            # Only when a pool may be closed: there are too many, or one has been idle long enough (the
+            # earliest such moment is kept as pools are released). Tested here, inline: this runs per call.
             if len(self._pools) > self._max_owner_pools or time.monotonic() > self._next_idle_check:
-                self._close_idle_pools()  # only when one may be closed: the test is inline, as this runs per call
+                self._close_idle_pools()
             pool, lane = self._acquire(ctx.owner)
             try:
                 return await self._send(lane, task, ctx, headers)
