@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -16,6 +17,7 @@ from chimes.api.app import create_app
 from chimes.security.secrets import REDACTED, Keyring, SecretKeyError, default_keyring
 from chimes.services.owners import OwnerCache, check_secret_key, signing_secret
 from chimes.store.owners import OwnerStore
+from chimes.store.working import ClaimedRun
 from chimes.worker.guard import TaskGuard
 from chimes.worker.worker import Worker
 from tests.helpers import Homes, auth_as, wait_for
@@ -154,3 +156,34 @@ async def test_runs_that_miss_the_owner_cache_together_share_one_read(pool: asyn
     await stale.signing_secret("team-shared-read")
     await stale.signing_secret("team-shared-read")
     assert store.reads == 3  # an entry past its time is read again
+
+
+def claimed(task: dict, owner: str = "team-ready") -> ClaimedRun:
+    now = datetime.now(UTC)
+    return ClaimedRun(uuid.uuid4(), now, uuid.uuid4(), 1, uuid.uuid4(), now, "schedule", task, None, None, True, owner)
+
+
+async def test_a_run_is_ready_without_a_read_only_when_prepare_would_read_nothing(pool: asyncpg.Pool) -> None:
+    keyring = default_keyring()
+    guard = TaskGuard(pool, keyring)
+    sealed = {"type": "http", "url": "http://127.0.0.1:9/hook", "headers": {"X-Plain": "p"},
+              "secretHeaders": {"Authorization": keyring.seal(SECRET)}}
+    http_run, command_run = claimed(sealed), claimed({"type": "command", "command": ["true"]})
+    assert guard.ready(http_run) is None  # the key is not checked yet
+
+    await guard.start()
+    assert guard.ready(http_run) is None  # the owner's signing secret was never read
+    prepared = await guard.prepare(http_run)
+    assert prepared.refusal is None and prepared.task is not None
+    assert prepared.task["headers"] == {"X-Plain": "p", "Authorization": SECRET}
+    assert guard.ready(http_run) == prepared  # fresh now: the same task, secret and signing secret
+    assert guard.ready(claimed(sealed, owner="team-not-read")) is None
+    assert guard.ready(command_run) is None  # its owner's permission is read by prepare
+    assert (await guard.prepare(command_run)).refusal is not None
+
+    unreadable = claimed({**sealed, "secretHeaders": {"Authorization": Keyring.generate().seal(SECRET)}})
+    refused = guard.ready(unreadable)
+    assert refused == await guard.prepare(unreadable)
+    assert refused is not None and refused.task is None
+    assert refused.refusal == ("cannot open task.secretHeaders.Authorization: it was sealed with another secret "
+                               "key than this worker's")

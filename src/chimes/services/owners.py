@@ -61,9 +61,15 @@ class OwnerCache:
         allowed: bool = await self._cached("commands", owner, self._store.allows_commands)
         return allowed
 
+    def fresh_signing_secret(self, owner: str) -> str | None:
+        """The owner's signing secret if it was read within ``ttl_sec``, without waiting; None: it
+        needs a read (:meth:`signing_secret`)."""
+        fresh = self._fresh(("secret", owner))
+        return None if fresh is _STALE else fresh
+
     async def signing_secret(self, owner: str) -> str:
-        fresh: str = self._fresh(("secret", owner))  # what every run of a burst finds: no read to set up
-        if fresh is not _STALE:
+        fresh = self.fresh_signing_secret(owner)  # what every run of a burst finds: no read to set up
+        if fresh is not None:
             return fresh
         secret: str = await self._cached(
             "secret", owner, lambda owner: signing_secret(self._store, owner, self._keyring))

@@ -52,6 +52,27 @@ class TaskGuard:
         except DB_ERRORS as exc:
             log.warning("could not check the secret key against the database yet: %s", describe(exc))
 
+    def ready(self, run: ClaimedRun) -> PreparedTask | None:
+        """What :meth:`prepare` gives ``run`` when that needs nothing read: the key checked, a task
+        that is not a command, and for an HTTP task its owner's signing secret fresh in the cache, as
+        for every run of a burst after its first. None: await :meth:`prepare`. The worker asks this
+        first for every run, without making a coroutine for it."""
+        if not self._key_checked or self._owners is None or self._keyring is None:
+            return None
+        task = run.task or {}
+        task_type = task.get("type")
+        if task_type in COMMAND_TASK_TYPES:  # its owner's permission may need a read
+            return None
+        secret = None
+        if task_type == "http":
+            secret = self._owners.fresh_signing_secret(run.owner)
+            if secret is None:
+                return None
+        try:
+            return PreparedTask(reveal(task, self._keyring), secret)
+        except SecretUnreadable as exc:
+            return PreparedTask(refusal=str(exc))
+
     async def prepare(self, run: ClaimedRun) -> PreparedTask:
         if not self._key_checked:
             try:

@@ -270,9 +270,10 @@ class Worker:
                     self._budget.give(limit - len(claimed))
             metrics.record_claims(claimed)
             tracing.claimed(claimed, self.worker_id)
+            loop = asyncio.get_running_loop()  # its create_task: asyncio.create_task's wrapper is a call more a run
             for run in claimed:
                 self._claims.setdefault(run.lease_token, set()).add(run.run_id)
-                self._running[run.run_id] = (run, asyncio.create_task(self._execute(run)))
+                self._running[run.run_id] = (run, loop.create_task(self._execute(run)))
             if not self._claims_answer or (not self._skip_owners and len(claimed) < self._claim_asked):
                 self._fruitless_skips = 0  # no answer, or the queue is empty: the poll keeps its pace
             elif self._skip_owners:
@@ -421,7 +422,8 @@ class Worker:
                     error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
             recorded = Outcome(outcome.status, storable_text(error), storable_text(outcome.output))
             self._outcomes.append(Completion(run, recorded, now, retry_at))
-            self._to_flush.set()
+            if len(self._outcomes) == 1:  # the flush loop waits for an outcome only while it has none
+                self._to_flush.set()
             handed_on = True
         finally:
             if not handed_on and run.run_id in self._slotted:  # cancelled, taken away or handed back
@@ -448,7 +450,9 @@ class Worker:
     async def _attempt(self, run: ClaimedRun) -> Outcome:
         if not run.job_exists or run.task is None:
             return Outcome(RunStatus.CANCELLED, "the job was deleted before this run started")
-        prepared = await self.guard.prepare(run)  # command permission, secrets, signing secret
+        prepared = self.guard.ready(run)  # a burst's runs, but for its first: nothing to read, no coroutine
+        if prepared is None:
+            prepared = await self.guard.prepare(run)  # command permission, secrets, signing secret
         if prepared.refusal is not None or prepared.task is None:
             return Outcome.failure(prepared.refusal or "the task could not be prepared")
         ctx = TaskContext(str(run.run_id), str(run.job_id), run.attempt, run.scheduled_at,
