@@ -6,10 +6,11 @@ with N, through a scheduler and one worker process, the worker under ``valgrind 
 between them, are what one more run costs the worker: start-up, idle loops and the claim loop's
 first rounds fall out. The machine's speed moves from one round to the next with nothing to show
 it (docs/benchmarks.md, "The machine, and how busy it was"); the instructions a process executes
-do not as much: rounds of one tree spread by 1–2%, where their drains or CPU seconds spread by a
-fifth, so two versions of the code that differ by a few percent compare by this figure. Cachegrind counts user space only: the kernel's work
-for a run (its sockets, epoll) is not in the figure. Under valgrind the worker runs about twenty
-times slower, so the burst's lags and drain are not a figure here.
+do not as much: rounds of one tree spread by 1 to 2%, where their drains or CPU seconds spread by
+a fifth, so two versions of the code that differ by a few percent compare by this figure. Cachegrind
+counts user space only: the kernel's work for a run (its sockets, epoll) is not in the figure.
+Under valgrind the worker runs about twenty times slower, so the burst's lags and drain are not a
+figure here.
 """
 
 from __future__ import annotations
