@@ -36,6 +36,8 @@ class Target:
     responders: dict[str, Callable[[int], int]] = field(default_factory=dict)
     # path -> function(call number) -> seconds to wait before answering (a slow or hanging target)
     delays: dict[str, Callable[[int], float]] = field(default_factory=dict)
+    # path -> event: calls to that path are answered only once the test sets it (a target held open at will)
+    gates: dict[str, asyncio.Event] = field(default_factory=dict)
     # path -> Location: answered with the responder's status (default 307) and that Location
     redirects: dict[str, str] = field(default_factory=dict)
     # path -> calls being answered now, and the most ever answered at once (a concurrency cap's proof)
@@ -69,12 +71,18 @@ async def serving_target() -> AsyncIterator[Target]:
         state.calls.append(call)
         number = len(state.calls_to(request.path))
         delay = state.delays.get(request.path)
+        gate = state.gates.get(request.path)
         now = state.in_flight[request.path] = state.in_flight.get(request.path, 0) + 1
         state.most_in_flight[request.path] = max(now, state.most_in_flight.get(request.path, 0))
         try:
             if delay is not None:  # cut short when the test ends, so teardown never waits on it
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(closing.wait(), timeout=delay(number))
+            if gate is not None:
+                waits = {asyncio.ensure_future(gate.wait()), asyncio.ensure_future(closing.wait())}
+                _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for wait in pending:
+                    wait.cancel()
         finally:  # also when the caller went away (a worker killed mid-call)
             state.in_flight[request.path] -= 1
         responder = state.responders.get(request.path)

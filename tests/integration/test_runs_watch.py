@@ -35,18 +35,28 @@ async def one_off(client: httpx.AsyncClient, target: Target, path: str, seconds:
 async def test_watch_into_a_pipe_prints_a_line_per_change_and_stops_when_done(
     fleet: Fleet, client: httpx.AsyncClient, api_url: str, tokens: dict[str, str], target: Target,
 ) -> None:
-    target.delays["/slow"] = lambda n: 1.0
+    # The call is held open until the watch has printed the run as running: a watch that starts
+    # late (a slow machine) would otherwise see only the end of a run that took a fixed second.
+    target.gates["/slow"] = answer = asyncio.Event()
     job_id = await one_off(client, target, "/slow", 0.5)
     proc = await watch(api_url, tokens["team-a"], job_id, "--interval", "0.2", "--until-done")
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.stdout is not None and proc.stderr is not None
+    lines: list[str] = []
+    async with asyncio.timeout(60):
+        while not lines or lines[-1].split()[2] != "running":
+            line = await proc.stdout.readline()
+            assert line, (lines, await proc.stderr.read())
+            lines.append(line.decode().rstrip("\n"))
+        answer.set()
+        out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
-    lines = out.decode().splitlines()
+    lines += out.decode().splitlines()
     run_id = (await client.get(f"/jobs/{job_id}/runs")).json()["runs"][0]["runId"]
     assert lines and all(line.startswith(run_id) for line in lines), lines
     statuses = [line.split()[2] for line in lines]
     assert statuses[-1] == "succeeded" and "running" in statuses, statuses
     assert len(statuses) == len(set(statuses)), "a line only when the run changes"
-    assert "finished=" in lines[-1] and "\x1b" not in out.decode(), "plain lines, no terminal codes"
+    assert "finished=" in lines[-1] and "\x1b" not in "".join(lines), "plain lines, no terminal codes"
 
 
 async def test_watch_into_a_pipe_stops_cleanly_at_ctrl_c(
