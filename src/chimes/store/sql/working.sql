@@ -32,18 +32,23 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 -- or of every owner when its owner is ''). From here on the run's lease token says who has it.
 -- $8: the owners holding their share of this worker already (chimes.worker.tiers.owner_room), whose
 -- runs are left to other workers; almost always none, and then nothing is looked up per run.
-WITH picked AS (
+-- The caps are read once, first: with none (almost always) no run's job is looked up for them either,
+-- which was a fifth of the claim's work (docs/benchmarks.md, "The claim without a job look-up").
+WITH caps AS MATERIALIZED (
+    SELECT cap.scope, cap.name, cap.owner FROM concurrency_caps cap
+),
+picked AS (
     DELETE FROM run_queue q
     WHERE (q.tier, q.queue_id) IN (
         SELECT c.tier, c.queue_id FROM run_queue c
         WHERE c.tier BETWEEN $5 AND $6
           AND (cardinality($8::text[]) = 0
                OR NOT EXISTS (SELECT 1 FROM jobs f WHERE f.job_id = c.job_id AND f.owner = ANY($8::text[])))
-          AND NOT EXISTS (
-              SELECT 1 FROM concurrency_caps cap JOIN jobs j ON j.job_id = c.job_id
-              WHERE (cap.scope = 'owner' AND cap.name = j.owner)
-                 OR (cap.scope = 'tag' AND cap.name = ANY(j.tags) AND cap.owner IN ('', j.owner))
-          )
+          AND (NOT EXISTS (SELECT 1 FROM caps)
+               OR NOT EXISTS (
+                   SELECT 1 FROM caps cap JOIN jobs j ON j.job_id = c.job_id
+                   WHERE (cap.scope = 'owner' AND cap.name = j.owner)
+                      OR (cap.scope = 'tag' AND cap.name = ANY(j.tags) AND cap.owner IN ('', j.owner))))
         ORDER BY c.tier, c.queue_id LIMIT $1 FOR UPDATE SKIP LOCKED
     )
     RETURNING q.run_id, q.scheduled_at, q.job_id
