@@ -78,11 +78,8 @@ async def serving_target() -> AsyncIterator[Target]:
             if delay is not None:  # cut short when the test ends, so teardown never waits on it
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(closing.wait(), timeout=delay(number))
-            if gate is not None:
-                waits = {asyncio.ensure_future(gate.wait()), asyncio.ensure_future(closing.wait())}
-                _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                for wait in pending:
-                    wait.cancel()
+            if gate is not None:  # opened at teardown too (below)
+                await gate.wait()
         finally:  # also when the caller went away (a worker killed mid-call)
             state.in_flight[request.path] -= 1
         responder = state.responders.get(request.path)
@@ -102,4 +99,6 @@ async def serving_target() -> AsyncIterator[Target]:
     state.url = f"http://127.0.0.1:{port}"
     yield state
     closing.set()
+    for gate in state.gates.values():
+        gate.set()
     await runner.cleanup()
