@@ -23,6 +23,8 @@ Scenarios:
                aiohttp session with the same headers, each in a process of its own: CPU per call
   skip-claim   N queued runs of one owner, then a worker's claims timed on that queue: one of 100 that
                skips nobody, and one skipping the owner (as while it holds its share of the worker)
+  claim-plan   N queued runs and --caps tag caps none of them fall under, then one claim of 100 executed
+               40 times as a worker executes it (generic plan, rolled back): its time and buffer reads
   worker-instructions
                the burst with N/4 runs and with N, the worker under valgrind's cachegrind: the
                instructions one run costs the worker, counted (steady where times are not), and by function
@@ -86,14 +88,16 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenario", choices=["burst", "up", "top-of-hour", "steady", "load", "peers", "ha-cost",
                                              "idle-wal", "async-loss", "shards", "http-calls", "move",
-                                             "skip-claim", "worker-instructions"])
+                                             "skip-claim", "claim-plan", "worker-instructions"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
     parser.add_argument("--database-prefix", type=_identifier, default="bench",
                         help="name prefix of the databases created on the server (two benchmarks can share one)")
     parser.add_argument("--runs", type=int, default=10_000,
                         help="runs in the burst (burst, up, top-of-hour, peers, ha-cost, worker-instructions), calls "
-                             "(http-calls), queued runs (skip-claim)")
+                             "(http-calls), queued runs (skip-claim, claim-plan)")
+    parser.add_argument("--caps", type=int, default=0,
+                        help="claim-plan: tag concurrency caps to create, none of which the queued runs fall under")
     parser.add_argument("--creates", type=_positive, default=300,
                         help="jobs created through the API one at a time, for their latency (ha-cost, shards)")
     parser.add_argument("--shards", type=_shard_counts, default="1,2,4",
@@ -226,6 +230,10 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
         from bench.skip_claim import skip_claim
 
         return [await skip_claim(env, runs=args.runs, say=say)]
+    if args.scenario == "claim-plan":
+        from bench.claim_plan import claim_plan
+
+        return [await claim_plan(env, runs=args.runs, caps=args.caps, say=say)]
     if args.scenario == "load":
         from bench.load import load
 
@@ -261,6 +269,10 @@ def _report(scenario: str, results: list[Result]) -> str:
         from bench.skip_claim import skip_table
 
         return skip_table(results)
+    if scenario == "claim-plan":
+        from bench.claim_plan import plan_table
+
+        return plan_table(results)
     if scenario == "idle-wal":
         from bench.idle_wal import wal_table
 

@@ -10,9 +10,13 @@ backlog, which is why the worker's poll backs off while it finds nothing (docs/a
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+from collections.abc import AsyncIterator
 from typing import Any
+
+import asyncpg
 
 from bench import seed
 from bench.chimes_runs import Fleet, FleetShape, _wait_for
@@ -26,10 +30,12 @@ CLAIMS = 5  # of each kind, alternating
 LEASE_SEC, GRACE_SEC = 300.0, 30.0
 
 
-async def skip_claim(env: Env, *, runs: int, say: Any) -> Result:
-    name = env.database("skip")
+@contextlib.asynccontextmanager
+async def queued_runs(env: Env, name: str, runs: int) -> AsyncIterator[asyncpg.Pool]:
+    """A fresh database named ``name`` with ``runs`` one-off runs of one owner in its queue, fired by a
+    real scheduler node that is stopped once they are all queued: nothing else touches the queue."""
     dsn = await fresh_database(env, name, chimes_schema=True)
-    fleet = Fleet(env, dsn, FleetShape(schedulers=1, workers=0), "skip-claim")
+    fleet = Fleet(env, dsn, FleetShape(schedulers=1, workers=0), name)
     pool = await db.create_pool(dsn, max_size=2)
     try:
         await fleet.wait_ready()
@@ -41,8 +47,17 @@ async def skip_claim(env: Env, *, runs: int, say: Any) -> Result:
             return bool(await pool.fetchval("SELECT count(*) FROM run_queue") >= runs)
 
         await _wait_for(all_queued, 120 + runs / 1_000, "the scheduler to queue every run", fleet)
-        fleet.stop()  # the queue stays as it is: nothing but the claims below touches it
+        fleet.stop()
         await pool.execute("VACUUM ANALYZE run_queue")
+        yield pool
+    finally:
+        await pool.close()
+        fleet.stop()
+        await drop_database(env, name)
+
+
+async def skip_claim(env: Env, *, runs: int, say: Any) -> Result:
+    async with queued_runs(env, env.database("skip"), runs) as pool:
         store = WorkerStore(pool, "bench-skip-claim")
         head_ms: list[float] = []
         skipping_ms: list[float] = []
@@ -56,10 +71,6 @@ async def skip_claim(env: Env, *, runs: int, say: Any) -> Result:
         say(f"skip-claim: {runs:,} queued runs of one owner; a claim of 100 skipping nobody "
             f"{statistics.median(head_ms):.1f} ms (median of {CLAIMS}), one skipping the owner "
             f"{statistics.median(skipping_ms):.1f} ms")
-    finally:
-        await pool.close()
-        fleet.stop()
-        await drop_database(env, name)
     return Result("chimes", "skip-claim", runs, 0, None,
                   extra={"head_claim_ms": head_ms, "skipping_claim_ms": skipping_ms})
 

@@ -1,5 +1,5 @@
-"""The benchmark code keeps working: the burst, top-of-hour, idle-wal, shards, move and http-calls
-scenarios, tiny, on the test server (shards and move: on servers of their own).
+"""The benchmark code keeps working: the burst, top-of-hour, idle-wal, shards, move, http-calls and
+claim-plan scenarios, tiny, on the test server (shards and move: on servers of their own).
 
 Real `chimes scheduler` and `chimes worker` processes and the benchmark's own HTTP target, as in a
 real benchmark run; no timing is asserted (the machine is shared), only that every run is accounted
@@ -23,6 +23,7 @@ import pytest
 
 from bench.__main__ import _parser, _quietness, _run
 from bench.chimes_runs import FleetShape, end_to_end
+from bench.claim_plan import MEASURED, claim_plan, plan_table
 from bench.env import Env
 from bench.http_calls import CLIENTS, WARM_UP, http_calls
 from bench.idle_wal import idle_wal, wal_table
@@ -49,6 +50,18 @@ async def test_burst_scenario_runs_every_job_once_and_reports(server_dsn: str, t
     # the WAL a run wrote, by relation and record (pg_walinspect): the run rows among them
     assert any(r["relation"].startswith("runs") and r["records"] > 0 for r in result.extra["wal_by_record_per_run"])
     assert orjson.loads(orjson.dumps(result.to_json()))["runs"] == 30
+
+
+async def test_claim_plan_scenario_reads_no_job_for_the_caps_while_there_are_none(server_dsn: str,
+                                                                                   tmp_path: Path) -> None:
+    env = Env(server_dsn, tmp_path, None, prefix=f"bench_smoke_{os.getpid()}")
+    without, with_caps = [await claim_plan(env, runs=300, caps=caps, say=lambda _: None) for caps in (0, 2)]
+    for result in (without, with_caps):
+        assert len(result.extra["execution_ms"]) == len(result.extra["buffer_reads"]) == MEASURED
+        assert all(ms > 0 for ms in result.extra["execution_ms"])
+    # with a cap each of the 100 runs' jobs is looked up for it; with none, not one
+    assert max(without.extra["buffer_reads"]) + 100 <= min(with_caps.extra["buffer_reads"])
+    assert "    300 |    0 |" in plan_table([without, with_caps])
 
 
 @pytest.mark.parametrize("distinct_urls", [False, True])
