@@ -25,6 +25,8 @@ Scenarios:
                skips nobody, and one skipping the owner (as while it holds its share of the worker)
   claim-plan   N queued runs and --caps tag caps none of them fall under, then one claim of 100 executed
                40 times as a worker executes it (generic plan, rolled back): its time and buffer reads
+  fleet-model  the fleet for --fleet-rate runs a second from the CPU a run costs each process in a burst, and
+               that model checked here: bursts through --check-workers workers, each drain beside its prediction
   worker-instructions
                the burst with N/4 runs and with N, the worker under valgrind's cachegrind: the
                instructions one run costs the worker, counted (steady where times are not), and by function
@@ -70,6 +72,16 @@ def _shard_counts(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated whole numbers, not {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"each must be 1 or more, not {text!r}")
+    return counts
+
+
 def _identifier(text: str) -> str:
     if not re.fullmatch(r"[a-z_][a-z0-9_]{0,39}", text):
         raise argparse.ArgumentTypeError(f"lower-case letters, digits and _ (40 at most), not {text!r}")
@@ -88,14 +100,14 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenario", choices=["burst", "up", "top-of-hour", "steady", "load", "peers", "ha-cost",
                                              "idle-wal", "async-loss", "shards", "http-calls", "move",
-                                             "skip-claim", "claim-plan", "worker-instructions"])
+                                             "skip-claim", "claim-plan", "fleet-model", "worker-instructions"])
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"),
                         help="a PostgreSQL server to use (a database per system is created on it)")
     parser.add_argument("--database-prefix", type=_identifier, default="bench",
                         help="name prefix of the databases created on the server (two benchmarks can share one)")
     parser.add_argument("--runs", type=int, default=10_000,
-                        help="runs in the burst (burst, up, top-of-hour, peers, ha-cost, worker-instructions), calls "
-                             "(http-calls), queued runs (skip-claim, claim-plan)")
+                        help="runs in the burst (burst, up, top-of-hour, peers, ha-cost, fleet-model, "
+                             "worker-instructions), calls (http-calls), queued runs (skip-claim, claim-plan)")
     parser.add_argument("--caps", type=int, default=0,
                         help="claim-plan: tag concurrency caps to create, none of which the queued runs fall under")
     parser.add_argument("--creates", type=_positive, default=300,
@@ -115,6 +127,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=200,
                         help="runs each chimes worker executes at once (http-calls: calls at once)")
     parser.add_argument("--schedulers", type=int, default=1, help="chimes scheduler processes")
+    parser.add_argument("--check-workers", type=_counts, default="1,2",
+                        help="fleet-model: the fleets the model is checked with, comma-separated numbers of workers")
+    parser.add_argument("--fleet-rate", type=float, default=50_000.0,
+                        help="fleet-model: the runs a second the fleet is worked out for")
     parser.add_argument("--systems", default="chimes,apscheduler,procrastinate,pgqueuer,celery",
                         help="systems for `peers`, comma-separated")
     parser.add_argument("--modes", default="processes,single-process",
@@ -234,6 +250,12 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
         from bench.claim_plan import claim_plan
 
         return [await claim_plan(env, runs=args.runs, caps=args.caps, say=say)]
+    if args.scenario == "fleet-model":
+        from bench.fleet_model import fleet_model
+
+        return await fleet_model(env, target, runs=args.runs, check_workers=args.check_workers,
+                                 concurrency=args.concurrency, rate=args.fleet_rate, say=say,
+                                 settle=functools.partial(_settle, args.settle))
     if args.scenario == "load":
         from bench.load import load
 
@@ -273,6 +295,10 @@ def _report(scenario: str, results: list[Result]) -> str:
         from bench.claim_plan import plan_table
 
         return plan_table(results)
+    if scenario == "fleet-model":
+        from bench.fleet_model import model_table
+
+        return model_table(results)
     if scenario == "idle-wal":
         from bench.idle_wal import wal_table
 

@@ -116,6 +116,8 @@ class CpuMeter:
         self._pids: Mapping[str, int | None] = {}
         self.by_name: dict[str, float] = {}
         self._start: dict[str, float] = {}
+        self._mark: dict[str, float] = {}
+        self.after_mark: dict[str, float] = {}
         self.wall = 0.0
         self._t0 = 0.0
 
@@ -132,8 +134,14 @@ class CpuMeter:
         self._t0 = time.monotonic()
         self._start = self._read()
 
+    def mark(self) -> None:
+        """Read the counters now too: :attr:`after_mark` is then the CPU from here to :meth:`stop`."""
+        self._mark = self._read()
+
     def stop(self) -> dict[str, float]:
         self.wall = time.monotonic() - self._t0
         end = self._read()
         self.by_name = {name: round(end[name] - self._start.get(name, 0.0), 3) for name in end}
+        if self._mark:
+            self.after_mark = {name: round(end[name] - self._mark.get(name, 0.0), 3) for name in end}
         return self.by_name

@@ -1,5 +1,5 @@
-"""The benchmark code keeps working: the burst, top-of-hour, idle-wal, shards, move, http-calls and
-claim-plan scenarios, tiny, on the test server (shards and move: on servers of their own).
+"""The benchmark code keeps working: the burst, top-of-hour, idle-wal, shards, move, http-calls,
+claim-plan and fleet-model scenarios, tiny, on the test server (shards and move: on servers of their own).
 
 Real `chimes scheduler` and `chimes worker` processes and the benchmark's own HTTP target, as in a
 real benchmark run; no timing is asserted (the machine is shared), only that every run is accounted
@@ -25,6 +25,7 @@ from bench.__main__ import _parser, _quietness, _run
 from bench.chimes_runs import FleetShape, end_to_end
 from bench.claim_plan import MEASURED, claim_plan, plan_table
 from bench.env import Env
+from bench.fleet_model import fleet_model, model_table
 from bench.http_calls import CLIENTS, WARM_UP, http_calls
 from bench.idle_wal import idle_wal, wal_table
 from bench.report import spread_table, table
@@ -50,6 +51,34 @@ async def test_burst_scenario_runs_every_job_once_and_reports(server_dsn: str, t
     # the WAL a run wrote, by relation and record (pg_walinspect): the run rows among them
     assert any(r["relation"].startswith("runs") and r["records"] > 0 for r in result.extra["wal_by_record_per_run"])
     assert orjson.loads(orjson.dumps(result.to_json()))["runs"] == 30
+
+
+async def test_fleet_model_scenario_measures_the_costs_then_checks_a_larger_fleet(server_dsn: str,
+                                                                                 tmp_path: Path) -> None:
+    env = Env(server_dsn, tmp_path, None, prefix=f"bench_smoke_{os.getpid()}")
+    target = TargetProcess(tmp_path)
+    settled = []
+
+    async def settle() -> None:
+        settled.append(True)
+
+    try:
+        results = await fleet_model(env, target, runs=30, check_workers=[2], concurrency=10, rate=50_000,
+                                    say=lambda _: None, settle=settle)
+    finally:
+        target.stop()
+    assert [(r.extra["part"], r.extra["fleet"]["workers"]) for r in results] == [("costs", 1), ("check", 2)]
+    assert [(r.runs, r.completed, r.extra["distinct_calls"]) for r in results] == [(30, 30, 30)] * 2
+    assert settled == [True]  # before the check's burst, not before the first
+    costs, check = results
+    # the target's CPU is apart from the fleet's, and every process's is counted from the due instant too
+    assert set(costs.cpu_sec) == {"scheduler", "worker"} and costs.extra["target_cpu_sec"] >= 0
+    assert set(costs.extra["cpu_sec_from_due"]) == {"scheduler", "worker", "target"}
+    assert set(check.extra["cpu_sec_from_due"]) == {"scheduler", "worker1", "worker2", "target"}
+    assert all(costs.extra["cpu_sec_from_due"][name] <= costs.cpu_sec[name] for name in costs.cpu_sec)
+    text = model_table(results)
+    assert "The fleet for 50,000 runs a second" in text and "PostgreSQL not read (an external server)" in text
+    assert any(line.split()[:1] == ["2"] for line in text.splitlines())  # the check's row
 
 
 async def test_claim_plan_scenario_reads_no_job_for_the_caps_while_there_are_none(server_dsn: str,
