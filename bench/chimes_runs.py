@@ -175,6 +175,8 @@ async def end_to_end(env: Env, target: TargetProcess, *, runs: int, spread_sec: 
     result.extra["history_bytes_per_run"] = round(float(history_bytes) / runs)
     say(f"{system}: run history {result.extra['history_bytes_per_run']:,} bytes per run on disk "
         "(the pages of runs and run_attempts, indexes included)")
+    if result.extra["first_call_sec"] is not None:
+        say(f"{system}: the first call came {result.extra['first_call_sec']:.3f}s after the due instant")
     if wal_records:  # which rows and index entries a run writes (bench.wal)
         result.extra["wal_by_record_per_run"] = wal_records
         say(f"{system}: WAL per run {result.extra['wal_bytes_per_run']:,} bytes; the heaviest relations and records:")
@@ -201,6 +203,8 @@ def _result(system: str, scenario: str, runs: int, due: datetime, spread_sec: fl
                     fire_lag=percentiles(fire), start_lag=percentiles(arrivals), cpu_sec=cpu,
                     peak_mb=fleet.peaks(), start_lags=arrivals)
     result.extra = {"claim_lag": percentiles(start_db), "calls": len(times), "distinct_calls": len(set(keys)),
+                    # a burst's fixed start: the fire's commit at the instant, the first claim, the first connections
+                    "first_call_sec": round(min(arrivals), 4) if arrivals and not spread_sec else None,
                     "fleet": vars(fleet.shape), "warnings": fleet.warnings()}
     if spread_sec:
         result.extra["rate_per_sec"] = runs / spread_sec

@@ -11,7 +11,7 @@ the rate times the database's (docs/scaling.md).
 **The check.** The same burst through one node and each of ``--check-workers`` workers. Each
 burst's drain is set beside two shortest drains, as the model has it (a process on a core of its
 own, every process's CPU sharing the machine's cores): the one its own CPU from the due instant
-allows (its busiest worker's seconds, or all of it spread over the cores), which says how much the
+allows (its busiest process's seconds, or all of it spread over the cores), which says how much the
 fleet waits beyond its CPU (a claim's round trip, a core taken by another process); and the forecast
 from the first burst's costs counted from the due instant (the node fires a large instant ahead of
 it), which also says whether a run costs each process the same in a larger fleet. On this
@@ -87,11 +87,15 @@ def predicted_drain(costs: RunCosts, runs: int, workers: int, cores: int) -> tup
                      "the machine's cores": runs * costs.machine / cores})
 
 
-def cpu_bound(cpu_from_due: Mapping[str, float], cores: int) -> tuple[float, str]:
-    """The shortest drain that the CPU a burst used from its due instant allows: its busiest worker's
-    seconds, or every process's over the cores."""
-    busiest = max(sec for name, sec in cpu_from_due.items() if name.startswith("worker"))
-    return _longest({"a worker's core": busiest, "the machine's cores": sum(cpu_from_due.values()) / cores})
+def cpu_bound(cpu_from_due: Mapping[str, float], cores: int, servers: Sequence[str] = ("postgresql",)) -> tuple[
+        float, str]:
+    """The shortest drain that the CPU a burst used from its due instant allows: the seconds of its
+    busiest process (each runs on one core; not the database ``servers``, whose backends are
+    processes of their own), or every process's over the cores."""
+    one_core = {name: sec for name, sec in cpu_from_due.items() if name not in servers}
+    busiest = max(one_core, key=lambda name: one_core[name])
+    return _longest({f"the {busiest}'s core": one_core[busiest],
+                     "the machine's cores": sum(cpu_from_due.values()) / cores})
 
 
 def _longest(bounds: dict[str, float]) -> tuple[float, str]:
@@ -160,15 +164,15 @@ def _round_table(results: list[Result]) -> str:
               f"PostgreSQL {database}"]
     if checks:
         lines += ["", f"The model checked on this machine ({cores} cores). Each burst's drain beside the shortest that "
-                      "its own CPU from the due instant allows (its busiest worker's, or all of it over the cores), "
+                      "its own CPU from the due instant allows (its busiest process's, or all of it over the cores), "
                       "and beside the forecast from the costs above:",
-                  f"  {'workers':<8}{'drain':>8}  {'CPU bound':>10}  {'set by':<20}{'drain/bound':>12}{'forecast':>10}"
+                  f"  {'workers':<8}{'drain':>8}  {'CPU bound':>10}  {'set by':<22}{'drain/bound':>12}{'forecast':>10}"
                   f"{'drain/forecast':>16}{'runs/s':>9}{'worker CPU ms a run':>21}"]
         for check in checks:
             workers, drain = check.extra["fleet"]["workers"], check.drain_sec or 0.0
             bound, bound_by = cpu_bound(check.extra["cpu_sec_from_due"], cores)
             forecast, _ = predicted_drain(from_due, check.completed, workers, cores)
             worker_ms = run_costs(_cpu(check, from_due=True), check.completed).worker * 1000
-            lines.append(f"  {workers:<8}{drain:>7.2f}s  {bound:>9.2f}s  {bound_by:<20}{drain / bound:>12.2f}"
+            lines.append(f"  {workers:<8}{drain:>7.2f}s  {bound:>9.2f}s  {bound_by:<22}{drain / bound:>12.2f}"
                          f"{forecast:>9.2f}s{drain / forecast:>16.2f}{check.throughput or 0:>9,.0f}{worker_ms:>21.3f}")
     return "\n".join(lines)

@@ -33,6 +33,7 @@ from bench import seed
 from bench.api_client import team_token, wait_until
 from bench.chimes_runs import LAGS
 from bench.env import Env, drop_database, fresh_database, statement_costs
+from bench.fleet_model import cpu_bound, machine_cores
 from bench.procs import Proc, free_port, postgres_cpu_seconds, python
 from bench.report import Result, percentiles
 from bench.target import TargetProcess
@@ -98,11 +99,19 @@ async def up_burst(env: Env, target: TargetProcess, *, mode: str, runs: int, say
                 if env.statements:  # the burst's statements, not the creates'
                     await conn.execute("SELECT pg_stat_statements_reset()")
                 spy = _spy(up, profile) if profile is not None else None
-                cpu_start = _cpu(up, env)
+                cpu_start = _cpu(up, env, target)
+                # and again at the due second: what the drain had of the CPU, apart from the firing ahead
+                at_due: dict[str, float] = {}
+                loop = asyncio.get_running_loop()
+                reading = loop.call_at(loop.time() + due.timestamp() - time.time(),
+                                       lambda: at_due.update(_cpu(up, env, target)))
                 try:
                     await wait_until(lambda: _succeeded(conn, runs, up), limit_sec=120 + runs / 100,
                                      what="every run to succeed", interval=0.25)
-                    cpu = {k: round(v - cpu_start.get(k, 0.0), 3) for k, v in _cpu(up, env).items()}
+                    end = _cpu(up, env, target)
+                    reading.cancel()
+                    cpu = {k: round(v - cpu_start.get(k, 0.0), 3) for k, v in end.items() if k != "target"}
+                    from_due = {k: round(v - at_due.get(k, 0.0), 3) for k, v in end.items()}
                 finally:
                     if spy is not None and profile is not None:
                         say(f"{system}: profile in {profile}\n" + _stop_spy(spy, profile))
@@ -121,11 +130,19 @@ async def up_burst(env: Env, target: TargetProcess, *, mode: str, runs: int, say
                     fire_lag=percentiles([float(r["fire_lag"]) for r in rows if r["fire_lag"] is not None]),
                     start_lag=percentiles(starts), cpu_sec=cpu, start_lags=starts)
     result.extra = {"calls": len(times), "distinct_calls": len(set(keys)), "create_sec": round(took, 2),
-                    "claim_lag": percentiles([float(r["start_lag"]) for r in rows if r["start_lag"] is not None])}
+                    "claim_lag": percentiles([float(r["start_lag"]) for r in rows if r["start_lag"] is not None]),
+                    "cpu_sec_from_due": from_due, "first_call_sec": round(min(starts), 4) if starts else None}
+    if result.drain_sec:
+        # how much of the drain the processes' CPU accounts for: the rest they waited
+        bound, bound_by = cpu_bound(from_due, machine_cores())
+        result.extra["cpu_bound"] = {"sec": round(bound, 3), "set_by": bound_by,
+                                     "drain_per_bound": round(result.drain_sec / bound, 3)}
+        say(f"{system}: the CPU from the due second allows a drain of {bound:.2f}s at the shortest ({bound_by}): "
+            f"drained in {result.drain_sec / bound:.2f} times that")
     if costs:
         result.extra["statements"] = costs
-    say(f"{system}: start lag p50 {_sec(result, 'p50')}, p99 {_sec(result, 'p99')}; drained in "
-        f"{result.drain_sec or 0:.2f}s")
+    say(f"{system}: first call {result.extra['first_call_sec'] or 0:.3f}s after the due second, start lag p50 "
+        f"{_sec(result, 'p50')}, p99 {_sec(result, 'p99')}; drained in {result.drain_sec or 0:.2f}s")
     return result
 
 
@@ -206,8 +223,9 @@ def top_frames(raw: Path, top: int) -> list[tuple[str, float]]:
     return [(frame, n / total) for frame, n in running.most_common(top)] if total else []
 
 
-def _cpu(up: Proc, env: Env) -> dict[str, float]:
-    """CPU seconds so far of chimes up, of each child it runs, and of the PostgreSQL server."""
+def _cpu(up: Proc, env: Env, target: TargetProcess) -> dict[str, float]:
+    """CPU seconds so far of chimes up, of each child it runs, of the PostgreSQL server and of the
+    HTTP target."""
     found: dict[str, float] = {}
     with contextlib.suppress(psutil.NoSuchProcess):
         parent = psutil.Process(up.pid)
@@ -224,4 +242,5 @@ def _cpu(up: Proc, env: Env) -> dict[str, float]:
         pg = postgres_cpu_seconds(pid)
         if pg is not None:
             found[name] = pg
+    found["target"] = target.proc.cpu_seconds()
     return found

@@ -46,6 +46,7 @@ async def test_burst_scenario_runs_every_job_once_and_reports(server_dsn: str, t
     assert (result.runs, result.completed) == (30, 30)
     assert result.extra["calls"] == result.extra["distinct_calls"] == 30  # each job called its target once
     assert result.start_lag is not None and result.fire_lag is not None
+    assert result.extra["first_call_sec"] >= 0  # no call before its time
     assert set(result.peak_mb) == {"scheduler", "worker"} and all(mb > 0 for mb in result.peak_mb.values())
     assert "30/30" in table([result])
     # the WAL a run wrote, by relation and record (pg_walinspect): the run rows among them
