@@ -111,7 +111,7 @@ async def up_burst(env: Env, target: TargetProcess, *, mode: str, runs: int, say
                     end = _cpu(up, env, target)
                     reading.cancel()
                     cpu = {k: round(v - cpu_start.get(k, 0.0), 3) for k, v in end.items() if k != "target"}
-                    from_due = {k: round(v - at_due.get(k, 0.0), 3) for k, v in end.items()}
+                    from_due = {k: round(v - at_due.get(k, 0.0), 3) for k, v in end.items()} if at_due else {}
                 finally:
                     if spy is not None and profile is not None:
                         say(f"{system}: profile in {profile}\n" + _stop_spy(spy, profile))
@@ -132,7 +132,7 @@ async def up_burst(env: Env, target: TargetProcess, *, mode: str, runs: int, say
     result.extra = {"calls": len(times), "distinct_calls": len(set(keys)), "create_sec": round(took, 2),
                     "claim_lag": percentiles([float(r["start_lag"]) for r in rows if r["start_lag"] is not None]),
                     "cpu_sec_from_due": from_due, "first_call_sec": round(min(starts), 4) if starts else None}
-    if result.drain_sec:
+    if result.drain_sec and from_due:
         # how much of the drain the processes' CPU accounts for: the rest they waited
         bound, bound_by = cpu_bound(from_due, machine_cores())
         result.extra["cpu_bound"] = {"sec": round(bound, 3), "set_by": bound_by,
