@@ -2,8 +2,9 @@
 
 ``python -m bench http-calls --runs N --concurrency C``: N POSTs, C at once, to the local target,
 each client in a process of its own so that its CPU time is its own: Chimes' HTTP executor
-(chimes.worker.tasks.http, libcurl, with everything a run's call carries: Chimes' headers, the
-signature, the egress check, the output tail) and one pooled aiohttp session sending the same
+(chimes.worker.tasks.http over chimes.worker.tasks.connections, with everything a run's call
+carries: Chimes' headers, the signature, the egress check, the output tail) and one pooled aiohttp
+session sending the same
 headers (the client HTTP tasks went through before; the other systems of ``peers`` use it). The
 figure is the client process's CPU per call, what a worker spends on the call itself. With
 ``--distinct-urls`` each call goes to a URL of its own (``/r0``, ``/r1``, ...), as the jobs of ``up``
@@ -23,7 +24,7 @@ from typing import Any
 from bench.procs import python
 from bench.report import Result
 
-CLIENTS = {"chimes": "Chimes HTTP executor (libcurl)", "aiohttp": "aiohttp ClientSession, the same headers"}
+CLIENTS = {"chimes": "Chimes HTTP executor", "aiohttp": "aiohttp ClientSession, the same headers"}
 WARM_UP = 200  # calls before the measured ones: connections opened, caches filled
 
 

@@ -325,9 +325,9 @@ async def test_http_timeout(server: Server, http: HttpExecutor) -> None:
 @pytest.mark.parametrize("first_sec, second_sec", [(3.0, 0.3), (0.3, 3.0)])
 async def test_http_timeouts_of_calls_in_flight_together_each_end_their_own_call(
         server: Server, http: HttpExecutor, first_sec: float, second_sec: float) -> None:
-    """The pool keeps one timer for libcurl's next timeout: a later one must not delay an earlier one
-    (the short call started second ends long before the long call's time), and an earlier one that
-    fires first must leave the longer call its own (a timer lost leaves that call hanging)."""
+    """Each call has a timer of its own: a later one must not delay an earlier one (the short call
+    started second ends long before the long call's time), and an earlier one that fires first must
+    leave the longer call its own (a timer lost leaves that call hanging)."""
     loop = asyncio.get_running_loop()
 
     async def hanging_call(timeout_sec: float) -> tuple[Outcome, float]:

@@ -1,6 +1,6 @@
-"""The HTTP tasks' client (libcurl, chimes.worker.tasks.curl) against real local servers: what it
-sends, what it reads back, how it keeps and drops connections, and TLS with the certificates Python
-trusts. No database."""
+"""The HTTP tasks' client (chimes.worker.tasks.connections, under chimes.worker.tasks.http) against
+real local servers: what it sends, what it reads back, how it keeps and drops connections, replies
+that end early or are not HTTP, and TLS with the certificates Python trusts. No database."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import gzip
 import ipaddress
 import os
 import ssl
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pycurl
 import pytest
 from aiohttp import web
 from cryptography import x509
@@ -24,8 +24,8 @@ from cryptography.x509.oid import NameOID
 
 from chimes.security.ssrf import EgressPolicy
 from chimes.worker.tasks.common import TaskContext
-from chimes.worker.tasks.curl import CurlPool, Reply
-from chimes.worker.tasks.http import LANE_CALLS, HttpExecutor
+from chimes.worker.tasks.connections import ConnectionPool, Reply
+from chimes.worker.tasks.http import HttpExecutor
 from tests.helpers import wait_for
 
 
@@ -105,26 +105,24 @@ async def test_calls_of_one_owner_share_kept_alive_connections(served: Served, h
     assert served.connections <= 10, "at most max_connections, then kept alive and reused"
 
 
-async def test_many_calls_at_once_go_over_lanes_within_max_connections_and_a_light_load_keeps_to_one(
+async def test_many_calls_at_once_stay_within_max_connections_and_a_light_load_keeps_to_one(
     served: Served,
 ) -> None:
-    executor = HttpExecutor(max_connections=2 * LANE_CALLS)
+    executor = HttpExecutor(max_connections=8)
     try:
         outcomes = await asyncio.gather(*(executor.run({"type": "http", "url": f"{served.base}/n{i}"}, ctx())
-                                          for i in range(3 * LANE_CALLS)))
+                                          for i in range(40)))
         assert all(o.succeeded for o in outcomes)
         pool = executor.pool_of("")
-        assert pool is not None and len(pool.lanes) == 2, "a lane per LANE_CALLS at once, as max_connections allows"
-        assert served.connections <= 2 * LANE_CALLS, "at most max_connections over all the lanes"
-        assert pool.in_flight == 0 and [lane.in_flight for lane in pool.lanes] == [0, 0]
+        assert pool is not None and pool.in_flight == 0
+        assert served.connections <= 8, "calls beyond max_connections wait for a connection"
         opened = served.connections
         for i in range(10):
             assert (await executor.run({"type": "http", "url": f"{served.base}/after{i}"}, ctx())).succeeded
-        assert served.connections == opened, "one call at a time takes the first lane's kept-alive connections"
-        assert len(pool.lanes) == 2
+        assert served.connections == opened, "one call at a time reuses a kept-alive connection"
     finally:
         await executor.close()
-    assert pool.closed and all(lane.closed for lane in pool.lanes)
+    assert pool.closed and pool.open_connections == 0
 
 
 async def test_a_connection_the_target_closes_is_not_reused(served: Served, http: HttpExecutor) -> None:
@@ -220,23 +218,18 @@ async def test_an_idle_connection_the_target_closes_is_let_go_and_the_next_call_
 ) -> None:
     assert (await http.run({"type": "http", "url": f"{short_keepalive}/first"}, ctx())).output == "hello"
     pool = http.pool_of("")
-    assert pool is not None
-    kept = pool.watched_sockets  # the kept-alive connection, and whatever libcurl watches of its own (an eventfd)
-    assert kept >= 1
-    # Its end of file comes while libcurl does not watch it: the pool lets it go (a socket left in the
-    # set would wake the loop for ever), and libcurl finds the connection dead when it would reuse it.
-    await wait_for(lambda: pool.watched_sockets == kept - 1, timeout=10, what="the closed idle connection to be let go")
+    assert pool is not None and pool.open_connections == 1
+    await wait_for(lambda: pool.open_connections == 0, timeout=10, what="the closed idle connection to be let go")
     outcome = await asyncio.wait_for(http.run({"type": "http", "url": f"{short_keepalive}/second"}, ctx()), 10)
     assert outcome.output == "hello"
-    assert pool.watched_sockets == kept, "the new connection is kept, and watched, in its turn"
+    assert pool.open_connections == 1, "the new connection is kept in its turn"
 
 
 async def test_calls_taking_turns_between_two_targets_on_one_connection_all_arrive(
     served: Served, short_keepalive: str
 ) -> None:
-    """With room for one connection, each call closes the other target's idle connection, which
-    libcurl no longer watched, and the next socket is often given its number: it must be watched
-    afresh, not taken for the one parked there."""
+    """With room for one connection, each call closes the other target's idle connection to open its
+    own; calls at once wait for the one connection in turn."""
     executor = HttpExecutor(max_connections=1)
     try:
         for n in range(30):
@@ -252,27 +245,137 @@ async def test_calls_taking_turns_between_two_targets_on_one_connection_all_arri
     assert len(served.requests) == 25  # 15 one after the other, then 10 at once
 
 
-@pytest.mark.parametrize("own_epoll", [True, False], ids=["epoll-set", "loop-readers"])
-async def test_both_ways_of_watching_sockets_carry_calls_on_kept_alive_connections(
-    served: Served, own_epoll: bool
+class RawTarget:
+    """A listener on 127.0.0.1 that answers each connection's requests with the bytes a test scripts:
+    ``script(connection, request)`` gives the reply to write, and whether to close the connection after."""
+
+    def __init__(self, script: Any) -> None:
+        self.script = script
+        self.requests: list[tuple[int, bytes]] = []  # (the connection's number, the request's head)
+        self.connections = 0
+        self.url = ""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        number = self.connections
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.requests.append((number, head))
+                reply, close = self.script(number, head)
+                writer.write(reply)
+                await writer.drain()
+                if close:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def raw_target(request: pytest.FixtureRequest) -> AsyncIterator[RawTarget]:
+    target = RawTarget(request.param)
+    server = await asyncio.start_server(target.serve, "127.0.0.1", 0)
+    target.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield target
+    finally:
+        server.close()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def _second_request_dropped(connection: int, head: bytes) -> tuple[bytes, bool]:
+    """The first connection answers one request, then closes on the next without a byte of reply:
+    as a target whose keep-alive timeout ends just as a request is written."""
+    if connection == 1 and head.startswith(b"POST /second"):
+        return b"", True
+    return OK, False
+
+
+@pytest.mark.parametrize("raw_target", [_second_request_dropped], indirect=True)
+async def test_a_request_a_kept_alive_connection_drops_unanswered_is_written_again_on_a_new_one(
+    raw_target: RawTarget, http: HttpExecutor
 ) -> None:
-    """The pool's own epoll set (Linux) and the loop's readers (elsewhere) carry the same calls."""
-    pool = CurlPool(EgressPolicy.build(), max_connections=4, own_epoll=own_epoll)
+    assert (await http.run({"type": "http", "method": "POST", "url": f"{raw_target.url}/first"}, ctx())).succeeded
+    second = await http.run({"type": "http", "method": "POST", "url": f"{raw_target.url}/second"}, ctx())
+    assert second.succeeded and second.output == "ok"
+    assert [(n, head.split(b" ")[1]) for n, head in raw_target.requests] == [
+        (1, b"/first"), (1, b"/second"), (2, b"/second")]
+
+
+def _closes_without_answering(connection: int, head: bytes) -> tuple[bytes, bool]:
+    return b"", True
+
+
+@pytest.mark.parametrize("raw_target", [_closes_without_answering], indirect=True)
+async def test_a_new_connection_closed_without_a_reply_fails_the_call_once(
+    raw_target: RawTarget, http: HttpExecutor
+) -> None:
+    outcome = await http.run({"type": "http", "method": "POST", "url": f"{raw_target.url}/x"}, ctx())
+    assert not outcome.succeeded and outcome.error is not None
+    assert outcome.error.startswith("the connection closed before the reply ended"), outcome.error
+    assert len(raw_target.requests) == 1, "a request on a fresh connection is never written twice"
+
+
+def _until_closed(connection: int, head: bytes) -> tuple[bytes, bool]:
+    return b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it", True
+
+
+def _cut_short(connection: int, head: bytes) -> tuple[bytes, bool]:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this", True
+
+
+def _not_http(connection: int, head: bytes) -> tuple[bytes, bool]:
+    return b"SSH-2.0-OpenSSH_9.6\r\n", False
+
+
+@pytest.mark.parametrize(("raw_target", "succeeded", "said"), [
+    (_until_closed, True, "all of it"),
+    (_cut_short, False, "the connection closed before the reply ended"),
+    (_not_http, False, "the target's reply is not valid HTTP"),
+], indirect=["raw_target"], ids=["body-to-the-close", "cut-short", "not-http"])
+async def test_a_reply_is_read_to_its_end_or_failed_saying_why(
+    raw_target: RawTarget, http: HttpExecutor, succeeded: bool, said: str
+) -> None:
+    outcome = await asyncio.wait_for(http.run({"type": "http", "url": f"{raw_target.url}/r"}, ctx()), timeout=10)
+    assert outcome.succeeded is succeeded
+    assert said in ((outcome.output if succeeded else outcome.error) or ""), (outcome.output, outcome.error)
+
+
+async def test_a_header_name_that_is_not_a_token_fails_the_run_and_sends_nothing(
+    served: Served, http: HttpExecutor
+) -> None:
+    """The API refuses such a name; a row written around it fails clearly, not with a smuggled line."""
+    task = {"type": "http", "url": f"{served.base}/h", "headers": {"X-Ok\r\nX-Injected: 1": "v"}}
+    outcome = await http.run(task, ctx())
+    assert not outcome.succeeded and outcome.error is not None and "is not a token" in outcome.error
+    assert served.requests == []
+
+
+async def test_a_pool_carries_calls_on_kept_alive_connections_within_its_bound(served: Served) -> None:
+    pool = ConnectionPool(EgressPolicy.build(), max_connections=4)
+    port = int(served.base.rsplit(":", 1)[1])
 
     async def get(path: str) -> Reply:
-        transfer = pool.transfer("127.0.0.1", lambda chunk: True)
-        transfer.curl.setopt(pycurl.URL, f"{served.base}/{path}")
-        transfer.curl.setopt(pycurl.HTTPGET, 1)
-        return await pool.perform(transfer)
+        request = f"GET /{path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+        return await pool.perform(("http", "127.0.0.1", port), request, lambda chunk: True, time_limit())
 
     try:
         replies = await asyncio.wait_for(asyncio.gather(*(get(f"c{n}") for n in range(12))), timeout=10)
         replies.append(await asyncio.wait_for(get("last"), timeout=10))
+        assert pool.open_connections == served.connections
     finally:
         pool.close()
     assert [r.status for r in replies] == [200] * 13
     assert len(served.requests) == 13 and served.connections <= 4
-    assert pool.watched_sockets == 0
+    assert pool.open_connections == 0
+
+
+def time_limit(seconds: float = 10.0) -> float:
+    return time.monotonic() + seconds
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:
@@ -318,8 +421,7 @@ async def test_https_trusts_the_certificates_python_trusts_and_no_others(
         trusting = HttpExecutor()
         accepted = await trusting.run({"type": "http", "url": url}, ctx())
         await trusting.close()
-        # Closing sends TLS's goodbye on each connection, which libcurl asks to watch: nothing of it
-        # may stay on the loop, where the next socket given the same descriptor would meet it.
+        # A fresh executor after one closed with TLS connections: nothing of the old ones is left.
         again = HttpExecutor()
         accepted_again = await asyncio.wait_for(again.run({"type": "http", "url": url}, ctx()), timeout=10)
         await again.close()
@@ -331,14 +433,14 @@ async def test_https_trusts_the_certificates_python_trusts_and_no_others(
 
 
 async def test_a_closed_pool_refuses_new_calls_and_fails_those_in_flight(served: Served) -> None:
-    pool = CurlPool(EgressPolicy.build(), max_connections=2)
-    transfer = pool.transfer("127.0.0.1", lambda chunk: True)
-    transfer.curl.setopt(pycurl.URL, f"{served.base}/endless")
-    transfer.curl.setopt(pycurl.HTTPGET, 1)
-    call = asyncio.ensure_future(pool.perform(transfer))
+    pool = ConnectionPool(EgressPolicy.build(), max_connections=2)
+    port = int(served.base.rsplit(":", 1)[1])
+    origin = ("http", "127.0.0.1", port)
+    request = f"GET /endless HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    call = asyncio.ensure_future(pool.perform(origin, request, lambda chunk: True, time_limit()))
     await wait_for(lambda: len(served.requests) == 1, timeout=10, what="the call to arrive")
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         await call
     with pytest.raises(RuntimeError, match="closed"):
-        await pool.perform(pool.transfer("127.0.0.1", lambda chunk: True))
+        await pool.perform(origin, request, lambda chunk: True, time_limit())

@@ -37,7 +37,7 @@ from chimes.security.ssrf import (
     EgressPolicy,
     GuardedConnector,
     normal_host,
-    outgoing_target,
+    outgoing_request,
     outgoing_url,
 )
 from chimes.security.storable import storable_problem
@@ -356,24 +356,28 @@ _PATHS = ["", "/", "/x", "/a/b/../c", "/./x", "/.x", "/x.", "/x/..", "/~u", "/%7
 _QUERIES = [None, "", "a=1", "a=b+c&d=e", "q=a/b?c", "x=%20", "x=é", "a==b", "$'()*!,:@-._~", "a=1#f", "a b"]
 
 
-def _parsed(text: str) -> tuple[str, str] | str:
+def _parsed(text: str) -> tuple[object, ...] | str:
     try:
         url = outgoing_url(text)
     except ValueError:
         return "refused"
-    return str(url), url.raw_host or ""
+    host = url.raw_host or ""
+    named = f"[{host}]" if ":" in host else host
+    return (str(url), host, (url.scheme, host, url.port), url.raw_path_qs or "/",
+            named if url.is_default_port() else f"{named}:{url.port}")
 
 
-def _targeted(text: str) -> tuple[str, str] | str:
+def _targeted(text: str) -> tuple[object, ...] | str:
     try:
-        return outgoing_target.__wrapped__(text)
+        return tuple(outgoing_request.__wrapped__(text))
     except ValueError:
         return "refused"
 
 
 def test_a_url_is_targeted_as_parsed() -> None:
-    """outgoing_target matches the URLs yarl would leave as they are, and parses the others: every
-    URL of the product of the parts above gives what outgoing_url gives, text and host."""
+    """outgoing_request matches the URLs yarl would leave as they are, and parses the others: every
+    URL of the product of the parts above gives what outgoing_url gives: text, host, origin, the
+    request's target and its Host header."""
     matched = 0
     for scheme, host, port, path, query in itertools.product(_SCHEMES, _HOSTS, _PORTS, _PATHS, _QUERIES):
         text = (f"{scheme}://{host}" + ("" if port is None else f":{port}") + path

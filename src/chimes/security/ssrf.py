@@ -17,7 +17,7 @@ An allow entry naming a network or address inside a default-denied range (``127.
 (:attr:`EgressPolicy.lifted`, logged at start-up). An allow entry wider than a default-denied range
 (``0.0.0.0/0``, ``100.64.0.0/10`` around Alibaba's metadata address) lifts nothing: naming the whole
 internet is not naming the metadata service. Entries the operator denies with ``deny`` are never lifted.
-Host names are judged as the client will resolve them (:func:`normal_host`): libcurl percent-decodes
+Host names are judged as the client will resolve them (:func:`normal_host`): clients percent-decode
 a URL's host (``http://%76m/`` calls ``vm``), so a rule compared with the host as written in the URL
 was passed by encoding one letter. Each URL's host is normalised once (:func:`outgoing_url`) and the
 client is handed that very name, so the name judged and the name resolved are the same.
@@ -32,7 +32,7 @@ import socket
 import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import idna
@@ -201,14 +201,14 @@ def _part_less(part: IPNetwork, allowed: IPNetwork) -> list[IPNetwork]:
         return list(part.address_exclude(allowed))  # type: ignore[arg-type]
     return [part]
 #: What a host name may hold once decoded: ASCII letters (IDNA-encoded), digits, ``-``, ``_`` and dots
-#: between non-empty labels. libcurl itself refuses spaces, ``/``, ``@``, ``%`` and the like after decoding.
+#: between non-empty labels. HTTP clients refuse spaces, ``/``, ``@``, ``%`` and the like after decoding.
 _HOST_NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*")
 _MAX_HOST_NAME = 253
 
 
 @functools.lru_cache(maxsize=4096)  # a fleet calls a few hosts: each normalised once
 def normal_host(host: str) -> str:
-    """``host`` as a client resolves it: percent-decoded (libcurl decodes a URL's host), an IP address
+    """``host`` as a client resolves it: percent-decoded (as clients decode a URL's host), an IP address
     in its compressed form, a name lower-cased, IDNA-encoded and without its trailing dot. Raises
     ValueError, saying why, for a host that decodes to anything a host name cannot hold (control
     characters, spaces, ``%``, ``@``, ``/``, empty labels, invalid UTF-8)."""
@@ -263,19 +263,36 @@ _PLAIN_URL = re.compile(r"(https?)://([a-z0-9_-]+(?:\.[a-z0-9_-]+)*)(?::([1-9][0
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
 
 
+class OutgoingRequest(NamedTuple):
+    """Where a call to a URL goes (:func:`outgoing_request`): the URL's text, its host as the policy
+    judges and the client resolves it, the origin the connection is for, the request's target (path
+    and query) and its ``Host`` header."""
+
+    url: str
+    host: str
+    origin: tuple[str, str, int]  # scheme, host, port
+    path: str
+    host_header: str
+
+
 @functools.lru_cache(maxsize=1024)
-def outgoing_target(text: str) -> tuple[str, str]:
-    """:func:`outgoing_url` as libcurl takes it: the URL's text and its host. A URL nothing would
-    change is matched rather than parsed, at about a third of the cost: a burst of jobs that each
-    call a URL of their own parses each once (tests/unit/test_security.py compares the two)."""
+def outgoing_request(text: str) -> OutgoingRequest:
+    """:func:`outgoing_url`, split as a request is written. Raises ValueError as it does. A URL
+    nothing would change is matched rather than parsed, at about a third of the cost: a burst of jobs
+    that each call a URL of their own parses each once (tests/unit/test_security.py compares the two)."""
     plain = _PLAIN_URL.fullmatch(text)
     if plain is not None:
         scheme, host, port, rest = plain.groups()
         if (len(host) <= _MAX_HOST_NAME and "xn--" not in host and "/." not in rest
                 and (port is None or (int(port) <= 65535 and port != _DEFAULT_PORTS[scheme]))):
-            return text, host
+            return OutgoingRequest(text, host, (scheme, host, int(port or _DEFAULT_PORTS[scheme])), rest or "/",
+                                   f"{host}:{port}" if port else host)
     url = outgoing_url(text)
-    return str(url), url.raw_host or ""
+    host = url.raw_host or ""
+    port = url.port or int(_DEFAULT_PORTS[url.scheme])
+    named = f"[{host}]" if ":" in host else host
+    return OutgoingRequest(str(url), host, (url.scheme, host, port), url.raw_path_qs or "/",
+                           named if url.is_default_port() else f"{named}:{port}")
 
 
 def url_problem(text: str) -> str | None:
