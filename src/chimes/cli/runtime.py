@@ -94,7 +94,7 @@ def api_server(app: Any, host: str, port: int, trusted_proxies: Sequence[str] = 
     # http="h11": uvicorn would take httptools (installed for HTTP tasks' replies) when it is there, which
     # answers a method it does not know with a bare 400 before the app, its metrics and logs, see it.
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, log_config=None,
-                            http="h11", lifespan="on", timeout_graceful_shutdown=10, timeout_keep_alive=API_KEEP_ALIVE_SEC,
-                            proxy_headers=bool(trusted_proxies),
+                            http="h11", lifespan="on", timeout_graceful_shutdown=10,
+                            timeout_keep_alive=API_KEEP_ALIVE_SEC, proxy_headers=bool(trusted_proxies),
                             forwarded_allow_ips=list(trusted_proxies))
     return ApiServer(config)
