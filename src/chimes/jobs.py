@@ -29,7 +29,7 @@ from chimes import cron, schedules
 from chimes.calendars import CALENDAR_NAME
 from chimes.cron import CronSchedule
 from chimes.ids import schedulable, truncate_to_millis
-from chimes.security.headers import forbidden_header, header_value_problem
+from chimes.security.headers import HEADER_NAME, forbidden_header, header_value_problem
 from chimes.security.ssrf import url_problem
 from chimes.security.storable import storable_problem
 from chimes.settings import CATCH_UP_WINDOW_SEC, RUN_TIMEOUT_SEC
@@ -198,13 +198,13 @@ class HttpTaskSpec(_Model):
     type: Literal["http"]
     url: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^https?://")]
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"] = "POST"
-    headers: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")],
+    headers: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=rf"^{HEADER_NAME}$")],
                   Annotated[str, Field(max_length=8192)]] = Field(default_factory=dict, max_length=100)
     body: Any = None
     # The target answers 202 and reports the outcome itself through the callback endpoints.
     callback: bool = False
     # Sealed at rest, never shown again, opened by the worker right before the call (docs/security.md).
-    secret_headers: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")],
+    secret_headers: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=rf"^{HEADER_NAME}$")],
                          Annotated[str, Field(max_length=8192)]] | None = Field(
         default=None, alias="secretHeaders", max_length=100)
 

@@ -20,6 +20,10 @@ FORBIDDEN_HEADERS = frozenset({
     "host",
 })
 FORBIDDEN_PREFIXES = ("proxy-",)
+#: What a header name may be: an RFC 9110 token. The API refuses any other name (chimes.jobs), and the
+#: worker fails a run whose stored name is not one (chimes.worker.tasks.http) rather than send it.
+HEADER_NAME = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_HEADER_NAME = re.compile(HEADER_NAME)
 _REFUSED_CHARACTER = re.compile("[^\t\x20-\x7e]")  # as header_value_problem's loop below
 
 
@@ -27,6 +31,11 @@ def forbidden_header(name: str) -> bool:
     """Whether a task may not set header ``name`` (case-insensitive)."""
     lowered = name.strip().lower()
     return lowered in FORBIDDEN_HEADERS or lowered.startswith(FORBIDDEN_PREFIXES)
+
+
+def is_header_name(name: str) -> bool:
+    """Whether ``name`` is a token, as a header name must be."""
+    return _HEADER_NAME.fullmatch(name) is not None
 
 
 def header_value_problem(value: str) -> str | None:

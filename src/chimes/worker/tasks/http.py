@@ -2,8 +2,8 @@
 
 The calls go over the worker's own kept-alive connections (chimes.worker.tasks.connections). Runs
 reuse pooled connections instead of paying a TCP (and TLS) handshake each, but never another
-owner's: each owner has its own pool. A connection kept alive after one team's request must not carry the next
-team's, since whatever the first request left on it (a framing trick the target reads differently
+owner's: each owner has its own pool. A connection kept alive after one team's request must not
+carry the next team's, since whatever the first request left on it (a framing trick the target reads differently
 from the client) would swallow the second, secret headers included. Owners' pools are bounded in
 number, and one idle for a minute is closed.
 
@@ -28,7 +28,6 @@ import errno
 import functools
 import logging
 import math
-import re
 import time
 from collections import OrderedDict
 from importlib.metadata import PackageNotFoundError, version
@@ -38,7 +37,7 @@ from urllib.parse import urljoin
 import orjson
 from yarl import URL
 
-from chimes.security.headers import forbidden_header, header_value_problem
+from chimes.security.headers import forbidden_header, header_value_problem, is_header_name
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.security.ssrf import EgressPolicy, outgoing_request
 from chimes.tracing import traceparent
@@ -118,16 +117,13 @@ def build_headers(user_headers: dict[str, Any] | None, ctx: TaskContext, *, leas
     return headers
 
 
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header name (RFC 9110 token)
-
-
 def _header_problem(headers: Headers, user_headers: dict[str, Any] | None) -> str | None:
     """The first header the task set (and ``build_headers`` kept) whose name or value cannot be sent.
     Chimes' own values (ids, numbers, a timestamp, hex digits) are never checked: they cannot hold one."""
     for name in user_headers or ():
         kept = headers.get(str(name).lower())
         if kept is not None:
-            if _TOKEN.fullmatch(kept[0]) is None:
+            if not is_header_name(kept[0]):
                 return f"header name {kept[0]!r} is not a token (letters, digits and !#$%&'*+-.^_`|~)"
             problem = header_value_problem(kept[1])
             if problem is not None:
