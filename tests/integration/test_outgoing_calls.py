@@ -340,7 +340,7 @@ async def test_metadata_and_link_local_addresses_are_denied_by_default(url: str,
 async def name_guarded_fleet(pool: asyncpg.Pool, database_url: str, homes: Homes) -> AsyncIterator[None]:
     """A fleet that may not call the names ``localhost`` and ``*.localhost``, though it may call the
     address they resolve to, 127.0.0.1: only the name rules stand between a task and these names.
-    They resolve from /etc/hosts, so nothing here asks a DNS server."""
+    The names are refused before they are looked up, so nothing here asks a DNS server."""
     policy = EgressPolicy.build(deny=["localhost", "*.localhost"])
     async with running_fleet(pool, database_url, homes, egress=policy, executors=lambda: Executors(egress=policy)):
         yield
