@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
+import re
 import signal
 import subprocess
 import time
+import tomllib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -55,7 +58,27 @@ def release_0_1_0(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True, timeout=60)
     src = folder / "src"
     assert '__version__ = "0.1.0"' in (src / "chimes" / "__init__.py").read_text()
+    missing = _not_installed(_release_dependencies(RELEASE_0_1_0))
+    assert not missing, f"release 0.1.0 needs {missing}: add them to the test extra in pyproject.toml"
     return src
+
+
+def _release_dependencies(commit: str) -> list[str]:
+    """The distribution names a release's pyproject.toml depends on."""
+    pyproject = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:pyproject.toml"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout
+    requirements = tomllib.loads(pyproject)["project"]["dependencies"]
+    return [re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0] for requirement in requirements]
+
+
+def _not_installed(distributions: list[str]) -> list[str]:
+    missing = []
+    for name in distributions:
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
 
 
 @pytest.fixture
