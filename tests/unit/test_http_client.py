@@ -10,6 +10,7 @@ import ipaddress
 import os
 import ssl
 import time
+import zlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -63,6 +64,23 @@ async def served() -> AsyncIterator[Served]:
         await state.record(request)
         return web.Response(body=gzip.compress(b"unzipped " * 10), headers={"Content-Encoding": "gzip"})
 
+    async def deflated(request: web.Request) -> web.StreamResponse:
+        """``deflate`` as RFC 9110 says (a zlib stream) or as some servers send it (the raw data), its
+        first byte alone in the first chunk when asked, to decide the framing across chunks."""
+        await state.record(request)
+        wbits = zlib.MAX_WBITS if request.match_info["framing"] == "zlib" else -zlib.MAX_WBITS
+        compressor = zlib.compressobj(wbits=wbits)
+        body = compressor.compress(b"inflated " * 10) + compressor.flush()
+        response = web.StreamResponse(headers={"Content-Encoding": "deflate"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        if "split" in request.query:
+            await response.write(body[:1])
+            body = body[1:]
+        await response.write(body)
+        await response.write_eof()
+        return response
+
     async def latin1(request: web.Request) -> web.Response:
         await state.record(request)
         return web.Response(body="café".encode("latin-1"), content_type="text/plain", charset="iso-8859-1")
@@ -80,6 +98,7 @@ async def served() -> AsyncIterator[Served]:
 
     app = web.Application()
     app.router.add_get("/gzip", compressed)
+    app.router.add_get("/deflate/{framing}", deflated)
     app.router.add_get("/latin1", latin1)
     app.router.add_get("/endless", endless)
     app.router.add_get("/closing", closing)
@@ -178,6 +197,15 @@ async def test_a_compressed_response_is_kept_decoded(served: Served, http: HttpE
     outcome = await http.run({"type": "http", "url": f"{served.base}/gzip"}, ctx())
     assert outcome.output == "unzipped " * 10
     assert "gzip" in served.requests[0][2]["Accept-Encoding"]
+
+
+@pytest.mark.parametrize("path", ["zlib", "raw", "zlib?split", "raw?split"])
+async def test_a_deflate_response_is_decoded_with_or_without_its_zlib_header(
+    served: Served, http: HttpExecutor, path: str
+) -> None:
+    outcome = await http.run({"type": "http", "url": f"{served.base}/deflate/{path}"}, ctx())
+    assert outcome.succeeded
+    assert outcome.output == "inflated " * 10
 
 
 async def test_the_output_is_decoded_in_the_charset_the_response_names(served: Served, http: HttpExecutor) -> None:

@@ -89,6 +89,7 @@ class _Connection(asyncio.Protocol):
         self.location: str | None = None
         self.length_known = False  # Content-Length or chunked: a close before its end is an error
         self.decoder: zlib._Decompress | None = None
+        self.deflate_head: bytes | None = None  # a deflate body's first bytes, until they show its framing
 
     def start(self, future: asyncio.Future[Reply], on_body: OnBody, head: bool) -> None:
         self.future = future
@@ -97,6 +98,7 @@ class _Connection(asyncio.Protocol):
         self.received = self.reusable = self.length_known = False
         self.content_type = self.location = None
         self.decoder = None
+        self.deflate_head = None
 
     # asyncio.Protocol
 
@@ -137,8 +139,12 @@ class _Connection(asyncio.Protocol):
             self.location = value.decode("latin-1")
         elif name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
             self.length_known = True
-        elif name == b"content-encoding" and value.strip().lower() in (b"gzip", b"x-gzip", b"deflate"):
-            self.decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by the header's bytes
+        elif name == b"content-encoding":
+            encoding = value.strip().lower()
+            if encoding in (b"gzip", b"x-gzip"):
+                self.decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by the header's bytes
+            elif encoding == b"deflate":
+                self.deflate_head = b""
 
     def on_headers_complete(self) -> None:
         if self.head or self.parser.get_status_code() in (204, 304):
@@ -149,6 +155,13 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self.future is None or self.future.done():
             return
+        if self.deflate_head is not None:
+            body = self.deflate_head + body
+            if len(body) < 2:
+                self.deflate_head = body
+                return
+            self.deflate_head = None
+            self.decoder = _deflate_decoder(body)
         if self.decoder is not None:
             try:
                 body = self.decoder.decompress(body, MAX_DECODED_CHUNK)
@@ -181,6 +194,14 @@ class _Connection(asyncio.Protocol):
             self.pool._forget(self)
             if self.transport is not None:
                 self.transport.close()
+
+
+def _deflate_decoder(first_bytes: bytes) -> zlib._Decompress:
+    """HTTP's deflate is a zlib stream (RFC 9110), but some servers send the raw deflate data without
+    its zlib header; browsers and libcurl read both, told apart by whether the first two bytes are a
+    valid zlib header (compression method 8, a check value divisible by 31)."""
+    zlib_header = first_bytes[0] & 0x0F == 8 and (first_bytes[0] << 8 | first_bytes[1]) % 31 == 0
+    return zlib.decompressobj(zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS)
 
 
 class ConnectionPool:
