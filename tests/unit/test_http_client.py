@@ -5,11 +5,16 @@ that end early or are not HTTP, and TLS with the certificates Python trusts. No 
 from __future__ import annotations
 
 import asyncio
+import errno
+import gc
 import gzip
 import ipaddress
 import os
+import select
+import socket
 import ssl
 import time
+import warnings
 import zlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -458,6 +463,41 @@ async def test_https_trusts_the_certificates_python_trusts_and_no_others(
     assert refused.succeeded is False and refused.error is not None and "certificate" in refused.error.lower()
     assert accepted.succeeded and accepted.output == "over tls"
     assert accepted_again.succeeded and accepted_again.output == "over tls"
+
+
+async def test_a_connect_that_never_completes_times_out_and_closes_its_socket() -> None:
+    """A target that drops SYNs (here: a listener whose accept queue is full, which Linux answers by
+    dropping them) holds the connect until the call's deadline; the socket is then closed at once,
+    not left for the garbage collector to find."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = [socket.create_connection(("127.0.0.1", port), timeout=5)]  # fills the accept queue
+    probe = socket.socket()
+    probe.setblocking(False)
+    queued.append(probe)
+    assert probe.connect_ex(("127.0.0.1", port)) == errno.EINPROGRESS
+    assert select.select([], [probe], [], 0.3)[1] == [], "a connect to the full listener completed"
+    pool = ConnectionPool(EgressPolicy.build(), max_connections=2)
+    request = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            for _ in range(3):
+                started = time.monotonic()
+                with pytest.raises(TimeoutError):
+                    await pool.perform(("http", "127.0.0.1", port), request, lambda chunk: True,
+                                       time.monotonic() + 0.2)
+                assert time.monotonic() - started < 5
+            gc.collect()
+        unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert unclosed == []
+        assert pool.open_connections == 0
+    finally:
+        pool.close()
+        for sock in [*queued, listener]:
+            sock.close()
 
 
 async def test_a_closed_pool_refuses_new_calls_and_fails_those_in_flight(served: Served) -> None:

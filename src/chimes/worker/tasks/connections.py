@@ -344,6 +344,9 @@ class ConnectionPool:
             except OSError as exc:
                 sock.close()
                 failure = exc
+            except BaseException:  # the call timed out or was cancelled while connecting
+                sock.close()
+                raise
         if failure is not None:
             raise CallError(f"Failed to connect to {host}:{port}: {failure.strerror or failure}",
                             refusals=tuple(refusals), os_errno=failure.errno or 0)
