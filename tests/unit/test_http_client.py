@@ -365,11 +365,23 @@ def _not_http(connection: int, head: bytes) -> tuple[bytes, bool]:
     return b"SSH-2.0-OpenSSH_9.6\r\n", False
 
 
+def _large_head(connection: int, head: bytes) -> tuple[bytes, bool]:
+    """An interim reply, then a final one whose head is large but within the bound."""
+    return (b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nX-Large: " + b"a" * (200 * 1024) + b"\r\nContent-Length: 8\r\n\r\nthe body"), False
+
+
+def _head_over_the_bound(connection: int, head: bytes) -> tuple[bytes, bool]:
+    return b"HTTP/1.1 200 OK\r\nX-Endless: " + b"a" * (4 * 1024 * 1024) + b"\r\nContent-Length: 2\r\n\r\nok", False
+
+
 @pytest.mark.parametrize(("raw_target", "succeeded", "said"), [
     (_until_closed, True, "all of it"),
     (_cut_short, False, "the connection closed before the reply ended"),
     (_not_http, False, "the target's reply is not valid HTTP"),
-], indirect=["raw_target"], ids=["body-to-the-close", "cut-short", "not-http"])
+    (_large_head, True, "the body"),
+    (_head_over_the_bound, False, "the target's reply head is over 300 KiB"),
+], indirect=["raw_target"], ids=["body-to-the-close", "cut-short", "not-http", "large-head", "head-over-the-bound"])
 async def test_a_reply_is_read_to_its_end_or_failed_saying_why(
     raw_target: RawTarget, http: HttpExecutor, succeeded: bool, said: str
 ) -> None:

@@ -41,6 +41,10 @@ OnBody = Callable[[bytes], bool]  # (a chunk of the decoded body) -> whether to 
 #: The most a compressed chunk is decoded to at once: a caller reads a bounded body (a run's output
 #: tail), and a small chunk can decode to gigabytes.
 MAX_DECODED_CHUNK = 256 * 1024
+#: The most bytes a reply's head (status line and headers, interim replies included) may take, as
+#: libcurl's bound: the parser gathers a header in memory until its end, so a target sending one
+#: endless header would grow the worker's memory and spend its loop copying.
+MAX_REPLY_HEAD = 300 * 1024
 
 
 class Reply(NamedTuple):
@@ -88,6 +92,8 @@ class _Connection(asyncio.Protocol):
         self.content_type: str | None = None
         self.location: str | None = None
         self.length_known = False  # Content-Length or chunked: a close before its end is an error
+        self.reading_head = False  # the current reply's head has not ended yet
+        self.head_bytes = 0  # the bytes received while it had not
         self.decoder: zlib._Decompress | None = None
         self.deflate_head: bytes | None = None  # a deflate body's first bytes, until they show its framing
 
@@ -96,6 +102,8 @@ class _Connection(asyncio.Protocol):
         self.on_body_chunk = on_body
         self.head = head
         self.received = self.reusable = self.length_known = False
+        self.reading_head = True
+        self.head_bytes = 0
         self.content_type = self.location = None
         self.decoder = None
         self.deflate_head = None
@@ -111,8 +119,14 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(CallError(f"the target's reply is not valid HTTP: {exc}"))
+            return
         except httptools.HttpParserUpgrade:
             self._fail(CallError("the target switched protocols"))
+            return
+        if self.reading_head:  # these bytes did not end the head
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_REPLY_HEAD:
+                self._fail(CallError(f"the target's reply head is over {MAX_REPLY_HEAD // 1024} KiB"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -147,7 +161,10 @@ class _Connection(asyncio.Protocol):
                 self.deflate_head = b""
 
     def on_headers_complete(self) -> None:
-        if self.head or self.parser.get_status_code() in (204, 304):
+        status = self.parser.get_status_code()
+        if not 100 <= status < 200:  # an interim reply's head counts towards the final one's
+            self.reading_head = False
+        if self.head or status in (204, 304):
             self.length_known = True
             if self.head:  # no body follows, whatever Content-Length says: httptools cannot be told
                 self._end(keep=False)
