@@ -512,6 +512,35 @@ async def test_a_connect_that_never_completes_times_out_and_closes_its_socket() 
             sock.close()
 
 
+async def test_an_address_that_drops_packets_gets_a_share_of_the_time_and_the_next_one_answers(
+    served: Served
+) -> None:
+    """A name with two addresses, the first dropping SYNs (a dead host behind round-robin DNS): the
+    connect moves on to the second within the call's time, instead of spending all of it on the first."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    dead_port = listener.getsockname()[1]
+    queued = [socket.create_connection(("127.0.0.1", dead_port), timeout=5)]  # fills the accept queue
+    live_port = int(served.base.rsplit(":", 1)[1])
+
+    def resolve(host: str, port: int) -> list[tuple[int, int, int, str, tuple[str, int]]]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", dead_port)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", live_port))]
+
+    pool = ConnectionPool(EgressPolicy.build(), max_connections=2, resolve=resolve)
+    request = b"GET /round-robin HTTP/1.1\r\nHost: service.test\r\n\r\n"
+    try:
+        reply = await pool.perform(("http", "service.test", 80), request, lambda chunk: True,
+                                   time.monotonic() + 3.0)
+    finally:
+        pool.close()
+        for sock in [*queued, listener]:
+            sock.close()
+    assert reply.status == 200
+    assert [path for _, path, _, _ in served.requests] == ["/round-robin"]
+
+
 async def test_a_closed_pool_refuses_new_calls_and_fails_those_in_flight(served: Served) -> None:
     pool = ConnectionPool(EgressPolicy.build(), max_connections=2)
     port = int(served.base.rsplit(":", 1)[1])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
 import socket
 import ssl
 import time
@@ -335,17 +336,28 @@ class ConnectionPool:
             except socket.gaierror as exc:
                 raise CallError(f"Could not resolve host: {host} ({exc.strerror})") from None
         refusals: list[str] = []
-        failure: OSError | None = None
-        for family, kind, protocol, _name, address in answers:
-            refusal = self._policy.refusal(host, str(address[0]))
-            if refusal is not None:
+        allowed = []
+        for answer in answers:
+            refusal = self._policy.refusal(host, str(answer[4][0]))
+            if refusal is None:
+                allowed.append(answer)
+            else:
                 refusals.append(refusal)
-                continue
+        failure: OSError | None = None
+        for index, (family, kind, protocol, _name, address) in enumerate(allowed):
             sock = socket.socket(family, kind, protocol)
             try:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                await self._loop.sock_connect(sock, address)
+                untried = len(allowed) - index
+                if untried == 1:
+                    await self._loop.sock_connect(sock, address)
+                else:  # an address that drops packets gets its share of the time left, as libcurl gives it
+                    try:
+                        async with asyncio.timeout((deadline - time.monotonic()) / untried):
+                            await self._loop.sock_connect(sock, address)
+                    except TimeoutError:
+                        raise OSError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT)) from None
                 tls = self._tls_context() if scheme == "https" else None
                 _, conn = await self._loop.create_connection(
                     lambda: _Connection(self, origin), sock=sock, ssl=tls, server_hostname=host if tls else None,
