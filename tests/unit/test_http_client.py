@@ -419,6 +419,25 @@ async def test_a_pool_carries_calls_on_kept_alive_connections_within_its_bound(s
     assert pool.open_connections == 0
 
 
+@pytest.mark.parametrize(("max_idle_sec", "connections"), [(60.0, 1), (0.0, 2)])
+async def test_a_connection_idle_past_the_limit_is_closed_not_reused(
+    served: Served, max_idle_sec: float, connections: int
+) -> None:
+    """Within the limit the second call reuses the first's connection; past it (here at once) the idle
+    one is closed and a new one made, as a flow a firewall may have forgotten is never written on."""
+    pool = ConnectionPool(EgressPolicy.build(), max_connections=4, max_idle_sec=max_idle_sec)
+    port = int(served.base.rsplit(":", 1)[1])
+    request = f"GET /again HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    try:
+        for _ in range(2):
+            reply = await pool.perform(("http", "127.0.0.1", port), request, lambda chunk: True, time_limit())
+            assert reply.status == 200
+        assert pool.open_connections == 1
+    finally:
+        pool.close()
+    assert served.connections == connections and len(served.requests) == 2
+
+
 def time_limit(seconds: float = 10.0) -> float:
     return time.monotonic() + seconds
 

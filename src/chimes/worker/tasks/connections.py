@@ -46,6 +46,10 @@ MAX_DECODED_CHUNK = 256 * 1024
 #: libcurl's bound: the parser gathers a header in memory until its end, so a target sending one
 #: endless header would grow the worker's memory and spend its loop copying.
 MAX_REPLY_HEAD = 300 * 1024
+#: A connection idle longer is closed rather than reused, as libcurl's default (CURLOPT_MAXAGE_CONN):
+#: a firewall or NAT that forgets an idle flow drops its packets without a word, and a request
+#: written on it would wait for a reply until the run's timeout.
+MAX_IDLE_SEC = 118.0
 
 
 class Reply(NamedTuple):
@@ -87,6 +91,7 @@ class _Connection(asyncio.Protocol):
         self.on_body_chunk: OnBody | None = None
         self.head = False  # the call is a HEAD: its reply has no body, whatever its headers say
         self.reused = False
+        self.idle_since = 0.0  # monotonic: when it was last put back idle
         self.received = False  # a byte of the current reply came
         self.reusable = False  # the current reply ended cleanly, and the target keeps the connection
         self.closed = False
@@ -226,13 +231,14 @@ class ConnectionPool:
     """One owner's connections, at most ``max_connections`` open together; a call beyond them waits
     for one to be free. Bound to the running loop."""
 
-    def __init__(self, policy: EgressPolicy, *, max_connections: int,
+    def __init__(self, policy: EgressPolicy, *, max_connections: int, max_idle_sec: float = MAX_IDLE_SEC,
                  resolve: Callable[[str, int], _Answers] | None = None) -> None:
         """``resolve``: the lookup, ``loop.getaddrinfo``'s answers for (host, port), replaceable in tests
         that stand in for a DNS server."""
         self._loop = asyncio.get_running_loop()
         self._policy = policy
         self._max = max_connections
+        self._max_idle_sec = max_idle_sec
         self._resolve = resolve
         self._idle: dict[_Origin, list[_Connection]] = {}
         self._open: set[_Connection] = set()
@@ -288,6 +294,7 @@ class ConnectionPool:
         finally:
             conn.future = conn.on_body_chunk = None
         if conn.reusable and not conn.closed and not self.closed:
+            conn.idle_since = time.monotonic()
             self._idle.setdefault(origin, []).append(conn)
             self._free_one()
         else:
@@ -297,8 +304,9 @@ class ConnectionPool:
     def _take_idle(self, origin: _Origin) -> _Connection | None:
         idle = self._idle.get(origin)
         while idle:
-            conn = idle.pop()
-            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+            conn = idle.pop()  # the most recently used: any older one is older still
+            if (not conn.closed and conn.transport is not None and not conn.transport.is_closing()
+                    and time.monotonic() - conn.idle_since < self._max_idle_sec):
                 return conn
             conn.close()
         return None
