@@ -339,6 +339,23 @@ async def test_a_request_a_kept_alive_connection_drops_unanswered_is_written_aga
         (1, b"/first"), (1, b"/second"), (2, b"/second")]
 
 
+def _unsolicited_bytes_after_the_reply(connection: int, head: bytes) -> tuple[bytes, bool]:
+    """The first connection follows its reply with the start of another no request asked for (a 408
+    a server sends before closing an idle connection, caught half-written)."""
+    if connection == 1:
+        return OK + b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 50\r\n\r\npartial", False
+    return OK, False
+
+
+@pytest.mark.parametrize("raw_target", [_unsolicited_bytes_after_the_reply], indirect=True)
+async def test_a_connection_that_sent_an_unasked_reply_is_not_reused(raw_target: RawTarget, http: HttpExecutor) -> None:
+    first = await http.run({"type": "http", "url": f"{raw_target.url}/first"}, ctx(timeout_sec=5))
+    second = await http.run({"type": "http", "url": f"{raw_target.url}/second"}, ctx(timeout_sec=5))
+    assert (first.succeeded, first.output) == (True, "ok")
+    assert (second.succeeded, second.output, second.error) == (True, "ok", None)
+    assert [n for n, _ in raw_target.requests] == [1, 2]
+
+
 def _closes_without_answering(connection: int, head: bytes) -> tuple[bytes, bool]:
     return b"", True
 

@@ -151,6 +151,11 @@ class _Connection(asyncio.Protocol):
 
     # httptools.HttpResponseParser's callbacks
 
+    def on_message_begin(self) -> None:
+        if self.future is None or self.future.done():  # a reply no request asked for (an idle
+            self._fail(CallError("the target sent a reply no request asked for"))  # 408, say): unusable
+            self.reusable = False
+
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
         if name == b"content-type":
