@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import orjson
 from pydantic import (
@@ -194,10 +194,14 @@ class AtScheduleSpec(_Model):
         return truncate_to_millis(value)
 
 
+HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+HTTP_TASK_METHODS = frozenset(get_args(HttpMethod))
+
+
 class HttpTaskSpec(_Model):
     type: Literal["http"]
     url: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^https?://")]
-    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"] = "POST"
+    method: HttpMethod = "POST"
     headers: dict[Annotated[str, Field(min_length=1, max_length=256, pattern=rf"^{HEADER_NAME}$")],
                   Annotated[str, Field(max_length=8192)]] = Field(default_factory=dict, max_length=100)
     body: Any = None

@@ -417,6 +417,17 @@ async def test_a_header_name_that_is_not_a_token_fails_the_run_and_sends_nothing
     assert served.requests == []
 
 
+async def test_a_method_the_api_would_refuse_fails_the_run_and_sends_nothing(
+    served: Served, http: HttpExecutor
+) -> None:
+    task = {"type": "http", "url": f"{served.base}/m", "method": "GET /other HTTP/1.1\r\nX-Injected: 1\r\n"}
+    outcome = await http.run(task, ctx())
+    assert not outcome.succeeded and outcome.error is not None
+    assert outcome.error.startswith("method 'GET /OTHER HTTP/1.1"), outcome.error
+    assert "is not one of DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT" in outcome.error
+    assert served.requests == []
+
+
 async def test_a_pool_carries_calls_on_kept_alive_connections_within_its_bound(served: Served) -> None:
     pool = ConnectionPool(EgressPolicy.build(), max_connections=4)
     port = int(served.base.rsplit(":", 1)[1])

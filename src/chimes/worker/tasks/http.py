@@ -37,6 +37,7 @@ from urllib.parse import urljoin
 import orjson
 from yarl import URL
 
+from chimes.jobs import HTTP_TASK_METHODS
 from chimes.security.headers import forbidden_header, header_value_problem, is_header_name
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.security.ssrf import EgressPolicy, outgoing_request
@@ -320,6 +321,9 @@ class HttpExecutor:
             signature = signature_header(ctx.signing_secret, int(time.time()), data or b"")
             headers["x-chimes-signature"] = (SIGNATURE_HEADER, signature)
         method = str(task.get("method") or "GET").upper()
+        if method not in HTTP_TASK_METHODS:  # refused by the API; a row written around it fails clearly
+            allowed = ", ".join(sorted(HTTP_TASK_METHODS))
+            return Outcome.failure(short_error(f"method {method!r} is not one of {allowed}"))
         try:  # refused by the API; a row written around it fails clearly
             target = outgoing_request(str(task["url"]))
         except ValueError as exc:
