@@ -407,6 +407,33 @@ async def test_a_reply_is_read_to_its_end_or_failed_saying_why(
     assert said in ((outcome.output if succeeded else outcome.error) or ""), (outcome.output, outcome.error)
 
 
+@pytest.mark.parametrize(("greeting", "said"), [
+    (b"", "the connection closed before"),
+    (b"SSH-2.0-OpenSSH_9.6\r\n", "the target's reply is not valid HTTP"),
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "HTTP 400"),
+], ids=["closes-at-once", "speaks-another-protocol", "answers-before-asked"])
+async def test_a_target_that_speaks_or_closes_first_fails_the_call_at_once(
+    http: HttpExecutor, greeting: bytes, said: str
+) -> None:
+    """A service that talks or hangs up as it accepts (an SSH or SMTP port named by mistake, a TCP
+    wrapper refusing the peer): the run fails saying so, not at its timeout. The request is written
+    before the loop reads what came (the call's task runs before the loop polls again), so what the
+    target said is read as its reply."""
+    async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(greeting)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(greet, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        outcome = await http.run({"type": "http", "url": f"http://127.0.0.1:{port}/x"}, ctx(timeout_sec=20))
+    finally:
+        server.close()
+    assert not outcome.succeeded and outcome.error is not None
+    assert said in outcome.error, outcome.error
+
+
 async def test_a_header_name_that_is_not_a_token_fails_the_run_and_sends_nothing(
     served: Served, http: HttpExecutor
 ) -> None:
