@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
-import re
 import signal
 import subprocess
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
+from packaging.requirements import Requirement
 
 from chimes import __version__
 from chimes.store.migrate import Migration, migrate, migrations
@@ -67,8 +67,7 @@ def _release_dependencies(commit: str) -> list[str]:
     """The distribution names a release's pyproject.toml depends on."""
     pyproject = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:pyproject.toml"],
                                capture_output=True, text=True, check=True, timeout=60).stdout
-    requirements = tomllib.loads(pyproject)["project"]["dependencies"]
-    return [re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0] for requirement in requirements]
+    return [Requirement(line).name for line in tomllib.loads(pyproject)["project"]["dependencies"]]
 
 
 def _not_installed(distributions: list[str]) -> list[str]:

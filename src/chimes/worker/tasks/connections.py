@@ -153,8 +153,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         if self.future is None or self.future.done():  # a reply no request asked for (an idle
-            self._fail(CallError("the target sent a reply no request asked for"))  # 408, say): unusable
-            self.reusable = False
+            self._fail(CallError("the target sent a reply no request asked for"))  # 408, say): closed
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
@@ -362,15 +361,15 @@ class ConnectionPool:
             try:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                # Each address but the last gets its share of the time left, as libcurl gives it: one
+                # that drops packets must not spend the whole call. The last has the call's deadline.
                 untried = len(allowed) - index
-                if untried == 1:
-                    await self._loop.sock_connect(sock, address)
-                else:  # an address that drops packets gets its share of the time left, as libcurl gives it
-                    try:
-                        async with asyncio.timeout((deadline - time.monotonic()) / untried):
-                            await self._loop.sock_connect(sock, address)
-                    except TimeoutError:
-                        raise OSError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT)) from None
+                share = (deadline - time.monotonic()) / untried if untried > 1 else None
+                try:
+                    async with asyncio.timeout(share):
+                        await self._loop.sock_connect(sock, address)
+                except TimeoutError:
+                    raise OSError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT)) from None
                 tls = self._tls_context() if scheme == "https" else None
                 _, conn = await self._loop.create_connection(
                     lambda: _Connection(self, origin), sock=sock, ssl=tls, server_hostname=host if tls else None,

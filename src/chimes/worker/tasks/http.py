@@ -3,9 +3,9 @@
 The calls go over the worker's own kept-alive connections (chimes.worker.tasks.connections). Runs
 reuse pooled connections instead of paying a TCP (and TLS) handshake each, but never another
 owner's: each owner has its own pool. A connection kept alive after one team's request must not
-carry the next team's, since whatever the first request left on it (a framing trick the target reads differently
-from the client) would swallow the second, secret headers included. Owners' pools are bounded in
-number, and one idle for a minute is closed.
+carry the next team's, since whatever the first request left on it (a framing trick the target
+reads differently from the client) would swallow the second, secret headers included. Owners' pools
+are bounded in number, and one idle for a minute is closed.
 
 The egress (SSRF) policy judges a host name before it is looked up, and every address a connection
 is opened to after the lookup; every request is signed with the owner's signing secret
@@ -316,14 +316,14 @@ class HttpExecutor:
 
     async def _send(self, pool: ConnectionPool, task: dict[str, Any], ctx: TaskContext,
                     headers: Headers) -> Outcome:
-        data = _encode_body(task.get("body"), headers)
-        if ctx.signing_secret is not None:  # fresh on every attempt: targets refuse old timestamps
-            signature = signature_header(ctx.signing_secret, int(time.time()), data or b"")
-            headers["x-chimes-signature"] = (SIGNATURE_HEADER, signature)
         method = str(task.get("method") or "GET").upper()
         if method not in HTTP_TASK_METHODS:  # refused by the API; a row written around it fails clearly
             allowed = ", ".join(sorted(HTTP_TASK_METHODS))
             return Outcome.failure(short_error(f"method {method!r} is not one of {allowed}"))
+        data = _encode_body(task.get("body"), headers)
+        if ctx.signing_secret is not None:  # fresh on every attempt: targets refuse old timestamps
+            signature = signature_header(ctx.signing_secret, int(time.time()), data or b"")
+            headers["x-chimes-signature"] = (SIGNATURE_HEADER, signature)
         try:  # refused by the API; a row written around it fails clearly
             target = outgoing_request(str(task["url"]))
         except ValueError as exc:
