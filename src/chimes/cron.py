@@ -5,12 +5,13 @@ Pure functions: no I/O and no clock reads, so callers (scheduler, API validation
 Dialect: Debian cron (docs/semantics.md, "Cron expressions"). 5 fields (minute hour day-of-month
 month day-of-week), 6 fields with the *seconds first*, or one of the macros @yearly @annually
 @monthly @weekly @daily @midnight @hourly. Fields take numbers, month and day names (any case),
-lists, ranges (``5-5`` is just 5), steps (``*/n``, ``a-b/n``, and ``a/n`` = ``a-MAX/n``: ``1/2`` in
-day-of-week is 1,3,5,7, Sunday included). Day matching follows Debian: when the day-of-month or the
+lists, ranges (``5-5`` is just 5), steps (``*/n``, ``a-b/n``). Day matching follows Debian: when the day-of-month or the
 day-of-week field begins with ``*`` (``*/10`` included) a day must match both, otherwise either
 (``0 2 */10 * 5`` runs on days 1, 11, 21 and 31 that are Fridays). Extensions kept from earlier
 releases: ``L``, ``LW``, ``nW``, ``a-L`` in day-of-month; ``d#n``, ``dL`` and ``Ld`` in day-of-week;
-``?`` as ``*`` in the day fields; ranges that wrap around (``22-2`` in hours).
+``?`` as ``*`` in the day fields; ranges that wrap around (``22-2`` in hours; in day-of-week round the
+seven days once, so ``5-1/2`` is Friday and Sunday); ``a/n`` = ``a-MAX/n`` (``1/2`` in day-of-week is
+1,3,5,7, Sunday included), which Debian refuses.
 Hashed/random fields (``H``, ``R``) are rejected: a schedule must be deterministic to be cached.
 
 DST semantics (following Vixie/Debian cron). Fields are matched against naive wall-clock times in
@@ -179,6 +180,12 @@ def _stepped(name: str, term: str) -> list[int]:
     else:
         start = _number(name, base)
         end = high if slash else start
+    if start > end and name == "day-of-week":
+        # 7 and 0 are both Sunday: a range that wraps goes round the seven days once, so that
+        # 5-1/2 is Friday and Sunday, not Friday, Sunday (7) and Monday; 7-2 is Sunday to Tuesday.
+        high = 6
+        if start == 7:
+            start = 0
     if start <= end:
         return list(range(start, end + 1, step))
     return [*range(start, high + 1), *range(low, end + 1)][::step]

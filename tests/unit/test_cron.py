@@ -441,6 +441,10 @@ def test_start_with_step_runs_to_the_field_maximum(expression: str, expected: li
         ("0 0 ? * 1", [z(2026, 1, 5), z(2026, 1, 12), z(2026, 1, 19)]),
         ("0 22-1 * * *", [z(2026, 1, 1, 1), z(2026, 1, 1, 22), z(2026, 1, 1, 23)]),  # wraps around
         ("0 0 * * 6-0", [z(2026, 1, 3), z(2026, 1, 4), z(2026, 1, 10)]),
+        # A wrapped day-of-week step goes round the seven days once: Friday and Sunday, never Monday.
+        ("0 0 * * 5-1/2", [z(2026, 1, 2), z(2026, 1, 4), z(2026, 1, 9)]),
+        ("0 0 * * fri-mon/2", [z(2026, 1, 2), z(2026, 1, 4), z(2026, 1, 9)]),
+        ("0 0 * * 7-1", [z(2026, 1, 4), z(2026, 1, 5), z(2026, 1, 11)]),
         ("0 0 1 jan-MAR/2 *", [z(2026, 3, 1), z(2027, 1, 1), z(2027, 3, 1)]),
     ],
 )
