@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,7 +22,12 @@ from chimes.ids import run_id_for
 from chimes.settings import CATCH_UP_WINDOW_SEC
 
 MAX_RECORDED = 1000  # slots recorded per catch-up; older missed slots are counted in a note
-MAX_WALK = 100_000  # slots walked before jumping to the catch-up window
+MAX_WALK = 100_000  # slots walked for one fire, so that planning it stays bounded
+
+# Why a slot was not fired on time: a cause given to each one, as its record says.
+Cause = Callable[[datetime], str]
+# The exclusion calendar that excludes an instant, by name; None: not excluded.
+Exclusion = Callable[[datetime], str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +37,21 @@ class Slot:
     trigger: RunTrigger  # SCHEDULE or CATCHUP
     outcome: str  # "run" | "skip"
     reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """The slots of a schedule from a first one up to an instant, walked within MAX_WALK."""
+
+    slots: list[datetime]  # the newest MAX_RECORDED of them, oldest first
+    unrecorded: int  # older slots walked but not kept
+    following: datetime | None  # the slot after the walk: after ``until``, or at or before it when cut short
+    complete: bool  # whether the walk reached ``until`` (or the schedule's end)
+
+    @property
+    def accounted(self) -> int:
+        """Every slot the walk went through, kept or not: what a run cap counts."""
+        return len(self.slots) + self.unrecorded
 
 
 def jitter_offset(job_id: uuid.UUID, jitter_sec: int) -> timedelta:
@@ -46,68 +66,100 @@ def on_time(job_id: uuid.UUID, nominal: datetime) -> Slot:
     return Slot(run_id_for(job_id, nominal), nominal, RunTrigger.SCHEDULE, "run")
 
 
-def catch_up(
-    job_id: uuid.UUID,
-    schedule: schedules.Recurrence | None,
-    first: datetime,
-    now: datetime,
-    policy: Mapping[str, Any],
-    cause: str,
-) -> tuple[list[Slot], datetime | None]:
-    """Account for every slot from ``first`` up to ``now``; returns the slots (oldest first) and the
-    next slot after ``now`` (None for a one-off job or a schedule that ends).
+def walk(schedule: schedules.Recurrence | None, first: datetime, until: datetime, policy: Mapping[str, Any],
+         cap: int | None = None) -> Walk:
+    """The slots from ``first`` (a slot, included) up to ``until``, at most ``cap`` of them (a run cap:
+    the schedule ends at its ``cap``-th slot). None for ``schedule``: a one-off, whose one slot is ``first``.
 
-    ``cause`` names why they were missed ("missed" or "paused"), for the records.
+    A walk stops after MAX_WALK slots. Without a cap it then jumps to the catch-up window, as the slots
+    before it are skipped anyway; with one it stops there (``complete`` False, ``following`` the next
+    slot, already due), so that the cap counts every slot and the next fire goes on from there.
     """
-    missed, unrecorded, following = _missed_slots(schedule, first, now, policy)
-    window_start = now - timedelta(seconds=int(policy.get("windowSec", CATCH_UP_WINDOW_SEC)))
-    recent = [s for s in missed if s >= window_start]
-    old = [s for s in missed if s < window_start]
-    slots = [Slot(run_id_for(job_id, s), s, RunTrigger.SCHEDULE, "skip", f"{cause}; older than the catch-up window")
-             for s in old]
-    slots += _apply_policy(job_id, recent, policy, cause)
-    if unrecorded and slots:
-        first_slot = slots[0]
-        note = f"{first_slot.reason}; {unrecorded} earlier {cause} fires are not recorded one by one"
-        slots[0] = Slot(first_slot.run_id, first_slot.scheduled_at, first_slot.trigger, first_slot.outcome, note)
-    return slots, following
-
-
-def _missed_slots(
-    schedule: schedules.Recurrence | None, first: datetime, now: datetime, policy: Mapping[str, Any]
-) -> tuple[list[datetime], int, datetime | None]:
-    """The newest MAX_RECORDED slots in [first, now], how many older ones were left out, and the next slot."""
     if schedule is None:
-        return [first], 0, None
+        return Walk([first] if first <= until else [], 0, None, True)
     kept: deque[datetime] = deque(maxlen=MAX_RECORDED)
     walked = 0
     slot: datetime | None = first
-    while slot is not None and slot <= now:
+    while slot is not None and slot <= until:
+        if cap is not None and walked >= cap:
+            return _walked(kept, walked, None, True)
         kept.append(slot)
         walked += 1
-        if walked == MAX_WALK:  # a very long outage of a very frequent job: jump to the window
-            window_start = now - timedelta(seconds=int(policy.get("windowSec", CATCH_UP_WINDOW_SEC)))
+        following = schedules.next_fire(schedule, slot)
+        if walked % MAX_WALK == 0 and following is not None and following <= until:
+            if cap is not None:
+                return _walked(kept, walked, following, False)
+            window_start = until - timedelta(seconds=int(policy.get("windowSec", CATCH_UP_WINDOW_SEC)))
             jump = schedules.next_fire(schedule, max(slot, window_start - timedelta(seconds=1)))
-            slot = jump if jump is not None and jump > slot else schedules.next_fire(schedule, slot)
-            continue
-        slot = schedules.next_fire(schedule, slot)
-    return list(kept), max(0, walked - len(kept)), slot
+            following = jump if jump is not None and jump > slot else following
+        slot = following
+    if cap is not None and walked >= cap:
+        return _walked(kept, walked, None, True)
+    return _walked(kept, walked, slot, True)
 
 
-def _apply_policy(job_id: uuid.UUID, recent: list[datetime], policy: Mapping[str, Any], cause: str) -> list[Slot]:
+def _walked(kept: deque[datetime], walked: int, following: datetime | None, complete: bool) -> Walk:
+    return Walk(list(kept), walked - len(kept), following, complete)
+
+
+def catch_up(
+    job_id: uuid.UUID,
+    missed: list[datetime],
+    now: datetime,
+    policy: Mapping[str, Any],
+    cause: Cause,
+    *,
+    unrecorded: int = 0,
+    excluded: Exclusion | None = None,
+    final: bool = True,
+) -> list[Slot]:
+    """Account for every missed slot (oldest first) by the job's catch-up policy; each record says why
+    (``cause`` of its instant: "missed", "paused"). ``unrecorded``: older missed slots left out, counted
+    in a note on the oldest record. A slot ``excluded`` by a calendar never runs and is never the one a
+    policy runs for the others. ``final`` False: newer missed slots follow in a later fire, so none of
+    these runs."""
+    window_start = now - timedelta(seconds=int(policy.get("windowSec", CATCH_UP_WINDOW_SEC)))
+    decided: dict[datetime, Slot] = {}
+    eligible: list[datetime] = []
+    for s in missed:
+        name = excluded(s) if excluded is not None else None
+        if s < window_start:
+            decided[s] = _skip(job_id, s, f"{cause(s)}; older than the catch-up window")
+        elif name is not None:
+            decided[s] = _skip(job_id, s, f"excluded by calendar {name} ({cause(s)})")
+        else:
+            eligible.append(s)
+    decided.update((slot.scheduled_at, slot) for slot in _apply_policy(job_id, eligible, policy, cause, final))
+    slots = [decided[s] for s in missed]
+    if unrecorded and slots:
+        first = slots[0]
+        note = f"{first.reason}; {unrecorded} earlier {cause(first.scheduled_at)} fires are not recorded one by one"
+        slots[0] = Slot(first.run_id, first.scheduled_at, first.trigger, first.outcome, note)
+    return slots
+
+
+def _skip(job_id: uuid.UUID, slot: datetime, reason: str) -> Slot:
+    return Slot(run_id_for(job_id, slot), slot, RunTrigger.SCHEDULE, "skip", reason)
+
+
+def _apply_policy(job_id: uuid.UUID, recent: list[datetime], policy: Mapping[str, Any], cause: Cause,
+                  final: bool) -> list[Slot]:
     if not recent:
         return []
     name = policy.get("policy", "one")
     if name == "none":
-        return [Slot(run_id_for(job_id, s), s, RunTrigger.SCHEDULE, "skip", f"{cause} (catch-up policy: none)")
-                for s in recent]
+        return [_skip(job_id, s, f"{cause(s)} (catch-up policy: none)") for s in recent]
+    if not final:
+        return [_skip(job_id, s, f"{cause(s)}; caught up by a later run") for s in recent]
     keep = 1 if name == "one" else int(policy.get("maxRuns", 10))
     ran, skipped = recent[-keep:], recent[:-keep]
     newest = ran[-1].isoformat().replace("+00:00", "Z")
-    late = f"{cause}; run late by catch-up"
-    if name == "one" and skipped:
-        late = f"{cause}; one catch-up run for {len(recent)} missed fires"
-    skip_reason = (f"{cause}; caught up by the run of {newest}" if name == "one"
-                   else f"{cause}; beyond catchUp.maxRuns ({keep})")
-    return ([Slot(run_id_for(job_id, s), s, RunTrigger.SCHEDULE, "skip", skip_reason) for s in skipped]
-            + [Slot(run_id_for(job_id, s), s, RunTrigger.CATCHUP, "run", late) for s in ran])
+    late = "one catch-up run for {count} missed fires" if name == "one" and skipped else "run late by catch-up"
+
+    def skip_reason(s: datetime) -> str:
+        return (f"{cause(s)}; caught up by the run of {newest}" if name == "one"
+                else f"{cause(s)}; beyond catchUp.maxRuns ({keep})")
+
+    return ([_skip(job_id, s, skip_reason(s)) for s in skipped]
+            + [Slot(run_id_for(job_id, s), s, RunTrigger.CATCHUP, "run",
+                    f"{cause(s)}; {late.format(count=len(recent))}") for s in ran])

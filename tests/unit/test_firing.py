@@ -108,3 +108,49 @@ def test_a_fire_is_checked_for_a_missed_start_only_past_its_jobs_deadline(
     fire = _fired(deadline, jitter)
     late = late_slots([fire], fire.scheduled_at + timedelta(seconds=late_sec))
     assert late == (list(fire.slots) if missed else [])
+
+
+def test_a_trigger_kept_by_an_edit_fires_the_slots_it_carries_and_leaves_no_next() -> None:
+    """An edit found the slots 10:00:00 and 10:00:01 of the definition before it due and not fired: the
+    trigger kept for them fires both (late, once each) under the schedule it was kept with, whatever the
+    job's schedule is now, and leaves the next fire to the new definition's own trigger."""
+    kept = DueTrigger(17, z(2026, 1, 1, 10), TRIGGER, JOB, 4, TriggerKind.SCHEDULE, "0 * * * *", "UTC",
+                      carried_until=z(2026, 1, 1, 10, 0, 1, 500000),
+                      carried_slots=[z(2026, 1, 1, 10), z(2026, 1, 1, 10, 0, 1)])
+    fire = plan_fire(kept, z(2026, 1, 1, 10, 0, 2))
+    assert [(s.scheduled_at, s.outcome, s.trigger) for s in fire.slots] == [
+        (z(2026, 1, 1, 10), "run", "schedule"), (z(2026, 1, 1, 10, 0, 1), "run", "schedule")]
+    assert fire.next_fire_at is None and follow_up(fire) is None
+    assert fire.accounted == 2
+
+
+def test_a_trigger_kept_long_ago_is_caught_up_by_the_policy() -> None:
+    kept = DueTrigger(17, z(2026, 1, 1, 10), TRIGGER, JOB, 4, TriggerKind.SCHEDULE, "* * * * *", "UTC",
+                      catch_up={"policy": "one"}, carried_until=z(2026, 1, 1, 10, 2, 30),
+                      carried_slots=[z(2026, 1, 1, 10, m) for m in range(3)], carried_unrecorded=7)
+    fire = plan_fire(kept, z(2026, 1, 1, 12))
+    assert [s.outcome for s in fire.slots] == ["skip", "skip", "run"]
+    assert "7 earlier missed fires are not recorded one by one" in (fire.slots[0].reason or "")
+    assert fire.accounted == 10
+
+
+def test_a_trigger_kept_by_a_pause_fires_the_slots_due_before_it() -> None:
+    """A pause that found the 10:00:00 slot due kept its trigger without a list: the slots of the job's
+    schedule up to the pause fire, and none after it, though the job stays paused."""
+    kept = DueTrigger(17, z(2026, 1, 1, 10), TRIGGER, JOB, 5, TriggerKind.SCHEDULE, "* * * * * *", "UTC",
+                      paused=True, paused_at=z(2026, 1, 1, 10, 0, 2, 300000),
+                      carried_until=z(2026, 1, 1, 10, 0, 2, 300000))
+    fire = plan_fire(kept, z(2026, 1, 1, 10, 0, 5))
+    assert [s.scheduled_at.second for s in fire.slots] == [0, 1, 2]
+    assert all(s.outcome == "run" for s in fire.slots) and fire.next_fire_at is None
+
+
+def test_a_run_cap_counts_the_slots_a_long_outage_left_unrecorded() -> None:
+    """Two hours of an every-second job missed with 5,000 runs left: the fire records the newest 1,000 of
+    the 5,000 slots it went through and counts all of them, so the cap ends the schedule there."""
+    trigger = DueTrigger(17, z(2026, 1, 1, 10), TRIGGER, JOB, 4, TriggerKind.SCHEDULE, "* * * * * *", "UTC",
+                         max_runs=5100, slots_fired=100)
+    fire = plan_fire(trigger, z(2026, 1, 1, 12))
+    assert len(fire.slots) == 1000 and fire.accounted == 5000
+    assert fire.next_fire_at is None
+    assert fire.slots[-1].scheduled_at == z(2026, 1, 1, 10) + timedelta(seconds=4999)

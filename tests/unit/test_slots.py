@@ -12,7 +12,7 @@ from chimes.enums import TriggerKind
 from chimes.ids import run_id_for
 from chimes.scheduler.firing import plan_fire
 from chimes.schedules import Recurrence
-from chimes.slots import MAX_RECORDED, catch_up, jitter_offset
+from chimes.slots import MAX_RECORDED, MAX_WALK, catch_up, jitter_offset, walk
 from chimes.store.scheduling import DueTrigger
 
 JOB = uuid.UUID("0193a0b0-0000-7000-8000-000000000001")
@@ -76,6 +76,17 @@ def test_a_late_fire_within_the_threshold_is_just_late() -> None:
 EVERY_MINUTE = Recurrence(cron.CronSchedule("* * * * *", "UTC"))
 
 
+def missed(*_: datetime) -> str:
+    return "missed"
+
+
+def caught_up(schedule: Recurrence | None, first: datetime, now: datetime, policy: dict,
+              cause: str = "missed") -> tuple[list, datetime | None]:
+    walked = walk(schedule, first, now, policy)
+    return (catch_up(JOB, walked.slots, now, policy, lambda _: cause, unrecorded=walked.unrecorded),
+            walked.following)
+
+
 @pytest.mark.parametrize(("policy", "outcomes"), [
     ({"policy": "one"}, ["skip"] * 4 + ["run"]),
     ({"policy": "all", "maxRuns": 2}, ["skip"] * 3 + ["run"] * 2),
@@ -83,8 +94,7 @@ EVERY_MINUTE = Recurrence(cron.CronSchedule("* * * * *", "UTC"))
     ({"policy": "none"}, ["skip"] * 5),
 ])
 def test_catch_up_policies(policy: dict, outcomes: list[str]) -> None:
-    slots, following = catch_up(JOB, EVERY_MINUTE, z(2026, 12, 1, 10, 0), z(2026, 12, 1, 10, 4, 30), policy,
-                                "missed")
+    slots, following = caught_up(EVERY_MINUTE, z(2026, 12, 1, 10, 0), z(2026, 12, 1, 10, 4, 30), policy)
     assert [s.scheduled_at.minute for s in slots] == [0, 1, 2, 3, 4]
     assert [s.outcome for s in slots] == outcomes
     assert all(s.trigger == ("catchup" if s.outcome == "run" else "schedule") for s in slots)
@@ -93,8 +103,8 @@ def test_catch_up_policies(policy: dict, outcomes: list[str]) -> None:
 
 
 def test_catch_up_window_skips_the_old_ones() -> None:
-    slots, _ = catch_up(JOB, EVERY_MINUTE, z(2026, 12, 1, 10, 0), z(2026, 12, 1, 10, 9, 30),
-                        {"policy": "all", "maxRuns": 100, "windowSec": 300}, "paused")
+    slots, _ = caught_up(EVERY_MINUTE, z(2026, 12, 1, 10, 0), z(2026, 12, 1, 10, 9, 30),
+                         {"policy": "all", "maxRuns": 100, "windowSec": 300}, "paused")
     old = [s for s in slots if "older than the catch-up window" in (s.reason or "")]
     assert [s.scheduled_at.minute for s in old] == [0, 1, 2, 3, 4]
     assert all(s.outcome == "skip" and s.reason.startswith("paused") for s in old)
@@ -104,7 +114,7 @@ def test_catch_up_window_skips_the_old_ones() -> None:
 def test_a_long_outage_records_a_bounded_number_of_slots() -> None:
     every_second = Recurrence(cron.CronSchedule("* * * * * *", "UTC"))
     start = z(2026, 12, 1, 0, 0)
-    slots, following = catch_up(JOB, every_second, start, start + timedelta(hours=1), {"policy": "one"}, "missed")
+    slots, following = caught_up(every_second, start, start + timedelta(hours=1), {"policy": "one"})
     assert len(slots) == MAX_RECORDED
     assert slots[-1].scheduled_at == start + timedelta(hours=1) and slots[-1].outcome == "run"
     assert "not recorded one by one" in (slots[0].reason or "")
@@ -113,7 +123,38 @@ def test_a_long_outage_records_a_bounded_number_of_slots() -> None:
 
 def test_one_off_missed_runs_once_late_or_not_at_all() -> None:
     at = z(2026, 12, 1, 9, 0)
-    [ran], following = catch_up(JOB, None, at, at + timedelta(hours=1), {"policy": "one"}, "missed")
+    [ran], following = caught_up(None, at, at + timedelta(hours=1), {"policy": "one"})
     assert (ran.outcome, ran.trigger, following) == ("run", "catchup", None)
-    [skipped], _ = catch_up(JOB, None, at, at + timedelta(hours=1), {"policy": "none"}, "missed")
+    [skipped], _ = caught_up(None, at, at + timedelta(hours=1), {"policy": "none"})
     assert skipped.outcome == "skip"
+
+
+def test_catch_up_runs_the_newest_slot_no_calendar_excludes() -> None:
+    """With catchUp one, an excluded newest slot does not run, and the run the others name is one that
+    exists: the newest slot that is not excluded."""
+    slots = catch_up(JOB, [z(2026, 12, 1, 10, m) for m in range(5)], z(2026, 12, 1, 10, 4, 30), {"policy": "one"},
+                     missed, excluded=lambda t: "freeze" if t.minute >= 3 else None)
+    assert [(s.scheduled_at.minute, s.outcome) for s in slots] == [
+        (0, "skip"), (1, "skip"), (2, "run"), (3, "skip"), (4, "skip")]
+    assert slots[0].reason == "missed; caught up by the run of 2026-12-01T10:02:00Z"
+    assert slots[4].reason == "excluded by calendar freeze (missed)"
+    everything = catch_up(JOB, [z(2026, 12, 1, 10, m) for m in range(3)], z(2026, 12, 1, 10, 4), {"policy": "one"},
+                          missed, excluded=lambda _: "freeze")
+    assert [s.outcome for s in everything] == ["skip"] * 3
+    assert all("caught up" not in (s.reason or "") for s in everything)
+
+
+def test_a_capped_walk_counts_every_slot_in_bounded_parts() -> None:
+    """A run cap larger than one fire's walk: the walk stops at MAX_WALK slots, says it is not
+    complete, and the next fire goes on from the slot after it, so that every slot is counted."""
+    every_second = Recurrence(cron.CronSchedule("* * * * * *", "UTC"))
+    start = z(2026, 12, 1)
+    now = start + timedelta(seconds=MAX_WALK + 500)
+    first = walk(every_second, start, now, {}, cap=MAX_WALK + 10)
+    assert (first.accounted, first.complete) == (MAX_WALK, False)
+    assert first.following == start + timedelta(seconds=MAX_WALK)
+    assert first.following is not None
+    rest = walk(every_second, first.following, now, {}, cap=10)
+    assert (rest.accounted, rest.complete, rest.following) == (10, True, None)
+    uncapped = walk(every_second, start, now, {})
+    assert uncapped.complete and uncapped.following == now + timedelta(seconds=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from chimes import schedules
@@ -10,7 +11,7 @@ from chimes.calendars import Calendar, excluded_by
 from chimes.enums import TriggerKind
 from chimes.ids import scheduled_at_of
 from chimes.settings import MISSED_AFTER_SEC
-from chimes.slots import Slot, catch_up, jitter_offset, on_time
+from chimes.slots import Cause, Exclusion, Slot, catch_up, jitter_offset, on_time, walk
 from chimes.store.scheduling import DueTrigger, Fire
 
 # A trigger this late was missed (the scheduler was down, or the job paused), not merely delayed
@@ -25,39 +26,87 @@ def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: ti
     ``calendars``: the owners' exclusion calendars, by (owner, name)."""
     if trigger.kind == TriggerKind.RETRY:
         return Fire(trigger, trigger.trigger_id, scheduled_at_of(trigger.trigger_id), None)
+    excluded = _exclusion(trigger, calendars)
+    if trigger.kept:
+        return _plan_kept(trigger, now, missed_after, excluded)
     schedule = trigger.recurrence
     offset = jitter_offset(trigger.job_id, trigger.jitter_sec)
     nominal = trigger.fire_at - offset
-    paused = _while_paused(trigger, nominal)
-    on_time_fire = now is None or (not paused and now - trigger.fire_at <= missed_after)
+    late = now is not None and (_while_paused(trigger, nominal) or now - trigger.fire_at > missed_after)
     remaining = trigger.remaining_runs
-    if schedule is not None and remaining is not None:
-        until = now if now is not None and not on_time_fire else nominal
-        schedule = schedules.capped(schedule, nominal, max(remaining, 1), until)
-    if now is None or on_time_fire:
+    if not late or schedule is None:
         slots = [on_time(trigger.job_id, nominal)]
-        following = schedules.next_fire(schedule, nominal) if schedule is not None else None
+        ended = remaining is not None and remaining <= 1
+        following = schedules.next_fire(schedule, nominal) if schedule is not None and not ended else None
+        accounted = 1
+        if late:  # a one-off's slot missed: one slot, by the catch-up policy
+            assert now is not None
+            slots = catch_up(trigger.job_id, [nominal], now, trigger.catch_up or {}, _cause(trigger),
+                             excluded=excluded)
+        elif excluded is not None:
+            slots = [_excluded(slot, excluded) for slot in slots]
     else:
-        slots, following = catch_up(trigger.job_id, schedule, nominal, now, trigger.catch_up or {},
-                                    "paused" if paused else "missed")
-    excluding = _excluding(trigger, calendars)
-    if excluding:
-        slots = [_excluded(slot, excluding) for slot in slots]
+        assert now is not None
+        walked = walk(schedule, nominal, now, trigger.catch_up or {}, None if remaining is None else max(remaining, 1))
+        slots = catch_up(trigger.job_id, walked.slots, now, trigger.catch_up or {}, _cause(trigger),
+                         unrecorded=walked.unrecorded, excluded=excluded, final=walked.complete)
+        following, accounted = walked.following, walked.accounted
     last = slots[-1]
     return Fire(trigger, last.run_id, last.scheduled_at, None if following is None else following + offset,
-                tuple(slots))
+                tuple(slots), accounted)
 
 
-def _excluding(trigger: DueTrigger, calendars: Mapping[tuple[str, str], Calendar] | None) -> list[Calendar]:
+def _plan_kept(trigger: DueTrigger, now: datetime | None, missed_after: timedelta,
+               excluded: Exclusion | None) -> Fire:
+    """A trigger an edit or a pause kept: the slots of the definition before it that were due and had
+    not fired, each once (late) or, missed, by the catch-up policy. It leaves no next trigger: the
+    definition after the edit has a trigger of its own."""
+    assert trigger.carried_until is not None
+    policy = trigger.catch_up or {}
+    if trigger.carried_slots is not None:
+        missed, unrecorded = list(trigger.carried_slots), trigger.carried_unrecorded
+    else:  # kept by a pause: the definition is still the one whose slots they are
+        nominal = trigger.fire_at - jitter_offset(trigger.job_id, trigger.jitter_sec)
+        remaining = trigger.remaining_runs
+        walked = walk(trigger.recurrence, nominal, trigger.carried_until, policy,
+                      None if remaining is None else max(remaining, 1))
+        missed, unrecorded = walked.slots, walked.unrecorded
+    if not missed:
+        return Fire(trigger, trigger.trigger_id, trigger.fire_at, None, (), 0)
+    if now is None or now - trigger.fire_at <= missed_after:
+        slots = [on_time(trigger.job_id, slot) for slot in missed]
+        if excluded is not None:
+            slots = [_excluded(slot, excluded) for slot in slots]
+    else:
+        slots = catch_up(trigger.job_id, missed, now, policy, _cause(trigger), unrecorded=unrecorded,
+                         excluded=excluded)
+    last = slots[-1]
+    return Fire(trigger, last.run_id, last.scheduled_at, None, tuple(slots), len(missed) + unrecorded)
+
+
+def _cause(trigger: DueTrigger) -> Cause:
+    """Why a slot of this trigger's job did not fire on time: the job was paused then, or not."""
+    paused, resumed = trigger.paused_at, trigger.resumed_at
+
+    def cause(slot: datetime) -> str:
+        return "paused" if paused is not None and resumed is not None and paused <= slot <= resumed else "missed"
+
+    return cause
+
+
+def _exclusion(trigger: DueTrigger, calendars: Mapping[tuple[str, str], Calendar] | None) -> Exclusion | None:
     if not trigger.exclude_calendars or calendars is None:
-        return []
+        return None
     found = (calendars.get((trigger.owner or "", name)) for name in trigger.exclude_calendars)
-    return [calendar for calendar in found if calendar is not None]
+    excluding = [calendar for calendar in found if calendar is not None]
+    if not excluding:
+        return None
+    return lambda instant: excluded_by(excluding, instant)
 
 
-def _excluded(slot: Slot, excluding: list[Calendar]) -> Slot:
+def _excluded(slot: Slot, excluded: Exclusion) -> Slot:
     """A slot that would run, recorded as skipped when a calendar excludes its time."""
-    name = excluded_by(excluding, slot.scheduled_at) if slot.outcome == "run" else None
+    name = excluded(slot.scheduled_at) if slot.outcome == "run" else None
     if name is None:
         return slot
     reason = f"excluded by calendar {name}" + (f" ({slot.reason})" if slot.reason else "")
@@ -81,11 +130,8 @@ def follow_up(fire: Fire) -> DueTrigger | None:
     if fire.next_fire_at is None:
         return None
     t = fire.trigger
-    return DueTrigger(t.partition_id, fire.next_fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
-                      t.cron, t.timezone, t.dst_gap, t.dst_fold, t.jitter_sec, t.catch_up, t.paused_at,
-                      t.resumed_at, t.start_deadline_sec, t.every_sec, t.phase_sec, t.start_at, t.end_at, t.max_runs,
-                      t.slots_fired + len(fire.slots) if t.max_runs is not None else 0, t.owner, t.exclude_calendars,
-                      t.concurrency)
+    return replace(t, fire_at=fire.next_fire_at,
+                   slots_fired=t.slots_fired + fire.accounted if t.max_runs is not None else 0)
 
 
 def fires_ahead(trigger: DueTrigger) -> bool:

@@ -10,7 +10,8 @@ import builtins
 import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from chimes import schedules
@@ -26,12 +27,12 @@ from chimes.security.secrets import (
     seal_spec,
     split_sealed,
 )
-from chimes.slots import jitter_offset
+from chimes.slots import MAX_RECORDED, jitter_offset, walk
 from chimes.store import jobs as job_store
 from chimes.store.audit import AuditNote, record
 from chimes.store.calendars import missing_calendars
 from chimes.store.db import Conn, Pool, transaction
-from chimes.store.jobs import CreatedJob, JobFilter, JobRecord, JobStore, LockedJob, PauseRecord
+from chimes.store.jobs import CreatedJob, JobFilter, JobRecord, JobStore, LockedJob, PauseRecord, ScheduleTriggers
 from chimes.store.owners import OwnerStore, count_jobs_up_to, lock_owner_for_job
 
 #: Task types that run code on the worker's machine: only for owners the operator allowed.
@@ -229,7 +230,8 @@ class JobService:
             _check_version(job, matching)
             actor = actor or job.owner
             current, sealed = split_sealed(job.definition)
-            spec = patch.apply_to(JobSpec.model_validate(current))
+            previous = JobSpec.model_validate(current)
+            spec = patch.apply_to(previous)
             if patch.task is None:
                 stored = keep_sealed(spec, sealed)
             else:
@@ -244,13 +246,17 @@ class JobService:
                     await _check_calendars(catalog, job.owner, spec)
             await _check_nodes_read(conn, spec)
             paused = job.paused if patch.paused is None else patch.paused
-            version = await job_store.update_job(conn, job_id, stored, paused, job.paused, actor, patch.pause_note)
-            had_trigger = await job_store.delete_schedule_triggers(conn, job_id)
-            resuming = job.paused and not paused
-            fire_at = None if paused else first_fire(spec, job_id, now, job.paused_at if resuming else None,
-                                                     job.slots_fired)
-            if fire_at is not None and not _one_off_done(spec, job, had_trigger):
-                await job_store.insert_schedule_trigger(conn, job_id, fire_at, version)
+            by_version = await job_store.count_nodes_firing_by_version(conn) > 0
+            replan = by_version or _plan(previous, job.paused) != _plan(spec, paused)
+            triggers = await job_store.lock_schedule_triggers(conn, job_id) if replan else None
+            version, planned = await job_store.update_job(conn, job_id, stored, paused, job.paused, actor,
+                                                          patch.pause_note, triggers.now if triggers else None)
+            if triggers is None and planned == version:  # the database saw a change of plan after all
+                triggers = await job_store.lock_schedule_triggers(conn, job_id)
+            # Without a change of plan the trigger stays as it is and fires as planned.
+            if triggers is not None:
+                due = Carried() if by_version else carried_slots(job, previous, triggers)
+                await _replan(conn, job, spec, paused, version, triggers, due, now)
             if current.get("concurrency") == "allow" and spec.concurrency != "allow":
                 await job_store.track_unfinished_runs(conn, job_id)
             if note is not None:
@@ -303,6 +309,82 @@ def _update_action(before: dict[str, Any], after: dict[str, Any]) -> str:
 def _check_version(job: LockedJob, matching: frozenset[int] | None) -> None:
     if matching is not None and job.version not in matching:
         raise VersionMismatch(job.version)
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """The slots of a job's definition before an edit that were due and had not fired: the trigger kept
+    for them fires at ``fire_at`` (the oldest of the due triggers, so its lateness shows)."""
+
+    slots: list[datetime] = field(default_factory=list)
+    unrecorded: int = 0
+    fire_at: datetime | None = None
+
+
+def _plan(spec: JobSpec, paused: bool) -> tuple[Any, ...]:
+    """What a fire reads of a job: its schedule, catch-up policy, start deadline, concurrency policy and
+    whether it is paused (the fields chimes_plan_version compares, migration 0022)."""
+    wire = spec.to_wire()
+    return (wire["schedule"], wire["catchUp"], spec.start_deadline_sec, spec.concurrency, paused)
+
+
+def carried_slots(job: LockedJob, before: JobSpec, triggers: ScheduleTriggers) -> Carried:
+    """The slots of ``before``, the definition being replaced, that were due at ``triggers.now`` and had
+    not fired: the walk of its schedule from each due trigger up to that instant (a paused job's, up to
+    its pause), or what an earlier edit kept. At most MAX_RECORDED, the older ones counted."""
+    schedule = before.schedule
+    recurrence = None if isinstance(schedule, AtScheduleSpec) else schedule.recurrence()
+    offset = timedelta(0) if isinstance(schedule, AtScheduleSpec) else jitter_offset(job.job_id, schedule.jitter_sec)
+    cap = None if isinstance(schedule, AtScheduleSpec) or schedule.max_runs is None else \
+        max(schedule.max_runs - job.slots_fired, 0)
+    policy = before.to_wire()["catchUp"]
+    found: set[datetime] = set()
+    unrecorded = 0
+    due = [at for at in triggers.fire_ats if at <= triggers.now]
+    for at in due:
+        if job.carried_until is not None and at <= job.carried_until:  # kept by an earlier edit or pause
+            if job.carried_slots is not None:
+                found.update(job.carried_slots)
+                unrecorded += job.carried_unrecorded
+                continue
+            until = job.carried_until
+        elif job.paused:
+            continue
+        else:
+            until = triggers.now
+        walked = walk(recurrence, at - offset, until, policy, cap)
+        found.update(walked.slots)
+        unrecorded += walked.unrecorded
+    slots = sorted(found)
+    if len(slots) > MAX_RECORDED:
+        unrecorded += len(slots) - MAX_RECORDED
+        slots = slots[-MAX_RECORDED:]
+    return Carried(slots, unrecorded, min(due) if slots else None)
+
+
+async def _replan(conn: Conn, job: LockedJob, spec: JobSpec, paused: bool, version: int,
+                  triggers: ScheduleTriggers, due: Carried, now: datetime) -> None:
+    """Write a changed plan's triggers: the one kept for the slots ``due`` under the definition before
+    (it fires them, late, and leaves no next trigger), and the first fire of the new definition after
+    the edit. A one-off moved to another time moves its one run instead."""
+    moved = (isinstance(spec.schedule, AtScheduleSpec) and job.run_at is not None
+             and spec.schedule.at != job.run_at)
+    await job_store.delete_schedule_triggers(conn, job.job_id)
+    if due.slots and due.fire_at is not None and not moved:
+        await job_store.insert_schedule_trigger(conn, job.job_id, due.fire_at, version)
+        until = job.carried_until if job.paused else triggers.now
+        await job_store.set_carried(conn, job.job_id, until, due.slots, due.unrecorded)
+        counted = len(due.slots) + due.unrecorded
+    else:
+        await job_store.set_carried(conn, job.job_id, None, None, None)
+        counted = 0
+    if paused:
+        return
+    resuming = job.paused
+    after = max(now, triggers.now) if counted else now
+    fire_at = first_fire(spec, job.job_id, after, job.paused_at if resuming else None, job.slots_fired + counted)
+    if fire_at is not None and not _one_off_done(spec, job, bool(triggers.fire_ats)):
+        await job_store.insert_schedule_trigger(conn, job.job_id, fire_at, version)
 
 
 def _one_off_done(spec: JobSpec, job: LockedJob, had_trigger: bool) -> bool:

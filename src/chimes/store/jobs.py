@@ -155,6 +155,18 @@ class LockedJob:
     run_at: datetime | None  # a one-off job's time
     definition: dict[str, Any]  # the JobSpec in its wire form, sealed secrets as stored
     slots_fired: int = 0
+    # A trigger kept by an earlier edit or pause, for the slots due up to carried_until (migration 0022)
+    carried_until: datetime | None = None
+    carried_slots: list[datetime] | None = None
+    carried_unrecorded: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTriggers:
+    """A job's schedule triggers, locked, and the database's clock read once they were."""
+
+    now: datetime
+    fire_ats: list[datetime]
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +224,10 @@ async def lock_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> LockedJo
     row = await conn.fetchrow(sql("lock_job"), job_id, owner)
     if row is None:
         return None
-    return LockedJob(row["job_id"], row["owner"], row["version"], row["paused"], row["paused_at"], row["run_at"],
-                     definition_of(row), row["slots_fired"] or 0)
+    return LockedJob(job_id=row["job_id"], owner=row["owner"], version=row["version"], paused=row["paused"],
+                     paused_at=row["paused_at"], run_at=row["run_at"], definition=definition_of(row),
+                     slots_fired=row["slots_fired"] or 0, carried_until=row["carried_until"],
+                     carried_slots=row["carried_slots"], carried_unrecorded=row["carried_unrecorded"] or 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,15 +247,18 @@ async def count_nodes_before_releases(conn: Conn) -> int:
 
 
 async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, paused: bool, was_paused: bool,
-                     actor: str, pause_note: str | None) -> int:
-    """Rewrite the definition; returns the job's new version. A pause or a resume is recorded in the
-    job's history of pauses with ``actor`` (and ``pause_note``, the reason a pause was given)."""
-    row = one_row(await conn.fetchrow(sql("update_job"), job_id, *job_columns(spec), paused, actor, pause_note))
+                     actor: str, pause_note: str | None, moment: datetime | None = None) -> tuple[int, int]:
+    """Rewrite the definition; returns the job's new version and the version of its plan (equal when
+    the edit changed what a fire reads, migration 0022). A pause or a resume is recorded in the
+    job's history of pauses with ``actor`` (and ``pause_note``, the reason a pause was given), at
+    ``moment`` (the database's clock as the edit read it; its transaction's start when not given)."""
+    row = one_row(await conn.fetchrow(sql("update_job"), job_id, *job_columns(spec), paused, actor, pause_note,
+                                      moment))
     if paused and not was_paused:
         await record_pause(conn, job_id, actor, paused_at=row["paused_at"], note=pause_note)
     elif was_paused and not paused:
         await record_pause(conn, job_id, actor, resumed_at=row["resumed_at"])
-    return int(row["version"])
+    return int(row["version"]), int(row["plan_version"])
 
 
 async def record_pause(conn: Conn, job_id: uuid.UUID, actor: str, *, paused_at: datetime | None = None,
@@ -257,6 +274,23 @@ async def pauses(pool: asyncpg.Pool, job_id: uuid.UUID, limit: int) -> list[Paus
 async def insert_schedule_trigger(conn: Conn, job_id: uuid.UUID, fire_at: datetime,
                                   version: int) -> None:
     await conn.execute(sql("insert_schedule_trigger"), partition_of(job_id), fire_at, job_id, version)
+
+
+async def lock_schedule_triggers(conn: Conn, job_id: uuid.UUID) -> ScheduleTriggers:
+    """Lock the job's schedule triggers (after any fire of them under way) and read the clock."""
+    await conn.fetch(sql("lock_schedule_triggers"), job_id)
+    row = one_row(await conn.fetchrow(sql("schedule_triggers_now"), job_id))
+    return ScheduleTriggers(now=row["now"], fire_ats=list(row["fire_ats"]))
+
+
+async def set_carried(conn: Conn, job_id: uuid.UUID, until: datetime | None, slots: list[datetime] | None,
+                      unrecorded: int | None) -> None:
+    await conn.execute(sql("set_carried"), job_id, until, slots, unrecorded)
+
+
+async def count_nodes_firing_by_version(conn: Conn) -> int:
+    """Live scheduler nodes of releases before 0.3.4, which fire a trigger only at its job's version."""
+    return int(await conn.fetchval(sql("count_nodes_firing_by_version")))
 
 
 async def delete_schedule_triggers(conn: Conn, job_id: uuid.UUID) -> bool:

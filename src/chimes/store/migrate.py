@@ -57,8 +57,12 @@ class AppliedStep:
 
 
 def release_key(release: str) -> tuple[int, ...]:
-    """Releases compare by their numbers: 0.10.0 is after 0.9.0."""
-    return tuple(int(part) for part in release.split("."))
+    """Releases compare by their numbers: 0.10.0 is after 0.9.0. A build between releases
+    (0.3.4.dev0) compares as the release it leads to."""
+    match = _RELEASE.match(release)
+    if match is None:
+        raise ValueError(f"not a release: {release!r}")
+    return tuple(int(part) for part in match.group().split("."))
 
 
 def parse_migration(file_name: str, text: str) -> Migration:

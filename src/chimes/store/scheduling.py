@@ -58,6 +58,19 @@ class DueTrigger:
     owner: str | None = None
     exclude_calendars: Sequence[str] | None = None  # names of the owner's calendars
     concurrency: str | None = None  # the job's concurrency policy; None: not read (a retry trigger)
+    paused: bool = False
+    # An edit or a pause that found this trigger due and not fired kept it for the slots of the
+    # definition before it, due up to carried_until: carried_slots (None: the walk of the job's
+    # schedule up to then), and carried_unrecorded older ones left out (services.jobs).
+    carried_until: datetime | None = None
+    carried_slots: Sequence[datetime] | None = None
+    carried_unrecorded: int = 0
+
+    @property
+    def kept(self) -> bool:
+        """Whether this is a trigger an edit or a pause kept for the slots due before it."""
+        return (self.kind == TriggerKind.SCHEDULE and self.carried_until is not None
+                and self.fire_at <= self.carried_until)
 
     @property
     def remaining_runs(self) -> int | None:
@@ -74,6 +87,13 @@ class DueTrigger:
                              self.start_at, self.end_at)
 
 
+def due_trigger(row: Row) -> DueTrigger:
+    """A trigger read by name from a row of the due scan (``scan_due_triggers``, ``due_triggers_by_key``)."""
+    fields = dict(row)
+    fields["kind"] = TriggerKind(fields["kind"])
+    return DueTrigger(**fields)
+
+
 @dataclass(frozen=True, slots=True)
 class Fire:
     """A due trigger ready to fire: the runs it makes (one per slot) and where the schedule goes next."""
@@ -83,6 +103,7 @@ class Fire:
     scheduled_at: datetime
     next_fire_at: datetime | None
     slots: tuple[Slot, ...] = ()
+    accounted: int = 0  # the slots this fire went through, recorded or counted in a note: a run cap counts them
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +208,7 @@ class SchedulerStore:
                        after: datetime | None = None) -> list[DueTrigger]:
         """The triggers due before ``until`` (and from ``after`` on, when given), with their jobs."""
         rows = await self._pool.fetch(sql("scan_due_triggers"), list(partitions), until, limit, after)
-        return [DueTrigger(*row) for row in rows]
+        return [due_trigger(row) for row in rows]
 
     async def scan_due_keys(self, partitions: Sequence[int], before: datetime, limit: int) -> list[TriggerKey]:
         """Only the keys of the triggers due before ``before``."""
@@ -204,7 +225,7 @@ class SchedulerStore:
         """The triggers with these keys that still exist, with their jobs."""
         rows = await self._pool.fetch(sql("due_triggers_by_key"), [k[0] for k in keys], [k[1] for k in keys],
                                       [k[2] for k in keys])
-        return [DueTrigger(*row) for row in rows]
+        return [due_trigger(row) for row in rows]
 
     async def fire(self, leases: Mapping[int, int], fires: Sequence[Fire], fired_at: datetime) -> FireResult:
         """Fire one batch in one transaction, fenced by this node's lease tokens."""
@@ -263,8 +284,8 @@ class SchedulerStore:
                                f.run_id, f.scheduled_at, f.next_fire_at))
             for s in f.slots:
                 _append(slots, (index, s.run_id, s.scheduled_at, s.trigger, s.outcome, s.reason))
-            if t.max_runs is not None and f.slots:
-                _append(counted, (t.job_id, len(f.slots)))
+            if t.max_runs is not None and f.accounted:
+                _append(counted, (t.job_id, f.accounted))
         row = one_row(await conn.fetchrow(
             sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *triggers, *slots,
             fired_at, *counted, ahead_sec,

@@ -157,6 +157,10 @@ CREATE TABLE public.jobs (
     pause_note text,
     delete_after_completion boolean DEFAULT false NOT NULL,
     notify_on text[] DEFAULT '{failed}'::text[] NOT NULL,
+    plan_version integer,
+    carried_until timestamp with time zone,
+    carried_slots timestamp with time zone[],
+    carried_unrecorded integer,
     CONSTRAINT jobs_bounds CHECK ((end_at > start_at)),
     CONSTRAINT jobs_concurrency CHECK ((concurrency = ANY (ARRAY['skip'::text, 'queue'::text, 'allow'::text, 'replace'::text]))),
     CONSTRAINT jobs_dst_fold CHECK ((dst_fold = ANY (ARRAY['first'::text, 'last'::text, 'both'::text]))),
@@ -648,24 +652,53 @@ BEGIN
         SELECT j.job_id FROM failed f JOIN jobs j ON j.job_id = f.job_id
         WHERE j.pause_after_failures IS NOT NULL AND NOT j.paused
           AND (SELECT count(*) FILTER (WHERE newest.status = 'failed') FROM (
-                  SELECT r.status FROM runs r WHERE r.job_id = j.job_id AND r.status IN ('succeeded', 'failed')
+                  SELECT r.status FROM runs r
+                  WHERE r.job_id = j.job_id AND r.status IN ('succeeded', 'failed')
+                    AND (j.resumed_at IS NULL OR r.fired_at >= j.resumed_at)
                   ORDER BY r.scheduled_at DESC LIMIT j.pause_after_failures) newest) = j.pause_after_failures
     ),
     stopped AS (
         UPDATE jobs j SET paused = true, paused_at = now(), paused_by = 'chimes',
                           pause_note = format('%s consecutive runs failed (pauseAfterFailures)', j.pause_after_failures),
+                          carried_until = CASE WHEN j.carried_slots IS NULL THEN now() ELSE j.carried_until END,
                           version = j.version + 1, updated_at = now()
         FROM failing f WHERE j.job_id = f.job_id AND NOT j.paused
-        RETURNING j.job_id, j.paused_at, j.paused_by, j.pause_note
+        RETURNING j.job_id, j.paused_at, j.paused_by, j.pause_note, j.version, j.carried_until
+    ),
+    kept AS (
+        UPDATE triggers t SET job_version = s.version FROM stopped s
+        WHERE t.job_id = s.job_id AND t.kind = 0 AND t.fire_at <= s.carried_until
     ),
     untriggered AS (
-        DELETE FROM triggers t USING stopped s WHERE t.job_id = s.job_id AND t.kind = 0
+        DELETE FROM triggers t USING stopped s
+        WHERE t.job_id = s.job_id AND t.kind = 0 AND t.fire_at > s.carried_until
     )
     INSERT INTO job_pauses (job_id, paused_at, paused_by, note)
     SELECT job_id, paused_at, paused_by, pause_note FROM stopped
     ON CONFLICT DO NOTHING;
     GET DIAGNOSTICS paused_jobs = ROW_COUNT;
     RETURN paused_jobs;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.chimes_plan_version()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.plan_version IS NULL THEN
+        NEW.plan_version := coalesce(OLD.plan_version, OLD.version);
+    END IF;
+    IF (NEW.cron, NEW.run_at, NEW.timezone, NEW.jitter_sec, NEW.dst_gap, NEW.dst_fold, NEW.catch_up,
+        NEW.start_deadline_sec, NEW.every_sec, NEW.phase_sec, NEW.start_at, NEW.end_at, NEW.max_runs,
+        NEW.exclude_calendars, NEW.concurrency, NEW.paused)
+       IS DISTINCT FROM
+       (OLD.cron, OLD.run_at, OLD.timezone, OLD.jitter_sec, OLD.dst_gap, OLD.dst_fold, OLD.catch_up,
+        OLD.start_deadline_sec, OLD.every_sec, OLD.phase_sec, OLD.start_at, OLD.end_at, OLD.max_runs,
+        OLD.exclude_calendars, OLD.concurrency, OLD.paused) THEN
+        NEW.plan_version := NEW.version;
+    END IF;
+    RETURN NEW;
 END
 $function$;
 
@@ -769,3 +802,5 @@ BEGIN
     RETURN released;
 END
 $function$;
+
+CREATE TRIGGER jobs_plan_version BEFORE UPDATE ON public.jobs FOR EACH ROW EXECUTE FUNCTION chimes_plan_version();

@@ -25,6 +25,31 @@ WHERE triggers.job_version < excluded.job_version;
 -- name: delete_schedule_triggers
 DELETE FROM triggers WHERE job_id = $1 AND kind = 0;
 
+-- name: lock_schedule_triggers
+-- The job's schedule triggers, locked until the edit commits: a fire of one of them that is under
+-- way (its row locked) ends first, and a fire that comes after finds the edit's triggers.
+SELECT fire_at FROM triggers WHERE job_id = $1 AND kind = 0 FOR UPDATE;
+
+-- name: schedule_triggers_now
+-- Read again once lock_schedule_triggers has waited for the fires under way: a statement of its own
+-- sees the next trigger such a fire wrote, which the first did not. With the database's clock, which
+-- says which of them are due, as it does for the scheduler.
+SELECT clock_timestamp() AS now, coalesce(array_agg(t.fire_at ORDER BY t.fire_at), '{}') AS fire_ats
+FROM (SELECT fire_at FROM triggers WHERE job_id = $1 AND kind = 0 FOR UPDATE) t;
+
+-- name: set_carried
+-- The slots of the definition before an edit or a pause that were due and had not fired, for the
+-- trigger kept for them (migration 0022); all NULL when none.
+UPDATE jobs SET carried_until = $2, carried_slots = $3, carried_unrecorded = $4 WHERE job_id = $1;
+
+-- name: count_nodes_firing_by_version
+-- Scheduler nodes of a release before 0.3.4 live on this database: they fire a trigger only at its
+-- job's very version and know nothing of triggers kept for due slots, so that an edit rewrites the
+-- trigger as those releases did (chimes.services.jobs).
+SELECT count(*) FROM scheduler_nodes
+WHERE heartbeat_at > now() - interval '30 seconds'
+  AND (release IS NULL OR (regexp_match(release, '^(\d+)\.(\d+)\.(\d+)'))::int[] < ARRAY[0, 3, 4]);
+
 -- name: get_job
 SELECT j.*,
        (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) AS slots_fired,
@@ -88,14 +113,15 @@ UPDATE jobs SET name = $2, cron = $3, run_at = $4, timezone = $5, jitter_sec = $
                 start_deadline_sec = $18, pause_after_failures = $19, delete_after_completion = $20,
                 notify_on = $21, every_sec = $22, phase_sec = $23, start_at = $24, end_at = $25,
                 max_runs = $26, exclude_calendars = $27, paused = $28,
-                paused_at = CASE WHEN $28 AND NOT paused THEN now() ELSE paused_at END,
-                resumed_at = CASE WHEN paused AND NOT $28 THEN now() ELSE resumed_at END,
+                -- $31: the instant the edit decided by (the database's clock), or now()
+                paused_at = CASE WHEN $28 AND NOT paused THEN coalesce($31, now()) ELSE paused_at END,
+                resumed_at = CASE WHEN paused AND NOT $28 THEN coalesce($31, now()) ELSE resumed_at END,
                 -- who paused it ($29) and why ($30), kept while it stays paused
                 paused_by = CASE WHEN NOT $28 THEN NULL WHEN NOT paused THEN $29 ELSE paused_by END,
                 pause_note = CASE WHEN NOT $28 THEN NULL WHEN NOT paused THEN $30 ELSE pause_note END,
                 version = version + 1, updated_at = now()
 WHERE job_id = $1
-RETURNING version, paused_at, resumed_at;
+RETURNING version, plan_version, paused_at, resumed_at;
 
 -- name: record_pause
 -- A pause begins ($2 its start, $3 who, $4 why) or, with $2 NULL, the job's open pause ends ($5 the

@@ -50,15 +50,18 @@ RETURNING l.partition_id, l.token;
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
        j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
-       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars, j.concurrency
+       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars, j.concurrency,
+       coalesce(j.paused, false) AS paused, j.carried_until, j.carried_slots,
+       coalesce(j.carried_unrecorded, 0) AS carried_unrecorded
 FROM triggers t
 LEFT JOIN LATERAL (
     SELECT j.cron, j.timezone, j.dst_gap, j.dst_fold, j.jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
            j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
            CASE WHEN j.max_runs IS NOT NULL  -- counted only for the jobs with a run cap
                THEN (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) END AS slots_fired,
-           j.owner, j.exclude_calendars, j.concurrency
-    FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
+           j.owner, j.exclude_calendars, j.concurrency, j.paused, j.carried_until, j.carried_slots,
+           j.carried_unrecorded
+    FROM jobs j WHERE j.job_id = t.job_id AND t.job_version >= coalesce(j.plan_version, j.version) AND t.kind = 0
     LIMIT 1
 ) j ON true
 WHERE t.partition_id = ANY($1::smallint[]) AND t.fire_at < $2 AND t.fire_at >= coalesce($4::timestamptz, '-infinity')
@@ -87,7 +90,9 @@ GROUP BY partition_id;
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
        j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
-       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars, j.concurrency
+       coalesce(j.slots_fired, 0) AS slots_fired, j.owner, j.exclude_calendars, j.concurrency,
+       coalesce(j.paused, false) AS paused, j.carried_until, j.carried_slots,
+       coalesce(j.carried_unrecorded, 0) AS carried_unrecorded
 FROM unnest($1::smallint[], $2::timestamptz[], $3::uuid[]) AS k(partition_id, fire_at, trigger_id)
 JOIN triggers t ON t.partition_id = k.partition_id AND t.fire_at = k.fire_at AND t.trigger_id = k.trigger_id
 LEFT JOIN LATERAL (  -- by key, as in scan_due_triggers
@@ -95,8 +100,9 @@ LEFT JOIN LATERAL (  -- by key, as in scan_due_triggers
            j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
            CASE WHEN j.max_runs IS NOT NULL  -- counted only for the jobs with a run cap
                THEN (SELECT c.slots_fired FROM job_slot_counts c WHERE c.job_id = j.job_id) END AS slots_fired,
-           j.owner, j.exclude_calendars, j.concurrency
-    FROM jobs j WHERE j.job_id = t.job_id AND j.version = t.job_version AND t.kind = 0
+           j.owner, j.exclude_calendars, j.concurrency, j.paused, j.carried_until, j.carried_slots,
+           j.carried_unrecorded
+    FROM jobs j WHERE j.job_id = t.job_id AND t.job_version >= coalesce(j.plan_version, j.version) AND t.kind = 0
     LIMIT 1
 ) j ON true;
 
@@ -106,8 +112,11 @@ LEFT JOIN LATERAL (  -- by key, as in scan_due_triggers
 -- wait until this transaction ends, but not a renewal of the lease, a plain UPDATE: with FOR SHARE
 -- the renewal queued behind every batch, batches queued behind it, and under a burst the two
 -- deadlocked or the renewal timed out and the node dropped all it held.
--- A trigger fires only if it is still there with the same job version: an edit, pause or delete
--- since the scan left nothing to match. A schedule trigger makes one run per slot (normally one;
+-- A trigger fires only if it is still there with the same job version, and that version is not older
+-- than the job's plan (jobs.plan_version, the version of its last change to what a fire reads: its
+-- schedule, catch-up, concurrency, pause): such an edit, or a delete, since the scan leaves nothing to
+-- match, while an edit of anything else leaves the trigger to fire as planned. A paused job's trigger
+-- fires only if its pause kept it for slots due before (carried_until). A schedule trigger makes one run per slot (normally one;
 -- several after missed fires), each with a deterministic id, so a slot fired twice collides, and
 -- advances. The job's concurrency policy decides which new runs start, wait (queue) or are
 -- recorded as skipped. A retry trigger re-enqueues its waiting run.
@@ -143,8 +152,10 @@ fired AS (
     RETURNING d.*
 ),
 live AS (
-    SELECT f.*, j.owner, j.priority, j.concurrency, j.queue_limit
-    FROM fired f JOIN jobs j ON j.job_id = f.job_id AND j.version = f.job_version AND NOT j.paused
+    SELECT f.*, j.owner, j.priority, j.concurrency, j.queue_limit,
+           j.delete_after_completion AND j.run_at IS NOT NULL AS deletes_when_done
+    FROM fired f JOIN jobs j ON j.job_id = f.job_id AND f.job_version >= coalesce(j.plan_version, j.version)
+                              AND (NOT j.paused OR f.fire_at <= j.carried_until)
     WHERE f.kind = 0
 ),
 advanced AS (
@@ -164,6 +175,7 @@ counted AS (
 ),
 slot AS (
     SELECT s.*, l.job_id, l.owner, l.priority, l.partition_id, l.job_version, l.concurrency, l.queue_limit,
+           l.deletes_when_done,
            row_number() OVER (PARTITION BY l.job_id, s.outcome ORDER BY s.scheduled_at DESC) AS rank,
            max(s.scheduled_at) OVER (PARTITION BY l.job_id, s.outcome) AS newest
     FROM unnest($14::integer[], $15::uuid[], $16::timestamptz[], $17::text[], $18::text[], $19::text[])
@@ -214,6 +226,16 @@ created AS (
     -- unique violation, and its trigger would be fired again alone: the run is then found here.
     WHERE NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = d.run_id AND r.scheduled_at = d.scheduled_at)
     RETURNING run_id, scheduled_at, job_id, priority
+),
+-- A one-off job that deletes itself once its run ended (deleteAfterCompletion) and whose one slot was
+-- recorded as skipped is deleted now, as the end of its run would have deleted it: no run of it ends.
+completed_unrun AS (
+    DELETE FROM jobs j USING created c JOIN decided d USING (run_id)
+    WHERE d.deletes_when_done AND d.decision = 'skip' AND j.job_id = c.job_id
+    RETURNING j.job_id
+),
+forgotten_pauses AS (
+    DELETE FROM job_pauses p USING completed_unrun g WHERE p.job_id = g.job_id
 ),
 admitted AS (
     SELECT c.*, d.decision, d.concurrency, d.running + d.held_before > 0 AS replacing
@@ -268,7 +290,7 @@ SELECT (SELECT count(*) FROM lease) AS leases_held,
 -- A batch fired ahead of its time ($1, the latest fire time in it), just before its transaction
 -- commits: whether that time has come by the database's clock, whether this node ($4) still holds
 -- every partition of the batch ($2, with the lease tokens $3), and whether every job of the batch
--- ($5, at the versions $6) is still there, unpaused and unchanged, and whether the runs still active
+-- ($5, at the versions $6) is still there, unpaused and its plan unchanged, and whether the runs still active
 -- that skip and queue decided by are the same. Anything else and the batch is
 -- rolled back and fired again the ordinary way, as it would have been at its time. clock_timestamp(),
 -- not now(): now() is when the transaction began, ahead of the batch's time.
@@ -281,7 +303,7 @@ SELECT clock_timestamp() >= $1::timestamptz AS due,
        NOT EXISTS (
            SELECT 1 FROM unnest($5::uuid[], $6::integer[]) AS f(job_id, version)
            LEFT JOIN jobs j ON j.job_id = f.job_id
-           WHERE j.job_id IS NULL OR j.version <> f.version OR j.paused
+           WHERE j.job_id IS NULL OR coalesce(j.plan_version, j.version) > f.version OR j.paused
        ) AS jobs_unchanged,
        -- $7..$9: the jobs whose policy (skip, queue) decided by their runs still active, and how many
        -- were running and held then. The same counts now, leaving out the rows this transaction wrote
@@ -509,7 +531,8 @@ CROSS JOIN LATERAL (
     ORDER BY t.fire_at
     LIMIT $2
 ) t
-JOIN jobs j ON j.job_id = t.job_id AND j.version = t.job_version AND NOT j.paused
+JOIN jobs j ON j.job_id = t.job_id AND t.job_version >= coalesce(j.plan_version, j.version)
+            AND (NOT j.paused OR t.fire_at <= j.carried_until)
 JOIN partition_leases l ON l.partition_id = p.partition_id;
 
 -- name: job_sweep_end
