@@ -88,7 +88,8 @@ FENCES: tuple[Fence, ...] = (
     Fence("fire: trigger version", "sql/scheduling.sql", "fire_triggers", ("t.job_version = d.job_version",),
           t("test_fire_fence_trigger_version"),
           "an edit rewrote the trigger under the same key after the node read it"),
-    Fence("fire: job version", "sql/scheduling.sql", "fire_triggers", ("j.version = f.job_version",),
+    Fence("fire: job version", "sql/scheduling.sql", "fire_triggers",
+          ("f.job_version >= coalesce(j.plan_version, j.version)",),
           t("test_fire_fence_job_version", f"{FENCING_TESTS}::test_stale_trigger_left_by_a_race_fires_nothing"),
           "an edit racing a fire left the fire's next trigger behind at the old version"),
     # --- run lease -----------------------------------------------------------------------------

@@ -73,8 +73,8 @@ async def running_fleet(pool: asyncpg.Pool, database_url: str, homes: Homes, *,
     shard_ids = [None, *dict.fromkeys(r.shard_id for r in homes.map.ranges)]
     nodes = [] if scheduler is None else [
         SchedulerNode(home, scheduler, node_id=node_id, egress=egress, serves=held,
-                      signing_secrets=secrets if sharded else None, calendars=CalendarBook(pool))
-        for home, held in zip(home_pools, serves, strict=True)]
+                      signing_secrets=secrets if sharded else None, calendars=CalendarBook(pool), listen_dsn=url)
+        for home, held, url in zip(home_pools, serves, urls, strict=True)]
     workers = []
     if worker is not None:
         shared = guard or (TaskGuard(pool, allow_commands=worker.allow_commands) if sharded else None)

@@ -263,14 +263,15 @@ async def test_release_leases_fence_owner(pool: asyncpg.Pool) -> None:
 
 async def test_fire_fence_trigger_version(pool: asyncpg.Pool) -> None:
     """fire_triggers: ``t.job_version = d.job_version``. The node read the trigger ahead of its time
-    (the look-ahead); an edit that keeps the schedule rewrites it under the same key at version 2.
-    The batch of version 1 must leave it alone: without the fence it deletes the new trigger, makes
-    no run (the job is at version 2) and does not advance it, and the job never fires again."""
+    (the look-ahead); an edit of what a fire reads that keeps the slot rewrites it under the same key
+    at version 2. The batch of version 1 must leave it alone: without the fence it deletes the new
+    trigger, makes no run (the job's plan is at version 2) and does not advance it, and the job never
+    fires again."""
     created = await JobService(pool).create("team-a", spec({"cron": "0 0 1 1 *"}), now())
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     [trigger] = await store.scan_due(list(leases), created.next_run_at + timedelta(seconds=1), 1000)
-    await JobService(pool).update(created.job_id, None, JobPatch(name="renamed"), now())
+    await JobService(pool).update(created.job_id, None, JobPatch(catchUp={"policy": "none"}), now())
     [rewritten] = await pool.fetch("SELECT * FROM triggers WHERE job_id = $1", created.job_id)
     assert (rewritten["fire_at"], rewritten["job_version"]) == (trigger.fire_at, 2)
     # Both moved to a time that has come (the node fires nothing before the database's clock says so).
@@ -316,15 +317,19 @@ async def fire_caught_mid_transaction(
 
 
 async def test_fire_fence_job_version(pool: asyncpg.Pool) -> None:
-    """fire_triggers: ``j.version = f.job_version``. An edit that moves the schedule, racing a fire,
-    leaves the fire's next trigger behind at version 1 beside the edit's own. That stale trigger, its
-    version matching the batch that read it, passes the trigger's version check; only the job's
-    version refuses to make a run of the old definition from it."""
+    """fire_triggers: ``f.job_version >= coalesce(j.plan_version, j.version)``. An edit that moves the
+    schedule, racing a fire, waits for the fire and replaces the next trigger it wrote. A trigger of
+    the old definition left beside the edit's own all the same (a release before the edit read it
+    again) passes the trigger's version check, its version matching the batch that read it; only the
+    job's plan version refuses to make a run of the old definition from it."""
     store, leases, job_id, stale_at = await fire_caught_mid_transaction(
         pool, JobPatch(schedule={"cron": "0 0 1 1 *"}))
     versions = {r["fire_at"]: r["job_version"] for r in await pool.fetch(
         "SELECT fire_at, job_version FROM triggers WHERE job_id = $1", job_id)}
-    assert versions.get(stale_at) == 1 and sorted(versions.values()) == [1, 2]
+    assert stale_at not in versions and sorted(versions.values()) == [2]  # the edit saw the fire's next one
+    await pool.execute("INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind) "
+                       "SELECT partition_id, $2, trigger_id, job_id, 1, 0 FROM triggers WHERE job_id = $1",
+                       job_id, stale_at)
     stale_at = await made_due(pool, job_id, stale_at)
     stale = [t for t in await store.scan_due(list(leases), stale_at + timedelta(seconds=1), 1000)
              if t.fire_at == stale_at]
@@ -336,12 +341,12 @@ async def test_fire_fence_job_version(pool: asyncpg.Pool) -> None:
 
 
 async def test_edit_racing_a_fire_keeps_the_job_scheduled(pool: asyncpg.Pool) -> None:
-    """The same race with an edit that keeps the schedule: the edit's trigger has the key of the one
-    the fire wrote. It used to be dropped (``ON CONFLICT DO NOTHING``), leaving only the fire's
-    version-1 trigger, which then fired nothing and went away: the job never fired again."""
+    """The same race with an edit that keeps the schedule: the trigger the fire wrote stays, and
+    fires the next slot. (An edit that rewrote it used to lose it to ``ON CONFLICT DO NOTHING``,
+    leaving a version-1 trigger that then fired nothing and went away: the job never fired again.)"""
     store, leases, job_id, next_at = await fire_caught_mid_transaction(pool, JobPatch(name="renamed"))
     [trigger] = await pool.fetch("SELECT * FROM triggers WHERE job_id = $1", job_id)
-    assert (trigger["fire_at"], trigger["job_version"]) == (next_at, 2)
+    assert (trigger["fire_at"], trigger["job_version"]) == (next_at, 1)
     next_at = await made_due(pool, job_id, next_at)
     [due_next] = await store.scan_due(list(leases), next_at + timedelta(seconds=1), 1000)
     result = await store.fire(leases, plan_fires([due_next], now()), now())

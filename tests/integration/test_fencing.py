@@ -115,16 +115,35 @@ async def test_partitions_rebalance_between_nodes(pool: asyncpg.Pool) -> None:
 
 
 async def test_edit_after_scan_fires_nothing_from_old_version(pool: asyncpg.Pool) -> None:
+    """An edit of the schedule after the node read the due trigger: the batch the node planned from
+    the old definition fires nothing; the due slot is kept for the new version's trigger to fire."""
+    job_id = await make_due_job(pool)
+    [due_at] = [r["fire_at"] for r in await pool.fetch("SELECT fire_at FROM triggers WHERE job_id = $1", job_id)]
+    store = SchedulerStore(pool, "node")
+    leases = await take_all(store)
+    triggers = await due(store, leases)
+    await JobService(pool).update(job_id, None, JobPatch(schedule={"cron": "0 0 1 1 *"}), datetime.now(UTC))
+    result = await store.fire(leases, plan_fires(triggers), datetime.now(UTC))
+    assert result.fired == 0
+    assert await pool.fetchval("SELECT count(*) FROM runs") == 0
+    kept = await pool.fetch("SELECT fire_at, job_version FROM triggers WHERE job_id = $1 ORDER BY fire_at", job_id)
+    assert [(r["fire_at"] == due_at, r["job_version"]) for r in kept] == [(True, 2), (False, 2)]
+    again = await store.fire(leases, plan_fires(await due(store, leases), datetime.now(UTC)), datetime.now(UTC))
+    assert again.fired == 1
+    assert await pool.fetchval("SELECT scheduled_at FROM runs") == due_at  # the old definition's slot, once
+
+
+async def test_an_edit_of_what_no_fire_reads_leaves_the_batch_to_fire(pool: asyncpg.Pool) -> None:
+    """A rename after the node read the due trigger changes nothing the fire planned by: the batch
+    fires, and the run is recorded at the job's new version."""
     job_id = await make_due_job(pool)
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     triggers = await due(store, leases)
     await JobService(pool).update(job_id, None, JobPatch(name="edited"), datetime.now(UTC))
     result = await store.fire(leases, plan_fires(triggers), datetime.now(UTC))
-    assert result.fired == 0
-    assert await pool.fetchval("SELECT count(*) FROM runs") == 0
-    [trigger] = await pool.fetch("SELECT * FROM triggers WHERE job_id = $1", job_id)
-    assert trigger["job_version"] == 2
+    assert (result.fired, result.enqueued) == (1, 1)
+    assert await pool.fetchval("SELECT job_version FROM runs") == 2
 
 
 async def test_pause_and_delete_after_scan_fire_nothing(pool: asyncpg.Pool) -> None:
@@ -143,7 +162,7 @@ async def test_pause_and_delete_after_scan_fire_nothing(pool: asyncpg.Pool) -> N
 async def test_stale_trigger_left_by_a_race_fires_nothing(pool: asyncpg.Pool) -> None:
     """A trigger of an old version that survived (an edit racing a fire) is removed without a run."""
     job_id = await make_due_job(pool)
-    await pool.execute("UPDATE jobs SET version = 2 WHERE job_id = $1", job_id)
+    await pool.execute("UPDATE jobs SET version = 2, catch_up = '{\"policy\": \"none\"}' WHERE job_id = $1", job_id)
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     result = await store.fire(leases, plan_fires(await due(store, leases)), datetime.now(UTC))

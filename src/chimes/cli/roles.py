@@ -80,7 +80,7 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
     def start_home(home: db.Pool, url: str, serves: frozenset[int] | None, shard_id: int | None) -> list[Role]:
         node = SchedulerNode(home, node_id=node_id, serves=serves, egress=work.egress if work else None,
                              signing_secrets=SigningSecrets(pool, work.keyring if work else None),
-                             calendars=CalendarBook(pool))
+                             calendars=CalendarBook(pool), listen_dsn=url)
         config = WorkerConfig(concurrency=worker_concurrency, allow_commands=allow_commands, tiers=tiers)
         worker = Worker(home, url, config,
                         worker_id=worker_id,
@@ -217,7 +217,7 @@ async def run_scheduler(dsn: str, node_id: str | None, lease_ttl: float, retenti
         return [SchedulerNode(home, config, node_id=node_id,
                               signing_secrets=SigningSecrets(pool, outgoing.keyring if outgoing else None),
                               egress=outgoing.egress if outgoing else None, serves=serves,
-                              calendars=CalendarBook(pool))]
+                              calendars=CalendarBook(pool), listen_dsn=url)]
 
     _settle_the_heap()
     await _serve_homes(pool, dsn, shard_map, start_home, pool_size=SCHEDULER_POOL, server_settings=settings)

@@ -56,6 +56,15 @@ def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: ti
                 tuple(slots), accounted)
 
 
+def walks(trigger: DueTrigger, now: datetime, missed_after: timedelta = MISSED_AFTER) -> bool:
+    """Whether planning this trigger's fire walks its schedule (a missed trigger, or one kept by an
+    edit): work that grows with how much was missed, which the node does off its event loop."""
+    if trigger.kind != TriggerKind.SCHEDULE:
+        return False
+    nominal = trigger.fire_at - jitter_offset(trigger.job_id, trigger.jitter_sec)
+    return trigger.kept or _while_paused(trigger, nominal) or now - trigger.fire_at > missed_after
+
+
 def _plan_kept(trigger: DueTrigger, now: datetime | None, missed_after: timedelta,
                excluded: Exclusion | None) -> Fire:
     """A trigger an edit or a pause kept: the slots of the definition before it that were due and had

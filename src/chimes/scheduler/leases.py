@@ -38,8 +38,9 @@ class LeaseManager:
         self._on_lost = on_lost
         self._hostname = socket.gethostname()
 
-    async def sync(self) -> None:
-        """One round: heartbeat, renew, then shed or take partitions toward a fair share."""
+    async def sync(self) -> set[int]:
+        """One round: heartbeat, renew, then shed or take partitions toward a fair share. Returns the
+        partitions gained."""
         before = self.held
         after = await self.store.sync_leases(self._hostname, os.getpid(), before, self.config.ttl_sec)
         lost = {p for p, token in before.items() if after.get(p) != token}
@@ -52,6 +53,7 @@ class LeaseManager:
         if lost or gained:
             log.info("partitions: %d held (+%d -%d)", len(after), len(gained), len(lost),
                      extra={"node_id": self.store.node_id})
+        return set(gained)
 
     def drop_all(self) -> None:
         """Forget every lease locally (the database still fences writes); used when renewing fails."""

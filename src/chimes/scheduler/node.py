@@ -17,7 +17,7 @@ from chimes.clock import SYSTEM_CLOCK, Clock
 from chimes.notifier import Notifier, NotifierConfig
 from chimes.scheduler.calendar_book import CALENDAR_REFRESH_SEC, CalendarBook
 from chimes.scheduler.database_clock import DatabaseClock
-from chimes.scheduler.firing import fires_ahead, follow_up, plan_fire
+from chimes.scheduler.firing import fires_ahead, follow_up, plan_fire, walks
 from chimes.scheduler.health import HealthCheck
 from chimes.scheduler.leases import LeaseConfig, LeaseManager
 from chimes.scheduler.reaper import Reaper
@@ -28,7 +28,7 @@ from chimes.services.owners import SigningSecrets
 from chimes.settings import FIRE_AHEAD_SEC, MISSED_AFTER_SEC, NOTIFY_GIVE_UP_HOURS, RETENTION_DAYS
 from chimes.store.db import DB_ERRORS, Pool, describe
 from chimes.store.migrate import ensure_run_partitions
-from chimes.store.scheduling import DueTrigger, Fire, FireResult, SchedulerStore
+from chimes.store.scheduling import DueTrigger, Fire, FireResult, PartitionSignals, SchedulerStore
 from chimes.timeouts import wait_event
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,12 @@ class SchedulerConfig:
     # node is firing a burst they wait for it to be fired, at most this long, so they do not compete
     # with it for the database and the node's event loop.
     after_burst_max_wait_sec: float = 10.0
+    # A node asked to stop fires what is due until no held trigger is due within handover_lead_sec,
+    # then hands its partitions over (at most handover_max_sec after the request): the nodes that take
+    # them, told at once, have that long to read them before their next slot.
+    handover_lead_sec: float = 0.5
+    handover_max_sec: float = 2.0
+    listen_check_every_sec: float = 5.0  # a query on the LISTEN connection: a host that vanished is noticed
 
 
 @dataclass(slots=True)
@@ -88,9 +94,12 @@ class SchedulerNode:
     def __init__(self, pool: Pool, config: SchedulerConfig | None = None,
                  node_id: str | None = None, clock: Clock = SYSTEM_CLOCK, *,
                  signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None,
-                 serves: frozenset[int] | None = None, calendars: CalendarBook | None = None) -> None:
+                 serves: frozenset[int] | None = None, calendars: CalendarBook | None = None,
+                 listen_dsn: str | None = None) -> None:
         """``serves``: with shards, the partitions ``pool``'s database holds (for the partitions gauge).
-        ``calendars``: read from the catalog (``pool`` without shards)."""
+        ``calendars``: read from the catalog (``pool`` without shards). ``listen_dsn``: ``pool``'s
+        database, for a connection of its own on which the node hears of partitions handed over by a
+        node that stops; without it the node finds them at its next lease round."""
         self.config = config or SchedulerConfig()
         self.store = SchedulerStore(pool, node_id or new_node_id())
         self.wheel = TimerWheel()
@@ -105,6 +114,8 @@ class SchedulerNode:
         self.stats = SchedulerStats()
         self._pool = pool
         self.clock = DatabaseClock(clock, follow=self.config.follow_database_clock)
+        self._listen_dsn = listen_dsn
+        self._leases_changed = asyncio.Event()  # a node handed its partitions over: a lease round now
         self._wake = asyncio.Event()
         self._quiet = asyncio.Event()  # set when the fire loop has nothing due and no batch in flight
         self._stopping = asyncio.Event()
@@ -133,26 +144,32 @@ class SchedulerNode:
             log.info("dropped %d held triggers of %d lost partitions", dropped, len(partitions))
 
     async def run(self) -> None:
-        """Run until :meth:`stop`; then hand the partitions back so others take over at once."""
+        """Run until :meth:`stop`; then fire what is due and hand the partitions over, so that the
+        other nodes fire the next slots on time."""
         log.info("scheduler node %s starting", self.node_id)
+        taking = [  # what takes in more work: stopped first when the node is asked to stop
+            self._every(self.config.lease.renew_every_sec, self._sync_leases, wake=self._leases_changed),
+            self._every(self.config.scan_every_sec, self._scan),
+        ]
         loops = [
             self._every(self.config.clock_every_sec, self._measure_clock),
             self._every(CALENDAR_REFRESH_SEC, self._refresh_calendars),
-            self._every(self.config.lease.renew_every_sec, self._sync_leases),
-            self._every(self.config.scan_every_sec, self._scan),
             self._every(self.config.reap_every_sec, self.after_burst(self._reap)),
             self._every(self.config.maintain_every_sec, self.after_burst(self._maintain)),
             self._every(self.config.notify_every_sec, self._notify),
             self._every(self.config.health_every_sec, self.after_burst(self._check_health)),
             self._fire_loop(),
         ]
+        if self._listen_dsn is not None:
+            loops.append(self._listen_loop(self._listen_dsn))
+        taking_tasks = [asyncio.create_task(loop) for loop in taking]
         tasks = [asyncio.create_task(loop) for loop in loops]
         try:
             await self._stopping.wait()
+            await _cancelled(taking_tasks)
+            await self._fire_what_is_due()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancelled(taking_tasks + tasks)
             # Batches already sent finish (they are short transactions) before the leases go back.
             await asyncio.gather(*self._batches, return_exceptions=True)
             await self.notifier.close()
@@ -163,29 +180,81 @@ class SchedulerNode:
                             describe(exc))
             log.info("scheduler node %s stopped", self.node_id)
 
+    async def _fire_what_is_due(self) -> None:
+        """Before the partitions go: fire until no held trigger is due within ``handover_lead_sec``
+        (the slot under way, and the next one when it is that close), at most ``handover_max_sec``."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.config.handover_max_sec
+        while loop.time() < give_up_at:
+            if self._batches:
+                await asyncio.wait(set(self._batches), timeout=give_up_at - loop.time())
+                continue
+            first = self.wheel.next_due()
+            now = self.clock.time()
+            if first is None or first > now + self.config.handover_lead_sec:
+                return
+            self._wake.set()  # the fire loop fires it at its time; look again just after
+            await asyncio.sleep(min(max(0.0, first - now) + self.config.fire_coalesce_sec,
+                                    give_up_at - loop.time()))
+        log.warning("handing partitions over with triggers still due: stopping took longer than %ss",
+                    self.config.handover_max_sec)
+
+    async def _listen_loop(self, dsn: str) -> None:
+        """Hear of partitions handed over by nodes that stop (PARTITIONS_CHANNEL): a lease round then,
+        rather than at the next one. A connection of its own; opened again when the database drops it."""
+        while True:
+            try:
+                async with PartitionSignals(dsn, self.node_id, self._leases_changed.set) as signals:
+                    while await signals.alive(self.config.listen_check_every_sec):
+                        pass
+                log.warning("the LISTEN connection was lost; taking partitions over at lease rounds until it is back")
+            except Exception as exc:
+                failures.loop_failed("scheduler", "listen", exc)
+                await asyncio.sleep(self.config.lease.renew_every_sec)
+
     def stop(self) -> None:
         self._stopping.set()
 
-    async def _every(self, interval: float, step: Callable[[], Awaitable[None]]) -> None:
-        """Run ``step`` every ``interval`` seconds. A step that fails, for whatever reason, is logged
-        with its cause, counted, and tried again next time: no error ends a loop of the node."""
+    async def _every(self, interval: float, step: Callable[[], Awaitable[None]],
+                     wake: asyncio.Event | None = None) -> None:
+        """Run ``step`` every ``interval`` seconds, and at once when ``wake`` is set. A step that fails,
+        for whatever reason, is logged with its cause, counted, and tried again next time: no error ends
+        a loop of the node."""
         while True:
             started = time.monotonic()
+            if wake is not None:
+                wake.clear()
             try:
                 await step()
             except Exception as exc:
                 failures.loop_failed("scheduler", step.__name__.lstrip("_"), exc)
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+            left = max(0.0, interval - (time.monotonic() - started))
+            if wake is None:
+                await asyncio.sleep(left)
+            else:
+                await wait_event(wake, left)
 
     async def _sync_leases(self) -> None:
         try:
             async with asyncio.timeout(self.config.lease.ttl_sec / 2):  # not wait_for: chimes.timeouts
-                await self.leases.sync()
+                gained = await self.leases.sync()
         except BaseException:
             # Unsure whether we still hold anything: stop firing locally until a round succeeds.
             # (The database would refuse stale fires anyway; this just avoids the wasted work.)
             self.leases.drop_all()
             raise
+        if gained and self._held_until is not None:
+            await self._scan_gained(gained)
+
+    async def _scan_gained(self, gained: set[int]) -> None:
+        """Read the partitions just taken over at once, up to the look-ahead the wheel holds, rather
+        than at the next scan: a node that stopped handed them over just before their next slot."""
+        until = self._held_until
+        assert until is not None
+        triggers = await self.store.scan_due(sorted(gained), until, self.config.scan_limit)
+        held = self.leases.held
+        if sum(self._hold(t) for t in triggers if t.partition_id in held):
+            self._wake.set()
 
     async def _refresh_calendars(self) -> None:
         await self.calendars.refresh()
@@ -434,7 +503,7 @@ class SchedulerNode:
             return result, len({f.trigger.partition_id for f in some}) - result.leases_held
 
         try:
-            fires = self._plan(due, fired_at)
+            fires = await self._plan_off_loop(due, fired_at)
             # One transaction per call: a batch that fails committed nothing, so its halves can be
             # fired apart until the trigger that fails it alone is found and set aside.
             done = await failures.narrow_down(fires, fire, lambda bad, exc: self._set_aside(bad.trigger, exc))
@@ -456,6 +525,14 @@ class SchedulerNode:
         self.wheel.done(due)
         if self._ended_while_counting is not None:
             self._ended_while_counting.update(t.partition_id for t in due)
+
+    async def _plan_off_loop(self, due: list[DueTrigger], fired_at: datetime) -> list[Fire]:
+        """Plan a batch; where a trigger was missed (its slots walked up to now, possibly many), in a
+        thread of its own, so that the node's loop keeps renewing its leases meanwhile."""
+        missed_after = timedelta(seconds=self.config.missed_after_sec)
+        if not any(walks(t, fired_at, missed_after) for t in due):
+            return self._plan(due, fired_at)
+        return await asyncio.to_thread(self._plan, due, fired_at)
 
     def _plan(self, due: list[DueTrigger], fired_at: datetime) -> list[Fire]:
         missed_after = timedelta(seconds=self.config.missed_after_sec)
@@ -495,3 +572,9 @@ class SchedulerNode:
         except Exception as exc:  # a time that is no time (stored before such times were refused)
             self._set_aside(trigger, exc)
             return False
+
+
+async def _cancelled(tasks: Sequence[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

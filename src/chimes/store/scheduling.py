@@ -17,9 +17,10 @@ from chimes.enums import TriggerKind
 from chimes.ids import scheduled_at_of
 from chimes.schedules import Recurrence, recurrence_of
 from chimes.slots import Slot
-from chimes.store.db import Conn, Row, one_row
+from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, Conn, Row, one_row, open_connection
 from chimes.store.queries import sql
 from chimes.store.working import ANY_OWNER, queued_payload, runs_ended
+from chimes.timeouts import wait_event
 
 # A batch fired ahead whose time the database's clock has not reached when the node's clock says it has
 # (the node follows the database's clock as measured; a measurement can be off) asks again after this.
@@ -85,6 +86,48 @@ class DueTrigger:
         """The job's recurring schedule; None for a one-off job or a retry."""
         return recurrence_of(self.cron, self.timezone, self.dst_gap, self.dst_fold, self.every_sec, self.phase_sec,
                              self.start_at, self.end_at)
+
+
+PARTITIONS_CHANNEL = "chimes_partitions_released"  # the payload: the node that released them
+
+
+class PartitionSignals:
+    """A connection of its own on which a scheduler node LISTENs for partitions other nodes released
+    as they stopped (PARTITIONS_CHANNEL)."""
+
+    def __init__(self, dsn: str, node_id: str, on_released: Callable[[], None]) -> None:
+        self._dsn, self._node_id, self._on_released = dsn, node_id, on_released
+        self._conn: asyncpg.Connection | None = None
+        self._lost = asyncio.Event()
+
+    async def __aenter__(self) -> PartitionSignals:
+        conn = await open_connection(self._dsn, command_timeout=ROLE_COMMAND_TIMEOUT_SEC)
+        try:
+            conn.add_termination_listener(lambda _: self._lost.set())
+            await conn.add_listener(PARTITIONS_CHANNEL, self._heard)
+        except BaseException:
+            conn.terminate()
+            raise
+        self._conn = conn
+        self._on_released()  # whatever was released while nobody listened
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._conn is not None and not self._conn.is_closed():
+            self._conn.terminate()  # never a wait: the server may be the one that stopped answering
+
+    def _heard(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        if payload != self._node_id:
+            self._on_released()
+
+    async def alive(self, check_every_sec: float) -> bool:
+        """Wait up to ``check_every_sec``; then a round trip, bounded, shows the connection still
+        answers. False once it is lost."""
+        if await wait_event(self._lost, check_every_sec):
+            return False
+        assert self._conn is not None
+        await self._conn.execute(sql("listen_partitions"))
+        return not self._lost.is_set()
 
 
 def due_trigger(row: Row) -> DueTrigger:
@@ -195,10 +238,13 @@ class SchedulerStore:
         return ClockSample(sent, float(database), received)
 
     async def leave(self, held: Mapping[int, int]) -> None:
-        """Clean shutdown: hand every partition back at once so others take over without waiting."""
+        """Clean shutdown: hand every partition back at once, and tell the other nodes (at commit), so
+        that they take them over without waiting for their next lease round."""
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("release_leases"), self.node_id, list(held))
             await conn.execute(sql("forget_node"), self.node_id)
+            if held:
+                await conn.execute(sql("notify_partitions_released"), self.node_id)
 
     async def forget_dead_nodes(self) -> None:
         await self._pool.execute(sql("forget_dead_nodes"))

@@ -17,6 +17,15 @@ ORDER BY node_id;
 -- name: forget_node
 DELETE FROM scheduler_nodes WHERE node_id = $1;
 
+-- name: notify_partitions_released
+-- At commit: the nodes listening take the partitions this node ($1) released over now, rather than
+-- at their next lease round (chimes.store.scheduling.PartitionSignals).
+SELECT pg_notify('chimes_partitions_released', $1);
+
+-- name: listen_partitions
+-- A round trip on the LISTEN connection (a no-op on a channel already listened to).
+LISTEN chimes_partitions_released;
+
 -- name: forget_dead_nodes
 DELETE FROM scheduler_nodes WHERE heartbeat_at < now() - interval '1 hour';
 
@@ -152,7 +161,7 @@ fired AS (
     RETURNING d.*
 ),
 live AS (
-    SELECT f.*, j.owner, j.priority, j.concurrency, j.queue_limit,
+    SELECT f.*, j.owner, j.priority, j.concurrency, j.queue_limit, j.version AS fired_version,
            j.delete_after_completion AND j.run_at IS NOT NULL AS deletes_when_done
     FROM fired f JOIN jobs j ON j.job_id = f.job_id AND f.job_version >= coalesce(j.plan_version, j.version)
                               AND (NOT j.paused OR f.fire_at <= j.carried_until)
@@ -174,8 +183,9 @@ counted AS (
     ON CONFLICT (job_id) DO UPDATE SET slots_fired = job_slot_counts.slots_fired + excluded.slots_fired
 ),
 slot AS (
-    SELECT s.*, l.job_id, l.owner, l.priority, l.partition_id, l.job_version, l.concurrency, l.queue_limit,
-           l.deletes_when_done,
+    -- job_version: the job's version the run is fired at (a trigger outlives edits of what it does not read)
+    SELECT s.*, l.job_id, l.owner, l.priority, l.partition_id, l.fired_version AS job_version, l.concurrency,
+           l.queue_limit, l.deletes_when_done,
            row_number() OVER (PARTITION BY l.job_id, s.outcome ORDER BY s.scheduled_at DESC) AS rank,
            max(s.scheduled_at) OVER (PARTITION BY l.job_id, s.outcome) AS newest
     FROM unnest($14::integer[], $15::uuid[], $16::timestamptz[], $17::text[], $18::text[], $19::text[])
