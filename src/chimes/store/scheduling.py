@@ -222,6 +222,7 @@ class SchedulerStore:
             if len(owned) > target and release_extra:
                 extra = sorted(owned)[target:]
                 await conn.execute(sql("release_leases"), self.node_id, extra)
+                await conn.execute(sql("notify_partitions_released"), self.node_id)  # a node joined: to it
                 for partition in extra:
                     del owned[partition]
             elif len(owned) < target:
