@@ -1,0 +1,95 @@
+"""A planned restart costs no slot: every-second jobs under the default concurrency policy (skip),
+edited all along, while each scheduler node and each worker is stopped with SIGTERM and started
+again, one after the other, as the upgrade runbook does it.
+
+A stopping node fires the slot under way, hands its partitions over and tells the other node, which
+fires the next slot on time: no slot is late enough to find its previous run still active, so none
+is skipped. A stopping worker finishes its runs. Each slot has one record, each run reached the
+target once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import httpx
+
+from tests.e2e.processes import ChimesProcess, Processes
+from tests.e2e.test_crash_safety import _all_finished, _split_between, pause_all
+from tests.helpers import Homes, wait_for
+from tests.target import Target
+
+JOBS = 12
+
+
+async def _restart(processes: Processes, process: ChimesProcess, name: str, start: str) -> ChimesProcess:
+    process.signal(15)
+    assert await process.exited(timeout=30) == 0
+    return processes.scheduler(name) if start == "scheduler" else processes.worker(name, concurrency=50)
+
+
+async def _edit_all_along(client: httpx.AsyncClient, job_ids: list[str], stop: asyncio.Event) -> int:
+    """Tags, and by turns the start deadline (which the scheduler reads), of a random job at random
+    instants: the edits land on due slots as well."""
+    rng = random.Random(62)
+    edits = 0
+    while not stop.is_set():
+        job_id = rng.choice(job_ids)
+        change = {"tags": [f"roll-{edits}"]} if edits % 2 else {"startDeadlineSec": 30 + edits % 5}
+        response = await client.patch(f"/jobs/{job_id}", json=change)
+        assert response.status_code == 200, response.text
+        edits += 1
+        await asyncio.sleep(rng.uniform(0.05, 0.3))
+    return edits
+
+
+async def test_a_rolling_restart_of_every_node_and_worker_costs_no_slot(
+    processes: Processes, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    nodes = [processes.scheduler("node-a"), processes.scheduler("node-b")]
+    workers = [processes.worker("worker-a", concurrency=50), processes.worker("worker-b", concurrency=50)]
+    await wait_for(lambda: _split_between(homes, 2), timeout=30, what="two nodes to share the partitions")
+    job_ids = []
+    for i in range(JOBS):
+        created = await client.post("/jobs", json={"name": f"tick-{i}", "schedule": {"cron": "* * * * * *"},
+                                                   "task": {"type": "http", "url": f"{target.url}/tick/{i}"}})
+        assert created.status_code == 201, created.text
+        job_ids.append(created.json()["jobId"])
+    await wait_for(lambda: len(target.calls) >= 2 * JOBS, timeout=20, what="the jobs to run")
+    begun = datetime.now(UTC)
+    stop_editing = asyncio.Event()
+    editing = asyncio.create_task(_edit_all_along(client, job_ids, stop_editing))
+    for index, name in enumerate(("node-a2", "node-b2")):
+        nodes[index] = await _restart(processes, nodes[index], name, "scheduler")
+        await wait_for(lambda: _split_between(homes, 2), timeout=30, what=f"{name} to take its share")
+    for index, name in enumerate(("worker-a2", "worker-b2")):
+        workers[index] = await _restart(processes, workers[index], name, "worker")
+        await wait_for(lambda n=name: _claimed_by(homes, n), timeout=30, what=f"{name} to run runs")
+    stop_editing.set()
+    assert await editing > 20
+    ended = datetime.now(UTC)
+    await pause_all(client, job_ids)
+    await wait_for(lambda: _all_finished(homes), timeout=30, what="every run to finish")
+
+    first, last = begun.replace(microsecond=0) + timedelta(seconds=1), ended.replace(microsecond=0)
+    for job_id in job_ids:
+        home = await homes.for_job(uuid.UUID(job_id))
+        rows = await home.fetch("SELECT scheduled_at, status, reason FROM runs WHERE job_id = $1 "
+                                "AND scheduled_at BETWEEN $2 AND $3 ORDER BY scheduled_at",
+                                uuid.UUID(job_id), first, last)
+        times = [r["scheduled_at"] for r in rows]
+        gaps = [(a, b) for a, b in itertools.pairwise([first - timedelta(seconds=1), *times, last + timedelta(seconds=1)])
+                if b - a != timedelta(seconds=1)]
+        assert not gaps, f"job {job_id} has slots without a record between: {gaps}"
+        skipped = [(r["scheduled_at"], r["reason"]) for r in rows if r["status"] != "succeeded"]
+        assert not skipped, f"job {job_id}: slots that did not run: {skipped[:3]}"
+    run_ids = [c.run_id for c in target.calls]
+    assert len(run_ids) == len(set(run_ids)), "a run was delivered twice"
+
+
+async def _claimed_by(homes: Homes, worker_id: str) -> bool:
+    return await homes.total("SELECT count(*) FROM runs WHERE worker_id = $1", worker_id) > 0
