@@ -110,10 +110,13 @@ def check_slots(runs: list[asyncpg.Record], jobs: set[uuid.UUID]) -> None:
 
 class Writer:
     """Keeps the API busy while the move runs: creates jobs, pauses and resumes a job of the moving
-    range and starts a run of it by hand; every answer is recorded."""
+    range and starts a run of it by hand, edits the tags of another and the start deadline (which the
+    scheduler reads) of a third; every answer is recorded. Edits keep every slot: each job, edited or
+    not, has one record per slot."""
 
-    def __init__(self, client: httpx.AsyncClient, target: Target, paused: uuid.UUID) -> None:
-        self.client, self.target, self.paused = client, target, paused
+    def __init__(self, client: httpx.AsyncClient, target: Target, paused: uuid.UUID,
+                 edited: tuple[uuid.UUID, uuid.UUID]) -> None:
+        self.client, self.target, self.paused, self.edited = client, target, paused, edited
         self.created: list[uuid.UUID] = []
         self.statuses: list[int] = []
         self._keys = iter(keys_in(*MOVED, 200, "during"))
@@ -128,6 +131,12 @@ class Writer:
                 self.statuses.append(answer.status_code)
             manual = await self.client.post(f"/jobs/{self.paused}/runs")
             self.statuses.append(manual.status_code)
+            tagged, replanned = self.edited
+            edits = len(self.statuses)
+            for job_id, change in ((tagged, {"tags": [f"during-{edits}"]}),
+                                   (replanned, {"startDeadlineSec": 60 + edits % 7})):
+                answer = await self.client.patch(f"/jobs/{job_id}", json=change)
+                self.statuses.append(answer.status_code)
             await asyncio.sleep(0.3)
 
     def stop(self) -> None:
@@ -145,7 +154,7 @@ async def run_a_move(processes: Processes, client: httpx.AsyncClient, target: Ta
     kept, moving = await jobs_on_both_sides(client, target)
     await wait_for(lambda: all(len(target.calls_to(f"/moving-{i}")) >= 2 for i in range(6)), timeout=30,
                    what="every job to run before the move")
-    writer = Writer(client, target, moving[0])
+    writer = Writer(client, target, moving[0], (moving[3], moving[4]))
     writing = asyncio.create_task(writer.run())
     env = {"CHIMES_MOVE_STOP_AT": stop_at} if stop_at else None
     mover = await move(processes, "move", f"{MOVED[0]}-{MOVED[1]}", "--to", shard_url, env=env)
@@ -184,7 +193,7 @@ async def run_a_move(processes: Processes, client: httpx.AsyncClient, target: Ta
     await wait_for(every_job_ran, timeout=30, what="every job, the last ones created too, to have run")
     for process in (scheduler, worker):
         process.stop()
-    check_slots(await schedule_runs(shard_url), shard_jobs - {writer.paused, moving[1]})  # those two were edited
+    check_slots(await schedule_runs(shard_url), shard_jobs)
     check_slots(await schedule_runs(database_url), catalog_jobs)
     moved_runs = {r["run_id"] for r in await schedule_runs(database_url) if partition_of(r["job_id"]) >= MOVED[0]}
     assert not moved_runs  # the source's copies are gone
