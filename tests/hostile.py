@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 BOMB_BYTES = 1 << 30  # the zeros the decompression bomb decodes to
 HEAD_LIMIT = 64 << 20  # bytes read without a head's end that are dropped, unanswered
 METHODS = {b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"}
@@ -116,6 +118,55 @@ PATHS: dict[str, Served] = {
     "/early-reply": Served(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n\r\ntoo long"),
     "/redirect-loop": Served(b"HTTP/1.1 302 Found\r\nLocation: /redirect-loop\r\nContent-Length: 0\r\n\r\n"),
     "/decompression-bomb": Served(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n\r\n", stream=_bomb),
+}
+
+
+# What a worker must make of each path: the matrix of tests/unit/test_hostile_targets.py and
+# tests/integration/test_hostile_targets.py.
+
+UPLOAD = "a" * (8 * 1024 * 1024)  # more than the socket buffers hold: the target answers while it is sent
+
+
+@dataclass(frozen=True)
+class Row:
+    """A call to a path, and the run's true outcome."""
+
+    path: str
+    succeeded: bool
+    said: str  # in the run's error when it failed, in its output when it succeeded
+    method: str = "GET"
+    body: str | None = None
+    then: tuple[str, str, str] | None = None  # a call after it on the same pool: method, path, its output
+    asked: int = 1  # how often the target was asked for ``path``
+
+
+ROWS = {
+    "status line then close": Row("/status-then-close", False,
+                                  "the target closed the connection before its reply's head ended"),
+    "200 then close": Row("/200-then-close", False, "the target closed the connection without a reply"),
+    "close-delimited body then reset": Row("/body-then-reset", False,
+                                           "the target reset the connection before its reply ended"),
+    "small gzip member then endless bytes": Row("/gzip-then-endless", False,
+                                                "the target sent bytes after its compressed body's end"),
+    "endless body": Row("/endless-body", False, "the target's reply body is over 16 MiB"),
+    "chunked reply whose trailer never ends": Row("/endless-trailer", False,
+                                                  "the target's trailer is over libcurl's bound"),
+    "endless header": Row("/endless-header", False, "the target's reply head is over libcurl's bound"),
+    "slow drip within the timeout": Row("/slow-drip", True, DRIP.decode()),
+    "bad chunk size": Row("/bad-chunk-size", False,
+                          "the target's reply could not be read: chunk hex-length char not a hex digit"),
+    "overflowing chunk size": Row("/overflowing-chunk-size", False, "the target's reply could not be read: "),
+    "body shorter than its Content-Length": Row("/short-body", False,
+                                                "the target closed the connection before its reply's body ended"),
+    "HEAD with a body": Row("/head-with-body", True, "", method="HEAD", then=("GET", "/after", "after")),
+    "204 with a body": Row("/204-with-body", True, "", then=("GET", "/after", "after")),
+    "304 with a body": Row("/304-with-body", False, "HTTP 304", then=("GET", "/after", "after")),
+    "1xx then a final reply": Row("/interim-then-final", True, "hello"),
+    "1xx Location then a 302 without one": Row("/interim-location-then-302", False, "HTTP 302"),
+    "early reply during a large upload": Row("/early-reply", False, "HTTP 413", method="POST", body=UPLOAD,
+                                             then=("POST", "/second", "second")),
+    "redirect loop": Row("/redirect-loop", False, "more than 10 redirects", asked=11),
+    "decompression bomb": Row("/decompression-bomb", False, "the target's reply body is over 16 MiB"),
 }
 
 
@@ -211,6 +262,28 @@ class HostileTarget:
             self.process.wait(timeout=10)
             assert self.process.stdout is not None
             self.process.stdout.close()
+
+
+class MemoryWatch:
+    """This process's resident memory, sampled every few milliseconds on a thread of its own (so a
+    blocked event loop is sampled too): the most it grew above what it was at the start."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._start = self._process.memory_info().rss
+        self._most = self._start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self._most = max(self._most, self._process.memory_info().rss)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self._most - self._start
 
 
 @contextlib.contextmanager

@@ -8,67 +8,23 @@ time meanwhile. tests/integration/test_hostile_targets.py drives the same target
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import psutil
 import pytest
 
 from chimes.worker.tasks.common import Outcome, TaskContext
 from chimes.worker.tasks.http import HttpExecutor
 from tests.helpers import wait_for
-from tests.hostile import DRIP, HostileTarget, hostile_target
+from tests.hostile import ROWS, HostileTarget, MemoryWatch, Row, hostile_target
 
 #: How much the calling process may grow while it calls one hostile target: libcurl's buffers and the
 #: output tail are what a reply may cost, whatever the target sends.
 MEMORY_BOUND = 32 * 1024 * 1024
 #: The latest another owner's call may end after it was due, while the hostile call runs.
 OTHER_OWNER_LATE_SEC = 0.5
-UPLOAD = "a" * (8 * 1024 * 1024)  # more than the socket buffers hold: the target answers while it is sent
-
-
-@dataclass(frozen=True)
-class Row:
-    path: str
-    succeeded: bool
-    said: str  # in the run's error when it failed, in its output when it succeeded
-    method: str = "GET"
-    body: str | None = None
-    then: tuple[str, str, str] | None = None  # a call after it on the same pool: method, path, its output
-    asked: int = 1  # how often the target was asked for ``path``
-
-
-ROWS = {
-    "status line then close": Row("/status-then-close", False,
-                                  "the target closed the connection before its reply's head ended"),
-    "200 then close": Row("/200-then-close", False, "the target closed the connection without a reply"),
-    "close-delimited body then reset": Row("/body-then-reset", False,
-                                           "the target reset the connection before its reply ended"),
-    "small gzip member then endless bytes": Row("/gzip-then-endless", False,
-                                                "the target sent bytes after its compressed body's end"),
-    "endless body": Row("/endless-body", False, "the target's reply body is over 16 MiB"),
-    "chunked reply whose trailer never ends": Row("/endless-trailer", False,
-                                                  "the target's trailer is over libcurl's bound"),
-    "endless header": Row("/endless-header", False, "the target's reply head is over libcurl's bound"),
-    "slow drip within the timeout": Row("/slow-drip", True, DRIP.decode()),
-    "bad chunk size": Row("/bad-chunk-size", False,
-                          "the target's reply could not be read: chunk hex-length char not a hex digit"),
-    "overflowing chunk size": Row("/overflowing-chunk-size", False, "the target's reply could not be read: "),
-    "body shorter than its Content-Length": Row("/short-body", False,
-                                                "the target closed the connection before its reply's body ended"),
-    "HEAD with a body": Row("/head-with-body", True, "", method="HEAD", then=("GET", "/after", "after")),
-    "204 with a body": Row("/204-with-body", True, "", then=("GET", "/after", "after")),
-    "304 with a body": Row("/304-with-body", False, "HTTP 304", then=("GET", "/after", "after")),
-    "1xx then a final reply": Row("/interim-then-final", True, "hello"),
-    "1xx Location then a 302 without one": Row("/interim-location-then-302", False, "HTTP 302"),
-    "early reply during a large upload": Row("/early-reply", False, "HTTP 413", method="POST", body=UPLOAD,
-                                             then=("POST", "/second", "second")),
-    "redirect loop": Row("/redirect-loop", False, "more than 10 redirects", asked=11),
-    "decompression bomb": Row("/decompression-bomb", False, "the target's reply body is over 16 MiB"),
-}
 
 
 @pytest.fixture(scope="module")
@@ -79,28 +35,6 @@ def hostile() -> Iterator[HostileTarget]:
 
 def ctx(owner: str, run: int = 1, timeout_sec: float = 20.0) -> TaskContext:
     return TaskContext(f"run-{run}", "job-1", 1, datetime(2026, 12, 1, tzinfo=UTC), timeout_sec, owner=owner)
-
-
-class MemoryWatch:
-    """This process's resident memory, sampled every few milliseconds on a thread of its own (so a
-    blocked event loop is sampled too): the most it grew above what it was at the start."""
-
-    def __init__(self) -> None:
-        self._process = psutil.Process()
-        self._start = self._process.memory_info().rss
-        self._most = self._start
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.005):
-            self._most = max(self._most, self._process.memory_info().rss)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self._most - self._start
 
 
 @dataclass

@@ -57,7 +57,7 @@ from chimes.worker.tasks.common import (
 from chimes.worker.tasks.curl import CurlError, CurlPool, Reply
 
 __all__ = ["LANE_CALLS", "MAX_LANES", "MAX_OWNER_POOLS", "MAX_REDIRECTS", "OWNER_POOL_IDLE_SEC", "USER_AGENT",
-           "Headers", "HttpExecutor", "OwnerPool", "build_headers"]
+           "Headers", "HttpExecutor", "OwnerPool", "build_headers", "header_lines"]
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def _encode_body(body: Any, headers: Headers) -> bytes | None:
     return orjson.dumps(body)
 
 
-def _header_lines(headers: Headers) -> list[str]:
+def header_lines(headers: Headers) -> list[str]:
     """The request's headers as libcurl takes them: ``"X;"`` sends X with an empty value."""
     return [f"{name}: {value}" if value else f"{name};" for name, value in headers.values()]
 
@@ -349,7 +349,7 @@ class HttpExecutor:
             if remaining <= 0:
                 raise TimeoutError
             tail = OutputTail(OUTPUT_TAIL_BYTES)
-            reply = await pool.request(method, target.url, _header_lines(headers), data, host=target.host,
+            reply = await pool.request(method, target.url, header_lines(headers), data, host=target.host,
                                        timeout_sec=remaining, on_body=tail.feed, typed="content-type" in headers)
             if reply.status not in _REDIRECT_STATUSES or not reply.redirect_url:
                 return _outcome(reply, tail, task, ctx)
