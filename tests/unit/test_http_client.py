@@ -723,15 +723,30 @@ async def test_an_address_that_drops_packets_gets_a_share_of_the_time_and_the_ne
     assert [path for _, path, _, _ in served.requests] == ["/round-robin"]
 
 
-async def test_a_closed_pool_refuses_new_calls_and_fails_those_in_flight(served: Served) -> None:
+async def test_a_closed_pool_refuses_new_calls_and_fails_those_in_flight() -> None:
+    asked, hung_up = asyncio.Event(), asyncio.Event()
+
+    async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        asked.set()
+        await reader.read()  # until the client closes
+        writer.close()
+        hung_up.set()
+
+    server = await asyncio.start_server(never_answers, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/held"
     pool = CurlPool(EgressPolicy.build(), max_connections=2)
-    call = asyncio.ensure_future(pool.request("GET", f"{served.base}/endless", host="127.0.0.1", timeout_sec=10))
-    await wait_for(lambda: len(served.requests) == 1, timeout=10, what="the call to arrive")
-    pool.close()
-    with pytest.raises(RuntimeError, match="closed"):
-        await call
-    with pytest.raises(RuntimeError, match="closed"):
-        await pool.request("GET", f"{served.base}/n", host="127.0.0.1", timeout_sec=10)
+    try:
+        call = asyncio.ensure_future(pool.request("GET", url, host="127.0.0.1", timeout_sec=10))
+        await asyncio.wait_for(asked.wait(), timeout=10)
+        pool.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            await call
+        with pytest.raises(RuntimeError, match="closed"):
+            await pool.request("GET", url, host="127.0.0.1", timeout_sec=10)
+        await asyncio.wait_for(hung_up.wait(), timeout=10)
+    finally:
+        server.close()
 
 
 async def test_no_proxy_from_the_environment_is_used(

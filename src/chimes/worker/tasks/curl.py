@@ -407,7 +407,12 @@ class CurlPool:
             transfer.method = method if body is None else ""
         curl.setopt(pycurl.HTTPHEADER, _header_lines(headers, _posts(method, body), typed))
         curl.setopt(pycurl.TIMEOUT_MS, max(1, round(timeout_sec * 1000)))
-        return await self.perform(transfer)
+        try:
+            return await self.perform(transfer)
+        finally:
+            if body:  # an idle handle would hold it until its next call with a body (the next sets its method)
+                with contextlib.suppress(pycurl.error):  # closed: cancelled, or the pool closed
+                    curl.setopt(pycurl.POSTFIELDS, b"")
 
     def transfer(self, host: str, on_body: Callable[[bytes], object] | None) -> Transfer:
         """An easy handle for one call to ``host``; set its request options, then :meth:`perform`."""
