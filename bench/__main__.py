@@ -19,8 +19,9 @@ Scenarios:
   move         `chimes shards move 512-1023` to a second embedded PostgreSQL over --schedules schedules while
                every-second jobs fire and a client changes a moving job through the API: the move's phases,
                the fire delays and missing slots, the API's longest write
-  http-calls   the HTTP task's client alone: N calls through Chimes' executor and through an
-               aiohttp session with the same headers, each in a process of its own: CPU per call
+  http-calls   the HTTP task's client alone: N calls through Chimes' executor (libcurl), through its
+               libcurl pool alone and through an aiohttp session with the same headers, each in a
+               process of its own: CPU per call
   skip-claim   N queued runs of one owner, then a worker's claims timed on that queue: one of 100 that
                skips nobody, and one skipping the owner (as while it holds its share of the worker)
   claim-plan   N queued runs and --caps tag caps none of them fall under, then one claim of 100 executed

@@ -1,12 +1,13 @@
-"""The HTTP task's client alone: the same calls through Chimes' executor and through aiohttp.
+"""The HTTP task's client alone: the same calls through Chimes' executor, its libcurl pool alone and aiohttp.
 
 ``python -m bench http-calls --runs N --concurrency C``: N POSTs, C at once, to the local target,
 each client in a process of its own so that its CPU time is its own: Chimes' HTTP executor
-(chimes.worker.tasks.http over chimes.worker.tasks.connections, with everything a run's call
-carries: Chimes' headers, the signature, the egress check, the output tail) and one pooled aiohttp
-session sending the same
-headers (the client HTTP tasks went through before; the other systems of ``peers`` use it). The
-figure is the client process's CPU per call, what a worker spends on the call itself. With
+(chimes.worker.tasks.http over libcurl, chimes.worker.tasks.curl, with everything a run's call
+carries: Chimes' headers, the signature, the egress check, the output tail); the libcurl pool under
+it alone (``CurlPool.request`` with the same header lines, made once: what the client costs without
+Chimes' work around each call); and one pooled aiohttp session sending the same headers (the client
+HTTP tasks went through before libcurl; the other systems of ``peers`` use it). The figure is the
+client process's CPU per call, what a worker spends on the call itself. With
 ``--distinct-urls`` each call goes to a URL of its own (``/r0``, ``/r1``, ...), as the jobs of ``up``
 do, which the client has not seen before.
 """
@@ -24,7 +25,8 @@ from typing import Any
 from bench.procs import python
 from bench.report import Result
 
-CLIENTS = {"chimes": "Chimes HTTP executor", "aiohttp": "aiohttp ClientSession, the same headers"}
+CLIENTS = {"chimes": "Chimes HTTP executor (libcurl)", "pool": "its libcurl pool alone, the same headers",
+           "aiohttp": "aiohttp ClientSession, the same headers"}
 WARM_UP = 200  # calls before the measured ones: connections opened, caches filled
 
 
@@ -78,6 +80,22 @@ async def _measure(client: str, url: str, runs: int, concurrency: int, distinct:
                 return (await executor.run({"type": "http", "method": "POST", "url": url_of(i)}, context(i))).succeeded
 
         close = executor.close
+    elif client == "pool":
+        from chimes.security.ssrf import outgoing_request
+        from chimes.worker.tasks.curl import CurlPool
+        from chimes.worker.tasks.http import header_lines
+
+        pool = CurlPool(EgressPolicy.build(allow_loopback=True), max_connections=1000)
+        lines = header_lines(build_headers(None, context(0)))
+
+        async def call(i: int) -> bool:
+            async with slots:
+                target = outgoing_request(url_of(i))
+                reply = await pool.request("POST", target.url, lines, host=target.host, timeout_sec=60.0)
+                return 200 <= reply.status < 300
+
+        async def close() -> None:
+            pool.close()
     else:
         import aiohttp
 

@@ -30,7 +30,7 @@ from chimes.calendars import CALENDAR_NAME
 from chimes.cron import CronSchedule
 from chimes.ids import schedulable, truncate_to_millis
 from chimes.security.headers import HEADER_NAME, forbidden_header, header_value_problem
-from chimes.security.ssrf import url_problem
+from chimes.security.ssrf import request_url_problem, url_problem
 from chimes.security.storable import storable_problem
 from chimes.settings import CATCH_UP_WINDOW_SEC, RUN_TIMEOUT_SEC
 
@@ -61,6 +61,13 @@ def callable_url(*fields: str) -> Any:
     that decodes to what no host name holds: chimes.security.ssrf.outgoing_url), which would fail
     every attempt."""
     return field_validator(*fields)(_refuse_uncallable)
+
+
+def _refuse_unsendable(cls: type, value: str) -> str:
+    problem = request_url_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
 
 def storable(*fields: str) -> Any:
@@ -213,7 +220,9 @@ class HttpTaskSpec(_Model):
         default=None, alias="secretHeaders", max_length=100)
 
     _text = storable("url", "headers", "body", "secret_headers")
-    _url = callable_url("url")
+    # What callable_url refuses, and user info (user:password@), which the job would hold in plain text
+    # (chimes.security.ssrf.outgoing_request).
+    _url = field_validator("url")(_refuse_unsendable)
 
     @field_validator("headers", "secret_headers")
     @classmethod

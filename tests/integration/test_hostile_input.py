@@ -103,6 +103,9 @@ HOSTILE_JOBS = [
     ("a port past 65535", cron_job(task={**HTTP_TASK, "url": "http://127.0.0.1:65536/x"}), "task.url",
      "Port out of range"),
     ("port 0", cron_job(task={**HTTP_TASK, "url": "http://127.0.0.1:0/x"}), "task.url", "port 0 is not from 1"),
+    ("user info in the task URL", cron_job(task={**HTTP_TASK, "url": "https://user:s3cret@127.0.0.1/x"}), "task.url",
+     "the URL carries user info (user:password@), which Chimes does not send: put the credentials in "
+     "task.secretHeaders"),
     ("an unclosed IPv6 bracket", cron_job(task={**HTTP_TASK, "url": "http://[::1"}), "task.url", "Invalid IPv6 URL"),
     ("a host that decodes to a slash", cron_job(task={**HTTP_TASK, "url": "http://a%2fb.example/"}), "task.url",
      "(decoded: 'a/b.example') is not a host name"),
@@ -126,6 +129,7 @@ async def test_hostile_jobs_are_refused_naming_the_field(
     assert response.status_code == 422, response.text
     assert response.json()["field"].startswith(field), response.json()
     assert words in response.json()["message"], response.json()
+    assert "s3cret" not in response.text, "a secret in the input is not repeated"
     assert await homes.total("SELECT count(*) FROM jobs") == 0
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import httpx
+import pycurl
 import pytest
 from aiohttp import web
 
@@ -25,7 +26,7 @@ from chimes.security.ssrf import EgressDenied, EgressPolicy, GuardedConnector
 from chimes.services.owners import signing_secret
 from chimes.store.owners import OwnerStore
 from chimes.worker.tasks.common import TaskContext
-from chimes.worker.tasks.connections import CallError, ConnectionPool
+from chimes.worker.tasks.curl import CurlError, CurlPool
 from chimes.worker.tasks.dispatch import Executors
 from chimes.worker.tasks.http import HttpExecutor
 from tests.helpers import Homes, wait_for
@@ -283,27 +284,22 @@ async def test_dns_rebinding_is_caught_at_connect_time(target: Target, denied_ta
 async def test_dns_rebinding_is_caught_at_connect_time_by_the_http_tasks_client(
     target: Target, denied_target: Target
 ) -> None:
-    """The same, for HTTP tasks' client: the pool's answers for the name are swapped between two calls
-    (its ``resolve``, standing in for the hostile DNS server), and the second call's address is
-    refused before its socket is opened."""
-    answers: list[str] = []
-
-    def resolve(host: str, port: int) -> list[tuple[int, int, int, str, tuple[str, int]]]:
-        assert host == "rebind.test"
-        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (answers[-1], port))]
-
-    pool = ConnectionPool(EgressPolicy.build(deny=["127.0.0.2/32"]), max_connections=1, resolve=resolve)
+    """The same, for HTTP tasks' client: libcurl's answers for the name are swapped between two calls
+    (``CURLOPT_RESOLVE``, standing in for the hostile DNS server), and the second call's address is
+    refused when its socket is opened."""
+    pool = CurlPool(EgressPolicy.build(deny=["127.0.0.2/32"]), max_connections=1)
     try:
         for address, url in [("127.0.0.1", target.url), ("127.0.0.2", denied_target.url)]:
             port = int(url.rsplit(":", 1)[1])
-            answers.append(address)
-            request = f"GET /call HTTP/1.1\r\nHost: rebind.test:{port}\r\n\r\n".encode()
-            call = pool.perform(("http", "rebind.test", port), request, lambda chunk: True, time.monotonic() + 10)
+            transfer = pool.transfer("rebind.test", lambda chunk: True)
+            transfer.curl.setopt(pycurl.RESOLVE, [f"rebind.test:{port}:{address}"])
+            transfer.curl.setopt(pycurl.URL, f"http://rebind.test:{port}/call")
+            transfer.curl.setopt(pycurl.HTTPGET, 1)
             if address == "127.0.0.1":
-                assert (await call).status == 200
+                assert (await pool.perform(transfer)).status == 200
                 continue
-            with pytest.raises(CallError) as refused:
-                await call
+            with pytest.raises(CurlError) as refused:
+                await pool.perform(transfer)
     finally:
         pool.close()
     assert refused.value.refusals == ("address 127.0.0.2 is in the denied network 127.0.0.2/32",)

@@ -1,6 +1,8 @@
-"""The HTTP tasks' client (chimes.worker.tasks.connections, under chimes.worker.tasks.http) against
+"""The HTTP tasks' client (libcurl: chimes.worker.tasks.curl, under chimes.worker.tasks.http) against
 real local servers: what it sends, what it reads back, how it keeps and drops connections, replies
-that end early or are not HTTP, and TLS with the certificates Python trusts. No database."""
+that end early or are not HTTP, TLS with the certificates Python trusts and its sessions shared,
+HTTP/2, no proxy from the environment and no name lookup through Python's resolver. No database.
+Targets that misbehave on purpose are in test_hostile_targets.py."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pycurl
 import pytest
 from aiohttp import web
 from cryptography import x509
@@ -30,13 +33,13 @@ from cryptography.x509.oid import NameOID
 
 from chimes.security.ssrf import EgressPolicy
 from chimes.worker.tasks.common import TaskContext
-from chimes.worker.tasks.connections import ConnectionPool, Reply
-from chimes.worker.tasks.http import HttpExecutor
+from chimes.worker.tasks.curl import CurlError, CurlPool, Reply, http2_available
+from chimes.worker.tasks.http import LANE_CALLS, HttpExecutor
 from tests.helpers import wait_for
 
 
-def ctx(timeout_sec: float = 10.0) -> TaskContext:
-    return TaskContext("run-1", "job-1", 1, datetime(2026, 12, 1, tzinfo=UTC), timeout_sec)
+def ctx(timeout_sec: float = 10.0, owner: str = "") -> TaskContext:
+    return TaskContext("run-1", "job-1", 1, datetime(2026, 12, 1, tzinfo=UTC), timeout_sec, owner=owner)
 
 
 class Served:
@@ -129,24 +132,26 @@ async def test_calls_of_one_owner_share_kept_alive_connections(served: Served, h
     assert served.connections <= 10, "at most max_connections, then kept alive and reused"
 
 
-async def test_many_calls_at_once_stay_within_max_connections_and_a_light_load_keeps_to_one(
+async def test_many_calls_at_once_go_over_lanes_within_max_connections_and_a_light_load_keeps_to_one(
     served: Served,
 ) -> None:
-    executor = HttpExecutor(max_connections=8)
+    executor = HttpExecutor(max_connections=2 * LANE_CALLS)
     try:
         outcomes = await asyncio.gather(*(executor.run({"type": "http", "url": f"{served.base}/n{i}"}, ctx())
-                                          for i in range(40)))
+                                          for i in range(3 * LANE_CALLS)))
         assert all(o.succeeded for o in outcomes)
         pool = executor.pool_of("")
-        assert pool is not None and pool.in_flight == 0
-        assert served.connections <= 8, "calls beyond max_connections wait for a connection"
+        assert pool is not None and len(pool.lanes) == 2, "a lane per LANE_CALLS at once, as max_connections allows"
+        assert served.connections <= 2 * LANE_CALLS, "at most max_connections over all the lanes"
+        assert pool.in_flight == 0 and [lane.in_flight for lane in pool.lanes] == [0, 0]
         opened = served.connections
         for i in range(10):
             assert (await executor.run({"type": "http", "url": f"{served.base}/after{i}"}, ctx())).succeeded
-        assert served.connections == opened, "one call at a time reuses a kept-alive connection"
+        assert served.connections == opened, "one call at a time takes the first lane's kept-alive connections"
+        assert len(pool.lanes) == 2
     finally:
         await executor.close()
-    assert pool.closed and pool.open_connections == 0
+    assert pool.closed and all(lane.closed for lane in pool.lanes)
 
 
 async def test_a_connection_the_target_closes_is_not_reused(served: Served, http: HttpExecutor) -> None:
@@ -204,7 +209,7 @@ async def test_a_compressed_response_is_kept_decoded(served: Served, http: HttpE
     assert "gzip" in served.requests[0][2]["Accept-Encoding"]
 
 
-@pytest.mark.parametrize("path", ["zlib", "raw", "zlib?split", "raw?split"])
+@pytest.mark.parametrize("path", ["zlib", "raw", "zlib?split"])
 async def test_a_deflate_response_is_decoded_with_or_without_its_zlib_header(
     served: Served, http: HttpExecutor, path: str
 ) -> None:
@@ -213,15 +218,26 @@ async def test_a_deflate_response_is_decoded_with_or_without_its_zlib_header(
     assert outcome.output == "inflated " * 10
 
 
+async def test_raw_deflate_whose_first_byte_comes_alone_fails_saying_it_cannot_be_decoded(
+    served: Served, http: HttpExecutor
+) -> None:
+    """libcurl tells raw deflate from a zlib stream by the error its first bytes give; a first byte
+    alone gives none, so such a reply is not read (docs/security.md): the run fails, saying why."""
+    outcome = await http.run({"type": "http", "url": f"{served.base}/deflate/raw?split"}, ctx())
+    assert not outcome.succeeded and outcome.error is not None
+    assert outcome.error.startswith("the target's compressed body cannot be decoded"), outcome.error
+
+
 async def test_the_output_is_decoded_in_the_charset_the_response_names(served: Served, http: HttpExecutor) -> None:
     assert (await http.run({"type": "http", "url": f"{served.base}/latin1"}, ctx())).output == "café"
 
 
-async def test_an_endless_response_is_cut_at_the_read_limit_and_judged_by_its_status(
+async def test_an_endless_response_fails_at_the_bound_and_the_pool_carries_the_next_call(
     served: Served, http: HttpExecutor
 ) -> None:
     outcome = await http.run({"type": "http", "url": f"{served.base}/endless"}, ctx(timeout_sec=30))
-    assert outcome.succeeded and outcome.output is not None and set(outcome.output) == {"x"}
+    assert not outcome.succeeded and outcome.error is not None
+    assert outcome.error.startswith("the target's reply body is over 16 MiB"), outcome.error
     pool = http.pool_of("")
     assert pool is not None and pool.in_flight == 0
     assert (await http.run({"type": "http", "url": f"{served.base}/after"}, ctx())).output == "GET /after"
@@ -251,18 +267,23 @@ async def test_an_idle_connection_the_target_closes_is_let_go_and_the_next_call_
 ) -> None:
     assert (await http.run({"type": "http", "url": f"{short_keepalive}/first"}, ctx())).output == "hello"
     pool = http.pool_of("")
-    assert pool is not None and pool.open_connections == 1
-    await wait_for(lambda: pool.open_connections == 0, timeout=10, what="the closed idle connection to be let go")
+    assert pool is not None
+    kept = pool.watched_sockets  # the kept-alive connection, and whatever libcurl watches of its own (an eventfd)
+    assert kept >= 1
+    # Its end of file comes while libcurl does not watch it: the pool lets it go (a socket left in the
+    # set would wake the loop for ever), and libcurl finds the connection dead when it would reuse it.
+    await wait_for(lambda: pool.watched_sockets == kept - 1, timeout=10, what="the closed idle connection to be let go")
     outcome = await asyncio.wait_for(http.run({"type": "http", "url": f"{short_keepalive}/second"}, ctx()), 10)
     assert outcome.output == "hello"
-    assert pool.open_connections == 1, "the new connection is kept in its turn"
+    assert pool.watched_sockets == kept, "the new connection is kept, and watched, in its turn"
 
 
 async def test_calls_taking_turns_between_two_targets_on_one_connection_all_arrive(
     served: Served, short_keepalive: str
 ) -> None:
-    """With room for one connection, each call closes the other target's idle connection to open its
-    own; calls at once wait for the one connection in turn."""
+    """With room for one connection, each call closes the other target's idle connection, which
+    libcurl no longer watched, and the next socket is often given its number: it must be watched
+    afresh, not taken for the one parked there."""
     executor = HttpExecutor(max_connections=1)
     try:
         for n in range(30):
@@ -366,7 +387,7 @@ async def test_a_new_connection_closed_without_a_reply_fails_the_call_once(
 ) -> None:
     outcome = await http.run({"type": "http", "method": "POST", "url": f"{raw_target.url}/x"}, ctx())
     assert not outcome.succeeded and outcome.error is not None
-    assert outcome.error.startswith("the connection closed before the reply ended"), outcome.error
+    assert outcome.error.startswith("the target closed the connection without a reply"), outcome.error
     assert len(raw_target.requests) == 1, "a request on a fresh connection is never written twice"
 
 
@@ -383,9 +404,11 @@ def _not_http(connection: int, head: bytes) -> tuple[bytes, bool]:
 
 
 def _large_head(connection: int, head: bytes) -> tuple[bytes, bool]:
-    """An interim reply, then a final one whose head is large but within the bound."""
+    """An interim reply, then a final one whose head is large but within libcurl's bounds (100 KiB a
+    line, 300 KiB in all)."""
+    large = b"".join(b"X-Large-%d: %s\r\n" % (n, b"a" * (60 * 1024)) for n in range(4))
     return (b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
-            b"HTTP/1.1 200 OK\r\nX-Large: " + b"a" * (200 * 1024) + b"\r\nContent-Length: 8\r\n\r\nthe body"), False
+            b"HTTP/1.1 200 OK\r\n" + large + b"Content-Length: 8\r\n\r\nthe body"), False
 
 
 def _head_over_the_bound(connection: int, head: bytes) -> tuple[bytes, bool]:
@@ -394,10 +417,10 @@ def _head_over_the_bound(connection: int, head: bytes) -> tuple[bytes, bool]:
 
 @pytest.mark.parametrize(("raw_target", "succeeded", "said"), [
     (_until_closed, True, "all of it"),
-    (_cut_short, False, "the connection closed before the reply ended"),
-    (_not_http, False, "the target's reply is not valid HTTP"),
+    (_cut_short, False, "the target closed the connection before its reply's body ended"),
+    (_not_http, False, "the target's reply is not HTTP"),
     (_large_head, True, "the body"),
-    (_head_over_the_bound, False, "the target's reply head is over 300 KiB"),
+    (_head_over_the_bound, False, "the target's reply head is over libcurl's bound"),
 ], indirect=["raw_target"], ids=["body-to-the-close", "cut-short", "not-http", "large-head", "head-over-the-bound"])
 async def test_a_reply_is_read_to_its_end_or_failed_saying_why(
     raw_target: RawTarget, http: HttpExecutor, succeeded: bool, said: str
@@ -408,17 +431,15 @@ async def test_a_reply_is_read_to_its_end_or_failed_saying_why(
 
 
 @pytest.mark.parametrize(("greeting", "said"), [
-    (b"", "the connection closed before"),
-    (b"SSH-2.0-OpenSSH_9.6\r\n", "the target's reply is not valid HTTP"),
+    (b"", "the target "),  # closed the connection without a reply, or reset it: as the request raced the close
+    (b"SSH-2.0-OpenSSH_9.6\r\n", "the target's reply is not HTTP"),
     (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "HTTP 400"),
 ], ids=["closes-at-once", "speaks-another-protocol", "answers-before-asked"])
 async def test_a_target_that_speaks_or_closes_first_fails_the_call_at_once(
     http: HttpExecutor, greeting: bytes, said: str
 ) -> None:
     """A service that talks or hangs up as it accepts (an SSH or SMTP port named by mistake, a TCP
-    wrapper refusing the peer): the run fails saying so, not at its timeout. The request is written
-    before the loop reads what came (the call's task runs before the loop polls again), so what the
-    target said is read as its reply."""
+    wrapper refusing the peer): the run fails saying so, not at its timeout."""
     async def greet(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(greeting)
         await writer.drain()
@@ -455,46 +476,58 @@ async def test_a_method_the_api_would_refuse_fails_the_run_and_sends_nothing(
     assert served.requests == []
 
 
-async def test_a_pool_carries_calls_on_kept_alive_connections_within_its_bound(served: Served) -> None:
-    pool = ConnectionPool(EgressPolicy.build(), max_connections=4)
-    port = int(served.base.rsplit(":", 1)[1])
+@pytest.mark.parametrize("own_epoll", [True, False], ids=["epoll-set", "loop-readers"])
+async def test_a_pool_carries_calls_on_kept_alive_connections_within_its_bound_either_way_it_watches(
+    served: Served, own_epoll: bool
+) -> None:
+    """The pool's own epoll set (Linux) and the loop's readers (elsewhere) carry the same calls."""
+    pool = CurlPool(EgressPolicy.build(), max_connections=4, own_epoll=own_epoll)
 
     async def get(path: str) -> Reply:
-        request = f"GET /{path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
-        return await pool.perform(("http", "127.0.0.1", port), request, lambda chunk: True, time_limit())
+        return await pool.request("GET", f"{served.base}/{path}", host="127.0.0.1", timeout_sec=10)
 
     try:
         replies = await asyncio.wait_for(asyncio.gather(*(get(f"c{n}") for n in range(12))), timeout=10)
         replies.append(await asyncio.wait_for(get("last"), timeout=10))
-        assert pool.open_connections == served.connections
     finally:
         pool.close()
     assert [r.status for r in replies] == [200] * 13
     assert len(served.requests) == 13 and served.connections <= 4
-    assert pool.open_connections == 0
+    assert pool.watched_sockets == 0
 
 
-@pytest.mark.parametrize(("max_idle_sec", "connections"), [(60.0, 1), (0.0, 2)])
-async def test_a_connection_idle_past_the_limit_is_closed_not_reused(
-    served: Served, max_idle_sec: float, connections: int
-) -> None:
-    """Within the limit the second call reuses the first's connection; past it (here at once) the idle
-    one is closed and a new one made, as a flow a firewall may have forgotten is never written on."""
-    pool = ConnectionPool(EgressPolicy.build(), max_connections=4, max_idle_sec=max_idle_sec)
-    port = int(served.base.rsplit(":", 1)[1])
-    request = f"GET /again HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+async def test_a_pools_request_sends_its_method_headers_and_body_and_hands_the_body_over(served: Served) -> None:
+    """The pool alone, as another program would call a target with it: no Chimes headers but its own."""
+    pool = CurlPool(EgressPolicy.build(), max_connections=2)
+    pieces: list[bytes] = []
     try:
-        for _ in range(2):
-            reply = await pool.perform(("http", "127.0.0.1", port), request, lambda chunk: True, time_limit())
-            assert reply.status == 200
-        assert pool.open_connections == 1
+        reply = await pool.request("PUT", f"{served.base}/put", ["X-Mine: 1", "Content-Type: text/csv"], b"a,b",
+                                   host="127.0.0.1", timeout_sec=10, on_body=pieces.append, typed=True)
     finally:
         pool.close()
+    assert (reply.status, reply.content_type, reply.redirect_url) == (200, "text/plain; charset=utf-8", None)
+    assert b"".join(pieces) == b"PUT /put" and reply.body_bytes == 8
+    [(method, _, headers, body)] = served.requests
+    assert (method, body, headers["X-Mine"], headers["Content-Type"]) == ("PUT", b"a,b", "1", "text/csv")
+    assert "Expect" not in headers
+
+
+@pytest.mark.parametrize(("max_idle_sec", "connections"), [(60, 1), (1, 2)])
+async def test_a_connection_idle_past_the_limit_is_closed_not_reused(
+    served: Served, max_idle_sec: int, connections: int
+) -> None:
+    """Within the limit the second call reuses the first's connection; past it (a second here, the
+    least libcurl takes: 0 turns it off) the idle one is closed and a new one made, as a flow a firewall
+    may have forgotten is never written on."""
+    pool = CurlPool(EgressPolicy.build(), max_connections=4, max_idle_sec=max_idle_sec)
+    try:
+        first = await pool.request("GET", f"{served.base}/again", host="127.0.0.1", timeout_sec=10)
+        await asyncio.sleep(1.2)  # the idle time itself is what is tested
+        second = await pool.request("GET", f"{served.base}/again", host="127.0.0.1", timeout_sec=10)
+    finally:
+        pool.close()
+    assert (first.status, second.status) == (200, 200)
     assert served.connections == connections and len(served.requests) == 2
-
-
-def time_limit(seconds: float = 10.0) -> float:
-    return time.monotonic() + seconds
 
 
 def _certificate(folder: Path) -> tuple[Path, Path]:
@@ -551,6 +584,85 @@ async def test_https_trusts_the_certificates_python_trusts_and_no_others(
     assert accepted_again.succeeded and accepted_again.output == "over tls"
 
 
+async def test_an_owners_new_pool_resumes_the_tls_session_another_owners_pool_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TLS sessions are shared by every pool (never connections): a pool made for another owner, or
+    again after its owner's idled out, resumes the session instead of a full handshake."""
+    cert, key = _certificate(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    resumed: list[tuple[str, bool]] = []
+
+    async def hello(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        resumed.append((request.path, request.transport.get_extra_info("ssl_object").session_reused))
+        return web.Response(text="over tls")
+
+    app = web.Application()
+    app.router.add_get("/{owner}", hello)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    url = f"https://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    executor = HttpExecutor()
+    try:
+        for owner in ("team-a", "team-b"):
+            outcome = await executor.run({"type": "http", "url": f"{url}/{owner}"}, ctx(owner=owner))
+            assert outcome.succeeded, outcome.error
+        first, second = executor.pool_of("team-a"), executor.pool_of("team-b")
+        assert first is not None and second is not None and first.lanes[0] is not second.lanes[0]
+    finally:
+        await executor.close()
+        await runner.cleanup()
+    assert resumed == [("/team-a", False), ("/team-b", True)]
+
+
+async def test_an_https_target_that_offers_http2_is_called_over_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real HTTP/2 server (hypercorn, which offers h2 and http/1.1 in TLS): libcurl takes HTTP/2, and
+    the calls of one owner at once share its one connection."""
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    cert, key = _certificate(tmp_path)
+    seen: list[tuple[str, Any]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        seen.append((scope["http_version"], scope["client"]))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": f"HTTP/{scope['http_version']}".encode()})
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(100)  # calls wait in its queue until the server accepts them
+    port = listener.getsockname()[1]
+    config = Config()
+    config.bind = [f"fd://{listener.detach()}"]  # the server's to close
+    config.certfile, config.keyfile = str(cert), str(key)
+    config.accesslog = config.errorlog = None
+    stop = asyncio.Event()
+    server = asyncio.create_task(serve(app, config, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+    url = f"https://127.0.0.1:{port}/"
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    executor = HttpExecutor()
+    try:
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*(executor.run({"type": "http", "url": url}, ctx()) for _ in range(5))), timeout=20)
+    finally:
+        await executor.close()
+        stop.set()
+        await server
+    assert [o.output for o in outcomes] == ["HTTP/2"] * 5, outcomes
+    assert [version for version, _ in seen] == ["2"] * 5
+    assert len({client for _, client in seen}) == 1, "one connection carries the calls at once"
+
+
 async def test_a_connect_that_never_completes_times_out_and_closes_its_socket() -> None:
     """A target that drops SYNs (here: a listener whose accept queue is full, which Linux answers by
     dropping them) holds the connect until the call's deadline; the socket is then closed at once,
@@ -565,21 +677,21 @@ async def test_a_connect_that_never_completes_times_out_and_closes_its_socket() 
     queued.append(probe)
     assert probe.connect_ex(("127.0.0.1", port)) == errno.EINPROGRESS
     assert select.select([], [probe], [], 0.3)[1] == [], "a connect to the full listener completed"
-    pool = ConnectionPool(EgressPolicy.build(), max_connections=2)
-    request = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    pool = CurlPool(EgressPolicy.build(), max_connections=2)
+    before = _open_descriptors()
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ResourceWarning)
             for _ in range(3):
                 started = time.monotonic()
-                with pytest.raises(TimeoutError):
-                    await pool.perform(("http", "127.0.0.1", port), request, lambda chunk: True,
-                                       time.monotonic() + 0.2)
+                with pytest.raises(CurlError) as timed_out:
+                    await pool.request("GET", f"http://127.0.0.1:{port}/", host="127.0.0.1", timeout_sec=0.2)
+                assert timed_out.value.code == pycurl.E_OPERATION_TIMEDOUT
                 assert time.monotonic() - started < 5
             gc.collect()
         unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
         assert unclosed == []
-        assert pool.open_connections == 0
+        assert _open_descriptors() <= before
     finally:
         pool.close()
         for sock in [*queued, listener]:
@@ -589,24 +701,20 @@ async def test_a_connect_that_never_completes_times_out_and_closes_its_socket() 
 async def test_an_address_that_drops_packets_gets_a_share_of_the_time_and_the_next_one_answers(
     served: Served
 ) -> None:
-    """A name with two addresses, the first dropping SYNs (a dead host behind round-robin DNS): the
-    connect moves on to the second within the call's time, instead of spending all of it on the first."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
-    dead_port = listener.getsockname()[1]
-    queued = [socket.create_connection(("127.0.0.1", dead_port), timeout=5)]  # fills the accept queue
+    """A name with two addresses, the first dropping SYNs (a dead host behind round-robin DNS): libcurl
+    moves on to the second within the call's time, instead of spending all of it on the first."""
     live_port = int(served.base.rsplit(":", 1)[1])
-
-    def resolve(host: str, port: int) -> list[tuple[int, int, int, str, tuple[str, int]]]:
-        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", dead_port)),
-                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", live_port))]
-
-    pool = ConnectionPool(EgressPolicy.build(), max_connections=2, resolve=resolve)
-    request = b"GET /round-robin HTTP/1.1\r\nHost: service.test\r\n\r\n"
+    listener = socket.socket()
+    listener.bind(("127.0.0.2", live_port))  # the same port on another address, dropping SYNs
+    listener.listen(0)
+    queued = [socket.create_connection(("127.0.0.2", live_port), timeout=5)]  # fills the accept queue
+    pool = CurlPool(EgressPolicy.build(), max_connections=2)
+    transfer = pool.transfer("service.test", None)
+    transfer.curl.setopt(pycurl.URL, f"http://service.test:{live_port}/round-robin")
+    transfer.curl.setopt(pycurl.RESOLVE, [f"service.test:{live_port}:127.0.0.2,127.0.0.1"])
+    transfer.curl.setopt(pycurl.TIMEOUT_MS, 3000)
     try:
-        reply = await pool.perform(("http", "service.test", 80), request, lambda chunk: True,
-                                   time.monotonic() + 3.0)
+        reply = await pool.perform(transfer)
     finally:
         pool.close()
         for sock in [*queued, listener]:
@@ -615,15 +723,71 @@ async def test_an_address_that_drops_packets_gets_a_share_of_the_time_and_the_ne
     assert [path for _, path, _, _ in served.requests] == ["/round-robin"]
 
 
-async def test_a_closed_pool_refuses_new_calls_and_fails_those_in_flight(served: Served) -> None:
-    pool = ConnectionPool(EgressPolicy.build(), max_connections=2)
-    port = int(served.base.rsplit(":", 1)[1])
-    origin = ("http", "127.0.0.1", port)
-    request = f"GET /endless HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
-    call = asyncio.ensure_future(pool.perform(origin, request, lambda chunk: True, time_limit()))
-    await wait_for(lambda: len(served.requests) == 1, timeout=10, what="the call to arrive")
-    pool.close()
-    with pytest.raises(RuntimeError, match="closed"):
-        await call
-    with pytest.raises(RuntimeError, match="closed"):
-        await pool.perform(origin, request, lambda chunk: True, time_limit())
+async def test_a_closed_pool_refuses_new_calls_and_fails_those_in_flight() -> None:
+    asked, hung_up = asyncio.Event(), asyncio.Event()
+
+    async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        asked.set()
+        await reader.read()  # until the client closes
+        writer.close()
+        hung_up.set()
+
+    server = await asyncio.start_server(never_answers, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/held"
+    pool = CurlPool(EgressPolicy.build(), max_connections=2)
+    try:
+        call = asyncio.ensure_future(pool.request("GET", url, host="127.0.0.1", timeout_sec=10))
+        await asyncio.wait_for(asked.wait(), timeout=10)
+        pool.close()
+        with pytest.raises(RuntimeError, match="closed"):
+            await call
+        with pytest.raises(RuntimeError, match="closed"):
+            await pool.request("GET", url, host="127.0.0.1", timeout_sec=10)
+        await asyncio.wait_for(hung_up.wait(), timeout=10)
+    finally:
+        server.close()
+
+
+async def test_no_proxy_from_the_environment_is_used(
+    served: Served, http: HttpExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The egress check is on the target: a proxy named by the environment would receive the call
+    (and make it from wherever it stands) instead."""
+    proxied: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        proxied.append(await reader.read(1024))
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    proxy_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy_url)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    try:
+        outcome = await http.run({"type": "http", "url": f"{served.base}/direct"}, ctx())
+    finally:
+        server.close()
+    assert outcome.succeeded and outcome.output == "GET /direct"
+    assert proxied == []
+
+
+async def test_names_are_looked_up_by_libcurl_not_through_pythons_resolver(
+    served: Served, http: HttpExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libcurl looks names up on threads of its own: not on the event loop's shared executor, where a
+    DNS server that drops queries would hold every thread, and every owner's new connections."""
+    def no_lookup(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"looked up through Python: {args}")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_lookup)
+    port = served.base.rsplit(":", 1)[1]
+    outcome = await http.run({"type": "http", "url": f"http://localhost:{port}/by-name"}, ctx())
+    assert outcome.succeeded and outcome.output == "GET /by-name", outcome.error
+
+
+def test_the_pycurl_wheel_speaks_http2() -> None:
+    """docs/security.md says HTTPS targets are offered HTTP/2: the libcurl installed must have it."""
+    assert http2_available(), pycurl.version

@@ -91,8 +91,8 @@ def api_server(app: Any, host: str, port: int, trusted_proxies: Sequence[str] = 
     own trusts 127.0.0.1 (or ``FORWARDED_ALLOW_IPS``): anyone on the host could then pick an address
     per request and never run out of failed logins."""
     # log_config=None: uvicorn's own lines go through our handler (JSON lines off a terminal), not its own.
-    # http="h11": uvicorn would take httptools (installed for HTTP tasks' replies) when it is there, which
-    # answers a method it does not know with a bare 400 before the app, its metrics and logs, see it.
+    # http="h11": uvicorn would take httptools wherever it is installed, which answers a method it does
+    # not know with a bare 400 before the app, its metrics and logs, see it.
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, log_config=None,
                             http="h11", lifespan="on", timeout_graceful_shutdown=10,
                             timeout_keep_alive=API_KEEP_ALIVE_SEC, proxy_headers=bool(trusted_proxies),

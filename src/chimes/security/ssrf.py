@@ -264,41 +264,54 @@ _DEFAULT_PORTS = {"http": "80", "https": "443"}
 
 
 class OutgoingRequest(NamedTuple):
-    """Where a call to a URL goes (:func:`outgoing_request`): the URL's text, its host as the policy
-    judges and the client resolves it, the origin the connection is for, the request's target (path
-    and query) and its ``Host`` header."""
+    """Where an HTTP task's call to a URL goes (:func:`outgoing_request`): the URL's text as the client
+    is handed it, its host as the policy judges it and the client resolves it, and the origin (scheme,
+    host and port) that decides which headers a redirect hop keeps."""
 
     url: str
     host: str
-    origin: tuple[str, str, int]  # scheme, host, port
-    path: str
-    host_header: str
+    origin: tuple[str, str, int]
+
+
+#: Why an HTTP task's URL may not carry user info, and what to do instead.
+USER_INFO_REFUSED = ("the URL carries user info (user:password@), which Chimes does not send: put the "
+                     "credentials in task.secretHeaders, where they are stored sealed, e.g. "
+                     "{\"Authorization\": \"Basic <base64 of user:password>\"}")
 
 
 @functools.lru_cache(maxsize=1024)
 def outgoing_request(text: str) -> OutgoingRequest:
-    """:func:`outgoing_url`, split as a request is written. Raises ValueError as it does. A URL
-    nothing would change is matched rather than parsed, at about a third of the cost: a burst of jobs
-    that each call a URL of their own parses each once (tests/unit/test_security.py compares the two)."""
+    """:func:`outgoing_url` for an HTTP task: split as its calls use it, and refused with user info
+    (:data:`USER_INFO_REFUSED`), which a job would otherwise hold in plain text. Raises ValueError,
+    saying why. A URL nothing would change is matched rather than parsed, at about a third of the
+    cost: a burst of jobs that each call a URL of their own parses each once
+    (tests/unit/test_security.py compares the two)."""
     plain = _PLAIN_URL.fullmatch(text)
     if plain is not None:
         scheme, host, port, rest = plain.groups()
         if (len(host) <= _MAX_HOST_NAME and "xn--" not in host and "/." not in rest
                 and (port is None or (int(port) <= 65535 and port != _DEFAULT_PORTS[scheme]))):
-            return OutgoingRequest(text, host, (scheme, host, int(port or _DEFAULT_PORTS[scheme])), rest or "/",
-                                   f"{host}:{port}" if port else host)
+            return OutgoingRequest(text, host, (scheme, host, int(port or _DEFAULT_PORTS[scheme])))
     url = outgoing_url(text)
+    if url.raw_user is not None or url.raw_password is not None:
+        raise ValueError(USER_INFO_REFUSED)
     host = url.raw_host or ""
-    port = url.port or int(_DEFAULT_PORTS[url.scheme])
-    named = f"[{host}]" if ":" in host else host
-    return OutgoingRequest(str(url), host, (url.scheme, host, port), url.raw_path_qs or "/",
-                           named if url.is_default_port() else f"{named}:{port}")
+    return OutgoingRequest(str(url), host, (url.scheme, host, url.port or int(_DEFAULT_PORTS[url.scheme])))
 
 
 def url_problem(text: str) -> str | None:
     """Why no call can ever be made to ``text`` (:func:`outgoing_url`), or None."""
     try:
         outgoing_url(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def request_url_problem(text: str) -> str | None:
+    """Why no HTTP task may call ``text`` (:func:`outgoing_request`), or None."""
+    try:
+        outgoing_request(text)
     except ValueError as exc:
         return str(exc)
     return None

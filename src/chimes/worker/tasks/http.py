@@ -1,11 +1,11 @@
 """HTTP tasks: call a webhook/URL and judge the run by the response status.
 
-The calls go over the worker's own kept-alive connections (chimes.worker.tasks.connections). Runs
-reuse pooled connections instead of paying a TCP (and TLS) handshake each, but never another
-owner's: each owner has its own pool. A connection kept alive after one team's request must not
-carry the next team's, since whatever the first request left on it (a framing trick the target
-reads differently from the client) would swallow the second, secret headers included. Owners' pools
-are bounded in number, and one idle for a minute is closed.
+The calls go through libcurl (chimes.worker.tasks.curl). Runs reuse pooled connections instead of
+paying a TCP (and TLS) handshake each, but never another owner's: each owner has its own pool (a
+libcurl connection cache). A connection kept alive after one team's request must not carry the next
+team's, since whatever the first request left on it (a framing trick the target reads differently
+from the client) would swallow the second, secret headers included. Owners' pools are bounded in
+number, and one idle for a minute is closed.
 
 The egress (SSRF) policy judges a host name before it is looked up, and every address a connection
 is opened to after the lookup; every request is signed with the owner's signing secret
@@ -15,10 +15,13 @@ A task cannot set the framing and connection headers (chimes.security.headers): 
 them and they are dropped here again for rows written around it. The lease token goes only to a
 task that uses callbacks, and only to its own origin.
 
-Redirects are followed here, one hop at a time: a client that followed them itself would carry
-every header, secret ones included, to whatever origin the target names. A hop to another origin
-(scheme, host and port) keeps only Chimes' own headers: the task's headers and the signature are
-for the origin the team configured.
+Redirects are followed here, not by libcurl, which would carry every header, secret ones included,
+to whatever origin the target names. A hop to another origin (scheme, host and port) keeps only
+Chimes' own headers: the task's headers and the signature are for the origin the team configured.
+
+A reply is read to its end, up to chimes.worker.tasks.curl.MAX_REPLY_BYTES, keeping only its last
+:data:`OUTPUT_TAIL_BYTES` characters: a reply cut short, past the bound or otherwise broken fails the
+run, saying what the target did.
 """
 
 from __future__ import annotations
@@ -32,15 +35,15 @@ import time
 from collections import OrderedDict
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
-from urllib.parse import urljoin
 
 import orjson
+import pycurl
 from yarl import URL
 
 from chimes.jobs import HTTP_TASK_METHODS
 from chimes.security.headers import forbidden_header, header_value_problem, is_header_name
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
-from chimes.security.ssrf import EgressPolicy, outgoing_request
+from chimes.security.ssrf import USER_INFO_REFUSED, EgressPolicy, outgoing_request
 from chimes.tracing import traceparent
 from chimes.worker.tasks.common import (
     OUTPUT_TAIL_BYTES,
@@ -51,15 +54,13 @@ from chimes.worker.tasks.common import (
     rfc3339_utc,
     short_error,
 )
-from chimes.worker.tasks.connections import CallError, ConnectionPool, Reply
+from chimes.worker.tasks.curl import CurlError, CurlPool, Reply
 
-__all__ = ["HTTP_READ_LIMIT_BYTES", "MAX_OWNER_POOLS", "MAX_REDIRECTS", "OWNER_POOL_IDLE_SEC", "USER_AGENT",
-           "Headers", "HttpExecutor", "OwnerPool", "build_headers"]
+__all__ = ["LANE_CALLS", "MAX_LANES", "MAX_OWNER_POOLS", "MAX_REDIRECTS", "OWNER_POOL_IDLE_SEC", "USER_AGENT",
+           "Headers", "HttpExecutor", "OwnerPool", "build_headers", "header_lines"]
 
 log = logging.getLogger(__name__)
 
-#: Most response bytes read per run: a streaming or huge response must not hold the run open.
-HTTP_READ_LIMIT_BYTES = 64 * 1024
 MAX_REDIRECTS = 10  # as most clients' default
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _RESERVED_PREFIX = "x-chimes-"
@@ -67,6 +68,13 @@ _RESERVED_PREFIX = "x-chimes-"
 MAX_OWNER_POOLS = 256
 #: An owner's pool unused this long is closed, with the connections it kept alive.
 OWNER_POOL_IDLE_SEC = 60.0
+#: An owner's calls go over lanes, each a libcurl multi handle with a connection cache of its own.
+#: To reuse a kept-alive connection libcurl walks its cache's connections to the target one by one:
+#: with 200 calls at once to one host that walk was a twentieth of a call's instructions
+#: (docs/benchmarks.md, "An owner's calls over lanes"). A lane is added once every lane carries
+#: LANE_CALLS calls, up to MAX_LANES, each with an even part of the owner's connections.
+LANE_CALLS = 32
+MAX_LANES = 8
 MAX_REMEMBERED_HOSTS = 4096  # host names whose egress verdict is kept (then they are judged afresh)
 
 
@@ -143,27 +151,9 @@ def _encode_body(body: Any, headers: Headers) -> bytes | None:
     return orjson.dumps(body)
 
 
-def _posts(method: str, data: bytes | None) -> bool:
-    """Whether the request carries a body, an empty one included (``Content-Length: 0``): one with
-    data, and every POST, PUT and PATCH; never a HEAD."""
-    return method != "HEAD" and (data is not None or method in ("POST", "PUT", "PATCH"))
-
-
-def _request(method: str, target: str, host: str, headers: Headers, data: bytes | None) -> bytes:
-    """The request as written on the connection: its line, its headers and its body. Framing and
-    connection headers are never the task's (build_headers); ``Host`` and ``Content-Length`` are
-    set here."""
-    lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"]
-    lines += [f"{name}: {value}\r\n" for name, value in headers.values()]
-    if "accept" not in headers:
-        lines.append("Accept: */*\r\n")
-    if "accept-encoding" not in headers:
-        lines.append("Accept-Encoding: gzip, deflate\r\n")  # decoded before the output tail sees it
-    if _posts(method, data):
-        lines.append(f"Content-Length: {len(data) if data else 0}\r\n\r\n")
-        return "".join(lines).encode("ascii") + (data or b"")
-    lines.append("\r\n")
-    return "".join(lines).encode("ascii")
+def header_lines(headers: Headers) -> list[str]:
+    """The request's headers as libcurl takes them: ``"X;"`` sends X with an empty value."""
+    return [f"{name}: {value}" if value else f"{name};" for name, value in headers.values()]
 
 
 @functools.lru_cache(maxsize=256)  # a target answers with the same few content types
@@ -175,14 +165,21 @@ def _charset(content_type: str | None) -> str:
     return "utf-8"
 
 
-def _call_error(exc: CallError) -> str:
-    """Short reason for a call that failed below HTTP: the egress refusal, or what failed, naming
-    'connection refused' explicitly (the common case)."""
-    if exc.refusals and exc.os_errno in (0, errno.EACCES):
+def _call_error(exc: CurlError, timeout_sec: float) -> str:
+    """Short reason for a call that failed below HTTP: the egress refusal, a timeout, or libcurl's
+    own words, naming 'connection refused' explicitly (the common case)."""
+    if exc.refusals and exc.code == pycurl.E_COULDNT_CONNECT:
         return short_error(f"refused by egress policy: {exc.refusals[0]}")
-    if exc.os_errno == errno.ECONNREFUSED:
+    if exc.code == pycurl.E_OPERATION_TIMEDOUT:
+        return f"timed out after {format_seconds(timeout_sec)}s"
+    if exc.code == pycurl.E_COULDNT_CONNECT and exc.os_errno == errno.ECONNREFUSED:
         return short_error(f"connection refused: {exc}")
-    return short_error(str(exc))
+    return short_error(str(exc) or f"libcurl error {exc.code}")
+
+
+def _shown(url: str, problem: ValueError) -> str:
+    """``url`` as a run's error names it: not at all when it carries user info, a password maybe."""
+    return "a URL with user info" if str(problem) == USER_INFO_REFUSED else url
 
 
 def _for_another_origin(headers: Headers, ctx: TaskContext) -> Headers:
@@ -203,30 +200,36 @@ def _outcome(reply: Reply, tail: OutputTail, task: dict[str, Any], ctx: TaskCont
 
 
 class OwnerPool:
-    """One owner's connections (a :class:`ConnectionPool`, made inside the running loop on first
-    use), the calls it carries and when it was last used."""
+    """One owner's connections: its lanes (a :class:`CurlPool` each), the calls it carries and when it
+    was last used. A call takes the first lane that carries fewer than :data:`LANE_CALLS`, so that a
+    light load keeps to one lane and its kept-alive connections."""
 
     def __init__(self, policy: EgressPolicy, max_connections: int) -> None:
         self._policy = policy
-        self._max_connections = max_connections
-        self.connections: ConnectionPool | None = None
+        self._most_lanes = max(1, min(MAX_LANES, max_connections // LANE_CALLS))
+        self._lane_connections = max(1, max_connections // self._most_lanes)
+        self.lanes: list[CurlPool] = []
         self.closed = False
-        self.in_flight = 0
+        self.in_flight = 0  # the lanes' in_flight together, counted as calls start and end: read per call
         self.last_used = 0.0
 
-    def pool(self) -> ConnectionPool:
-        if self.connections is None:
-            self.connections = ConnectionPool(self._policy, max_connections=self._max_connections)
-        return self.connections
-
     @property
-    def open_connections(self) -> int:
-        return self.connections.open_connections if self.connections is not None else 0
+    def watched_sockets(self) -> int:
+        return sum(lane.watched_sockets for lane in self.lanes)
+
+    def another_lane(self) -> CurlPool:
+        """Every lane carries LANE_CALLS calls or more: a new one, made inside the running loop (whose
+        readers and timers drive it), or the least busy once there are as many as may be."""
+        if len(self.lanes) < self._most_lanes:
+            lane = CurlPool(self._policy, max_connections=self._lane_connections)
+            self.lanes.append(lane)
+            return lane
+        return min(self.lanes, key=lambda lane: lane.in_flight)
 
     def close(self) -> None:
         self.closed = True
-        if self.connections is not None:
-            self.connections.close()
+        for lane in self.lanes:
+            lane.close()
 
 
 class HttpExecutor:
@@ -247,16 +250,25 @@ class HttpExecutor:
         pool = self._pools.get(owner)
         return pool if pool is not None and not pool.closed else None
 
-    def _acquire(self, owner: str) -> OwnerPool:
+    def _acquire(self, owner: str) -> tuple[OwnerPool, CurlPool]:
         pool = self._pools.get(owner)
         if pool is None or pool.closed:
             pool = self._pools[owner] = OwnerPool(self._egress, self._max_connections)
         self._pools.move_to_end(owner)
+        # The first lane with room, looked for inline: this runs for every call. Only when every lane
+        # is full does the pool add one (docs/benchmarks.md, "An owner's calls over lanes").
+        for lane in pool.lanes:
+            if lane.in_flight < LANE_CALLS:
+                break
+        else:
+            lane = pool.another_lane()
         pool.in_flight += 1
-        return pool
+        lane.in_flight += 1
+        return pool, lane
 
-    def _release(self, pool: OwnerPool) -> None:
+    def _release(self, pool: OwnerPool, lane: CurlPool) -> None:
         pool.in_flight -= 1
+        lane.in_flight -= 1
         pool.last_used = time.monotonic()
         if not pool.in_flight:
             self._next_idle_check = min(self._next_idle_check, pool.last_used + self._owner_pool_idle_sec)
@@ -300,21 +312,21 @@ class HttpExecutor:
             # earliest such moment is kept as pools are released). Tested here, inline: this runs per call.
             if len(self._pools) > self._max_owner_pools or time.monotonic() > self._next_idle_check:
                 self._close_idle_pools()
-            pool = self._acquire(ctx.owner)
+            pool, lane = self._acquire(ctx.owner)
             try:
-                return await self._send(pool.pool(), task, ctx, headers)
+                return await self._send(lane, task, ctx, headers)
             finally:
-                self._release(pool)
+                self._release(pool, lane)
         except asyncio.CancelledError:
             raise
         except TimeoutError:
             return Outcome.failure(f"timed out after {format_seconds(ctx.timeout_sec)}s")
-        except CallError as exc:
-            return Outcome.failure(_call_error(exc))
+        except CurlError as exc:
+            return Outcome.failure(_call_error(exc, ctx.timeout_sec))
         except Exception as exc:  # bad URL, unserialisable body, ...: a failed run, not a worker crash
             return Outcome.failure(short_error(f"{type(exc).__name__}: {exc}"))
 
-    async def _send(self, pool: ConnectionPool, task: dict[str, Any], ctx: TaskContext,
+    async def _send(self, pool: CurlPool, task: dict[str, Any], ctx: TaskContext,
                     headers: Headers) -> Outcome:
         method = str(task.get("method") or "GET").upper()
         if method not in HTTP_TASK_METHODS:  # refused by the API; a row written around it fails clearly
@@ -325,34 +337,30 @@ class HttpExecutor:
             signature = signature_header(ctx.signing_secret, int(time.time()), data or b"")
             headers["x-chimes-signature"] = (SIGNATURE_HEADER, signature)
         try:  # refused by the API; a row written around it fails clearly
-            target = outgoing_request(str(task["url"]))
+            target = outgoing_request(str(task["url"]))  # its host as libcurl will resolve it: the policy judges it
         except ValueError as exc:
-            return Outcome.failure(short_error(f"cannot call {task['url']}: {exc}"))
+            return Outcome.failure(short_error(f"cannot call {_shown(str(task['url']), exc)}: {exc}"))
         deadline = time.monotonic() + ctx.timeout_sec  # every hop, connect, send and body read together
         for _ in range(MAX_REDIRECTS + 1):
             refusal = self._host_refusal(target.host)
             if refusal is not None:  # a denied name is not even looked up
                 return Outcome.failure(short_error(f"refused by egress policy: {refusal}"))
-            if deadline <= time.monotonic():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise TimeoutError
             tail = OutputTail(OUTPUT_TAIL_BYTES)
-
-            def on_body(chunk: bytes, tail: OutputTail = tail) -> bool:
-                tail.feed(chunk)
-                return tail.total_bytes < HTTP_READ_LIMIT_BYTES
-
-            request = _request(method, target.path, target.host_header, headers, data)
-            reply = await pool.perform(target.origin, request, on_body, deadline, head=method == "HEAD")
-            if reply.status not in _REDIRECT_STATUSES or not reply.location:
+            reply = await pool.request(method, target.url, header_lines(headers), data, host=target.host,
+                                       timeout_sec=remaining, on_body=tail.feed, typed="content-type" in headers)
+            if reply.status not in _REDIRECT_STATUSES or not reply.redirect_url:
                 return _outcome(reply, tail, task, ctx)
-            redirect_url = urljoin(target.url, reply.location)
-            if URL(redirect_url).scheme not in ("http", "https"):
+            if URL(reply.redirect_url).scheme not in ("http", "https"):
                 return Outcome.failure(short_error(
-                    f"HTTP {reply.status}: redirect to an unsupported URL {redirect_url}"))
+                    f"HTTP {reply.status}: redirect to an unsupported URL {reply.redirect_url}"))
             try:
-                following = outgoing_request(redirect_url)
+                following = outgoing_request(reply.redirect_url)
             except ValueError as exc:
-                return Outcome.failure(short_error(f"HTTP {reply.status}: redirect to {redirect_url}: {exc}"))
+                return Outcome.failure(short_error(
+                    f"HTTP {reply.status}: redirect to {_shown(reply.redirect_url, exc)}: {exc}"))
             if reply.status == 303 or (reply.status in (301, 302) and method == "POST"):  # as every client does
                 method = "HEAD" if method == "HEAD" else "GET"
                 data = None
