@@ -82,8 +82,8 @@ async def test_a_rolling_restart_of_every_node_and_worker_costs_no_slot(
                                 "AND scheduled_at BETWEEN $2 AND $3 ORDER BY scheduled_at",
                                 uuid.UUID(job_id), first, last)
         times = [r["scheduled_at"] for r in rows]
-        gaps = [(a, b) for a, b in itertools.pairwise([first - timedelta(seconds=1), *times, last + timedelta(seconds=1)])
-                if b - a != timedelta(seconds=1)]
+        bounded = [first - timedelta(seconds=1), *times, last + timedelta(seconds=1)]
+        gaps = [(a, b) for a, b in itertools.pairwise(bounded) if b - a != timedelta(seconds=1)]
         assert not gaps, f"job {job_id} has slots without a record between: {gaps}"
         skipped = [(r["scheduled_at"], r["reason"]) for r in rows if r["status"] != "succeeded"]
         assert not skipped, f"job {job_id}: slots that did not run: {skipped[:3]}"

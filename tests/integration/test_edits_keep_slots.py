@@ -88,7 +88,8 @@ async def test_edits_at_random_instants_leave_one_record_per_slot(
     slots = int((last - first).total_seconds()) + 1
     for name, job_id in jobs.items():
         pool = await homes.for_job(job_id)
-        await wait_for(lambda: _fired_beyond(pool, job_id, last), timeout=20, what=f"{name}'s slots after the edits")
+        await wait_for(lambda p=pool, j=job_id: _fired_beyond(p, j, last), timeout=20,
+                       what=f"{name}'s slots after the edits")
         records = await _slot_records(pool, job_id, first, last)
         missing = sorted(first + timedelta(seconds=s) for s in range(slots)
                          if first + timedelta(seconds=s) not in records)
