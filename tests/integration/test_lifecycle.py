@@ -148,20 +148,34 @@ async def test_a_job_pauses_itself_after_consecutive_failed_runs(
     assert shown["pauseAfterFailures"] == 3
     assert shown["pausedBy"] == "chimes"
     assert shown["pauseNote"] == "3 consecutive runs failed (pauseAfterFailures)"
-    assert shown["pausedAt"] is not None and shown["nextRunAt"] is None
-    ended = [r for r in await history(pool, job_id) if r["status"] in ("succeeded", "failed")]
+    assert shown["pausedAt"] is not None
+    # A slot that was due when the job paused itself fires once, late; none after the pause.
+    await wait_for(lambda: _no_schedule_trigger(pool, job_id), timeout=10, what="the slots due at the pause to fire")
+    paused_at = datetime.fromisoformat(shown["pausedAt"])
+    assert not await pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND scheduled_at > $2",
+                                   uuid.UUID(job_id), paused_at)
+    ended = [r for r in await history(pool, job_id) if r["status"] in ("succeeded", "failed")][:5]
     assert [r["status"] for r in ended] == ["failed", "succeeded", "failed", "failed", "failed"]
     assert all(r["attempt"] == 2 for r in ended if r["status"] == "failed")  # final failures, after the retry
     [pause] = (await client.get(f"/jobs/{job_id}/pauses")).json()["pauses"]
     assert pause["pausedBy"] == "chimes" and pause["note"] == shown["pauseNote"]
     assert pause["pausedAt"] == shown["pausedAt"] and pause["resumedAt"] is None
-    # No run fires while paused; resuming clears the pause and records who resumed.
-    assert not await pool.fetchval("SELECT count(*) FROM triggers WHERE job_id = $1 AND kind = 0", uuid.UUID(job_id))
+    # Resuming clears the pause, records who resumed, and starts a new streak: the job, still failing,
+    # pauses again after three more failures, not after the first.
     resumed = (await client.patch(f"/jobs/{job_id}", json={"paused": False, "catchUp": {"policy": "none"}})).json()
     assert resumed["paused"] is False and resumed["pausedBy"] is None and resumed["pauseNote"] is None
     [pause] = (await client.get(f"/jobs/{job_id}/pauses")).json()["pauses"]
     assert pause["resumedBy"] == "team-a" and pause["resumedAt"] is not None
+    resumed_at = datetime.fromisoformat(pause["resumedAt"])
+    again = await wait_for(paused, timeout=30, what="the job to pause itself again")
+    failed_since = await pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1 AND status = 'failed' "
+                                       "AND fired_at >= $2", uuid.UUID(job_id), resumed_at)
+    assert failed_since == 3 and again["pausedBy"] == "chimes"
     await stop(client, pool, job_id)
+
+
+async def _no_schedule_trigger(pool: asyncpg.Pool, job_id: str) -> bool:
+    return not await pool.fetchval("SELECT count(*) FROM triggers WHERE job_id = $1 AND kind = 0", uuid.UUID(job_id))
 
 
 async def test_a_pause_records_the_tokens_name_and_the_note(
@@ -254,6 +268,24 @@ async def test_a_one_off_that_failed_for_good_deletes_itself_but_a_manual_run_do
     runs = (await client.get(f"/jobs/{job_id}/runs")).json()["runs"]
     scheduled = [r for r in runs if r["trigger"] == "schedule"]
     assert [(r["status"], r["attempt"]) for r in scheduled] == [("failed", 2)]  # after its retry
+
+
+async def test_a_one_off_whose_slot_is_skipped_deletes_itself(
+    fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    """A one-off that missed its time with catchUp none is recorded as skipped: that is its end, and
+    the job goes, its skipped run still listed under its id."""
+    created = await client.post("/jobs", json=job(target, "/missed", soon(60), deleteAfterCompletion=True,
+                                                  catchUp={"policy": "none"}))
+    job_id = created.json()["jobId"]
+    home = await homes.for_job(job_id)
+    await home.execute("UPDATE triggers SET fire_at = now() - interval '10 minutes' WHERE job_id = $1",
+                       uuid.UUID(job_id))  # the scheduler was down at its time
+    await wait_for(lambda: gone(client, job_id), timeout=20, what="the skipped one-off to delete itself")
+    listed = (await client.get(f"/jobs/{job_id}/runs")).json()
+    [run] = listed["runs"]
+    assert (run["status"], listed["jobDeleted"]) == ("skipped", True)
+    assert not await home.fetchval("SELECT count(*) FROM job_pauses WHERE job_id = $1", uuid.UUID(job_id))
 
 
 async def _status_is(client: httpx.AsyncClient, run_id: str, status: str) -> bool:
