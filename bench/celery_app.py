@@ -30,7 +30,9 @@ HOLD_QUEUE = "bench-hold"  # what the workers consume from the start: nothing is
 BURST_QUEUE = "bench-burst"
 
 
-def make_app(broker: str, backend: str) -> Celery:
+def make_app(broker: str, backend: str | None) -> Celery:
+    """``backend`` None: an app that only sends (bench/peers.py), which a result backend would have
+    subscribe to every task's outcome as it sends it."""
     app = Celery("bench", broker=broker, backend=backend)
     app.conf.update(
         task_serializer="json", result_serializer="json", accept_content=["json"], enable_utc=True,

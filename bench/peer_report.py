@@ -193,7 +193,10 @@ def sitting_table(results: Sequence[Any]) -> str:
                 lines.append(f"  {r.system}, round {r.extra['round']}: {note}")
     lines.append("paired ratios, this sitting (a peer's drain over Chimes' in the same round; above 1, Chimes "
                  "drained sooner):")
-    lines += headline([_measurement(r, "this") for r in results]) or ["  none: Chimes and a peer in the same round"]
+    measurements = [_measurement(r, "this") for r in results]
+    if not paired_ratios(measurements):
+        lines.append("  none: no round measured Chimes and a peer both")
+    lines += headline(measurements)
     return "\n".join(lines)
 
 

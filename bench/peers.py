@@ -374,7 +374,9 @@ class CeleryContender:
         self.procs.append(self.broker.proc)
         self.procs += celery_peer.start_workers(self.env.workdir, self.broker, workers=self.layout.workers,
                                                 concurrency=self.layout.per_process, target_url=self.target.url)
-        self.app = make_app(self.broker.url(celery_peer.BROKER_DB), self.broker.url(celery_peer.BACKEND_DB))
+        # No result backend for the sender: the workers record the outcomes; this process reads them
+        # from the backend's database itself, rather than subscribe to each one as it sends the task.
+        self.app = make_app(self.broker.url(celery_peer.BROKER_DB), None)
         self.backend = redis.asyncio.Redis.from_url(self.broker.url(celery_peer.BACKEND_DB))
         deadline = time.monotonic() + 60
         while len(await asyncio.to_thread(self.app.control.ping, timeout=0.5)) < self.layout.workers:
@@ -441,6 +443,8 @@ class CeleryContender:
             await asyncio.gather(self.opening, return_exceptions=True)
         if self.backend is not None:
             await self.backend.aclose()
+        if self.app is not None:
+            self.app.close()
         for proc in reversed(self.procs):
             proc.stop(timeout=10)
 
