@@ -67,9 +67,13 @@ class _Caller:
 
                 loop = uvloop.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="bench-http", daemon=True).start()
-                self._client = TaskClient(os.environ["BENCH_TARGET_URL"])
+                self._client = asyncio.run_coroutine_threadsafe(_client(), loop).result()  # made on its loop
                 self._loop = loop
             return self._loop, self._client
+
+
+async def _client() -> TaskClient:
+    return TaskClient(os.environ["BENCH_TARGET_URL"])
 
 
 _caller = _Caller()

@@ -11,7 +11,7 @@ ran at, whatever its settings say.
 It shares the machine's cores with the system under test, so it is an HTTP/1.1 server of a few
 lines on the event loop's own protocol (keep-alive, ``Content-Length`` and chunked bodies, ``Expect:
 100-continue``) rather than a framework's, which spent three times the CPU a call in the very second
-the systems are measured (docs/benchmarks.md, "The machine").
+the systems are measured (docs/benchmarks.md, "The machine, and how busy it was").
 """
 
 from __future__ import annotations
