@@ -350,6 +350,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.scenario in ("shards", "move") and args.database_url:
         parser.error(f"{args.scenario} starts embedded PostgreSQL servers of its own, one per shard: drop "
                      "--database-url (and BENCH_DATABASE_URL)")
+    if args.scenario == "peers":  # before any server starts
+        from bench.peers import Layout
+        from bench.peers import argument_problem as peers_problem
+
+        problem = peers_problem(args.systems.split(","), args.variants.split(","),
+                                Layout(args.workers, args.in_flight, args.hold_ms))
+        if problem:
+            parser.error(problem)
     if args.scenario == "worker-instructions":
         from bench.instructions import argument_problem
 

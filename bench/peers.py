@@ -507,16 +507,23 @@ async def measure(env: Env, target: TargetProcess, system: str, variant: str, ru
     return result
 
 
+def argument_problem(systems: Sequence[str], variants: Sequence[str], layout: Layout) -> str | None:
+    """What is wrong with the command's systems, variants and layout; None when nothing is."""
+    unknown = [s for s in systems if s not in SYSTEMS] + [v for v in variants if v not in VARIANTS]
+    if unknown:
+        return (f"unknown system or variant {unknown[0]!r}; systems: {', '.join(SYSTEMS)}; "
+                f"variants: {', '.join(VARIANTS)}")
+    if layout.hold_ms < 0 or layout.hold_ms > 60_000:
+        return f"--hold-ms must be 0 to 60000, not {layout.hold_ms:g}"
+    return layout.problem()
+
+
 async def peers(env: Env, target: TargetProcess, *, runs: int, systems: list[str], variants: list[str],
                 layout: Layout, rounds: int, say: Say,
                 settle: Callable[[], Awaitable[None]] | None = None) -> list[Result]:
     """Every variant through every system, ``rounds`` times, the systems' order alternating; before
     each measurement ``settle`` is awaited, so that none starts in the load the one before left."""
-    unknown = [s for s in systems if s not in SYSTEMS] + [v for v in variants if v not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"unknown system or variant {unknown[0]!r}; systems: {', '.join(SYSTEMS)}; "
-                         f"variants: {', '.join(VARIANTS)}")
-    problem = layout.problem()
+    problem = argument_problem(systems, variants, layout)
     if problem:
         raise SystemExit(problem)
     # What a peer needs is installed, or the peer skipped, before any system runs.

@@ -21,7 +21,7 @@ from bench.peer_report import (
     summarise,
 )
 from bench.peer_run import pgqueuer_layout
-from bench.peers import Layout, chimes_concurrency, next_poll
+from bench.peers import Layout, argument_problem, chimes_concurrency, next_poll
 from bench.report import Result
 
 SYSTEMS = ["chimes", "pgqueuer", "procrastinate", "celery"]
@@ -155,6 +155,16 @@ def test_the_runs_in_flight_are_shared_evenly_by_the_worker_processes() -> None:
     assert Layout(2, 200).per_process == 100 and Layout(2, 200).problem() is None
     assert Layout(3, 200).problem() == "--in-flight (200) must be shared evenly by --workers (3)"
     assert Layout(1, 1).problem() is not None
+
+
+def test_the_command_s_systems_variants_and_layout_are_checked_before_anything_starts() -> None:
+    assert argument_problem(SYSTEMS, ["noop", "http"], Layout()) is None
+    assert argument_problem(["chimes", "apscheduler"], ["noop"], Layout()) == (
+        "unknown system or variant 'apscheduler'; systems: chimes, pgqueuer, procrastinate, celery; "
+        "variants: noop, http")
+    assert argument_problem(["chimes"], ["sleep"], Layout()).startswith("unknown system or variant 'sleep'")
+    assert argument_problem(["chimes"], ["http"], Layout(hold_ms=-1)) == "--hold-ms must be 0 to 60000, not -1"
+    assert argument_problem(["chimes"], ["http"], Layout(2, 201)) is not None
 
 
 def test_the_finish_line_observer_reads_on_a_grid_from_the_due_instant() -> None:
