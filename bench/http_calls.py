@@ -5,7 +5,7 @@ each client in a process of its own so that its CPU time is its own: Chimes' HTT
 (chimes.worker.tasks.http over chimes.worker.tasks.connections, with everything a run's call
 carries: Chimes' headers, the signature, the egress check, the output tail) and one pooled aiohttp
 session sending the same
-headers (the client HTTP tasks went through before; the other systems of ``peers`` use it). The
+headers (the client HTTP tasks went through before). The
 figure is the client process's CPU per call, what a worker spends on the call itself. With
 ``--distinct-urls`` each call goes to a URL of its own (``/r0``, ``/r1``, ...), as the jobs of ``up``
 do, which the client has not seen before.
