@@ -8,7 +8,9 @@ Scenarios:
   top-of-hour  N recurring jobs sharing a cron expression, on top of M idle schedules (scheduler path)
   steady       a rate of runs per second for a duration, end to end
   load         bulk import of N schedules with ``chimes jobs import``
-  peers        the same burst through Chimes, APScheduler 3, procrastinate, PgQueuer and Celery, side by side
+  peers        the same burst through Chimes, PgQueuer, procrastinate and Celery, a no-op task and an HTTP call
+               through one client for all, the same processes, runs in flight and finish line, the order
+               alternating over --repeat rounds; python -m bench.peer_report FILES combines sittings
   ha-cost      the same burst and API creates on one PostgreSQL, and on Patroni with an asynchronous and
                with a synchronous standby: what the synchronous standby costs
   idle-wal     the WAL an idle fleet writes a second, by relation and kind of record (pg_walinspect)
@@ -124,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, default=30.0,
                         help="seconds (steady, idle-wal); move: of slots counted before the move and after it")
     parser.add_argument("--jobs", type=int, default=100_000, help="schedules to import (load)")
-    parser.add_argument("--workers", type=int, default=1, help="chimes worker processes")
+    parser.add_argument("--workers", type=int, default=1, help="chimes worker processes (peers: every system's)")
     parser.add_argument("--concurrency", type=int, default=200,
                         help="runs each chimes worker executes at once (http-calls: calls at once)")
     parser.add_argument("--schedulers", type=int, default=1, help="chimes scheduler processes")
@@ -132,15 +134,24 @@ def _parser() -> argparse.ArgumentParser:
                         help="fleet-model: the fleets the model is checked with, comma-separated numbers of workers")
     parser.add_argument("--fleet-rate", type=float, default=50_000.0,
                         help="fleet-model: the runs a second the fleet is worked out for")
-    parser.add_argument("--systems", default="chimes,apscheduler,procrastinate,pgqueuer,celery",
-                        help="systems for `peers`, comma-separated")
+    parser.add_argument("--systems", default="chimes,pgqueuer,procrastinate,celery",
+                        help="peers: the systems, comma-separated")
+    parser.add_argument("--variants", default="noop,http",
+                        help="peers: the tasks, comma-separated: noop (nothing), http (one call through one client)")
+    parser.add_argument("--in-flight", type=_positive, default=200,
+                        help="peers: the runs each system holds in flight at once, shared evenly by its --workers "
+                             "processes")
+    parser.add_argument("--hold-ms", type=float, default=10.0,
+                        help="peers: how long the target holds each call, so that the calls in flight overlap there "
+                             "and are counted")
     parser.add_argument("--modes", default="processes,single-process",
                         help="up: the layouts of `chimes up` to run, comma-separated: single-process, processes, "
                              "2-workers")
     parser.add_argument("--profile", type=_folder,
                         help="up: record py-spy on `chimes up` and its children during each burst, into this folder")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="run the scenario this many times (async-loss: failovers in each mode)")
+                        help="run the scenario this many times (async-loss: failovers in each mode; peers: rounds, "
+                             "the systems' order alternating)")
     parser.add_argument("--standby-stall", type=float, default=0.5,
                         help="async-loss: also fail over after the primary's WAL sender has been stopped this many "
                              "seconds (a stalled link between zones); 0 for plain kills only")
@@ -169,7 +180,7 @@ async def _run(args: argparse.Namespace) -> tuple[dict[str, Any], list[Result], 
         try:
             # top-of-hour repeats its burst on one seeded index itself, async-loss its failovers on one cluster
             # up alternates its two modes over the rounds itself
-            once = ("top-of-hour", "async-loss", "up")
+            once = ("top-of-hour", "async-loss", "up", "peers")
             for attempt in range(1 if args.scenario in once else args.repeat):
                 if args.repeat > 1 and args.scenario not in once:
                     say(f"round {attempt + 1} of {args.repeat}")
@@ -261,13 +272,18 @@ async def _scenario(args: argparse.Namespace, env: Any, target: Any, shape: Any)
         from bench.load import load
 
         return [await load(env, jobs=args.jobs, say=say)]
-    from bench.peers import peers
+    from bench.peers import Layout, peers
 
-    return await peers(env, target, runs=args.runs, systems=args.systems.split(","), shape=shape, say=say,
-                       settle=functools.partial(_settle, args.settle))
+    return await peers(env, target, runs=args.runs, systems=args.systems.split(","),
+                       variants=args.variants.split(","), layout=Layout(args.workers, args.in_flight, args.hold_ms),
+                       rounds=args.repeat, say=say, settle=functools.partial(_settle, args.settle))
 
 
 def _report(scenario: str, results: list[Result]) -> str:
+    if scenario == "peers":
+        from bench.peer_report import sitting_table
+
+        return sitting_table(results)
     if scenario == "ha-cost":
         from bench.ha_cost import cost_table
 
@@ -322,12 +338,27 @@ def _quietness(rounds: list[quiet.Quietness]) -> str:
     return "\n".join(lines)
 
 
+def _command(argv: list[str] | None) -> str:
+    """The command as it was typed, for a figure to be published beside."""
+    import shlex
+
+    return shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.scenario in ("shards", "move") and args.database_url:
         parser.error(f"{args.scenario} starts embedded PostgreSQL servers of its own, one per shard: drop "
                      "--database-url (and BENCH_DATABASE_URL)")
+    if args.scenario == "peers":  # before any server starts
+        from bench.peers import Layout
+        from bench.peers import argument_problem as peers_problem
+
+        problem = peers_problem(args.systems.split(","), args.variants.split(","),
+                                Layout(args.workers, args.in_flight, args.hold_ms))
+        if problem:
+            parser.error(problem)
     if args.scenario == "worker-instructions":
         from bench.instructions import argument_problem
 
@@ -341,11 +372,11 @@ def main(argv: list[str] | None = None) -> None:
           f"load average {machine['load_average_at_start']} -> {machine['load_average_at_end']}")
     print(_report(args.scenario, results))
     print(_quietness(rounds))
-    spreads = spread_table(results)
+    spreads = spread_table(results) if args.scenario != "peers" else ""  # peers: the paired ratios instead
     if spreads:
         print(spreads)
     if args.json:
-        args.json.write_bytes(orjson.dumps({"scenario": args.scenario, "args": vars(args) | {
+        args.json.write_bytes(orjson.dumps({"scenario": args.scenario, "command": _command(argv), "args": vars(args) | {
             "json": str(args.json), "chart": str(args.chart)}, "machine": machine,
             "results": [r.to_json() for r in results]}, option=orjson.OPT_INDENT_2, default=str))
     if args.chart and any(r.start_lags for r in results):

@@ -1,7 +1,7 @@
 """Celery's processes in the peer benchmark: a redis-server of the benchmark's own (Debian's
 ``redis-server``, on a free 127.0.0.1 port, its files in the work folder) as broker and result
-backend, and real ``celery worker`` processes. The producer that sends the tasks is
-``bench/peer_run.py``, as for the other peers.
+backend, and real ``celery worker`` processes. The benchmark itself sends the tasks
+(bench/peers.py), as it stores the other systems' jobs.
 """
 
 from __future__ import annotations
@@ -74,14 +74,18 @@ def broker_env(broker: RedisServer) -> dict[str, str]:
     return {"BENCH_CELERY_BROKER": broker.url(BROKER_DB), "BENCH_CELERY_BACKEND": broker.url(BACKEND_DB)}
 
 
-def start_workers(workdir: Path, broker: RedisServer, *, workers: int, concurrency: int) -> list[Proc]:
+def start_workers(workdir: Path, broker: RedisServer, *, workers: int, concurrency: int, target_url: str) -> list[Proc]:
     """``workers`` ``celery worker`` processes, each running ``concurrency`` task bodies at once on
-    threads: the shape of Chimes' worker fleet in the same command."""
+    threads, consuming only the queue nothing is sent to until the burst's queue is added
+    (bench/celery_app.py)."""
+    from bench.celery_app import HOLD_QUEUE
+
     procs = []
     for i in range(workers):
         name = f"celery-worker{i + 1}" if workers > 1 else "celery-worker"
         procs.append(Proc(name, python("-m", "celery", "-A", "bench.celery_app", "worker", "--pool", "threads",
-                                       "--concurrency", str(concurrency), "--loglevel", "WARNING",
-                                       "--without-gossip", "--without-mingle", "--hostname", f"{name}@%h"),
-                          workdir / f"{name}.log", broker_env(broker)))
+                                       "--concurrency", str(concurrency), "--queues", HOLD_QUEUE,
+                                       "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
+                                       "--hostname", f"{name}@%h"),
+                          workdir / f"{name}.log", broker_env(broker) | {"BENCH_TARGET_URL": target_url}))
     return procs

@@ -44,6 +44,8 @@ class FleetShape:
     workers: int = 1
     concurrency: int = 200  # runs each worker executes at once
     worker_prefix: tuple[str, ...] = ()  # a command each worker runs under (bench.instructions: valgrind)
+    owner_share: float | None = 1.0  # CHIMES_OWNER_SHARE; None: Chimes' default
+    noop: bool = False  # the workers end no-op tasks at once (bench/noop_worker.py)
 
 
 class Fleet:
@@ -53,9 +55,10 @@ class Fleet:
         self.dsn = dsn
         self.shape = shape
         common = {"CHIMES_DATABASE_URL": dsn, "CHIMES_DATA_DIR": str(env.workdir / "chimes"),
-                  "CHIMES_LOG_FORMAT": "json", "CHIMES_EGRESS_ALLOW_LOOPBACK": "true",  # targets on 127.0.0.1
-                  # One team's burst, as a fleet that serves one team runs it: every slot for that owner.
-                  "CHIMES_OWNER_SHARE": "1.0"}
+                  "CHIMES_LOG_FORMAT": "json", "CHIMES_EGRESS_ALLOW_LOOPBACK": "true"}  # targets on 127.0.0.1
+        if shape.owner_share is not None:  # one team's burst, as a fleet that serves one team runs it
+            common["CHIMES_OWNER_SHARE"] = str(shape.owner_share)
+        worker = ("-m", "bench.noop_worker") if shape.noop else ("-m", "chimes", "worker")
         self.procs: list[Proc] = []
         for i in range(shape.schedulers):
             self.procs.append(Proc(f"scheduler{i + 1}" if shape.schedulers > 1 else "scheduler",
@@ -64,7 +67,7 @@ class Fleet:
         for i in range(shape.workers):
             self.procs.append(Proc(f"worker{i + 1}" if shape.workers > 1 else "worker",
                                    [*shape.worker_prefix,
-                                    *python("-m", "chimes", "worker", "--concurrency", str(shape.concurrency))],
+                                    *python(*worker, "--concurrency", str(shape.concurrency))],
                                    env.workdir / f"{tag}-worker{i}.log", common))
 
     async def wait_ready(self, limit_sec: float = 60.0) -> None:

@@ -6,7 +6,7 @@ each client in a process of its own so that its CPU time is its own: Chimes' HTT
 carries: Chimes' headers, the signature, the egress check, the output tail); the libcurl pool under
 it alone (``CurlPool.request`` with the same header lines, made once: what the client costs without
 Chimes' work around each call); and one pooled aiohttp session sending the same headers (the client
-HTTP tasks went through before libcurl; the other systems of ``peers`` use it). The figure is the
+HTTP tasks went through before libcurl). The figure is the
 client process's CPU per call, what a worker spends on the call itself. With
 ``--distinct-urls`` each call goes to a URL of its own (``/r0``, ``/r1``, ...), as the jobs of ``up``
 do, which the client has not seen before.

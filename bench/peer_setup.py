@@ -35,8 +35,7 @@ class Needs:
 
 
 NEEDS = {
-    "apscheduler": Needs(("apscheduler", "sqlalchemy", "psycopg"), ("apscheduler", "sqlalchemy", "psycopg")),
-    "procrastinate": Needs(("procrastinate",), ("procrastinate",)),
+    "procrastinate": Needs(("procrastinate", "psycopg"), ("procrastinate", "psycopg")),
     "pgqueuer": Needs(("pgqueuer",), ("pgqueuer",)),
     "celery": Needs(("celery", "redis"), ("celery",), redis_server=True),
 }

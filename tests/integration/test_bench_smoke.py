@@ -1,23 +1,28 @@
 """The benchmark code keeps working: the burst, top-of-hour, idle-wal, shards, move, http-calls,
-claim-plan and fleet-model scenarios, tiny, on the test server (shards and move: on servers of their own).
+claim-plan, fleet-model and peers scenarios, tiny, on the test server (shards and move: on servers of
+their own).
 
 Real `chimes scheduler` and `chimes worker` processes and the benchmark's own HTTP target, as in a
 real benchmark run; no timing is asserted (the machine is shared), only that every run is accounted
 for and the report can be written.
 
-The peers (`python -m bench peers`) are not run here: they come with the `bench` extra (APScheduler,
-procrastinate, PgQueuer, Celery) and Celery with a redis-server, none of which the test install has.
+The peers of `python -m bench peers` (PgQueuer, procrastinate, Celery) come with the `bench` extra,
+and Celery with a redis-server, which a test install (the `test` extra) lacks: `peers` with Chimes
+alone runs in every pass; with the peers this machine has, in the second pass.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
@@ -28,7 +33,9 @@ from bench.env import Env
 from bench.fleet_model import fleet_model, model_table
 from bench.http_calls import CLIENTS, WARM_UP, http_calls
 from bench.idle_wal import idle_wal, wal_table
-from bench.report import spread_table, table
+from bench.peer_report import combined, round_order, sitting_table
+from bench.peer_setup import NEEDS, look
+from bench.report import Result, spread_table, table
 from bench.shards import cpu_ms_per_run, shards, shards_table
 from bench.target import TargetProcess
 from bench.top_of_hour import top_of_hour
@@ -237,3 +244,99 @@ def test_move_scenario_moves_half_the_partitions_with_every_slot_called_and_repo
     (round_record,) = figures["machine"]["rounds"]
     assert round_record["probe_ms"] > 0 and len(round_record["load_before"]) == 3
     assert "missing 0, called twice 0" in finished.stdout and "PATCH /jobs/{id} of a moving job" in finished.stdout
+
+
+async def test_the_target_holds_each_call_and_counts_the_most_it_held_at_once(tmp_path: Path) -> None:
+    target = TargetProcess(tmp_path)
+    try:
+        await target.reset(hold_ms=300)
+        async with httpx.AsyncClient(timeout=30) as client:
+            started = time.monotonic()
+            answers = await asyncio.gather(*(client.post(f"{target.url}/call", headers={"X-Chimes-Run-Id": f"r{i}"})
+                                             for i in range(6)))
+            held = time.monotonic() - started
+            assert [a.status_code for a in answers] == [200] * 6 and held >= 0.3  # answered once held
+            assert await target.most_in_flight() == 6
+            await target.reset()  # no hold from now on, and the count starts again
+            for i in range(3):
+                answer = await client.post(f"{target.url}/call", headers={"X-Chimes-Run-Id": f"s{i}"})
+                assert answer.status_code == 200
+            assert await target.most_in_flight() == 1
+            _, keys = await target.arrivals()
+            assert keys == ["s0", "s1", "s2"]
+            refused = await client.post(f"{target.url}/_reset", params={"hold_ms": "-1"})
+            assert refused.status_code == 400 and "hold_ms" in refused.text
+    finally:
+        target.stop()
+
+
+def _peers_args(server_dsn: str, systems: str, *more: str) -> list[str]:
+    return ["peers", "--systems", systems, "--runs", "24", "--in-flight", "4", "--hold-ms", "40", "--settle", "0",
+            "--database-url", server_dsn, "--database-prefix", f"bench_smoke_{os.getpid()}", *more]
+
+
+def _check_peer_results(results: list[Result], systems: list[str], rounds: int) -> None:
+    expected = [(n + 1, variant, system) for n in range(rounds) for variant in ("noop", "http")
+                for system in round_order(systems, n)]
+    assert [(r.extra["round"], r.extra["variant"], r.extra["system_key"]) for r in results] == expected
+    for r in results:
+        assert (r.runs, r.completed) == (24, 24), r.system
+        assert r.drain_sec is not None and r.drain_sec > 0
+        assert r.extra["in_flight"]["stated"] == 4 and r.extra["worker_processes"] == 1
+        if r.extra["variant"] == "noop":  # nothing called: the no-op is the queue's own cost
+            assert r.extra["calls"] == 0 and r.extra["in_flight"]["most_at_target"] is None
+        else:  # every run called the target once, and never more than the runs in flight at once
+            assert r.extra["calls"] == 24 and r.start_lag is not None
+            assert 1 <= r.extra["in_flight"]["most_at_target"] <= 4, r.system
+        assert r.cpu_sec and all(seconds >= 0 for seconds in r.cpu_sec.values())
+        assert r.extra["machine"]["load_before"]
+
+
+async def test_peers_scenario_runs_chimes_through_both_variants_to_the_shared_finish_line(server_dsn: str) -> None:
+    _, results, _ = await _run(_parser().parse_args(_peers_args(server_dsn, "chimes")))
+    _check_peer_results(results, ["chimes"], 1)
+    noop, http = results
+    # at its defaults: the worker's slots set so that one owner's share (0.8) is the runs in flight
+    assert noop.extra["settings"]["worker_concurrency"] == http.extra["settings"]["worker_concurrency"] == 5
+    assert http.extra["settings"]["owner_share"].startswith("0.8 (the default)")
+    assert noop.extra["settings"]["warnings"] == {}
+    report = sitting_table(results)
+    assert "noop: no-op task" in report and "http: HTTP task" in report
+    assert "the target holding each call 40 ms" in report
+    assert "none: no round measured Chimes and a peer both" in report
+
+
+def _installed_peers() -> list[str]:
+    machine = look()
+    return [peer for peer, needs in NEEDS.items()
+            if set(needs.check) <= machine.installed and (machine.redis_server or not needs.redis_server)]
+
+
+@pytest.mark.sharded_pass  # minutes: every peer's processes, twice each
+@pytest.mark.timeout(600)
+async def test_peers_scenario_runs_every_installed_peer_like_chimes_and_pairs_them(server_dsn: str,
+                                                                                   tmp_path: Path) -> None:
+    peers = _installed_peers()
+    if not peers:
+        pytest.skip("no peer installed: pip install -e '.[bench]' and apt-get install redis-server")
+    systems = ["chimes", *peers]
+    report = tmp_path / "peers.json"
+    machine, results, _ = await _run(_parser().parse_args(_peers_args(server_dsn, ",".join(systems))))
+    _check_peer_results(results, systems, 1)
+    by_key = {(r.extra["system_key"], r.extra["variant"]): r for r in results}
+    if "procrastinate" in peers:  # its concurrency is the runs in flight it is given
+        assert by_key["procrastinate", "http"].extra["settings"]["per_process"]["concurrency"] == 4
+    if "pgqueuer" in peers:
+        assert by_key["pgqueuer", "http"].extra["settings"]["per_process"]["max_concurrent_tasks"] == [4]
+    if "celery" in peers:
+        assert by_key["celery", "http"].extra["settings"]["eta"] is False
+    text = sitting_table(results)
+    for peer in peers:
+        assert f"http: {by_key[peer, 'http'].system}'s drain over Chimes': " in text
+    # the sitting as its JSON holds it, read back as `python -m bench.peer_report` reads it
+    report.write_bytes(orjson.dumps({"scenario": "peers", "command": "python -m bench peers", "machine": machine,
+                                     "results": [r.to_json() for r in results]}, default=str))
+    text = combined([report])
+    assert f"{report}: python -m bench peers; " in text
+    assert sum(line.startswith("  noop: ") or line.startswith("  http: ") for line in text.splitlines()) == \
+        2 * len(peers)

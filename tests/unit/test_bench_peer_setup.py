@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bench.peer_setup import NEEDS, Machine, bench_extra, plan
 
-SYSTEMS = ["chimes", "apscheduler", "procrastinate", "pgqueuer", "celery"]
+SYSTEMS = ["chimes", "procrastinate", "pgqueuer", "celery"]
 EXTRA = bench_extra()  # the real pyproject.toml's
 EVERYTHING = frozenset(name for needs in NEEDS.values() for name in needs.check)
 
@@ -23,8 +23,7 @@ def test_the_extra_names_every_package_a_peer_installs() -> None:
 def test_a_fresh_machine_as_root_installs_everything_and_skips_nothing() -> None:
     found = plan(SYSTEMS, machine(), EXTRA)
     assert found.skips == {}
-    assert found.pip == [EXTRA[n] for n in ("apscheduler", "sqlalchemy", "psycopg", "procrastinate", "pgqueuer",
-                                            "celery")]
+    assert found.pip == [EXTRA[n] for n in ("procrastinate", "psycopg", "pgqueuer", "celery")]
     assert found.apt == ["redis-server"]
     assert found.runs(SYSTEMS) == SYSTEMS
 
@@ -40,7 +39,7 @@ def test_without_root_celery_is_skipped_with_the_command_and_the_rest_still_inst
     assert "needs root: sudo apt-get install -y redis-server" in found.skips["celery"]
     assert found.apt == [] and EXTRA["celery"] not in found.pip  # nothing installed for a skipped peer
     assert EXTRA["pgqueuer"] in found.pip
-    assert found.runs(SYSTEMS) == ["chimes", "apscheduler", "procrastinate", "pgqueuer"]
+    assert found.runs(SYSTEMS) == ["chimes", "procrastinate", "pgqueuer"]
 
 
 def test_without_apt_get_celery_is_skipped_even_as_root() -> None:

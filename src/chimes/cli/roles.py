@@ -276,8 +276,8 @@ async def _serve_homes(pool: db.Pool, dsn: str, shard_map: ShardMap, start_home:
 #: found no garbage at all. At 700 a 20,000-run burst in `chimes up` (its fire ahead and its drain)
 #: collected 650 to 860 times, carrying every run in flight into the older generations and through
 #: them: 180 to 230 ms of the process's CPU. At 10,000, about 20 collections of a millisecond each
-#: (docs/benchmarks.md, "The garbage collector in a burst"). What is garbage waits for at most that
-#: many allocations.
+#: (commit 167493a, "The garbage collector in a burst" in its docs/benchmarks.md). What is garbage
+#: waits for at most that many allocations.
 GC_YOUNG_THRESHOLD = 10_000
 
 

@@ -153,7 +153,7 @@ async def open_claims_pool(dsn: str) -> asyncpg.Pool:
     transaction. A claim is one statement, a transaction by itself: on it, one round trip instead of
     three (the settings with BEGIN, the claim, COMMIT). In a burst a worker's event loop answers each
     round trip only between the calls it handles, so each cost a claim milliseconds, while the runs
-    it had were done and it waited (docs/benchmarks.md, "A claim in one round trip"). The connection
+    it had were done and it waited (commit 2aa4976, "A claim in one round trip"). The connection
     is opened at the first claim, and its statements are bounded as the roles' pools bound theirs."""
     return await create_pool(dsn, min_size=0, max_size=1, server_settings=by_key_settings(),
                              command_timeout=command_timeout(ROLE_COMMAND_TIMEOUT_SEC))

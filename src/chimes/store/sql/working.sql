@@ -33,7 +33,7 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 -- $8: the owners holding their share of this worker already (chimes.worker.tiers.owner_room), whose
 -- runs are left to other workers; almost always none, and then nothing is looked up per run.
 -- The caps are read once, first: with none (almost always) no run's job is looked up for them either,
--- which was a quarter of the claim's buffer reads (docs/benchmarks.md, "The claim without a job look-up").
+-- which was a quarter of the claim's buffer reads (commit ee7eb66, "The claim without a job look-up").
 WITH caps AS MATERIALIZED (
     SELECT cap.scope, cap.name, cap.owner FROM concurrency_caps cap
 ),
