@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from chimes.cli.main import cli
 from chimes.cron import validate_cron
-from chimes.ha.backups import STANZA, archive_command, restore_command
+from chimes.ha.pgbackrest import STANZA, archive_command, restore_command
 from chimes.ha.cluster import HaCluster
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "pgbackrest"
