@@ -165,8 +165,9 @@ class Repository:
             before = len(self.archived_segments())
             for folder in sorted(self.wal.glob("*")):
                 if folder.is_dir():
-                    # pg_archivecleanup compares segment numbers whatever the timeline, and keeps history files.
-                    run_tool("pg_archivecleanup", [str(folder), plan.first_wal_kept], as_user=False)
+                    # pg_archivecleanup compares segment numbers whatever the timeline, and keeps the timeline
+                    # history files; -b removes the backup history files (*.backup) of older segments too.
+                    run_tool("pg_archivecleanup", ["-b", str(folder), plan.first_wal_kept], as_user=False)
             removed = before - len(self.archived_segments())
         return plan, removed
 
