@@ -17,6 +17,7 @@ The same drill by hand: docs/high-availability.md ("Restoring the cluster to a p
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 import tempfile
@@ -155,7 +156,7 @@ async def _drill(cluster: Cluster, tmp_path: Path, url: str, target: Target) -> 
     print(f"ha restore drill: restore point {to_time.isoformat()}; lost before it: {len(lost_jobs)} jobs, "
           f"{len(delivered_before - kept.runs)} of {len(delivered_before)} delivered runs (RPO); "
           f"chimes ha restore {restore_sec:.1f} s, cluster start {start_sec:.1f} s, first tick {fired_sec:.1f} s "
-          f"after the roles started (RTO)", flush=True)
+          f"after the roles started (RTO); load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", flush=True)
 
 
 async def _a_restore_across_a_gap_fails_and_changes_nothing(cluster: Cluster, to_time: datetime) -> None:
