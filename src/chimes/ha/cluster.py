@@ -334,11 +334,13 @@ class HaCluster:
         return [Member(m.data_dir, m.layout.client_port, m.dir / "run") for m in self.postgres]
 
     def stop(self) -> None:
-        """A clean stop; with a repository, the primary's last WAL is archived first, so that a restore
-        from it loses nothing committed before the stop."""
+        """A clean stop: the standbys first, so that none is promoted when the primary's Patroni lets
+        the leader lock go, then the primary, then etcd. With a repository, the primary's last WAL is
+        archived first, so that a restore loses nothing committed before the stop."""
         if self.repository is not None:
             self.archive_current_wal()
-        for patroni in self.postgres:
+        primary = self.primary()
+        for patroni in sorted(self.postgres, key=lambda member: member is primary):
             patroni.stop()
         for etcd in self.etcd:
             etcd.stop()
