@@ -253,6 +253,8 @@ def test_the_commands_refuse_what_they_cannot_do(tmp_path: Path) -> None:
     assert no_repo.exit_code == 1 and "keeps no backups" in no_repo.output
     no_backup = runner.invoke(cli, ["ha", "backup", "--data-dir", str(tmp_path / "other")])
     assert no_backup.exit_code == 1 and "--backup-repo" in no_backup.output
+    tool_only = runner.invoke(cli, ["ha", "up", "--data-dir", str(tmp_path / "other"), "--backup-tool", "postgres"])
+    assert tool_only.exit_code == 2 and "give --backup-repo too" in tool_only.output
 
     HaCluster(tmp_path / "old" / "ha", postgres=2, backup_repo=tmp_path / "old-repo", backup_tool=BackupTool.PGBACKREST)
     keep = runner.invoke(cli, ["ha", "backup", "--data-dir", str(tmp_path / "old"), "--keep", "3"])

@@ -93,6 +93,9 @@ def up(data_dir: Path, members: int, rejoin_after: float, worker_concurrency: in
     from chimes.ha.runtime import HaUnavailable
 
     cluster = _cluster(data_dir, members, backup_repo, backup_tool)
+    if backup_tool is not None and cluster.layout.backup_repo is None:
+        raise click.BadParameter("there is no backup repository to archive into: give --backup-repo too",
+                                 param_hint="--backup-tool")
     click.echo(f"starting etcd and {len(cluster.postgres)} PostgreSQL servers under Patroni in {cluster.base} ...",
                err=True)
     try:

@@ -55,6 +55,8 @@ class ClusterRestored:
 def restore_cluster(cluster: HaCluster, to_time: datetime, *, timeout_sec: float = 3600.0,
                     say: Callable[[str], None] = print) -> ClusterRestored:
     """Rebuild ``cluster`` as it was at ``to_time`` (aware). The cluster must be stopped."""
+    if to_time.tzinfo is None:
+        raise ValueError("to_time needs a time zone")
     began = time.monotonic()
     repo = cluster.repository
     if repo is None:
@@ -82,7 +84,12 @@ def restore_cluster(cluster: HaCluster, to_time: datetime, *, timeout_sec: float
             f"{backup.finished.isoformat()}) and the archived WAL up to {to_time.isoformat()} ...")
         reached = _bootstrap(cluster, first, RestorePlan(backup.data, to_time), timeout_sec)
     except BaseException as exc:
-        _put_back(cluster, first, set_aside, stamp)
+        try:
+            _put_back(cluster, first, set_aside, stamp)
+        except OSError as undo:
+            where = ", ".join(f"{name}: {path}" for name, path in set_aside.items())
+            raise RestoreFailed(f"{exc}\nPutting the data directories back failed too ({undo}); those of before "
+                                f"are in {where}") from None
         if isinstance(exc, RestoreFailed):
             raise RestoreFailed(f"{exc}\nNothing was changed: every data directory is back in place") from None
         raise
