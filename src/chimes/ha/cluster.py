@@ -42,10 +42,10 @@ from chimes.ha.pgbackrest import Member, PgBackRest, patroni_settings
 from chimes.ha.repository import Repository, archive_settings
 from chimes.store.embedded import DATABASE, SERVER_SETTINGS
 
-# Patroni's timing: the leader lock lasts TTL seconds unrenewed; loop_wait + 2 * retry_timeout must
-# stay under it. A dead primary is replaced about TTL + loop_wait after its last renewal.
 log = logging.getLogger(__name__)
 
+# Patroni's timing: the leader lock lasts TTL seconds unrenewed; loop_wait + 2 * retry_timeout must
+# stay under it. A dead primary is replaced about TTL + loop_wait after its last renewal.
 PATRONI_TTL = 20
 PATRONI_LOOP_WAIT = 1
 PATRONI_RETRY_TIMEOUT = 5
@@ -216,9 +216,14 @@ class PatroniMember(Process):
         self.launch(runtime.as_user([self.cluster.python, "-m", "patroni", str(config)]), env=env, cwd=self.dir)
 
     def postmaster_pid(self) -> int | None:
+        """The pid postmaster.pid names, while that process is the server that wrote it: a SIGKILLed
+        server leaves the file behind, and its pid may be another process's by now (Patroni compares
+        the start time in the file with the process's, as here)."""
         try:
-            return int((self.data_dir / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+            lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
+            pid, started = int(lines[0]), int(lines[2])
+            return pid if abs(psutil.Process(pid).create_time() - started) <= 3 else None
+        except (OSError, ValueError, IndexError, psutil.Error):
             return None
 
     def pids(self) -> list[int]:
