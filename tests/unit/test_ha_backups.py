@@ -1,9 +1,10 @@
-"""pgBackRest for the Patroni cluster: the configuration `chimes ha up --backup-repo` generates, and the
-deployment files in deploy/pgbackrest, read by the real pgBackRest (`pgbackrest info` warns about any
-option it does not know) and checked against each other.
+"""pgBackRest for the Patroni cluster: the configuration `chimes ha up --backup-repo DIR --backup-tool
+pgbackrest` generates, and the deployment files in deploy/pgbackrest, read by the real pgBackRest
+(`pgbackrest info` warns about any option it does not know) and checked against each other.
 
 A backup and restore with pgBackRest itself is a manual drill (docs/high-availability.md): Debian's
-pgBackRest (2.45) does not support the embedded PostgreSQL 18.
+pgBackRest (2.45) does not support the embedded PostgreSQL 18. The backups on PostgreSQL's own tools,
+the default, are tested in test_ha_repository.py and tests/e2e/test_ha_restore.py.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from click.testing import CliRunner
 
 from chimes.cli.main import cli
 from chimes.cron import validate_cron
-from chimes.ha.backups import STANZA, archive_command, restore_command
-from chimes.ha.cluster import HaCluster
+from chimes.ha.cluster import BackupTool, HaCluster
+from chimes.ha.pgbackrest import STANZA, archive_command, restore_command
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "pgbackrest"
 
@@ -39,9 +40,9 @@ def read_conf(text: str) -> configparser.RawConfigParser:
 
 
 def test_the_cluster_archives_into_the_repository_it_was_given(tmp_path: Path) -> None:
-    cluster = HaCluster(tmp_path / "ha", postgres=2, backup_repo=tmp_path / "repo")
-    assert cluster.backups is not None
-    config = cluster.backups.config
+    cluster = HaCluster(tmp_path / "ha", postgres=2, backup_repo=tmp_path / "repo", backup_tool=BackupTool.PGBACKREST)
+    assert cluster.pgbackrest is not None and cluster.repository is None
+    config = cluster.pgbackrest.config
     for member in cluster.postgres:
         postgresql = cluster.patroni_config(member)["postgresql"]
         assert postgresql["parameters"]["archive_mode"] == "on"
@@ -50,7 +51,7 @@ def test_the_cluster_archives_into_the_repository_it_was_given(tmp_path: Path) -
         assert postgresql["recovery_conf"]["restore_command"] == restore_command(config)
         assert f"--stanza={STANZA} archive-push \"%p\"" in archive_command(config)
 
-    cluster.backups.write_config(cluster.backup_members())
+    cluster.pgbackrest.write_config(cluster.backup_members())
     conf = read_conf(config.read_text())
     assert conf["global"]["repo1-path"] == str((tmp_path / "repo").resolve())
     assert conf["global"]["repo1-retention-full"] == "2"
@@ -64,17 +65,17 @@ def test_the_cluster_archives_into_the_repository_it_was_given(tmp_path: Path) -
     done = subprocess.run([pgbackrest(), f"--config={config}", f"--stanza={STANZA}", "info"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and "WARN" not in done.stdout + done.stderr, done.stdout + done.stderr
-    info = cluster.backups.run(["info"], password="")  # as the PostgreSQL user, with its log and lock folders
+    info = cluster.pgbackrest.run(["info"], password="")  # as the PostgreSQL user, with its log and lock folders
     assert f"stanza: {STANZA}" in info and "missing stanza path" in info
 
-    # ha.json keeps the repository: later starts of the folder go on archiving.
+    # ha.json keeps the repository and the tool: later starts of the folder go on archiving.
     again = HaCluster(tmp_path / "ha")
-    assert again.backups is not None and again.backups.repo == (tmp_path / "repo").resolve()
+    assert again.pgbackrest is not None and again.pgbackrest.repo == (tmp_path / "repo").resolve()
 
 
 def test_without_a_repository_nothing_is_archived(tmp_path: Path) -> None:
     cluster = HaCluster(tmp_path / "ha", postgres=2)
-    assert cluster.backups is None
+    assert cluster.pgbackrest is None and cluster.repository is None
     parameters = cluster.patroni_config(cluster.postgres[0])["postgresql"]["parameters"]
     assert "archive_command" not in parameters and "archive_mode" not in parameters
     refused = CliRunner().invoke(cli, ["ha", "backup", "--data-dir", str(tmp_path)])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,24 @@ data_dir_option = click.option(
     help="The cluster lives in DATA_DIR/ha (etcd, PostgreSQL, Patroni, ha.json with its ports and passwords).")
 
 
-def _cluster(data_dir: Path, members: int = 3, backup_repo: Path | None = None) -> Any:
-    from chimes.ha.cluster import HaCluster
+def _cluster(data_dir: Path, members: int = 3, backup_repo: Path | None = None, backup_tool: str | None = None) -> Any:
+    from chimes.ha.cluster import BackupTool, HaCluster
 
-    return HaCluster(data_dir.expanduser() / "ha", postgres=members, backup_repo=backup_repo)
+    try:
+        return HaCluster(data_dir.expanduser() / "ha", postgres=members, backup_repo=backup_repo,
+                         backup_tool=None if backup_tool is None else BackupTool(backup_tool))
+    except ValueError as exc:  # a repository path that cannot go into archive_command
+        raise click.BadParameter(str(exc), param_hint="--backup-repo") from None
+
+
+def _aware_time(context: click.Context, param: click.Parameter, value: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an ISO 8601 time such as 2026-12-04T05:00:00Z") from None
+    if moment.tzinfo is None:
+        raise click.BadParameter(f"{value!r} has no time zone: add Z (UTC) or an offset such as +01:00")
+    return moment
 
 
 @click.group()
@@ -55,9 +70,15 @@ def ha() -> None:
                    "primary may come back before its standby is promoted.")
 @click.option("--worker-concurrency", envvar="CHIMES_WORKER_CONCURRENCY", show_envvar=True, default=WORKER_CONCURRENCY,
               show_default=True, type=click.IntRange(1, 10_000), help="Runs the built-in worker executes at once.")
-@click.option("--backup-repo", type=click.Path(path_type=Path), default=None,
-              help="Archive WAL and take backups (chimes ha backup) with pgBackRest into this repository; "
-                   "remembered in ha.json.")
+@click.option("--backup-repo", envvar="CHIMES_HA_BACKUP_REPO", show_envvar=True, type=click.Path(path_type=Path),
+              default=None,
+              help="Archive every member's WAL into this repository, where chimes ha backup takes base backups and "
+                   "chimes ha restore restores from; remembered in ha.json.")
+@click.option("--backup-tool", envvar="CHIMES_HA_BACKUP_TOOL", show_envvar=True,
+              type=click.Choice(["postgres", "pgbackrest"]), default=None,
+              help="postgres: PostgreSQL's own tools (archive_command, pg_basebackup, pg_verifybackup); pgbackrest: "
+                   "pgBackRest, where its version supports the server's PostgreSQL. Default: as ha.json says, "
+                   "else postgres; remembered in ha.json.")
 @listen_options
 @api_security_options
 @worker_security_options
@@ -65,13 +86,16 @@ def ha() -> None:
 @allow_commands_option(default=True)
 @key_file_option
 def up(data_dir: Path, members: int, rejoin_after: float, worker_concurrency: int, backup_repo: Path | None,
-       host: str, port: int, **security: Any) -> None:
+       backup_tool: str | None, host: str, port: int, **security: Any) -> None:
     """etcd (3 members), PostgreSQL under Patroni in synchronous mode, and the API, a scheduler node
     and a worker on it, in one command. Kill the primary (chimes ha kill-primary) and watch the jobs go on."""
     from chimes.cli.roles import run_all_in_one
     from chimes.ha.runtime import HaUnavailable
 
-    cluster = _cluster(data_dir, members, backup_repo)
+    cluster = _cluster(data_dir, members, backup_repo, backup_tool)
+    if backup_tool is not None and cluster.layout.backup_repo is None:
+        raise click.BadParameter("there is no backup repository to archive into: give --backup-repo too",
+                                 param_hint="--backup-tool")
     click.echo(f"starting etcd and {len(cluster.postgres)} PostgreSQL servers under Patroni in {cluster.base} ...",
                err=True)
     try:
@@ -136,22 +160,73 @@ def switchover(data_dir: Path, candidate: str | None) -> None:
 
 @ha.command()
 @data_dir_option
-@click.option("--type", "kind", type=click.Choice(["full", "diff", "incr"]), default="incr", show_default=True,
-              help="full: everything; diff: what changed since the last full; incr: since the last backup of any type "
-                   "(pgBackRest takes a full one when there is none yet).")
-def backup(data_dir: Path, kind: str) -> None:
-    """A pgBackRest backup of the cluster (started with --backup-repo), taken from a standby; then the
-    repository's contents (pgbackrest info). Run it on a schedule: deploy/pgbackrest."""
+@click.option("--keep", envvar="CHIMES_HA_BACKUP_KEEP", show_envvar=True, type=click.IntRange(1), default=None,
+              help="PostgreSQL's tools: once the new backup is verified, remove all but the KEEP newest verified base "
+                   "backups and the archived WAL only the removed ones needed.  [default: 2]")
+@click.option("--type", "kind", type=click.Choice(["full", "diff", "incr"]), default=None,
+              help="pgBackRest: full, everything; diff, what changed since the last full; incr (the default), since "
+                   "the last backup of any type. PostgreSQL's tools take full base backups only.")
+def backup(data_dir: Path, keep: int | None, kind: str | None) -> None:
+    """A base backup of the cluster (started with --backup-repo), taken from a streaming standby when
+    there is one. With PostgreSQL's tools: pg_basebackup, then pg_verifybackup (a backup that fails is
+    kept as base/<time>.failed, does not count, and the command fails), then retention. With
+    pgBackRest: pgbackrest backup, then pgbackrest info. Run it on a schedule (cron, a systemd timer)."""
+    from chimes.ha.base_backup import BackupFailed, take
+    from chimes.ha.repository import KEEP
     from chimes.ha.runtime import HaUnavailable
 
     cluster = _cluster(data_dir)
-    if cluster.backups is None:
-        raise click.ClickException(f"the cluster in {cluster.base} archives no WAL: start it once with "
-                                   f"chimes ha up --backup-repo DIR")
+    if cluster.pgbackrest is not None:
+        if keep is not None:
+            raise click.BadParameter("pgBackRest keeps what its repo1-retention-full says", param_hint="--keep")
+        try:
+            click.echo(cluster.pgbackrest.backup(kind or "incr", cluster.layout.superuser_password))
+        except HaUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+        return
+    if kind not in (None, "full"):
+        raise click.BadParameter("PostgreSQL's tools take full base backups only", param_hint="--type")
     try:
-        click.echo(cluster.backups.backup(kind, cluster.layout.superuser_password))
-    except HaUnavailable as exc:
+        taken = take(cluster, KEEP if keep is None else keep)
+    except BackupFailed as exc:
         raise click.ClickException(str(exc)) from None
+    made = taken.backup
+    click.echo(f"base backup {made.folder} from {made.member} ({taken.role}), {made.started.isoformat()} to "
+               f"{made.finished.isoformat()}, verified; it restores to any time from {made.finished.isoformat()} "
+               f"on, as far as the archived WAL goes")
+    if taken.retention.remove or taken.wal_files_removed:
+        click.echo(f"removed {len(taken.retention.remove)} older base backups "
+                   f"({', '.join(b.name for b in taken.retention.remove) or 'none'}) and "
+                   f"{taken.wal_files_removed} archived WAL files before {taken.retention.first_wal_kept}")
+
+
+@ha.command()
+@data_dir_option
+@click.option("--to-time", envvar="CHIMES_HA_RESTORE_TO_TIME", show_envvar=True, required=True, callback=_aware_time,
+              help="Restore the cluster as it was at this time (ISO 8601 with a zone): every transaction committed "
+                   "by then, none after.")
+@click.option("--timeout", "timeout_sec", envvar="CHIMES_HA_RESTORE_TIMEOUT_SEC", show_envvar=True,
+              type=click.FloatRange(1), default=3600.0, show_default=True,
+              help="Seconds the copy and the replay may take before the restore gives up (and undoes itself).")
+def restore(data_dir: Path, to_time: datetime, timeout_sec: float) -> None:
+    """Rebuild the stopped cluster as it was at --to-time, from the newest verified base backup
+    finished by then and the archived WAL, through Patroni's custom bootstrap. Any failure, replay
+    that falls short of the time included, leaves the cluster as it was. Then start it: chimes ha up."""
+    from chimes.ha.restore import RestoreFailed, restore_cluster
+    from chimes.ha.runtime import HaUnavailable
+
+    cluster = _cluster(data_dir)
+    try:
+        done = restore_cluster(cluster, to_time, timeout_sec=timeout_sec, say=lambda line: click.echo(line, err=True))
+    except (RestoreFailed, HaUnavailable) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"restored the cluster in {cluster.base} from base backup {done.backup.name} in {done.seconds:.1f} s; "
+               f"replay: {done.reached}")
+    click.echo(f"{done.member} is the leader: start the cluster with chimes ha up --data-dir {data_dir} (the other "
+               f"members are made its standbys), then take a base backup of the new timeline (chimes ha backup)")
+    if done.set_aside:
+        click.echo("the data directories of before are kept, to delete once the restore is checked: "
+                   + ", ".join(str(path) for path in done.set_aside))
 
 
 @ha.command("kill-primary")

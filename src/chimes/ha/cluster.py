@@ -8,20 +8,28 @@ generated passwords are kept in ``<base>/ha.json``, so the same folder starts th
 
 Members can be killed (SIGKILL: the host is gone), frozen (SIGSTOP: the host stalls) and started
 again; a former primary started again rejoins as a standby through ``pg_rewind``.
+
+With a backup repository, every member archives its WAL there (chimes.ha.repository, or pgBackRest's
+repository with ``BackupTool.PGBACKREST``); ``chimes ha backup`` and ``chimes ha restore`` work on it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import logging
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -30,14 +38,36 @@ import httpx
 import psutil
 
 from chimes.ha import runtime
-from chimes.ha.backups import Member, PgBackRest, patroni_settings
+from chimes.ha.pgbackrest import Member, PgBackRest, patroni_settings
+from chimes.ha.repository import Repository, archive_settings
 from chimes.store.embedded import DATABASE, SERVER_SETTINGS
+
+log = logging.getLogger(__name__)
 
 # Patroni's timing: the leader lock lasts TTL seconds unrenewed; loop_wait + 2 * retry_timeout must
 # stay under it. A dead primary is replaced about TTL + loop_wait after its last renewal.
 PATRONI_TTL = 20
 PATRONI_LOOP_WAIT = 1
 PATRONI_RETRY_TIMEOUT = 5
+RESTORE_METHOD = "chimes_restore"  # Patroni's bootstrap.method while chimes ha restore rebuilds the cluster
+RESTORE_SCRIPT = "restore_bootstrap.py"  # its command, copied into the member's folder (chimes.ha.restore_bootstrap)
+ARCHIVE_AT_STOP_SEC = 30.0  # how long a clean stop waits for the primary's last WAL to be archived
+
+
+class BackupTool(StrEnum):
+    """What archives the WAL and takes the backups of a cluster with a backup repository."""
+
+    POSTGRES = "postgres"  # PostgreSQL's own: archive_command, pg_basebackup, pg_verifybackup (chimes.ha.repository)
+    PGBACKREST = "pgbackrest"  # pgBackRest, where its version supports the server's PostgreSQL
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """While ``chimes ha restore`` runs: the member it bootstraps restores ``backup`` (a base backup's
+    data folder) and replays the archive up to ``to_time``."""
+
+    backup: Path
+    to_time: datetime
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -64,7 +94,8 @@ class Layout:
     superuser_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     replication_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     rewind_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    backup_repo: str | None = None  # pgBackRest's repository, when WAL is archived (chimes ha up --backup-repo)
+    backup_repo: str | None = None  # the backup repository, when WAL is archived (chimes ha up --backup-repo)
+    backup_tool: str = BackupTool.POSTGRES
 
     @classmethod
     def new(cls, hosts: Sequence[str], postgres: int) -> Layout:
@@ -81,6 +112,8 @@ class Layout:
     @classmethod
     def load(cls, path: Path) -> Layout:
         data = json.loads(path.read_text())
+        if data.get("backup_repo") and "backup_tool" not in data:
+            data["backup_tool"] = BackupTool.PGBACKREST  # the only tool of the versions that wrote no backup_tool
         return cls(**{**data, "etcd": [MemberLayout(**m) for m in data["etcd"]],
                       "postgres": [MemberLayout(**m) for m in data["postgres"]]})
 
@@ -131,6 +164,16 @@ class EtcdMember(Process):
         self.data_dir = base / layout.name
         self.cluster = cluster
 
+    def pids(self) -> list[int]:
+        """The etcd on this member's data dir, also when another process started it."""
+        data_dir = str(self.data_dir)
+        found = []
+        for process in psutil.process_iter(["cmdline"]):
+            command = process.info["cmdline"] or []
+            if any(a == "--data-dir" and b == data_dir for a, b in itertools.pairwise(command)):
+                found.append(process.pid)
+        return found
+
     @property
     def client_url(self) -> str:
         return f"http://{self.layout.host}:{self.layout.client_port}"
@@ -173,9 +216,14 @@ class PatroniMember(Process):
         self.launch(runtime.as_user([self.cluster.python, "-m", "patroni", str(config)]), env=env, cwd=self.dir)
 
     def postmaster_pid(self) -> int | None:
+        """The pid postmaster.pid names, while that process is the server that wrote it: a SIGKILLed
+        server leaves the file behind, and its pid may be another process's by now (Patroni compares
+        the start time in the file with the process's, as here)."""
         try:
-            return int((self.data_dir / "postmaster.pid").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+            lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
+            pid, started = int(lines[0]), int(lines[2])
+            return pid if abs(psutil.Process(pid).create_time() - started) <= 3 else None
+        except (OSError, ValueError, IndexError, psutil.Error):
             return None
 
     def pids(self) -> list[int]:
@@ -220,13 +268,14 @@ class HaCluster:
     def __init__(self, base: Path, *, postgres: int = 3, hosts: Sequence[str] = ("127.0.0.1",),
                  allowed_networks: Sequence[str] = ("127.0.0.1/32",),
                  prefixes: dict[str, Sequence[str]] | None = None, synchronous_mode: bool = True,
-                 backup_repo: Path | None = None) -> None:
+                 backup_repo: Path | None = None, backup_tool: BackupTool | None = None) -> None:
         """``hosts``: the addresses members listen on, in turn; ``prefixes``: per address, the command
         that runs a member there (``ip netns exec ZONE`` for a zone made by a test). ``synchronous_mode``
         off makes every standby asynchronous, a setup Chimes does not support: it is there to measure
         what it costs and loses (``python -m bench ha-cost``, ``async-loss``); it applies when the
-        cluster is first bootstrapped. ``backup_repo``: archive WAL and take backups with pgBackRest into
-        that repository (kept in ``ha.json``: later starts of the folder go on archiving)."""
+        cluster is first bootstrapped. ``backup_repo``: archive every member's WAL into that repository and
+        take backups there, with ``backup_tool`` (PostgreSQL's own tools unless ``ha.json`` says otherwise);
+        both are kept in ``ha.json``, so later starts of the folder go on archiving."""
         self.synchronous_mode = synchronous_mode
         self.base = base.resolve()
         self.base.mkdir(parents=True, exist_ok=True)
@@ -237,8 +286,10 @@ class HaCluster:
             self.layout = Layout.new(hosts, postgres)
             self.layout.save(state)
         repo = None if backup_repo is None else str(backup_repo.expanduser().resolve())
-        if repo is not None and repo != self.layout.backup_repo:
-            self.layout.backup_repo = repo
+        tool = self.layout.backup_tool if backup_tool is None else backup_tool
+        if (repo is not None and repo != self.layout.backup_repo) or tool != self.layout.backup_tool:
+            self.layout.backup_repo = repo or self.layout.backup_repo
+            self.layout.backup_tool = tool
             self.layout.save(state)
         self.allowed_networks = list(allowed_networks)
         initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in self.layout.etcd)
@@ -247,7 +298,12 @@ class HaCluster:
         self.postgres = [PatroniMember(m, self.base, self, where.get(m.host, ())) for m in self.layout.postgres]
         self.patroni_site = self.base / "patroni-site"
         self.python = ""
-        self.backups = None if self.layout.backup_repo is None else PgBackRest(self.base, Path(self.layout.backup_repo))
+        repo_path = None if self.layout.backup_repo is None else Path(self.layout.backup_repo)
+        self.pgbackrest = PgBackRest(self.base, repo_path) \
+            if repo_path is not None and self.layout.backup_tool == BackupTool.PGBACKREST else None
+        self.repository = Repository(repo_path) \
+            if repo_path is not None and self.layout.backup_tool == BackupTool.POSTGRES else None
+        self.restoring: RestorePlan | None = None  # set by chimes ha restore (chimes.ha.restore) while it runs
 
     # --- the URL every Chimes role is given ---------------------------------------------------------
     def database_url(self, database: str = DATABASE) -> str:
@@ -257,12 +313,18 @@ class HaCluster:
         return f"postgresql://postgres:{password}@{hosts}/{database}?target_session_attrs=read-write"
 
     # --- lifecycle -------------------------------------------------------------------------------
-    def start(self, timeout: float = 180.0) -> None:
+    def prepare(self) -> None:
+        """What the members need before they start: etcd, Patroni and its interpreter, the backup repository."""
         runtime.etcd_binary()
         self.python = runtime.patroni_python()
         runtime.ensure_patroni(self.patroni_site)
-        if self.backups is not None:
-            self.backups.write_config(self.backup_members())
+        if self.pgbackrest is not None:
+            self.pgbackrest.write_config(self.backup_members())
+        if self.repository is not None:
+            self.repository.prepare([m.name for m in self.postgres])
+
+    def start(self, timeout: float = 180.0) -> None:
+        self.prepare()
         for etcd in self.etcd:
             etcd.start()
         for patroni in self.postgres:
@@ -270,17 +332,46 @@ class HaCluster:
         primary = self.wait_for_primary(timeout)
         self.wait_for_standbys(timeout)
         self._create_database(primary)
-        if self.backups is not None:
-            self.backups.stanza_create(self.layout.superuser_password)
+        if self.pgbackrest is not None:
+            self.pgbackrest.stanza_create(self.layout.superuser_password)
 
     def backup_members(self) -> list[Member]:
         return [Member(m.data_dir, m.layout.client_port, m.dir / "run") for m in self.postgres]
 
     def stop(self) -> None:
-        for patroni in self.postgres:
+        """A clean stop: the standbys first, so that none is promoted when the primary's Patroni lets
+        the leader lock go, then the primary, then etcd. With a repository, the primary's last WAL is
+        archived first, so that a restore loses nothing committed before the stop."""
+        if self.repository is not None:
+            self.archive_current_wal()
+        primary = self.primary()
+        for patroni in sorted(self.postgres, key=lambda member: member is primary):
             patroni.stop()
         for etcd in self.etcd:
             etcd.stop()
+
+    def archive_current_wal(self, timeout: float = ARCHIVE_AT_STOP_SEC) -> str | None:
+        """Close the primary's current WAL segment and wait until it is archived; returns the segment,
+        or None (logged) when no primary answers or the archive did not take it within ``timeout``."""
+        import asyncio
+
+        from chimes.store.cluster import archive_current_wal
+
+        primary = self.primary()
+        if primary is None:
+            log.warning("no primary answers: the WAL written since the last archived segment is not archived")
+            return None
+        try:
+            return asyncio.run(archive_current_wal(primary.layout.host, primary.layout.client_port,
+                                                   self.layout.superuser_password, timeout))
+        except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError
+            log.warning("the primary's last WAL segment was not archived: %s", exc)
+            return None
+
+    def running(self) -> list[str]:
+        """The members whose processes run on this machine, also when another process started them."""
+        etcd = [m.name for m in self.etcd if m.alive or m.pids()]
+        return etcd + [m.name for m in self.postgres if m.alive or m.pids()]
 
     def restart_dead(self) -> list[str]:
         """Start every member that is not running (a killed former primary rejoins as a standby)."""
@@ -374,9 +465,11 @@ class HaCluster:
         parameters: dict[str, Any] = {key: value.strip("'") for key, value in SERVER_SETTINGS.items()
                                       if key not in ("listen_addresses",)}
         archiving: dict[str, Any] = {}
-        if self.backups is not None:
-            archiving = patroni_settings(self.backups.config)
-            parameters.update(archiving.pop("parameters"))
+        if self.pgbackrest is not None:
+            archiving = patroni_settings(self.pgbackrest.config)
+        if self.repository is not None:
+            archiving = archive_settings(self.repository.path, member.name, always=self.restoring is None)
+        parameters.update(archiving.pop("parameters", {}))
         return {
             "scope": "chimes",
             "name": member.name,
@@ -394,6 +487,7 @@ class HaCluster:
                                                   "max_wal_senders": 10, "max_replication_slots": 10}},
                 },
                 "initdb": [{"encoding": "UTF8"}, {"locale": "C"}, {"auth": "scram-sha-256"}],
+                **self._restore_bootstrap(member, archiving.get("recovery_conf", {})),
             },
             "postgresql": {
                 "listen": f"{layout.host}:{layout.client_port}",
@@ -411,6 +505,22 @@ class HaCluster:
                 **archiving,
             },
         }
+
+    def _restore_bootstrap(self, member: PatroniMember, recovery: dict[str, Any]) -> dict[str, Any]:
+        """While chimes ha restore runs, Patroni bootstraps the cluster by its custom method instead of
+        initdb: the script copies the base backup in (chimes.ha.restore_bootstrap), then PostgreSQL
+        replays the archive up to the target and promotes itself, which a target the archive does not
+        reach prevents (the server stops; Patroni gives up the bootstrap)."""
+        if self.restoring is None:
+            return {}
+        script = member.dir / RESTORE_SCRIPT
+        return {"method": RESTORE_METHOD, RESTORE_METHOD: {
+            "command": f"{shlex.quote(self.python)} {shlex.quote(str(script))}",
+            "backup": str(self.restoring.backup),
+            "recovery_conf": {**recovery,
+                              "recovery_target_time": self.restoring.to_time.astimezone(UTC).isoformat(),
+                              "recovery_target_timeline": "latest",
+                              "recovery_target_action": "promote"}}}
 
     def _create_database(self, primary: PatroniMember) -> None:
         """Patroni makes only ``postgres``; Chimes keeps its tables in their own database."""
