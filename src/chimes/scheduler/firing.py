@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
 from chimes import schedules
-from chimes.calendars import Calendar, excluded_by
+from chimes.calendars import Calendar, first_excluding, named
 from chimes.enums import TriggerKind
 from chimes.ids import scheduled_at_of
 from chimes.settings import MISSED_AFTER_SEC
@@ -49,18 +49,21 @@ def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: ti
 
 
 def _excluding(trigger: DueTrigger, calendars: Mapping[tuple[str, str], Calendar] | None) -> list[Calendar]:
-    if not trigger.exclude_calendars or calendars is None:
+    """The calendars the trigger's job names. They fail closed: a name not among ``calendars``, or
+    no calendars at all (none read yet), is a calendar that excludes every slot, saying why."""
+    if not trigger.exclude_calendars:
         return []
-    found = (calendars.get((trigger.owner or "", name)) for name in trigger.exclude_calendars)
-    return [calendar for calendar in found if calendar is not None]
+    if calendars is None:
+        return [Calendar.unusable(name, "not read yet") for name in trigger.exclude_calendars]
+    return named(calendars, trigger.owner or "", trigger.exclude_calendars)
 
 
 def _excluded(slot: Slot, excluding: list[Calendar]) -> Slot:
     """A slot that would run, recorded as skipped when a calendar excludes its time."""
-    name = excluded_by(excluding, slot.scheduled_at) if slot.outcome == "run" else None
-    if name is None:
+    calendar = first_excluding(excluding, slot.scheduled_at) if slot.outcome == "run" else None
+    if calendar is None:
         return slot
-    reason = f"excluded by calendar {name}" + (f" ({slot.reason})" if slot.reason else "")
+    reason = calendar.reason + (f" ({slot.reason})" if slot.reason else "")
     return Slot(slot.run_id, slot.scheduled_at, slot.trigger, "skip", reason)
 
 
