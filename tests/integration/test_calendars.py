@@ -4,18 +4,28 @@ calendar in use not deleted, previews that leave excluded days out."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
 import httpx
+import pytest
 
+from chimes.calendars import CalendarSpec
+from chimes.jobs import JobPatch, JobSpec
+from chimes.services.jobs import JobService
+from chimes.store import db
+from chimes.store.calendars import delete_calendar, get_calendar, jobs_using_calendar, lock_calendar, put_calendar
+from tests.conftest import TEMPLATE, scratch_database
 from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import Fleet
 from tests.integration.test_apply import chimes
 from tests.integration.test_calendars_fail_closed import POISON_WINDOWS, write_around_the_api
 from tests.integration.test_dashboard import signed_in
+from tests.integration.test_fences import blocked_on_a_lock, until_blocked_or_done
 from tests.integration.test_semantics import job
 from tests.target import Target
 
@@ -240,3 +250,53 @@ async def test_backfill_records_the_slots_a_calendar_excludes_as_skipped_naming_
     again = (await client.post(f"/jobs/{job_id}/backfill", json={"start": start.isoformat(),
                                                                  "end": end.isoformat()})).json()
     assert (again["created"], again["skipped"], again["existing"]) == (0, 0, 6)
+
+
+@pytest.fixture
+async def shard_pool(server_dsn: str, template_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    """A second home database beside the test's catalog (``pool``), as a shard is."""
+    async with scratch_database(server_dsn, "chimes_calendar_shard", TEMPLATE) as dsn:
+        shard = await db.create_pool(dsn, max_size=4)
+        yield shard
+        await shard.close()
+
+
+@pytest.mark.own_shard_map
+async def test_on_a_shard_a_calendar_an_edit_names_is_not_deleted_before_the_edit_commits(
+    pool: asyncpg.Pool, shard_pool: asyncpg.Pool
+) -> None:
+    """The edit checks the calendar in the catalog and writes the job on its shard: the calendar stays
+    locked until the job is written there, so a delete (which locks it, then looks for jobs naming it
+    on every home) waits for the edit and finds the job, instead of deleting a calendar the job names."""
+    await put_calendar(pool, "team-a", "freeze", CalendarSpec())
+    jobs = JobService(shard_pool, catalog=pool)
+    now = datetime.now(UTC)
+    made = await jobs.create("team-a", JobSpec.model_validate(
+        {"name": "nightly", "schedule": {"cron": "0 2 * * *"}, "task": {"type": "http", "url": "http://127.0.0.1:9/"}}),
+        now)
+    patch = JobPatch.model_validate({"schedule": {"cron": "0 2 * * *", "excludeCalendars": ["freeze"]}})
+    async with shard_pool.acquire() as held, pool.acquire() as deleting:
+        # The edit is held on its shard after its calendar check (its trigger is locked here).
+        holding = held.transaction()
+        await holding.start()
+        await held.execute("SELECT 1 FROM triggers WHERE job_id = $1 FOR UPDATE", made.job_id)
+        edit = asyncio.create_task(jobs.update(made.job_id, "team-a", patch, now))
+        await wait_for(lambda: blocked_on_a_lock(shard_pool), timeout=10, what="the edit to reach its shard's write")
+        # A delete of the calendar, as DELETE /calendars/{name} makes it.
+        delete = deleting.transaction()
+        await delete.start()
+        locking = asyncio.create_task(lock_calendar(deleting, "team-a", "freeze"))
+        await until_blocked_or_done(pool, locking)
+        released = not locking.done()
+        if released:  # waiting for the edit, which goes on once its shard lets it
+            await holding.rollback()
+        assert await locking
+        if not await jobs_using_calendar(shard_pool, "team-a", "freeze", 20):
+            await delete_calendar(deleting, "team-a", "freeze")
+        await delete.commit()
+        if not released:
+            await holding.rollback()
+        await edit
+    named = await shard_pool.fetchval("SELECT exclude_calendars FROM jobs WHERE job_id = $1", made.job_id)
+    assert named == ["freeze"]
+    assert await get_calendar(pool, "team-a", "freeze") is not None, "the job names a calendar that was deleted"
