@@ -215,6 +215,9 @@ async def test_a_job_naming_a_calendar_that_cannot_be_read_previews_no_run_and_n
                                                                          "excludeCalendars": ["poison"]}})
     assert unsaved.status_code == 422 and unsaved.json()["field"] == "schedule.excludeCalendars", unsaved.text
     assert "'poison' cannot be read" in unsaved.json()["message"]
+    for after in ["0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59"]:
+        far = await client.post("/schedules/preview", json={"schedule": {"cron": "@daily"}, "after": after})
+        assert far.status_code == 422 and far.json()["field"] == "after", far.text
     shown = await client.get("/calendars/poison")
     assert shown.status_code == 200 and shown.json()["windows"] == POISON_WINDOWS
     assert (await client.get("/calendars")).status_code == 200

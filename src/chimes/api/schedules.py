@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from chimes import previews
 from chimes.api.auth import reading_principal
@@ -15,6 +15,7 @@ from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError
 from chimes.api.responses import JSONResponse
 from chimes.calendars import NOT_FOUND
+from chimes.ids import schedulable
 from chimes.jobs import AtScheduleSpec, ScheduleSpec
 from chimes.store.calendars import calendars_named
 from chimes.store.tokens import Principal
@@ -29,6 +30,11 @@ class SchedulePreviewRequest(BaseModel):
     schedule: ScheduleSpec
     n: Annotated[int, Field(ge=1, le=previews.MAX_PREVIEW)] = DEFAULT_PREVIEW
     after: AwareDatetime | None = Field(default=None, description="fires after this time (default: now)")
+
+    @field_validator("after")
+    @classmethod
+    def _schedulable(cls, value: datetime | None) -> datetime | None:
+        return None if value is None else schedulable(value)  # no slot can be walked to from beyond
 
 
 @router.post("/schedules/preview", response_class=JSONResponse)
