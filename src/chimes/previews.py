@@ -10,20 +10,21 @@ functions: no clock, no I/O; ``after`` is the caller's.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import TypeAdapter
 
 from chimes import schedules
-from chimes.calendars import Calendar, excluded_by
+from chimes.calendars import Calendar, excluded_by, resumes_at
 from chimes.jobs import AtScheduleSpec, ScheduleSpec
 from chimes.slots import jitter_offset
 
 MAX_PREVIEW = 100
 MAX_WALKED = 100_000  # slots looked at for one preview: a calendar that excludes nearly every slot ends it
 _SCHEDULE = TypeAdapter[Any](ScheduleSpec)
+_BEFORE = timedelta(microseconds=1)  # the slots after (resume - this) are those from resume on
 
 
 def parse_schedule(schedule: Mapping[str, Any]) -> Any:
@@ -31,31 +32,32 @@ def parse_schedule(schedule: Mapping[str, Any]) -> Any:
     return _SCHEDULE.validate_python(schedule)
 
 
-def _slots(schedule: schedules.Recurrence, after: datetime) -> Iterator[datetime]:
-    slot: datetime | None = after
-    for _ in range(MAX_WALKED):
-        slot = schedules.next_fire(schedule, slot) if slot is not None else None
-        if slot is None:
-            return
-        yield slot
-
-
 def fires_after(schedule: Any, job_id: uuid.UUID | None, after: datetime, count: int,
                 calendars: Sequence[Calendar] = ()) -> list[datetime]:
     """The next ``count`` instants after ``after`` at which the scheduler runs ``schedule`` (a
     validated schedule spec) for the job ``job_id``: slots moved by the job's jitter, less those
-    ``calendars`` exclude. Without a job (a schedule not saved yet) the jitter is not known, and the
-    slots are given as they are. The run cap (``maxRuns``) counts from ``after``."""
+    ``calendars`` exclude (all of them, for a calendar that is unusable: exclusions fail closed).
+    Without a job (a schedule not saved yet) the jitter is not known, and the slots are given as they
+    are. The run cap (``maxRuns``) counts from ``after``."""
     if isinstance(schedule, AtScheduleSpec):
         return [schedule.at] if schedule.at > after and count > 0 else []
+    if any(calendar.problem is not None for calendar in calendars):
+        return []
     offset = jitter_offset(job_id, schedule.jitter_sec) if job_id is not None else timedelta(0)
-    cap = schedule.max_runs
+    recurrence, cap = schedule.recurrence(), schedule.max_runs
     fires: list[datetime] = []
-    for walked, slot in enumerate(_slots(schedule.recurrence(), after - offset), start=1):
-        if len(fires) >= count or (cap is not None and walked > cap):
+    slot: datetime | None = after - offset
+    for walked in range(1, MAX_WALKED + 1):
+        slot = schedules.next_fire(recurrence, slot) if slot is not None else None
+        if slot is None or len(fires) >= count or (cap is not None and walked > cap):
             break
         if excluded_by(calendars, slot) is None:
             fires.append(slot + offset)
+        elif cap is None:
+            # Past what excludes it in one step: the slots a window or a day holds need no walk
+            # (with a cap each is walked, as each counts).
+            resume = resumes_at(calendars, slot)
+            slot = None if resume is None else max(slot, resume - _BEFORE)
     return fires
 
 
@@ -75,3 +77,15 @@ def upcoming(definition: Mapping[str, Any], job_id: uuid.UUID, next_run_at: date
     # From just before the pending trigger's slot, which it counts among the slots left.
     pending = schedule.model_copy(update={"max_runs": left})
     return fires_after(pending, job_id, next_run_at - timedelta(seconds=1), count, calendars)
+
+
+def next_run(definition: Mapping[str, Any], job_id: uuid.UUID, next_run_at: datetime | None,
+             slots_fired: int = 0, calendars: Sequence[Calendar] = ()) -> datetime | None:
+    """A saved job's next run, as its answers give it (``nextRunAt``): its pending trigger's time, or
+    for a job that names calendars the first of its upcoming fires that runs (None when its calendars
+    exclude every one: an unusable calendar, a window past its last slot). The same walk as the
+    preview's, so the two agree."""
+    if next_run_at is None or not definition["schedule"].get("excludeCalendars"):
+        return next_run_at
+    found = upcoming(definition, job_id, next_run_at, 1, slots_fired, calendars)
+    return found[0] if found else None

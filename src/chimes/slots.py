@@ -26,7 +26,8 @@ MAX_WALK = 100_000  # slots walked for one fire, so that planning it stays bound
 
 # Why a slot was not fired on time: a cause given to each one, as its record says.
 Cause = Callable[[datetime], str]
-# The exclusion calendar that excludes an instant, by name; None: not excluded.
+# What the record of an instant an exclusion calendar excludes says ("excluded by calendar NAME");
+# None: not excluded.
 Exclusion = Callable[[datetime], str | None]
 
 
@@ -122,11 +123,11 @@ def catch_up(
     decided: dict[datetime, Slot] = {}
     eligible: list[datetime] = []
     for s in missed:
-        name = excluded(s) if excluded is not None else None
+        excluding = excluded(s) if excluded is not None else None
         if s < window_start:
             decided[s] = _skip(job_id, s, f"{cause(s)}; older than the catch-up window")
-        elif name is not None:
-            decided[s] = _skip(job_id, s, f"excluded by calendar {name} ({cause(s)})")
+        elif excluding is not None:
+            decided[s] = _skip(job_id, s, f"{excluding} ({cause(s)})")
         else:
             eligible.append(s)
     decided.update((slot.scheduled_at, slot) for slot in _apply_policy(job_id, eligible, policy, cause, final))

@@ -7,10 +7,13 @@ import asyncio
 import sys
 from pathlib import Path
 
+import asyncpg
 import orjson
 import pytest
 
+from chimes.calendars import CalendarSpec
 from chimes.cli.security_options import keyring_from
+from chimes.store.calendars import put_calendar
 from tests.e2e.processes import Processes
 from tests.helpers import Homes
 
@@ -88,3 +91,27 @@ async def test_secret_values_are_sealed_with_the_key_of_the_data_dir(processes: 
     assert "s3cret" not in sealed
     assert keyring_from(data_dir, None).open(sealed) == "s3cret-value"
     assert await homes.total("SELECT count(*) FROM jobs WHERE task ? 'secretHeaders'") == 1
+
+
+@pytest.mark.parametrize("validators", ["1", "3"])
+async def test_a_line_naming_a_calendar_the_owner_does_not_have_imports_nothing(
+    processes: Processes, tmp_path: Path, homes: Homes, pool: asyncpg.Pool, validators: str
+) -> None:
+    """As POST /jobs refuses it: the calendars a job names must be its owner's (another team's by
+    that name does not count)."""
+    await put_calendar(pool, "bulk-team", "holidays", CalendarSpec())
+    await put_calendar(pool, "other-team", "freeze", CalendarSpec())
+    file = tmp_path / "jobs.jsonl"
+    lines = [job_line(i, schedule={"cron": "0 2 * * *", "excludeCalendars": ["holidays"]}) for i in range(300)]
+    lines[200] = job_line(200, schedule={"cron": "0 2 * * *", "excludeCalendars": ["holidays", "freeze"]})
+    file.write_bytes(b"".join(lines))
+    code, output = await run_import(processes, file, "bulk-team", "--processes", validators)
+    assert code == 1, output
+    assert "line 201: schedule.excludeCalendars: unknown calendar 'freeze'" in output
+    assert "nothing was imported" in output
+    assert await homes.total("SELECT count(*) FROM jobs") == 0
+    lines[200] = lines[199]
+    file.write_bytes(b"".join(lines))
+    code, output = await run_import(processes, file, "bulk-team", "--processes", validators)
+    assert code == 0 and "imported 300 jobs" in output, output
+    assert await homes.total("SELECT count(*) FROM jobs WHERE exclude_calendars = '{holidays}'") == 300

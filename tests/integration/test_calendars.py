@@ -4,16 +4,28 @@ calendar in use not deleted, previews that leave excluded days out."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
 import httpx
+import pytest
 
+from chimes.calendars import CalendarSpec
+from chimes.jobs import JobPatch, JobSpec
+from chimes.services.jobs import JobService
+from chimes.store import db
+from chimes.store.calendars import delete_calendar, get_calendar, jobs_using_calendar, lock_calendar, put_calendar
+from tests.conftest import TEMPLATE, scratch_database
 from tests.helpers import Homes, auth_as, wait_for
 from tests.integration.fleet import Fleet
 from tests.integration.test_apply import chimes
+from tests.integration.test_calendars_fail_closed import POISON_WINDOWS, write_around_the_api
+from tests.integration.test_dashboard import signed_in
+from tests.integration.test_fences import blocked_on_a_lock, until_blocked_or_done
 from tests.integration.test_semantics import job
 from tests.target import Target
 
@@ -142,3 +154,152 @@ jobs:
     schedule: {cron: "0 2 * * *", excludeCalendars: [holidays]}
     task: {type: http, url: "http://127.0.0.1:9/"}
 """
+
+
+async def test_a_calendar_no_zone_can_represent_is_refused_naming_the_field(client: httpx.AsyncClient) -> None:
+    poison = {"timezone": "UTC", "dates": [],
+              "windows": [{"start": "0001-01-01T00:00:00+23:59", "end": "0001-01-02T00:00:00Z"}]}
+    refused = await client.put("/calendars/poison", json=poison)
+    assert refused.status_code == 422 and refused.json()["field"] == "windows.0.start", refused.text
+    assert "1970-01-01T00:00:00Z" in refused.json()["message"]
+    late = await client.put("/calendars/poison", json={"dates": ["2026-12-25", "9999-12-31"]})
+    assert late.status_code == 422 and late.json()["field"] == "dates.1", late.text
+    assert (await client.get("/calendars/poison")).status_code == 404
+
+
+async def test_a_calendars_version_counts_its_own_writes_not_other_teams(
+    client: httpx.AsyncClient, tokens: dict[str, str]
+) -> None:
+    assert (await client.put("/calendars/mine", json={})).json()["version"] == 1
+    for _ in range(3):
+        await client.put("/calendars/theirs", json={}, headers=auth_as(tokens["team-b"]))
+    assert (await client.put("/calendars/mine", json={"dates": ["2026-12-25"]})).json()["version"] == 2
+    assert (await client.get("/calendars/mine")).json()["version"] == 2
+
+
+async def test_next_run_at_is_the_next_slot_that_runs_as_next_runs_says(
+    client: httpx.AsyncClient, target: Target
+) -> None:
+    assert (await client.put("/calendars/days-off", json={})).status_code == 201
+    created = await client.post("/jobs", json=job(target, "/daily", {"cron": "0 12 * * *",
+                                                                    "excludeCalendars": ["days-off"]}))
+    job_id, pending = created.json()["jobId"], datetime.fromisoformat(created.json()["nextRunAt"])
+    # The pending slot's day and the next are excluded now: the trigger still waits on the first,
+    # which will be recorded as skipped; the job's next run is the day after.
+    days = [pending.date(), pending.date() + timedelta(days=1)]
+    assert (await client.put("/calendars/days-off", json={"dates": [d.isoformat() for d in days]})).status_code == 200
+    answer = (await client.get(f"/jobs/{job_id}", params={"preview": 3})).json()
+    assert answer["nextRunAt"] == answer["nextRuns"][0]
+    assert datetime.fromisoformat(answer["nextRunAt"]) == pending + timedelta(days=2)
+    listed = (await client.get("/jobs")).json()["jobs"]
+    assert [j["nextRunAt"] for j in listed if j["jobId"] == job_id] == [answer["nextRunAt"]]
+    patched = await client.patch(f"/jobs/{job_id}", json={"tags": ["x"]})
+    assert patched.json()["nextRunAt"] == answer["nextRunAt"]
+    again = await client.post("/jobs", json=job(target, "/daily-2", {"cron": "0 12 * * *",
+                                                                      "excludeCalendars": ["days-off"]}))
+    assert again.json()["nextRunAt"] == answer["nextRunAt"]
+
+
+async def test_a_job_naming_a_calendar_that_cannot_be_read_previews_no_run_and_nothing_answers_500(
+    api_url: str, client: httpx.AsyncClient, tokens: dict[str, str], target: Target, pool: asyncpg.Pool
+) -> None:
+    assert (await client.put("/calendars/poison", json={})).status_code == 201
+    created = await client.post("/jobs", json=job(target, "/poisoned", {"cron": "0 12 * * *",
+                                                                       "excludeCalendars": ["poison"]}))
+    job_id = created.json()["jobId"]
+    await write_around_the_api(pool, "team-a", "poison", windows=POISON_WINDOWS)
+    answer = await client.get(f"/jobs/{job_id}", params={"preview": 3})
+    assert answer.status_code == 200 and answer.json()["nextRuns"] == [] and answer.json()["nextRunAt"] is None
+    assert (await client.get("/jobs")).status_code == 200
+    unsaved = await client.post("/schedules/preview", json={"schedule": {"cron": "@daily",
+                                                                         "excludeCalendars": ["poison"]}})
+    assert unsaved.status_code == 422 and unsaved.json()["field"] == "schedule.excludeCalendars", unsaved.text
+    assert "'poison' cannot be read" in unsaved.json()["message"]
+    for after in ["0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59"]:
+        far = await client.post("/schedules/preview", json={"schedule": {"cron": "@daily"}, "after": after})
+        assert far.status_code == 422 and far.json()["field"] == "after", far.text
+    shown = await client.get("/calendars/poison")
+    assert shown.status_code == 200 and shown.json()["windows"] == POISON_WINDOWS
+    assert (await client.get("/calendars")).status_code == 200
+    async with signed_in(api_url, tokens["team-a"]) as browser:
+        assert (await browser.get(f"/ui/jobs/{job_id}")).status_code == 200
+        assert (await browser.get("/ui/jobs")).status_code == 200
+    assert (await client.put("/calendars/poison", json={})).status_code == 200  # written again: fixed
+    assert len((await client.get(f"/jobs/{job_id}", params={"preview": 3})).json()["nextRuns"]) == 3
+
+
+async def test_backfill_records_the_slots_a_calendar_excludes_as_skipped_naming_it(
+    client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    end = datetime.now(UTC).replace(minute=30, second=0, microsecond=0) - timedelta(hours=1)
+    start = end - timedelta(hours=6)  # six slots, at the hours in (start, end]
+    frozen = {"start": (start + timedelta(hours=1)).isoformat(), "end": (start + timedelta(hours=3)).isoformat()}
+    assert (await client.put("/calendars/freeze", json={"windows": [frozen]})).status_code == 201
+    created = await client.post("/jobs", json=job(target, "/hourly", {"cron": "0 * * * *",
+                                                                     "excludeCalendars": ["freeze"]}))
+    job_id = created.json()["jobId"]
+    made = await client.post(f"/jobs/{job_id}/backfill", json={"start": start.isoformat(), "end": end.isoformat()})
+    assert made.status_code == 202, made.text
+    assert (made.json()["created"], made.json()["existing"]) == (4, 0)
+    assert made.json()["skipped"] == 2
+    pool = await homes.for_job(job_id)
+    runs = await pool.fetch("SELECT scheduled_at, status, reason FROM runs WHERE job_id = $1 ORDER BY scheduled_at",
+                            uuid.UUID(job_id))
+    assert [(r["status"], r["reason"]) for r in runs] == (
+        [("scheduled", "backfill")] + [("skipped", "excluded by calendar freeze (backfill)")] * 2
+        + [("scheduled", "backfill")] * 3)
+    queued = await pool.fetchval("SELECT count(*) FROM run_queue WHERE job_id = $1", uuid.UUID(job_id))
+    assert queued == 4
+    again = (await client.post(f"/jobs/{job_id}/backfill", json={"start": start.isoformat(),
+                                                                 "end": end.isoformat()})).json()
+    assert (again["created"], again["skipped"], again["existing"]) == (0, 0, 6)
+
+
+@pytest.fixture
+async def shard_pool(server_dsn: str, template_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    """A second home database beside the test's catalog (``pool``), as a shard is."""
+    async with scratch_database(server_dsn, "chimes_calendar_shard", TEMPLATE) as dsn:
+        shard = await db.create_pool(dsn, max_size=4)
+        yield shard
+        await shard.close()
+
+
+@pytest.mark.own_shard_map
+async def test_on_a_shard_a_calendar_an_edit_names_is_not_deleted_before_the_edit_commits(
+    pool: asyncpg.Pool, shard_pool: asyncpg.Pool
+) -> None:
+    """The edit checks the calendar in the catalog and writes the job on its shard: the calendar stays
+    locked until the job is written there, so a delete (which locks it, then looks for jobs naming it
+    on every home) waits for the edit and finds the job, instead of deleting a calendar the job names."""
+    await put_calendar(pool, "team-a", "freeze", CalendarSpec())
+    jobs = JobService(shard_pool, catalog=pool)
+    now = datetime.now(UTC)
+    made = await jobs.create("team-a", JobSpec.model_validate(
+        {"name": "nightly", "schedule": {"cron": "0 2 * * *"}, "task": {"type": "http", "url": "http://127.0.0.1:9/"}}),
+        now)
+    patch = JobPatch.model_validate({"schedule": {"cron": "0 2 * * *", "excludeCalendars": ["freeze"]}})
+    async with shard_pool.acquire() as held, pool.acquire() as deleting:
+        # The edit is held on its shard after its calendar check (its trigger is locked here).
+        holding = held.transaction()
+        await holding.start()
+        await held.execute("SELECT 1 FROM triggers WHERE job_id = $1 FOR UPDATE", made.job_id)
+        edit = asyncio.create_task(jobs.update(made.job_id, "team-a", patch, now))
+        await wait_for(lambda: blocked_on_a_lock(shard_pool), timeout=10, what="the edit to reach its shard's write")
+        # A delete of the calendar, as DELETE /calendars/{name} makes it.
+        delete = deleting.transaction()
+        await delete.start()
+        locking = asyncio.create_task(lock_calendar(deleting, "team-a", "freeze"))
+        await until_blocked_or_done(pool, locking)
+        released = not locking.done()
+        if released:  # waiting for the edit, which goes on once its shard lets it
+            await holding.rollback()
+        assert await locking
+        if not await jobs_using_calendar(shard_pool, "team-a", "freeze", 20):
+            await delete_calendar(deleting, "team-a", "freeze")
+        await delete.commit()
+        if not released:
+            await holding.rollback()
+        await edit
+    named = await shard_pool.fetchval("SELECT exclude_calendars FROM jobs WHERE job_id = $1", made.job_id)
+    assert named == ["freeze"]
+    assert await get_calendar(pool, "team-a", "freeze") is not None, "the job names a calendar that was deleted"

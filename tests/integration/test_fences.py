@@ -15,15 +15,29 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import asyncpg
 import pytest
 
+from chimes.calendars import CalendarSpec
 from chimes.jobs import JobPatch
 from chimes.scheduler.firing import plan_fires
 from chimes.scheduler.reaper import Reaper, judge
 from chimes.services.jobs import JobService
+from chimes.store.audit import Actor, AuditFilter, AuditNote, list_entries, record
+from chimes.store.calendars import (
+    calendars_by_key,
+    calendars_named,
+    calendars_of_owners,
+    delete_calendar,
+    get_calendar,
+    jobs_using_calendar,
+    list_calendars,
+    lock_calendar,
+    missing_calendars,
+    put_calendar,
+)
 from chimes.store.dashboard import DashboardStore
 from chimes.store.runs import RunStore
 from chimes.store.scheduling import SchedulerStore
@@ -655,6 +669,118 @@ async def test_owner_fence_dashboard_failures_per_minute(pool: asyncpg.Pool) -> 
     assert (await DashboardStore(pool).fleet("team-b", now(), timedelta(minutes=5), 30)).failures == []
     assert len((await DashboardStore(pool).fleet("team-a", now(), timedelta(minutes=5), 30)).failures) == 1
 
+
+
+# --- owner: calendars and the audit trail -------------------------------------------------------
+
+async def holidays_of_team_a(pool: asyncpg.Pool) -> None:
+    await put_calendar(pool, "team-a", "holidays", CalendarSpec(dates=[date(2026, 12, 25)]))
+
+
+async def test_owner_fence_get_calendar(pool: asyncpg.Pool) -> None:
+    await holidays_of_team_a(pool)
+    assert await get_calendar(pool, "team-b", "holidays") is None
+    assert await get_calendar(pool, "team-a", "holidays") is not None
+
+
+async def test_owner_fence_list_calendars(pool: asyncpg.Pool) -> None:
+    await holidays_of_team_a(pool)
+    assert await list_calendars(pool, "team-b") == []
+    assert len(await list_calendars(pool, "team-a")) == 1
+
+
+async def test_owner_fence_calendars_of_owners(pool: asyncpg.Pool) -> None:
+    """What previews and nextRunAt exclude by: a job of team-b naming "holidays" is not given team-a's."""
+    await holidays_of_team_a(pool)
+    assert await calendars_of_owners(pool, ["team-b"]) == {}
+    [named] = await calendars_named(pool, "team-b", ["holidays"])
+    assert named.problem == "not found"
+    assert set(await calendars_of_owners(pool, ["team-a"])) == {("team-a", "holidays")}
+
+
+async def test_owner_fence_calendars_by_key(pool: asyncpg.Pool) -> None:
+    """What scheduler nodes read: team-b's key does not bring team-a's calendar of that name."""
+    await holidays_of_team_a(pool)
+    assert await calendars_by_key(pool, [("team-b", "holidays")]) == {}
+    assert set(await calendars_by_key(pool, [("team-a", "holidays")])) == {("team-a", "holidays")}
+
+
+async def test_owner_fence_delete_calendar(pool: asyncpg.Pool) -> None:
+    await holidays_of_team_a(pool)
+    async with pool.acquire() as conn:
+        assert not await delete_calendar(conn, "team-b", "holidays")
+    assert await pool.fetchval("SELECT count(*) FROM calendars") == 1
+
+
+async def test_owner_fence_lock_calendar(pool: asyncpg.Pool) -> None:
+    """A delete by team-b of its "holidays" finds none (404), not team-a's."""
+    await holidays_of_team_a(pool)
+    async with pool.acquire() as conn, conn.transaction():
+        assert not await lock_calendar(conn, "team-b", "holidays")
+
+
+async def test_owner_fence_missing_calendars(pool: asyncpg.Pool) -> None:
+    """A job of team-b cannot name team-a's calendar."""
+    await holidays_of_team_a(pool)
+    async with pool.acquire() as conn, conn.transaction():
+        assert await missing_calendars(conn, "team-b", ["holidays"]) == ["holidays"]
+        assert await missing_calendars(conn, "team-a", ["holidays"]) == []
+
+
+async def test_owner_fence_share_calendars(pool: asyncpg.Pool) -> None:
+    """A job of team-b being written that names "holidays" locks team-b's calendars of that name, not
+    team-a's: team-a's delete of its own does not wait for team-b's write."""
+    await holidays_of_team_a(pool)
+    async with pool.acquire() as team_b, pool.acquire() as team_a:
+        writing = team_b.transaction()
+        await writing.start()
+        await missing_calendars(team_b, "team-b", ["holidays"])
+        deleting = team_a.transaction()
+        await deleting.start()
+        locking = asyncio.create_task(lock_calendar(team_a, "team-a", "holidays"))
+        await until_blocked_or_done(pool, locking)
+        waited = not locking.done()
+        await writing.rollback()
+        assert await locking
+        await deleting.rollback()
+    assert not waited, "team-b's job being written held team-a's calendar"
+
+
+async def test_owner_fence_jobs_using_calendar(pool: asyncpg.Pool) -> None:
+    """Team-b's job naming its own "holidays" neither refuses nor is listed in team-a's delete of its own."""
+    await holidays_of_team_a(pool)
+    await put_calendar(pool, "team-b", "holidays", CalendarSpec())
+    made = await JobService(pool).create("team-b", spec({"cron": "0 2 * * *", "excludeCalendars": ["holidays"]}), now())
+    assert await jobs_using_calendar(pool, "team-a", "holidays", 20) == []
+    assert await jobs_using_calendar(pool, "team-b", "holidays", 20) == [made.job_id]
+
+
+async def audited(pool: asyncpg.Pool, owner: str | None) -> list[str]:
+    """The actions of the audit entries an owner's token lists (an admin's: None)."""
+    async with pool.acquire() as conn:
+        return [e.action for e in await list_entries(conn, AuditFilter(subject_owner=owner), None, 50)]
+
+
+async def test_owner_fence_audit_entries(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await record(conn, AuditNote(Actor("team-a"), now()), "calendar.put", "calendar holidays", None, {"dates": []},
+                     subject_owner="team-a")
+    assert await audited(pool, "team-b") == []
+    assert await audited(pool, "team-a") == ["calendar.put"]
+
+
+async def test_owner_fence_audit_entries_of_operators(pool: asyncpg.Pool) -> None:
+    """An operator's change of team-a's settings is about team-a but stays the admins' to list: an
+    owner's token sees the entries of its jobs and calendars only."""
+    job_id, _ = await team_a_job_with_run(pool)
+    admin = AuditNote(Actor("admin"), now())
+    async with pool.acquire() as conn:
+        await record(conn, admin, "owner.update", "owner team-a", {"jobQuota": None}, {"jobQuota": 5},
+                     subject_owner="team-a")
+        await record(conn, admin, "job.pause", f"job {job_id}", {"paused": False}, {"paused": True}, job_id=job_id)
+        await record(conn, admin, "calendar.put", "calendar holidays", None, {"dates": []}, subject_owner="team-a")
+    assert sorted(await audited(pool, "team-a")) == ["calendar.put", "job.pause"]
+    assert sorted(await audited(pool, None)) == ["calendar.put", "job.pause", "owner.update"]
 
 
 async def due_in(pool: asyncpg.Pool, run_id: uuid.UUID) -> float:

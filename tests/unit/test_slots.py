@@ -133,13 +133,13 @@ def test_catch_up_runs_the_newest_slot_no_calendar_excludes() -> None:
     """With catchUp one, an excluded newest slot does not run, and the run the others name is one that
     exists: the newest slot that is not excluded."""
     slots = catch_up(JOB, [z(2026, 12, 1, 10, m) for m in range(5)], z(2026, 12, 1, 10, 4, 30), {"policy": "one"},
-                     missed, excluded=lambda t: "freeze" if t.minute >= 3 else None)
+                     missed, excluded=lambda t: "excluded by calendar freeze" if t.minute >= 3 else None)
     assert [(s.scheduled_at.minute, s.outcome) for s in slots] == [
         (0, "skip"), (1, "skip"), (2, "run"), (3, "skip"), (4, "skip")]
     assert slots[0].reason == "missed; caught up by the run of 2026-12-01T10:02:00Z"
     assert slots[4].reason == "excluded by calendar freeze (missed)"
     everything = catch_up(JOB, [z(2026, 12, 1, 10, m) for m in range(3)], z(2026, 12, 1, 10, 4), {"policy": "one"},
-                          missed, excluded=lambda _: "freeze")
+                          missed, excluded=lambda _: "excluded by calendar freeze")
     assert [s.outcome for s in everything] == ["skip"] * 3
     assert all("caught up" not in (s.reason or "") for s in everything)
 

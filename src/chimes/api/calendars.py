@@ -31,7 +31,7 @@ def _catalog(request: Request) -> Pool:
 
 
 def calendar_view(record: CalendarRecord) -> dict[str, Any]:
-    return {"name": record.name, "owner": record.owner, **record.spec.to_wire(), "version": record.version,
+    return {"name": record.name, "owner": record.owner, **record.shown, "version": record.version,
             "updatedAt": record.updated_at}
 
 
@@ -42,7 +42,7 @@ async def put_calendar(name: Name, spec: CalendarSpec, request: Request, caller:
         before = await calendar_store.get_calendar(conn, caller.owner, name)
         _, created = await calendar_store.put_calendar(conn, caller.owner, name, spec)
         await record(conn, note_of(request, caller), "calendar.put", f"calendar {name}",
-                     None if before is None else before.spec.to_wire(), spec.to_wire(), subject_owner=caller.owner)
+                     None if before is None else before.shown, spec.to_wire(), subject_owner=caller.owner)
     saved = await calendar_store.get_calendar(_catalog(request), caller.owner, name)
     if saved is None:  # deleted in between
         raise not_found("calendar")
@@ -81,5 +81,5 @@ async def delete_calendar(name: Name, request: Request, caller: Caller) -> Respo
                            f"{', '.join(str(j) for j in using[:JOBS_NAMED])}: remove it from them first", "name")
         await calendar_store.delete_calendar(conn, caller.owner, name)
         await record(conn, note_of(request, caller), "calendar.delete", f"calendar {name}",
-                     None if before is None else before.spec.to_wire(), None, subject_owner=caller.owner)
+                     None if before is None else before.shown, None, subject_owner=caller.owner)
     return Response(status_code=204)

@@ -14,10 +14,11 @@ from chimes.api.actors import note_of
 from chimes.api.auth import current_principal
 from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError, not_found, refuse_unstorable
+from chimes.api.next_runs import next_runs
 from chimes.api.responses import JSONResponse
 from chimes.api.views import job_view, pause_view
 from chimes.ids import id_from, run_id_from
-from chimes.jobs import JobPatch, JobSpec
+from chimes.jobs import AtScheduleSpec, JobPatch, JobSpec
 from chimes.security.refusals import PriorityNotAllowed
 from chimes.services.jobs import IdempotencyConflict, JobService, UnknownCalendar, UpgradeInProgress, VersionMismatch
 from chimes.store.calendars import calendars_named
@@ -68,7 +69,11 @@ async def create_job(
                        "this Idempotency-Key was already used for a different job definition",
                        "Idempotency-Key") from None
     status = 201 if created.created else 200
-    return JSONResponse({"jobId": created.job_id, "nextRunAt": created.next_run_at}, status_code=status,
+    next_run_at = created.next_run_at
+    if next_run_at is not None and not isinstance(spec.schedule, AtScheduleSpec) and spec.schedule.exclude_calendars:
+        calendars = await calendars_named(request.app.state.pool, caller.owner, spec.schedule.exclude_calendars)
+        next_run_at = previews.next_run(spec.to_wire(), created.job_id, next_run_at, 0, calendars)
+    return JSONResponse({"jobId": created.job_id, "nextRunAt": next_run_at}, status_code=status,
                         headers={"ETag": etag(created.version)})
 
 
@@ -91,7 +96,8 @@ async def list_jobs(
     jobs = await homes.list_jobs(request, caller.owner_filter, _decode_cursor(cursor), limit + 1, where)
     page = jobs[:limit]
     next_cursor = _encode_cursor(page[-1].job_id) if len(jobs) > limit else None
-    return JSONResponse({"jobs": [job_view(j) for j in page], "nextCursor": next_cursor})
+    runs = await next_runs(request.app.state.pool, page)
+    return JSONResponse({"jobs": [job_view(j, runs) for j in page], "nextCursor": next_cursor})
 
 
 @router.get("/jobs/{job_id}", response_class=JSONResponse)
@@ -107,7 +113,7 @@ async def get_job(
             raise ApiError(404, "job_deleted", f"job {parsed} was deleted; its runs stay listable at "
                            f"GET /jobs/{parsed}/runs until retention removes them")
         raise not_found("job")
-    view = job_view(job)
+    view = job_view(job, await next_runs(request.app.state.pool, [job]))
     if preview is not None:
         names = job.definition["schedule"].get("excludeCalendars") or []
         calendars = await calendars_named(request.app.state.pool, job.owner, names) if names else []
@@ -134,7 +140,8 @@ async def update_job(job_id: str, patch: JobPatch, request: Request, caller: Cal
         raise upgrade_in_progress(exc) from None
     if job is None:
         raise not_found("job")
-    return JSONResponse(job_view(job), headers={"ETag": etag(job.version)})
+    return JSONResponse(job_view(job, await next_runs(request.app.state.pool, [job])),
+                        headers={"ETag": etag(job.version)})
 
 
 @router.get("/jobs/{job_id}/pauses", response_class=JSONResponse)

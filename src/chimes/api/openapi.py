@@ -194,6 +194,7 @@ class Backfilled(_Answer):
     runIds: list[str]
     created: int
     existing: int
+    skipped: int = Field(description="slots recorded as skipped: a calendar the job names excludes them")
 
 
 class LeaseExtended(_Answer):

@@ -20,6 +20,7 @@ from chimes.api.responses import JSONResponse
 from chimes.api.views import run_view
 from chimes.enums import Priority, RunTrigger
 from chimes.ids import schedulable, scheduled_at_of_or_none
+from chimes.store.calendars import calendars_named
 from chimes.store.runs import BackfillError
 from chimes.store.tokens import Principal
 
@@ -74,7 +75,8 @@ class BackfillRequest(BaseModel):
 @router.post("/jobs/{job_id}/backfill", status_code=202, response_class=JSONResponse)
 async def backfill(job_id: str, body: BackfillRequest, request: Request, caller: Caller) -> JSONResponse:
     """Create the runs the schedule would have made in (start, end], as catch-up runs, at most
-    BACKFILL_LIMIT of them; slots that already have a run keep it (run ids are per slot)."""
+    BACKFILL_LIMIT of them; slots that already have a run keep it (run ids are per slot), and slots the
+    job's calendars exclude are recorded as skipped, as the scheduler records them."""
     if body.end <= body.start:
         raise ApiError(422, "invalid_request", "end: must be after start", "end")
     if body.end > clock_of(request).now():
@@ -82,14 +84,15 @@ async def backfill(job_id: str, body: BackfillRequest, request: Request, caller:
                        "end")
     try:
         job = parse_id(job_id, "job")
-        result = await (await homes.runs_of(request, job)).backfill(job, caller.owner_filter, body.start, body.end,
-                                                                    BACKFILL_LIMIT, note_of(request, caller))
+        result = await (await homes.runs_of(request, job)).backfill(
+            job, caller.owner_filter, body.start, body.end, BACKFILL_LIMIT, note_of(request, caller),
+            lambda owner, names: calendars_named(request.app.state.pool, owner, names))
     except BackfillError as exc:
         raise ApiError(422, "invalid_request", f"{exc.field}: {exc}", exc.field) from None
     if result is None:
         raise not_found("job")
-    return JSONResponse({"runIds": result.created, "created": len(result.created), "existing": result.existing},
-                        status_code=202)
+    return JSONResponse({"runIds": result.created, "created": len(result.created), "existing": result.existing,
+                         "skipped": result.skipped}, status_code=202)
 
 
 class HeartbeatRequest(BaseModel):

@@ -7,13 +7,15 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from chimes import previews
 from chimes.api.auth import reading_principal
 from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError
 from chimes.api.responses import JSONResponse
+from chimes.calendars import NOT_FOUND
+from chimes.ids import schedulable
 from chimes.jobs import AtScheduleSpec, ScheduleSpec
 from chimes.store.calendars import calendars_named
 from chimes.store.tokens import Principal
@@ -29,6 +31,11 @@ class SchedulePreviewRequest(BaseModel):
     n: Annotated[int, Field(ge=1, le=previews.MAX_PREVIEW)] = DEFAULT_PREVIEW
     after: AwareDatetime | None = Field(default=None, description="fires after this time (default: now)")
 
+    @field_validator("after")
+    @classmethod
+    def _schedulable(cls, value: datetime | None) -> datetime | None:
+        return None if value is None else schedulable(value)  # no slot can be walked to from beyond
+
 
 @router.post("/schedules/preview", response_class=JSONResponse)
 async def preview_schedule(body: SchedulePreviewRequest, request: Request,
@@ -37,10 +44,15 @@ async def preview_schedule(body: SchedulePreviewRequest, request: Request,
     after: datetime = body.after or clock_of(request).now()
     names = [] if isinstance(body.schedule, AtScheduleSpec) else body.schedule.exclude_calendars or []
     calendars = await calendars_named(request.app.state.pool, caller.owner, names) if names else []
-    unknown = sorted(set(names) - {c.name for c in calendars})
+    unknown = [c.name for c in calendars if c.problem == NOT_FOUND]
     if unknown:
         raise ApiError(422, "invalid_request", f"schedule.excludeCalendars: unknown calendar "
                        f"{', '.join(repr(n) for n in unknown)}", "schedule.excludeCalendars")
+    unreadable = next((c for c in calendars if c.problem is not None), None)
+    if unreadable is not None:  # it would skip every slot: say why rather than preview none
+        raise ApiError(422, "invalid_request", f"schedule.excludeCalendars: calendar {unreadable.name!r} "
+                       f"{unreadable.problem}: put it again (PUT /calendars/{unreadable.name})",
+                       "schedule.excludeCalendars")
     fires = previews.fires_after(body.schedule, None, after, body.n, calendars)
     answer: dict[str, Any] = {"fires": fires}
     if not isinstance(body.schedule, AtScheduleSpec) and body.schedule.jitter_sec:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from chimes.security.secrets import redact
 from chimes.store.jobs import JobRecord, PauseRecord
 
 
-def job_view(job: JobRecord) -> dict[str, Any]:
+def job_view(job: JobRecord, next_runs: Mapping[uuid.UUID, datetime | None] | None = None) -> dict[str, Any]:
+    """``next_runs``: the jobs' next runs past the slots their calendars exclude (chimes.api.next_runs);
+    without, the pending trigger's time."""
     return {
         "jobId": job.job_id,
         "owner": job.owner,
@@ -18,7 +23,7 @@ def job_view(job: JobRecord) -> dict[str, Any]:
         "pausedBy": job.paused_by,
         "pauseNote": job.pause_note,
         "version": job.version,
-        "nextRunAt": job.next_run_at,
+        "nextRunAt": job.next_run_at if next_runs is None else next_runs.get(job.job_id, job.next_run_at),
         "createdAt": job.created_at,
         "updatedAt": job.updated_at,
         "lastRun": job.last_run,

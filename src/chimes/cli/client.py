@@ -507,9 +507,10 @@ def run_now(api: Client, job_id: str) -> None:
 @click.option("--end", required=True, help="End of the past range (inclusive), RFC 3339 with an offset.")
 def backfill(api: Client, job_id: str, start: str, end: str) -> None:
     """Create the runs the schedule would have made in a past range (at most 1,000; slots that
-    already have a run keep it)."""
+    already have a run keep it, slots the job's calendars exclude are recorded as skipped)."""
     made = api.jobs.backfill(_job_id(api, job_id), start, end)
-    click.echo(f"created {made.created} runs; {made.existing} slots already had one")
+    skipped = f"; {made.skipped} skipped (excluded by a calendar)" if made.skipped else ""
+    click.echo(f"created {made.created} runs; {made.existing} slots already had one{skipped}")
 
 
 # ----------------------------------------------------------------------------------------------- runs

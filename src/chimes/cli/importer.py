@@ -28,7 +28,7 @@ from array import array
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,13 +41,14 @@ from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database
 from chimes.cli.security_options import ImportKey
 from chimes.ids import PARTITION_COUNT
-from chimes.jobs import JobSpec
+from chimes.jobs import AtScheduleSpec, JobSpec
 from chimes.security.secrets import Keyring, has_secrets, seal_spec
 from chimes.services.admin import command_line_note
-from chimes.services.jobs import first_fire
+from chimes.services.jobs import UnknownCalendar, first_fire
 from chimes.store import db
 from chimes.store.audit import AuditNote, record
 from chimes.store.bulk import Rows, copy_rows, job_rows
+from chimes.store.calendars import missing_calendars
 from chimes.store.shards import ShardMap, load_map, without_password
 
 CHUNK = 5000
@@ -95,12 +96,16 @@ def prepare(chunk: Chunk, owner: str, now: datetime, keyring: Keyring | None,
     given yet (the caller loads the key and asks again). ``numbered``: each row keeps its line's
     number (with shards, for the file of the lines a shard did not take)."""
     specs, numbers = [], []
+    calendars: dict[str, int] = {}
     for number, line in enumerate(chunk.lines, start=chunk.first_number):
         if not line.strip():
             continue
         spec = parse_line(line)
         if isinstance(spec, str):
             return Refused(number, spec)
+        if not isinstance(spec.schedule, AtScheduleSpec):
+            for name in spec.schedule.exclude_calendars or ():
+                calendars.setdefault(name, number)
         if has_secrets(spec):
             if keyring is None:
                 return None
@@ -108,7 +113,7 @@ def prepare(chunk: Chunk, owner: str, now: datetime, keyring: Keyring | None,
         specs.append(spec)
         if numbered:
             numbers.append(number)
-    return job_rows(specs, owner, now, first_fire, chunk.id_millis, numbers)
+    return replace(job_rows(specs, owner, now, first_fire, chunk.id_millis, numbers), calendars=calendars)
 
 
 def chunks(file: Path) -> Iterator[Chunk]:
@@ -265,6 +270,33 @@ class Home:
             self.conn = None
 
 
+@dataclass(eq=False)
+class CalendarCheck:
+    """The calendars the file's jobs name must be the owner's, as the API requires: checked in the
+    catalog (in its transaction, which locks them until it commits, as a job written through the API
+    does), each name once."""
+
+    dsn: str
+    catalog: Home
+    owner: str
+    known: set[str] = field(default_factory=set)
+
+    async def check(self, named: dict[str, int]) -> None:
+        """``named``: calendar names and the first line naming each; the first line naming one the
+        owner does not have is refused."""
+        wanted = [name for name in named if name not in self.known]
+        if not wanted:
+            return
+        if self.catalog.conn is not None:
+            missing = await missing_calendars(self.catalog.conn, self.owner, wanted)
+        else:  # the catalog could not be opened (with shards): asked once more, without the lock
+            missing = await db.with_connection(self.dsn, lambda conn: missing_calendars(conn, self.owner, wanted))
+        if missing:
+            first = min(missing, key=named.__getitem__)
+            raise BadLine(named[first], f"schedule.excludeCalendars: {UnknownCalendar([first])}")
+        self.known.update(wanted)
+
+
 def _homes(dsn: str, shard_map: ShardMap) -> tuple[list[Home], list[int]]:
     """The catalog and each shard of the map, and the index into them of each partition's home."""
     numbered = bool(shard_map.ranges)
@@ -294,6 +326,7 @@ async def _import(dsn: str, file: Path, size: int, owner: str, data_dir: Path | 
     started = time.perf_counter()
     now = datetime.now(UTC)
     catalog = homes[0]
+    calendars = CalendarCheck(dsn, catalog, owner)
     try:
         await catalog.open(migrate_first=False)
         if catalog.error is not None and len(homes) == 1:
@@ -315,6 +348,7 @@ async def _import(dsn: str, file: Path, size: int, owner: str, data_dir: Path | 
                     if isinstance(result, Refused):
                         raise BadLine(result.number, result.message)
                     assert result is not None
+                    await calendars.check(result.calendars)
                     parts = result.by_home(home_of, len(homes)) if len(homes) > 1 else [result]
                     await asyncio.gather(*(home.copy(part) for home, part in zip(homes, parts, strict=True)))
                     progress.update(task, completed=chunk.end_offset)

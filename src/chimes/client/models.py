@@ -144,6 +144,7 @@ class Backfilled(Answer):
     run_ids: list[str]
     created: int
     existing: int
+    skipped: int = 0  # slots a calendar of the job's excludes, recorded as skipped (0 from servers before it)
 
 
 class Notification(Answer):

@@ -15,8 +15,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
+from chimes import previews
 from chimes.api import homes, standby
 from chimes.api.clock import clock_of
+from chimes.api.next_runs import next_runs
 from chimes.dashboard import fleet as fleet_view
 from chimes.dashboard import views
 from chimes.dashboard.render import not_found, page
@@ -72,6 +74,7 @@ async def jobs_page(
         found = merge_job_pages(list(pages), PAGE_SIZE)
     next_after = _encode_job_cursor(found.next) if found.next else None
     context: dict[str, Any] = {"viewer": who, "nav": "jobs", "jobs": found.jobs, "q": q.strip(), "show": show,
+                               "next_runs": await next_runs(request.app.state.pool, found.jobs),
                                "after": after, "next_after": next_after, "filters": JOB_FILTERS}
     return page(request, "_jobs_table.html" if fragment == "table" else "jobs.html", **context)
 
@@ -111,6 +114,7 @@ async def job_page(
         "before": before, "next_before": next_before, "started": started, "notice": NOTICES.get(notice or ""),
         "next_fires": views.next_fires(job.definition, job.next_run_at, job.job_id,
                                        slots_fired=job.slots_fired, calendars=calendars),
+        "next_run": previews.next_run(job.definition, job.job_id, job.next_run_at, job.slots_fired, calendars),
         "remaining_runs": job.remaining_runs,
         "chart": _chart(runs), "task": job.definition["task"],
         "headers": views.masked(job.definition["task"].get("headers")),

@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from chimes import schedules
-from chimes.calendars import Calendar, excluded_by
+from chimes.calendars import Calendar, first_excluding, named
 from chimes.enums import TriggerKind
 from chimes.ids import scheduled_at_of
 from chimes.settings import MISSED_AFTER_SEC
@@ -104,21 +104,29 @@ def _cause(trigger: DueTrigger) -> Cause:
 
 
 def _exclusion(trigger: DueTrigger, calendars: Mapping[tuple[str, str], Calendar] | None) -> Exclusion | None:
-    if not trigger.exclude_calendars or calendars is None:
+    """The reason a calendar the trigger's job names gives for skipping an instant; None: none does.
+    They fail closed: a name not among ``calendars``, or no calendars at all (none read yet), is a
+    calendar that excludes every instant, saying why."""
+    if not trigger.exclude_calendars:
         return None
-    found = (calendars.get((trigger.owner or "", name)) for name in trigger.exclude_calendars)
-    excluding = [calendar for calendar in found if calendar is not None]
-    if not excluding:
-        return None
-    return lambda instant: excluded_by(excluding, instant)
+    if calendars is None:
+        excluding = [Calendar.unusable(name, "not read yet") for name in trigger.exclude_calendars]
+    else:
+        excluding = named(calendars, trigger.owner or "", trigger.exclude_calendars)
+
+    def excluded(instant: datetime) -> str | None:
+        calendar = first_excluding(excluding, instant)
+        return None if calendar is None else calendar.reason
+
+    return excluded
 
 
 def _excluded(slot: Slot, excluded: Exclusion) -> Slot:
     """A slot that would run, recorded as skipped when a calendar excludes its time."""
-    name = excluded(slot.scheduled_at) if slot.outcome == "run" else None
-    if name is None:
+    excluding = excluded(slot.scheduled_at) if slot.outcome == "run" else None
+    if excluding is None:
         return slot
-    reason = f"excluded by calendar {name}" + (f" ({slot.reason})" if slot.reason else "")
+    reason = excluding + (f" ({slot.reason})" if slot.reason else "")
     return Slot(slot.run_id, slot.scheduled_at, slot.trigger, "skip", reason)
 
 

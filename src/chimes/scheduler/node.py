@@ -538,6 +538,8 @@ class SchedulerNode:
         missed_after = timedelta(seconds=self.config.missed_after_sec)
         fires = []
         for trigger in due:
+            if trigger.exclude_calendars and not self.calendars.knows(trigger.owner or "", trigger.exclude_calendars):
+                continue  # left in the database: a later scan brings it back once the calendars are read
             try:
                 fires.append(plan_fire(trigger, fired_at, missed_after, self.calendars.calendars))
             except Exception as exc:  # a schedule or a time its slots cannot be computed for

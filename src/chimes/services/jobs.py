@@ -9,7 +9,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -223,7 +223,7 @@ class JobService:
         Raises VersionMismatch when the job is at another version, and pydantic.ValidationError when
         the patched definition is invalid; nothing is written then.
         """
-        async with transaction(self._pool) as conn:
+        async with self._catalog_first() as catalog, transaction(self._pool) as conn:
             job = await job_store.lock_job(conn, job_id, owner)
             if job is None:
                 return None
@@ -239,11 +239,7 @@ class JobService:
                 if spec.task.type in COMMAND_TASK_TYPES and not await owners.allows_commands(job.owner):
                     raise TaskNotAllowed(job.owner, spec.task.type)
                 stored = seal_spec(spec, self._keyring, sealed) if has_secrets(spec) else spec
-            if self._catalog is None:
-                await _check_calendars(conn, job.owner, spec)
-            else:  # the catalog's calendars, checked without a lock across the two databases
-                async with transaction(self._catalog) as catalog:
-                    await _check_calendars(catalog, job.owner, spec)
+            await _check_calendars(conn if catalog is None else catalog, job.owner, spec)
             await _check_nodes_read(conn, spec)
             paused = job.paused if patch.paused is None else patch.paused
             by_version = await job_store.count_nodes_firing_by_version(conn) > 0
@@ -266,6 +262,18 @@ class JobService:
                 await record(conn, note, _update_action(before, after), f"job {job_id}", before, after,
                              job_id=job_id, subject_owner=job.owner, shown=redact)
         return await self.get(job_id, owner)
+
+    @contextlib.asynccontextmanager
+    async def _catalog_first(self) -> AsyncIterator[Conn | None]:
+        """With shards, a transaction on the catalog, opened before the home's and ended after it: the
+        calendars a change checks there stay locked (FOR SHARE) until the job naming them is committed,
+        so a delete of one waits and then finds the job, as a create holds the owner's row. None
+        without shards (the calendars are on the home's connection)."""
+        if self._catalog is None:
+            yield None
+            return
+        async with transaction(self._catalog) as catalog:
+            yield catalog
 
     async def delete(self, job_id: uuid.UUID, owner: str | None, matching: frozenset[int] | None = None,
                      note: AuditNote | None = None) -> bool:

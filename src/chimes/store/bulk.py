@@ -33,6 +33,7 @@ class Rows:
     triggers: list[tuple[Any, ...]]
     partitions: list[int] = field(default_factory=list)  # of each job, in the order of ``jobs``
     numbers: list[int] = field(default_factory=list)  # the file's line of each job, when read from a file
+    calendars: dict[str, int] = field(default_factory=dict)  # the calendars named, each with the first line naming it
 
     def by_home(self, home_of: Sequence[int], homes: int) -> list[Rows]:
         """The rows split into ``homes`` parts, job ``i`` into part ``home_of[partition]`` (the shard map

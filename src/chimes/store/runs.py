@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import builtins
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
 
 from chimes.backoff import plan_retry
+from chimes.calendars import Calendar, first_excluding
 from chimes.enums import RunStatus, RunTrigger
 from chimes.ids import (
     new_run_id,
@@ -46,8 +48,14 @@ class RunDetail:
 
 @dataclass(frozen=True, slots=True)
 class BackfillResult:
-    created: list[uuid.UUID]
-    existing: int
+    created: list[uuid.UUID]  # the runs queued
+    existing: int  # slots that had a run already
+    skipped: int = 0  # slots recorded as skipped: a calendar the job names excludes them
+
+
+#: The owner's calendars by these names, as the scheduler asks them (chimes.store.calendars.calendars_named:
+#: with shards they live in the catalog, not in the job's home).
+CalendarLookup = Callable[[str, Sequence[str]], Awaitable[Sequence[Calendar]]]
 
 
 class RunStore:
@@ -106,29 +114,45 @@ class RunStore:
         return run_id
 
     async def backfill(self, job_id: uuid.UUID, owner: str | None, start: datetime, end: datetime,
-                       limit: int, note: AuditNote | None = None) -> BackfillResult | None:
+                       limit: int, note: AuditNote | None = None,
+                       calendars: CalendarLookup | None = None) -> BackfillResult | None:
         """Create the runs the job's schedule implies in (start, end], at most ``limit`` slots;
-        slots that already have a run are left as they are. None when the job is not found."""
+        slots that already have a run are left as they are, and slots the calendars the job names
+        exclude are recorded as skipped, naming the calendar, as the scheduler records them (without
+        ``calendars``, every slot of a job that names any: they fail closed). None when the job is
+        not found."""
+        # Read, and the calendars looked up, before the transaction: no connection is held while
+        # another is asked for (with one database, from the same pool).
+        job = await self._pool.fetchrow(sql("job_for_backfill"), job_id, owner)
+        if job is None:
+            return None
+        schedule = recurrence_of(job["cron"], job["timezone"], job["dst_gap"], job["dst_fold"], job["every_sec"],
+                                 job["phase_sec"], job["start_at"], job["end_at"])
+        if schedule is None:
+            raise BackfillError("schedule", "backfill needs a recurring (cron or interval) schedule")
+        slots = fire_times(schedule, start, end, limit + 1)
+        if len(slots) > limit:
+            raise BackfillError("end", f"the range holds more than {limit} fires; backfill it in parts")
+        names = job["exclude_calendars"] or []
+        excluding = list(await calendars(job["owner"], names) if calendars is not None else
+                         [Calendar.unusable(name, "not read") for name in names])
+        skipped_because = [None if (by := first_excluding(excluding, s)) is None else f"{by.reason} (backfill)"
+                           for s in slots]
+        run_ids = [run_id_for(job_id, s) for s in slots]
         async with self._pool.acquire() as conn, conn.transaction():
-            job = await conn.fetchrow(sql("job_for_backfill"), job_id, owner)
-            if job is None:
-                return None
-            schedule = recurrence_of(job["cron"], job["timezone"], job["dst_gap"], job["dst_fold"], job["every_sec"],
-                                     job["phase_sec"], job["start_at"], job["end_at"])
-            if schedule is None:
-                raise BackfillError("schedule", "backfill needs a recurring (cron or interval) schedule")
-            slots = fire_times(schedule, start, end, limit + 1)
-            if len(slots) > limit:
-                raise BackfillError("end", f"the range holds more than {limit} fires; backfill it in parts")
-            run_ids = [run_id_for(job_id, s) for s in slots]
-            created = await conn.fetch(sql("backfill_runs"), job_id, run_ids, slots, partition_of(job_id))
+            if await conn.fetchrow(sql("job_for_backfill"), job_id, owner) is None:
+                return None  # deleted meanwhile
+            made = await conn.fetch(sql("backfill_runs"), job_id, run_ids, slots, partition_of(job_id),
+                                    skipped_because)
+            created = [r["run_id"] for r in made if not r["skipped"]]
             if created:
                 await conn.execute(sql("notify_queue"), ANY_OWNER)
+            result = BackfillResult(created, len(slots) - len(made), len(made) - len(created))
             if note is not None:
                 await record(conn, note, "job.backfill", f"job {job_id}", None,
-                             {"start": start.isoformat(), "end": end.isoformat(), "created": len(created),
-                              "existing": len(slots) - len(created)}, job_id=job_id)
-        return BackfillResult([r["run_id"] for r in created], len(slots) - len(created))
+                             {"start": start.isoformat(), "end": end.isoformat(), "created": len(result.created),
+                              "existing": result.existing, "skipped": result.skipped}, job_id=job_id)
+        return result
 
     async def callback_heartbeat(self, run_id: uuid.UUID, owner: str | None, lease_token: uuid.UUID,
                                  lease_sec: float) -> datetime | None:

@@ -65,8 +65,10 @@ CREATE TABLE public.calendars (
     windows jsonb NOT NULL,
     version bigint NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    change bigint NOT NULL,
     CONSTRAINT calendars_pkey PRIMARY KEY (owner, name)
 );
+CREATE INDEX calendars_change ON public.calendars USING btree (change);
 
 CREATE TABLE public.cap_slots (
     scope text NOT NULL,
@@ -457,6 +459,16 @@ UNION ALL
            FROM run_attempts a
           WHERE ((a.run_id = r.run_id) AND (a.scheduled_at = r.scheduled_at) AND (a.attempt = r.attempt))))));
 
+CREATE OR REPLACE FUNCTION public.chimes_calendar_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    NEW.change := nextval('calendar_versions');
+    RETURN NEW;
+END;
+$function$;
+
 CREATE OR REPLACE FUNCTION public.chimes_delete_completed(run_ids uuid[], scheduled_ats timestamp with time zone[])
  RETURNS integer
  LANGUAGE plpgsql
@@ -803,4 +815,5 @@ BEGIN
 END
 $function$;
 
+CREATE TRIGGER calendars_change BEFORE INSERT OR UPDATE ON public.calendars FOR EACH ROW EXECUTE FUNCTION chimes_calendar_changed();
 CREATE TRIGGER jobs_plan_version BEFORE UPDATE ON public.jobs FOR EACH ROW EXECUTE FUNCTION chimes_plan_version();

@@ -87,14 +87,16 @@ untriggered AS (
 SELECT run_id, scheduled_at, job_id, was = 'running' AS was_running FROM cancelled;
 
 -- name: job_for_backfill
-SELECT job_id, owner, version, priority, cron, timezone, dst_gap, dst_fold, every_sec, phase_sec, start_at, end_at
+SELECT job_id, owner, version, priority, cron, timezone, dst_gap, dst_fold, every_sec, phase_sec, start_at, end_at,
+       exclude_calendars
 FROM (SELECT chimes_refuse_moved($1::uuid)) AS fence, jobs  -- as lock_job
 WHERE job_id = $1 AND ($2::text IS NULL OR owner = $2);
 
 -- name: backfill_runs
--- The runs a schedule would have made in a past range; a slot that already has a run keeps it.
+-- The runs a schedule would have made in a past range; a slot that already has a run keeps it. A
+-- slot with a reason in $5 is recorded as skipped (a calendar excludes it), as the scheduler records it.
 WITH slot AS (
-    SELECT * FROM unnest($2::uuid[], $3::timestamptz[]) AS s(run_id, scheduled_at)
+    SELECT * FROM unnest($2::uuid[], $3::timestamptz[], $5::text[]) AS s(run_id, scheduled_at, skipped_because)
 ),
 job AS (
     SELECT job_id, owner, version, priority FROM (SELECT chimes_refuse_moved($1::uuid)) AS fence, jobs  -- as lock_job
@@ -102,20 +104,23 @@ job AS (
 ),
 created AS (
     INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority, fired_at,
-                      reason)
-    SELECT s.run_id, s.scheduled_at, j.job_id, j.owner, $4, j.version, 'catchup', j.priority, now(), 'backfill'
+                      status, finished_at, reason)
+    SELECT s.run_id, s.scheduled_at, j.job_id, j.owner, $4, j.version, 'catchup', j.priority, now(),
+           CASE WHEN s.skipped_because IS NULL THEN 'scheduled' ELSE 'skipped' END,
+           CASE WHEN s.skipped_because IS NOT NULL THEN now() END, coalesce(s.skipped_because, 'backfill')
     FROM slot s CROSS JOIN job j
     ON CONFLICT DO NOTHING
-    RETURNING run_id, scheduled_at, job_id, priority
+    RETURNING run_id, scheduled_at, job_id, priority, status
 ),
 activated AS (
-    INSERT INTO active_runs (job_id, run_id, scheduled_at) SELECT job_id, run_id, scheduled_at FROM created
+    INSERT INTO active_runs (job_id, run_id, scheduled_at)
+    SELECT job_id, run_id, scheduled_at FROM created WHERE status = 'scheduled'
 ),
 enqueued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
-    SELECT priority, run_id, scheduled_at, job_id FROM created
+    SELECT priority, run_id, scheduled_at, job_id FROM created WHERE status = 'scheduled'
 )
-SELECT run_id FROM created;
+SELECT run_id, status = 'skipped' AS skipped FROM created;
 
 -- name: queue_depth
 SELECT tier, count(*) AS depth, min(enqueued_at) AS oldest_enqueued_at
