@@ -98,7 +98,8 @@ async def add_notifications(pool: asyncpg.Pool, count: int, created_at: datetime
     await pool.execute(
         "INSERT INTO notifications (notification_id, job_id, owner, kind, url, payload, created_at, sent_at) "
         "SELECT gen_random_uuid(), gen_random_uuid(), 'team-a', 'run_failed', 'http://127.0.0.1:9/', '{}', "
-        "$2::timestamptz, CASE WHEN $3 THEN $2::timestamptz END FROM generate_series(1, $1::int)", count, created_at, sent)
+        "$2::timestamptz, CASE WHEN $3 THEN $2::timestamptz END FROM generate_series(1, $1::int)",
+        count, created_at, sent)
 
 
 async def test_the_outbox_claims_no_more_than_its_limit_with_the_statistics_of_a_drained_outbox(
