@@ -7,13 +7,14 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from chimes import previews
 from chimes.api.auth import reading_principal
 from chimes.api.clock import clock_of
 from chimes.api.errors import ApiError
 from chimes.api.responses import JSONResponse
+from chimes.instants import Instant
 from chimes.jobs import AtScheduleSpec, ScheduleSpec
 from chimes.store.calendars import calendars_named
 from chimes.store.tokens import Principal
@@ -27,7 +28,7 @@ class SchedulePreviewRequest(BaseModel):
 
     schedule: ScheduleSpec
     n: Annotated[int, Field(ge=1, le=previews.MAX_PREVIEW)] = DEFAULT_PREVIEW
-    after: AwareDatetime | None = Field(default=None, description="fires after this time (default: now)")
+    after: Instant | None = Field(default=None, description="fires after this time (default: now)")
 
 
 @router.post("/schedules/preview", response_class=JSONResponse)
