@@ -27,9 +27,10 @@ LIMIT $9;
 
 -- name: delete_old_audit_entries
 -- Entries older than the run history kept ($1), at most $2 at a time, oldest first (audit_log_at), so
--- one round never holds a long transaction: picked once, in a materialised step, and deleted by the
--- addresses it found, so that the limit holds whatever the plan (working.sql, claim_runs).
+-- one round never holds a long transaction: picked once, in a materialised step, and deleted by their
+-- keys as one array, so that the subquery is not run again for each row of the table (working.sql,
+-- claim_runs).
 WITH outdated AS MATERIALIZED (
-    SELECT ctid FROM audit_log WHERE at < $1 ORDER BY at, entry_id LIMIT $2
+    SELECT entry_id FROM audit_log WHERE at < $1 ORDER BY at, entry_id LIMIT $2
 )
-DELETE FROM audit_log WHERE ctid = ANY (ARRAY(SELECT ctid FROM outdated));
+DELETE FROM audit_log WHERE entry_id = ANY (ARRAY(SELECT entry_id FROM outdated));

@@ -34,6 +34,8 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 -- join, chosen with the statistics of a queue analysed while drained), each run passing over the
 -- rows taken already and locking new ones: one claim took the whole queue. Deleted by key through
 -- a join, the whole queue was read under those statistics (tests/integration/test_claim_limits.py).
+-- A queue row is only ever inserted and deleted, never updated, so the address it was locked at is
+-- still its own when it is deleted.
 -- Runs under a concurrency cap are left to claim_capped_runs (a tag cap counts the jobs of its owner,
 -- or of every owner when its owner is ''). From here on the run's lease token says who has it.
 -- $8: the owners holding their share of this worker already (chimes.worker.tiers.owner_room), whose
