@@ -17,6 +17,8 @@ import uuid
 import zlib
 from datetime import UTC, datetime, timedelta
 
+from chimes.instants import in_utc
+
 PARTITION_COUNT = 1024
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -75,13 +77,13 @@ LATEST_SCHEDULABLE = datetime(9999, 1, 1, tzinfo=UTC)
 def schedulable(instant: datetime) -> datetime:
     """``instant`` in UTC, if a run can be scheduled at it; else ValueError saying what can be."""
     try:
-        in_utc = instant.astimezone(UTC)
-    except OverflowError:
-        in_utc = None
-    if in_utc is None or not EARLIEST_SCHEDULABLE <= in_utc < LATEST_SCHEDULABLE:
+        utc: datetime | None = in_utc(instant)
+    except ValueError:  # past the calendar's ends once in UTC
+        utc = None
+    if utc is None or not EARLIEST_SCHEDULABLE <= utc < LATEST_SCHEDULABLE:
         raise ValueError(f"is outside the times Chimes can schedule: from {EARLIEST_SCHEDULABLE:%Y-%m-%dT%H:%M:%SZ} "
                          f"up to (not including) {LATEST_SCHEDULABLE:%Y-%m-%dT%H:%M:%SZ}")
-    return in_utc
+    return utc
 
 
 def truncate_to_millis(instant: datetime) -> datetime:

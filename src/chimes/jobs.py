@@ -29,7 +29,7 @@ from chimes import cron, schedules
 from chimes.calendars import CALENDAR_NAME
 from chimes.cron import CronSchedule
 from chimes.ids import schedulable, truncate_to_millis
-from chimes.security.headers import HEADER_NAME, forbidden_header, header_value_problem
+from chimes.security.headers import HEADER_NAME, forbidden_header, header_value_problem, reserved_header
 from chimes.security.ssrf import request_url_problem, url_problem
 from chimes.security.storable import storable_problem
 from chimes.settings import CATCH_UP_WINDOW_SEC, RUN_TIMEOUT_SEC
@@ -230,6 +230,10 @@ class HttpTaskSpec(_Model):
         # Framing and connection headers are the HTTP client's: set by a task, they can smuggle a
         # request into the next one on a kept-alive connection (chimes.security.headers).
         for name, header in (value or {}).items():
+            if reserved_header(name):
+                raise ValueError(f"header {name!r} may not be set by a task: X-Chimes-* headers are Chimes' own "
+                                 "(the run's id, attempt, time, signature and lease token), which it sets on "
+                                 "every call")
             if forbidden_header(name):
                 raise ValueError(f"header {name!r} may not be set by a task: Chimes sets the framing, connection "
                                  "and host headers itself (Content-Length, Transfer-Encoding, Connection, "

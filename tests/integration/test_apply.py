@@ -201,3 +201,17 @@ async def test_duplicate_names_another_owner_and_admin_tokens(
     assert twice.exit_code == 1
     assert "job 'nightly-report' (jobs[0]): name: 2 jobs of this owner are named 'nightly-report'" in twice.stderr
     assert set(await versions(api_url, tokens["team-a"])) == {"nightly-report"}
+
+
+async def test_a_header_of_chimes_own_in_a_file_changes_nothing_and_names_job_and_field(
+    api_url: str, tokens: dict[str, str], jobs_file: Path
+) -> None:
+    token = tokens["team-a"]
+    assert (await apply(api_url, token, jobs_file)).exit_code == 0
+    before = await versions(api_url, token)
+    write(jobs_file, JOBS.replace("headers: {X-Team: data}", "headers: {X-Team: data, x-chimes-signature: forged}"))
+    result = await apply(api_url, token, jobs_file)
+    assert result.exit_code == 1
+    assert ("job 'hourly-sync' (jobs[1]): task.headers: header 'x-chimes-signature' may not be set by a task"
+            in result.stderr)
+    assert await versions(api_url, token) == before

@@ -39,6 +39,15 @@ BAD_JOBS = [
     ("non-http url", cron_job(task={**HTTP_TASK, "url": "file:///etc/passwd"}), "task.url", "pattern"),
     ("header injection", cron_job(task={**HTTP_TASK, "headers": {"X-A": "v\r\nX-Evil: 1"}}), "task.headers",
      "line break"),
+    # Chimes' own headers: never sent from a task (the worker sends its own), so refused, in any case.
+    ("a header of Chimes' own", cron_job(task={**HTTP_TASK, "headers": {"X-Chimes-Run-Id": "forged"}}),
+     "task.headers", "X-Chimes-* headers are Chimes' own"),
+    ("a header of Chimes' own in lower case", cron_job(task={**HTTP_TASK, "headers": {"x-chimes-signature": "t=1"}}),
+     "task.headers", "X-Chimes-* headers are Chimes' own"),
+    ("a header of Chimes' own, invented", cron_job(task={**HTTP_TASK, "headers": {"X-CHIMES-Tenant": "team-b"}}),
+     "task.headers", "X-Chimes-* headers are Chimes' own"),
+    ("a secret header of Chimes' own", cron_job(task={**HTTP_TASK, "secretHeaders": {"X-Chimes-Lease-Token": "x"}}),
+     "task.secretHeaders", "X-Chimes-* headers are Chimes' own"),
     ("negative timeout", cron_job(timeoutSec=-5), "timeoutSec", "greater than"),
     ("zero attempts", cron_job(retryPolicy={"maxAttempts": 0}), "retryPolicy.maxAttempts", "greater than"),
     ("backoff upside down", cron_job(retryPolicy={"initialBackoffSec": 10, "maxBackoffSec": 1}), "retryPolicy",
@@ -114,3 +123,15 @@ async def test_bad_query_parameters(client: httpx.AsyncClient) -> None:
     response = await client.get("/jobs", params={"cursor": "!!!"})
     assert response.status_code == 400 and response.json()["field"] == "cursor"
     assert (await client.get("/jobs/not-a-uuid")).status_code == 404
+
+
+async def test_a_patch_that_sets_a_header_of_chimes_own_is_refused_and_changes_nothing(
+    client: httpx.AsyncClient, homes: Homes
+) -> None:
+    job_id = (await client.post("/jobs", json=cron_job())).json()["jobId"]
+    pool = await homes.for_job(job_id)
+    before = await pool.fetchrow("SELECT * FROM jobs")
+    response = await client.patch(f"/jobs/{job_id}", json={"task": {**HTTP_TASK, "headers": {"X-Chimes-Job-Id": "x"}}})
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == "task.headers"
+    assert await pool.fetchrow("SELECT * FROM jobs") == before

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import secrets
+from collections import Counter
 
 import asyncpg
 import httpx
@@ -193,6 +195,55 @@ async def test_failed_logins_are_limited_per_address_and_logged_without_the_toke
     failures = [r.getMessage() for r in caplog.records if "authentication failed" in r.getMessage()]
     assert failures == ["authentication failed from 127.0.0.1: GET /jobs"] * 3
     assert not any(guess in caplog.text for guess in [*guesses, "chm_same-wrong-token"])
+
+
+GUESSES = 200
+# The budget at once, and a refill too slow to add a guess while a test runs.
+GUESS_LIMITS = LimitSettings(auth_failures_per_min=0.01, auth_failure_burst=20)
+
+
+async def at_once(url: str, requests: list[dict]) -> list[httpx.Response]:
+    """``requests`` sent together, each on a connection of its own, from 127.0.0.1."""
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=len(requests))) as http:
+        return await asyncio.gather(*(http.request(**request) for request in requests))
+
+
+async def test_guesses_sent_at_once_get_no_more_401s_than_the_budget(database_url: str,
+                                                                     tokens: dict[str, str]) -> None:
+    """Each guess is charged as it is checked, not when its answer is sent: 200 guesses sent at once
+    were all checked before the first was counted, and most of them answered 401."""
+    guesses = [{"method": "GET", "url": "/jobs", "headers": auth_as(f"chm_{secrets.token_urlsafe(32)}")}
+               for _ in range(GUESSES)]
+    async with served(create_app(database_url, pool_size=4, limits=GUESS_LIMITS)) as url:
+        answers = await at_once(url, guesses)
+    statuses = Counter(a.status_code for a in answers)
+    assert statuses[401] <= GUESS_LIMITS.auth_failure_burst, statuses
+    assert statuses[401] + statuses[429] == GUESSES, statuses
+    assert all(a.json()["error"] == "too_many_failed_logins" for a in answers if a.status_code == 429)
+
+
+async def test_sign_in_guesses_sent_at_once_get_no_more_refusals_than_the_budget(database_url: str) -> None:
+    guesses = [{"method": "POST", "url": "/ui/login", "data": {"token": f"chm_{secrets.token_urlsafe(32)}"}}
+               for _ in range(GUESSES)]
+    async with served(create_app(database_url, pool_size=4, limits=GUESS_LIMITS)) as url:
+        answers = await at_once(url, guesses)
+    statuses = Counter(a.status_code for a in answers)
+    assert statuses[401] <= GUESS_LIMITS.auth_failure_burst, statuses
+    assert statuses[401] + statuses[429] == GUESSES, statuses
+
+
+async def test_a_valid_token_sent_at_once_from_a_fresh_address_is_never_refused(database_url: str,
+                                                                                 tokens: dict[str, str]) -> None:
+    """A guess is charged before it is checked; a token that holds costs nothing, however many
+    requests carry it at once."""
+    requests = [{"method": "GET", "url": "/jobs", "headers": auth_as(tokens["team-a"])} for _ in range(GUESSES)]
+    async with served(create_app(database_url, pool_size=4, limits=GUESS_LIMITS)) as url:
+        answers = await at_once(url, requests)
+        after = await at_once(url, [{"method": "GET", "url": "/jobs", "headers": auth_as(f"chm_guess{i}")}
+                                    for i in range(GUESS_LIMITS.auth_failure_burst + 1)])
+    assert Counter(a.status_code for a in answers) == {200: GUESSES}
+    assert Counter(a.status_code for a in after) == {401: GUESS_LIMITS.auth_failure_burst, 429: 1}, \
+        "the whole budget is left for the address"
 
 
 async def test_forwarded_addresses_count_only_from_trusted_proxies(

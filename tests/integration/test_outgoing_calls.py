@@ -4,9 +4,11 @@ the address was reached: literally, by name, by redirect, or by a name that chan
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -16,6 +18,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import httpx
+import psutil
 import pycurl
 import pytest
 from aiohttp import web
@@ -29,7 +32,7 @@ from chimes.worker.tasks.common import TaskContext
 from chimes.worker.tasks.curl import CurlError, CurlPool
 from chimes.worker.tasks.dispatch import Executors
 from chimes.worker.tasks.http import HttpExecutor
-from tests.helpers import Homes, wait_for
+from tests.helpers import Homes, http_server, wait_for
 from tests.integration.fleet import Fleet, running_fleet
 from tests.target import Target
 
@@ -139,11 +142,19 @@ async def test_the_target_rejects_a_tampered_call(
 
 
 async def test_a_task_cannot_forge_or_drop_the_signature(
-    fleet: Fleet, client: httpx.AsyncClient, pool: asyncpg.Pool, verifying_target: VerifyingTarget
+    fleet: Fleet, client: httpx.AsyncClient, pool: asyncpg.Pool, homes: Homes, verifying_target: VerifyingTarget
 ) -> None:
+    """The API refuses the header (422); one in a row written around the API is not sent either."""
     verifying_target.secret = await signing_secret(OwnerStore(pool), "team-a", default_keyring())
-    forged = {"type": "http", "url": f"{verifying_target.url}/f", "headers": {"x-chimes-signature": "t=1,v1=00"}}
-    job_id = (await client.post("/jobs", json=one_off("forged", forged))).json()["jobId"]
+    task = {"type": "http", "url": f"{verifying_target.url}/f"}
+    refused = await client.post("/jobs", json=one_off("forged", task | {"headers": {"x-chimes-signature": "t=1"}}))
+    assert refused.status_code == 422 and refused.json()["field"] == "task.headers"
+    job = one_off("forged", task)
+    job["schedule"]["at"] = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+    job_id = (await client.post("/jobs", json=job)).json()["jobId"]
+    await (await homes.for_job(job_id)).execute(
+        """UPDATE jobs SET task = task || '{"headers": {"x-chimes-signature": "t=1,v1=00"}}' WHERE job_id = $1""",
+        uuid.UUID(job_id))
     assert (await final_run(client, job_id))["status"] == "succeeded"
     headers, _ = verifying_target.received[0]
     assert headers[SIGNATURE_HEADER] != "t=1,v1=00"
@@ -311,6 +322,9 @@ METADATA_URLS = [
     ("http://169.254.169.254/latest/meta-data/", "address 169.254.169.254 is in the denied network 169.254.0.0/16"),
     ("http://[fd00:ec2::254]/latest/meta-data/", "address fd00:ec2::254 is in the denied network fd00:ec2::254/128"),
     ("http://[::ffff:169.254.169.254]/", "address ::ffff:a9fe:a9fe is in the denied network 169.254.0.0/16"),
+    ("http://[::ffff:0:a9fe:a9fe]/", "address ::ffff:0:a9fe:a9fe is in the denied network 169.254.0.0/16"),
+    ("http://[2002:a9fe:a9fe::1]/", "address 2002:a9fe:a9fe::1 is in the denied network 169.254.0.0/16"),
+    ("http://[64:ff9b::a9fe:a9fe]/", "address 64:ff9b::a9fe:a9fe is in the denied network 169.254.0.0/16"),
     ("http://100.100.100.200/latest/meta-data/", "address 100.100.100.200 is in the denied network "
                                                  "100.100.100.200/32"),
     ("http://[fe80::1]/", "address fe80::1 is in the denied network fe80::/10"),
@@ -330,6 +344,46 @@ async def test_metadata_and_link_local_addresses_are_denied_by_default(url: str,
     assert not outcome.succeeded
     assert outcome.error == f"refused by egress policy: {reason}"
     assert time.monotonic() - started < 2, "refused at once, not after a connect timeout"
+
+
+def own_address() -> str | None:
+    """An IPv4 address of this host's own that is not loopback (its LAN address), if it has one."""
+    for name, addresses in psutil.net_if_addrs().items():
+        stats = psutil.net_if_stats().get(name)
+        for address in addresses:
+            if (address.family == socket.AF_INET and stats is not None and stats.isup
+                    and not ipaddress.ip_address(address.address).is_loopback):
+                return str(address.address)
+    return None
+
+
+async def test_with_loopback_denied_a_service_on_every_address_is_reached_through_the_hosts_own_until_denied(
+) -> None:
+    """What docs/security.md says: denying loopback does not deny the host. A service listening on
+    0.0.0.0 answers on the host's other addresses too, which are not loopback and which only the
+    operator knows; --egress-deny with them is what keeps tasks off it."""
+    address = own_address()
+    if address is None:
+        pytest.skip("this host has no address but loopback: there is nothing to reach it through")
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(text="the host's own service")
+
+    ctx = TaskContext("run", "job", 1, datetime.now(UTC), 5.0)
+    async with http_server(handle, host="0.0.0.0") as listening:
+        url = f"http://{address}:{listening.rsplit(':', 1)[1]}/"
+        outcomes = []
+        for policy in (EgressPolicy.build(allow_loopback=False),
+                       EgressPolicy.build(allow_loopback=False, deny=[f"{address}/32"])):
+            executor = HttpExecutor(egress=policy)
+            try:
+                outcomes.append(await executor.run({"type": "http", "method": "GET", "url": url}, ctx))
+            finally:
+                await executor.close()
+    reached, denied = outcomes
+    assert reached.succeeded, reached.error
+    assert not denied.succeeded
+    assert denied.error == f"refused by egress policy: address {address} is in the denied network {address}/32"
 
 
 @pytest.fixture

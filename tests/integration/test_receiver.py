@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from chimes.receiver import ChimesCall, Receiver, Seen
 from chimes.receiver import aiohttp as aiohttp_receiver
 from chimes.receiver.asgi import chimes_call
+from chimes.receiver.callbacks import MAX_OUTPUT_CHARS
 from chimes.security.secrets import default_keyring
 from chimes.security.signing import SIGNATURE_HEADER, signature_header
 from chimes.services.owners import signing_secret
@@ -48,7 +49,11 @@ class App:
         await self.release.wait()
         if call.body == b'{"fail":true}':
             raise RuntimeError("export crashed")
+        if call.body == b'{"fail":"binary"}':
+            raise RuntimeError("disk\x00full")
         self.done.append(call)
+        if call.body == b'{"binary":true}':  # text PostgreSQL cannot hold, longer than the API takes
+            return "a\x00b" + "x" * 5000
         return "42 rows"
 
 
@@ -200,3 +205,20 @@ async def test_long_work_answers_202_heartbeats_and_completes_the_run(
     assert [call.run_id for call in app.done] == [run["runId"]]
     failed = await final_run(client, failing["jobId"])
     assert (failed["status"], failed["error"]) == ("failed", "RuntimeError: export crashed")
+
+
+async def test_long_work_whose_output_the_api_would_refuse_is_reported_storable(
+    app: App, client: httpx.AsyncClient
+) -> None:
+    """A NUL, or more text than POST /runs/{id}/complete takes, in what the work returned or raised:
+    the receiver reports it replaced and cut, rather than have the report refused (422) and the run
+    reaped and done again."""
+    binary = (await client.post("/jobs", json=job(app, "/export", callback=True, body={"binary": True}))).json()
+    failing = (await client.post("/jobs", json=job(app, "/export", callback=True, body={"fail": "binary"}))).json()
+    app.release.set()
+    run = await final_run(client, binary["jobId"])
+    assert run["status"] == "succeeded", run
+    assert run["attempts"][-1]["output"] == "a\ufffdb" + "x" * (MAX_OUTPUT_CHARS - 3)
+    failed = await final_run(client, failing["jobId"])
+    assert (failed["status"], failed["error"]) == ("failed", "RuntimeError: disk\ufffdfull")
+    assert len(app.done) == 1, "the work was done once"

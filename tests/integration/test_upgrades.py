@@ -3,14 +3,19 @@ database (chimes.store.migrate, chimes.store.upgrades; docs/operations.md, "Upgr
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import asyncpg
+import pydantic
 import pytest
 
 from chimes import __version__
 from chimes.cli.upgrades import contract_homes, read_plan
+from chimes.jobs import JobPatch, JobSpec
+from chimes.services.jobs import JobService
 from chimes.store import db
 from chimes.store.migrate import (
     Migration,
@@ -151,3 +156,32 @@ async def test_the_plan_and_the_contract_cover_every_shard(single_database_url: 
         finally:
             await catalog.close()
             await shard.close()
+
+
+async def test_a_job_stored_with_headers_of_chimes_own_loses_them_and_can_be_changed_again(
+    database_url: str, conn: asyncpg.Connection
+) -> None:
+    """Migration 0024: such headers were never sent, and the API now refuses them; a job stored with
+    one (by an older release) could not be changed at all, since a change validates the whole job."""
+    pool = await db.create_pool(database_url, max_size=2)
+    try:
+        service = JobService(pool)
+        job = (await service.create("team-a", JobSpec.model_validate(
+            {"name": "old", "schedule": {"cron": "0 2 * * *"}, "task": {"type": "http", "url": "http://127.0.0.1:9/"}}),
+            datetime.now(UTC))).job_id
+        await conn.execute("""UPDATE jobs SET task = task || '{"headers": {"X-Chimes-Run-Id": "forged", "X-Team": "a"},
+                              "secretHeaders": {"x-chimes-signature": "gAAAA-sealed", "Authorization": "gAAAA-sealed"}}'
+                              WHERE job_id = $1""", job)
+        version = await conn.fetchval("SELECT version FROM jobs WHERE job_id = $1", job)
+        with pytest.raises(pydantic.ValidationError, match="X-Chimes-"):
+            await service.update(job, "team-a", JobPatch(paused=True), datetime.now(UTC))
+        [step] = [m for m in migrations() if m.name == "reserved_task_headers"]
+        await conn.execute(step.sql)
+        headers = await conn.fetchrow("SELECT task -> 'headers' AS plain, task -> 'secretHeaders' AS secret "
+                                      "FROM jobs WHERE job_id = $1", job)
+        assert (json.loads(headers["plain"]), json.loads(headers["secret"])) == ({"X-Team": "a"},
+                                                                                 {"Authorization": "gAAAA-sealed"})
+        assert await conn.fetchval("SELECT version FROM jobs WHERE job_id = $1", job) == version
+        assert (await service.update(job, "team-a", JobPatch(paused=True), datetime.now(UTC))) is not None
+    finally:
+        await pool.close()

@@ -5,11 +5,13 @@ from __future__ import annotations
 import typing
 from datetime import UTC, datetime
 
+import orjson
 import pydantic
 import pytest
 
 from chimes import jobs
 from chimes.api.errors import field_path
+from chimes.cli.importer import parse_line
 from chimes.jobs import AtScheduleSpec, CronScheduleSpec, JobPatch, JobSpec
 
 BASE = {"name": "nightly", "schedule": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"},
@@ -160,3 +162,19 @@ def test_every_field_that_can_hold_text_is_checked_for_storability(model: type[p
     text_fields = {name for name, field in model.model_fields.items() if _holds_text(field.annotation)}
     unchecked = text_fields - _checked_fields(model)
     assert not unchecked, f"{model.__name__}: fields not checked for storability: {sorted(unchecked)}"
+
+
+@pytest.mark.parametrize("field", ["headers", "secretHeaders"])
+@pytest.mark.parametrize("name", ["X-Chimes-Run-Id", "x-chimes-signature", "X-CHIMES-ANYTHING"])
+def test_a_header_of_chimes_own_is_refused_on_every_path_that_validates_a_job(field: str, name: str) -> None:
+    """The API, ``chimes apply`` and ``chimes jobs import`` validate through JobSpec; a PATCH validates
+    the patched definition the same way (JobPatch.apply_to)."""
+    task = {**BASE["task"], field: {name: "forged"}}
+    with pytest.raises(pydantic.ValidationError, match="X-Chimes-\\* headers are Chimes' own"):
+        spec(task=task)
+    with pytest.raises(pydantic.ValidationError, match="X-Chimes-\\* headers are Chimes' own"):
+        JobPatch.model_validate({"task": task}).apply_to(spec())
+    line = orjson.dumps({**BASE, "task": task})
+    assert parse_line(line) == (f"task.{field}: header {name!r} may not be set by a task: X-Chimes-* headers are "
+                                "Chimes' own (the run's id, attempt, time, signature and lease token), which it "
+                                "sets on every call")

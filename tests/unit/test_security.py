@@ -70,6 +70,13 @@ EGRESS_CASES = [
     (ALLOW_LIST, "api.example.com", "169.254.169.254", "in the denied network 169.254.0.0/16"),
     (EgressPolicy.build(default_deny=False), "x", "169.254.169.254", None),
     (DEFAULT, "x", "64:ff9b::a9fe:a9fe", "in the denied network 169.254.0.0/16"),  # NAT64
+    (DEFAULT, "x", "::ffff:0:a9fe:a9fe", "in the denied network 169.254.0.0/16"),  # SIIT, IPv4-translated
+    (DEFAULT, "x", "::ffff:0:169.254.169.254", "in the denied network 169.254.0.0/16"),
+    (DEFAULT, "x", "2002:a9fe:a9fe::1", "in the denied network 169.254.0.0/16"),  # 6to4
+    (DEFAULT, "x", "2001:0:4136:e378:8000:63bf:5601:5601", "in the denied network 169.254.0.0/16"),  # Teredo client
+    (DEFAULT, "x", "2001:0:a9fe:a9fe::1", "in the denied network 169.254.0.0/16"),  # Teredo server
+    (DEFAULT, "x", "::ffff:0:c633:6407", None),
+    (DEFAULT, "x", "2001:db8::a9fe:a9fe", None),  # documentation space: no IPv4 inside
     (DEFAULT, "x", "64:ff9b::c633:6407", None),
     (ALLOW_LIST, "x", "64:ff9b::a09:1", "in the denied network 10.9.0.0/16"),
     (NO_LOOPBACK, "localhost", "127.0.0.1", "address 127.0.0.1 is in the denied network 127.0.0.0/8"),
@@ -77,6 +84,8 @@ EGRESS_CASES = [
     (NO_LOOPBACK, "localhost", "::1", "in the denied network ::1/128"),
     (NO_LOOPBACK, "x", "::ffff:127.0.0.1", "in the denied network 127.0.0.0/8"),
     (NO_LOOPBACK, "x", "64:ff9b::7f00:1", "in the denied network 127.0.0.0/8"),
+    (NO_LOOPBACK, "x", "::ffff:0:7f00:1", "in the denied network 127.0.0.0/8"),
+    (NO_LOOPBACK, "x", "2002:7f00:1::", "in the denied network 127.0.0.0/8"),
     (NO_LOOPBACK, "x", "0.0.0.0", "in the denied network 0.0.0.0/8"),
     (NO_LOOPBACK, "x", "::", "in the denied network ::/128"),
     (NO_LOOPBACK, "x", "10.1.2.3", None),  # private ranges: the internal services teams call

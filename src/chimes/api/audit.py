@@ -12,13 +12,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import AwareDatetime
 
 from chimes.api import homes
 from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError, refuse_unstorable
 from chimes.api.jobs import parse_id
 from chimes.api.responses import JSONResponse
+from chimes.instants import Instant
 from chimes.store.audit import AuditEntry, AuditFilter, list_entries
 from chimes.store.tokens import Principal
 
@@ -33,8 +33,8 @@ async def audit(
     actor: Annotated[str | None, Query(max_length=200, description="an actor's owner or token name")] = None,
     job_id: Annotated[str | None, Query(alias="jobId", max_length=100)] = None,
     action: Annotated[str | None, Query(max_length=100)] = None,
-    since: AwareDatetime | None = None,
-    until: AwareDatetime | None = None,
+    since: Instant | None = None,
+    until: Instant | None = None,
     cursor: Annotated[str | None, Query(max_length=100)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JSONResponse:

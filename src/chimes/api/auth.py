@@ -3,7 +3,9 @@ Principal, and only a token whose scope allows the request gets past this.
 
 Owner isolation is the stores' job (every query takes ``owner_filter``); the scope is checked here,
 by method, for every route that depends on :func:`current_principal`: a ``read`` token may only
-read (GET, HEAD). Failed attempts are reported to, counted and logged by ``limits.RequestLimits``.
+read (GET, HEAD). Each token is checked as a guess of the client's address
+(``limits.judge_credential``): charged to its budget of failed attempts first, counted and logged
+when it fails.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from fastapi import Request
 
 from chimes.api import standby
 from chimes.api.errors import ApiError
-from chimes.api.limits import note_failed_credential
+from chimes.api.limits import judge_credential
 from chimes.store.tokens import Principal, authenticate
 
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
@@ -34,9 +36,9 @@ async def reading_principal(request: Request) -> Principal:
         raise ApiError(401, "unauthorized", "missing Authorization: Bearer <token> header", headers=_CHALLENGE)
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "unauthorized", "Authorization header must be 'Bearer <token>'", headers=_CHALLENGE)
-    principal = await authenticate(standby.pool(request), token.strip())
+    pool = standby.pool(request)
+    principal = await judge_credential(request.scope, token.strip(), lambda guess: authenticate(pool, guess))
     if principal is None:
-        note_failed_credential(request.scope, token.strip())
         raise ApiError(401, "unauthorized", "invalid or revoked token", headers=_CHALLENGE)
     return principal
 

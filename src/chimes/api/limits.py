@@ -12,12 +12,13 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from chimes.api.errors import error_body
+from chimes.api.errors import ApiError, error_body
 from chimes.api.responses import JSONResponse
 
 log = logging.getLogger("chimes.api.auth")
@@ -27,8 +28,12 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DRAIN_MAX_BYTES = 64 * 1024 * 1024
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SESSION_COOKIE = b"chimes_session"
-#: The request scope's list of credentials that failed to authenticate (note_failed_credential).
-_FAILED_CREDENTIALS = "chimes.failed_credentials"
+#: The request scope's judge of the credentials it carries (judge_credential).
+_GUESSES = "chimes.credential_guesses"
+#: Credentials remembered per kind (counted failures, known good ones); the oldest are forgotten.
+_REMEMBERED = 10_000
+T = TypeVar("T")
+K = TypeVar("K")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,15 +82,24 @@ class RateLimiter:
             self._buckets.popitem(last=False)
         return 0.0
 
+    def give_back(self, key: str) -> None:
+        """Return a token taken for ``key`` (what it was taken for did not happen)."""
+        if key in self._buckets:
+            self._buckets[key] = (min(float(self.burst), self._level(key) + 1), self._clock())
 
-def note_failed_credential(scope: Scope, credential: str) -> None:
-    """Count ``credential`` (a token that did not authenticate) as a failed attempt of the request's
-    client address, whichever header, cookie or body carried it and whatever the answer (a 401, the
-    dashboard's redirect to its sign-in page). Called where the token is checked: only there is it
-    known which of the request's credentials was tried."""
-    failed = scope.get(_FAILED_CREDENTIALS)
-    if failed is not None:
-        failed.append(credential)
+
+async def judge_credential(scope: Scope, credential: str, check: Callable[[str], Awaitable[T | None]]) -> T | None:
+    """``check(credential)`` (None: it does not authenticate), as a guess of the request's client
+    address, whichever header, cookie or body carried it. The guess is charged to the address's
+    budget of failed attempts before it is checked, in the same step as the budget is read, and
+    refused with 429 when none is left: charged when its answer was sent, guesses sent at once were
+    all checked before the first was counted. The charge is given back when the credential holds
+    (or cannot be checked), and a credential known to hold, or counted already as failing, is not
+    charged again. Called where a token is checked: only there is it known which one was tried."""
+    guesses = scope.get(_GUESSES)
+    if not isinstance(guesses, _Guesses):  # an app without RequestLimits (no limits to keep)
+        return await check(credential)
+    return await guesses.judge(credential, check)
 
 
 def too_many(code: str, message: str, wait_sec: float) -> JSONResponse:
@@ -97,30 +111,31 @@ def too_many(code: str, message: str, wait_sec: float) -> JSONResponse:
 class RequestLimits:
     """Failed authentication is counted per client address and logged; an address out of attempts
     gets 429 until its bucket refills. What counts is each credential that failed, as the code that
-    checked it reports it (:func:`note_failed_credential`: a bearer token, a dashboard session
-    cookie, a token typed into the sign-in form), and any other 401 answer once per presented
-    header. A credential that keeps failing (a dashboard tab polling with an expired session)
-    counts once: guessing needs new credentials, and each of those counts, whatever else the
-    request carries. Writes carrying a credential (bearer token or dashboard session) are limited
-    per credential."""
+    checks it reports it (:func:`judge_credential`: a bearer token, a dashboard session cookie, a
+    token typed into the sign-in form), charged before it is checked, and any other 401 answer once
+    per presented header. A credential that keeps failing (a dashboard tab polling with an expired
+    session) counts once: guessing needs new credentials, and each of those counts, whatever else
+    the request carries. Writes carrying a credential (bearer token or dashboard session) are
+    limited per credential."""
 
     def __init__(self, app: ASGIApp, settings: LimitSettings) -> None:
         self.app = app
         self.failures = RateLimiter(settings.auth_failures_per_min / 60, settings.auth_failure_burst)
         self.writes = RateLimiter(settings.writes_per_sec, settings.write_burst) if settings.writes_per_sec else None
         self.settings = settings
-        self._failed: OrderedDict[tuple[str, str], None] = OrderedDict()  # (address, credential) counted
+        self.failed: OrderedDict[tuple[str, str], None] = OrderedDict()  # (address, credential) counted
+        self.good: OrderedDict[str, None] = OrderedDict()  # credentials that authenticated
+        self.pending: dict[tuple[str, str], int] = {}  # charged, being checked: requests checking each
 
-    def _count_failure(self, address: str, credential: str | None, method: str, path: str) -> None:
+    def count_failure(self, address: str, credential: str | None, method: str, path: str) -> bool:
+        """Remember ``credential`` as failing from ``address``; False when it was already."""
         key = (address, credential or "none")
-        if key in self._failed:
-            self._failed.move_to_end(key)
-            return
-        self._failed[key] = None
-        while len(self._failed) > 10_000:
-            self._failed.popitem(last=False)
-        self.failures.take(address)
+        if key in self.failed:
+            self.failed.move_to_end(key)
+            return False
+        _remember(self.failed, key)
         log.warning("authentication failed from %s: %s %s", address, method, path)
+        return True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] == "/healthz":
@@ -142,18 +157,70 @@ class RequestLimits:
                 await too_many("rate_limited", message, wait)(scope, receive, send)
                 return
 
-        failed: list[str] = []
-        scope[_FAILED_CREDENTIALS] = failed  # the list itself is shared, should the scope be copied
+        guesses = scope[_GUESSES] = _Guesses(self, address, scope["method"], scope["path"])
 
         async def watching_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                for tried in failed:
-                    self._count_failure(address, _hash(tried.encode()), scope["method"], scope["path"])
-                if message["status"] == 401 and not failed:  # no token tried: a missing or malformed header
-                    self._count_failure(address, credential, scope["method"], scope["path"])
+            # No token checked, yet 401: a missing or malformed header, counted once per header.
+            if message["type"] == "http.response.start" and message["status"] == 401 and not guesses.judged:
+                if self.count_failure(address, credential, scope["method"], scope["path"]):
+                    self.failures.take(address)
             await send(message)
 
         await self.app(scope, receive, watching_send)
+
+
+class _Guesses:
+    """The credentials one request has checked, judged against its client address's budget."""
+
+    def __init__(self, limits: RequestLimits, address: str, method: str, path: str) -> None:
+        self.limits, self.address, self.method, self.path = limits, address, method, path
+        self.judged = False
+
+    async def judge(self, credential: str, check: Callable[[str], Awaitable[T | None]]) -> T | None:
+        limits, hashed = self.limits, _hash(credential.encode())
+        key = (self.address, hashed)
+        self.judged = True
+        # Charged here, with no await between reading the budget and taking from it.
+        charged = not (hashed in limits.good or key in limits.failed or key in limits.pending)
+        if charged:
+            wait = limits.failures.take(self.address)
+            if wait:
+                raise _too_many_failures(self.address, wait)
+        limits.pending[key] = limits.pending.get(key, 0) + 1
+        try:
+            found = await check(credential)
+        except BaseException:
+            if charged:  # not checked: no guess was made
+                limits.failures.give_back(self.address)
+            raise
+        finally:
+            limits.pending[key] -= 1
+            if not limits.pending[key]:
+                del limits.pending[key]
+        if found is None:
+            limits.good.pop(hashed, None)  # a token revoked since
+            if limits.count_failure(self.address, hashed, self.method, self.path) and not charged:
+                limits.failures.take(self.address)  # a credential good before, or judged beside another
+        else:
+            if charged:
+                limits.failures.give_back(self.address)
+            limits.failed.pop(key, None)
+            _remember(limits.good, hashed)
+        return found
+
+
+def _too_many_failures(address: str, wait: float) -> ApiError:
+    """What :func:`too_many` answers an address out of attempts, to raise from a handler."""
+    retry_after = max(1, math.ceil(wait))
+    return ApiError(429, "too_many_failed_logins", f"too many failed authentication attempts from {address}; "
+                    f"retry after {retry_after} s", headers={"Retry-After": str(retry_after)})
+
+
+def _remember(seen: OrderedDict[K, None], key: K) -> None:
+    seen[key] = None
+    seen.move_to_end(key)
+    while len(seen) > _REMEMBERED:
+        seen.popitem(last=False)
 
 
 def _hash(credential: bytes) -> str:

@@ -16,6 +16,7 @@ from chimes.api.auth import current_principal
 from chimes.api.errors import ApiError
 from chimes.api.jobs import parse_id
 from chimes.api.responses import JSONResponse
+from chimes.instants import in_utc
 from chimes.store.notifications import NotificationStatus, NotificationStore
 from chimes.store.tokens import Principal
 
@@ -68,9 +69,9 @@ def _decode_cursor(cursor: str | None) -> tuple[datetime, uuid.UUID] | None:
         return None
     try:
         at, _, notification_id = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().partition("|")
-        parsed = datetime.fromisoformat(at), uuid.UUID(notification_id)
+        created_at = datetime.fromisoformat(at)
+        if created_at.tzinfo is None:
+            raise ValueError("no offset")
+        return in_utc(created_at), uuid.UUID(notification_id)  # a forged offset can take it past year 9999
     except ValueError:
         raise ApiError(400, "invalid_request", "cursor is not one this API returned", "cursor") from None
-    if parsed[0].tzinfo is None:
-        raise ApiError(400, "invalid_request", "cursor is not one this API returned", "cursor")
-    return parsed

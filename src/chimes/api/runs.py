@@ -20,6 +20,8 @@ from chimes.api.responses import JSONResponse
 from chimes.api.views import run_view
 from chimes.enums import Priority, RunTrigger
 from chimes.ids import schedulable, scheduled_at_of_or_none
+from chimes.jobs import storable
+from chimes.receiver.callbacks import MAX_ERROR_CHARS, MAX_OUTPUT_CHARS
 from chimes.store.calendars import calendars_named
 from chimes.store.runs import BackfillError
 from chimes.store.tokens import Principal
@@ -102,8 +104,12 @@ class HeartbeatRequest(BaseModel):
 
 class CompleteRequest(HeartbeatRequest):
     status: Literal["succeeded", "failed"]
-    error: Annotated[str | None, Field(max_length=4000)] = None
-    output: Annotated[str | None, Field(max_length=4096)] = None
+    error: Annotated[str | None, Field(max_length=MAX_ERROR_CHARS)] = None
+    output: Annotated[str | None, Field(max_length=MAX_OUTPUT_CHARS)] = None
+
+    # A client's report is refused, naming the field, rather than stored altered (PostgreSQL text
+    # cannot hold a NUL); the receiver makes a task's own output storable before it reports it.
+    _text = storable("error", "output")
 
 
 STALE_LEASE = "the lease token is not current: the run ended, was cancelled, or was given to another attempt"

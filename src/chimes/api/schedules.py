@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chimes import previews
 from chimes.api.auth import reading_principal
@@ -16,6 +16,7 @@ from chimes.api.errors import ApiError
 from chimes.api.responses import JSONResponse
 from chimes.calendars import NOT_FOUND
 from chimes.ids import schedulable
+from chimes.instants import Instant
 from chimes.jobs import AtScheduleSpec, ScheduleSpec
 from chimes.store.calendars import calendars_named
 from chimes.store.tokens import Principal
@@ -29,7 +30,7 @@ class SchedulePreviewRequest(BaseModel):
 
     schedule: ScheduleSpec
     n: Annotated[int, Field(ge=1, le=previews.MAX_PREVIEW)] = DEFAULT_PREVIEW
-    after: AwareDatetime | None = Field(default=None, description="fires after this time (default: now)")
+    after: Instant | None = Field(default=None, description="fires after this time (default: now)")
 
     @field_validator("after")
     @classmethod

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, quote
 from fastapi import Request
 
 from chimes.api import standby
-from chimes.api.limits import note_failed_credential
+from chimes.api.limits import judge_credential
 from chimes.store.tokens import Principal, authenticate
 
 COOKIE = "chimes_session"
@@ -47,9 +47,9 @@ def csrf_token(session: str) -> str:
 async def viewer(request: Request) -> Principal:
     """The signed-in principal; :class:`LoginRequired` when the cookie is missing, invalid or revoked."""
     token = session_token(request)
-    principal = await authenticate(standby.pool(request), token) if token else None
-    if token and principal is None:  # a guess carried in the cookie counts as one in a header would
-        note_failed_credential(request.scope, token)
+    pool = standby.pool(request)
+    # A guess carried in the cookie counts as one in a header would.
+    principal = await judge_credential(request.scope, token, lambda guess: authenticate(pool, guess)) if token else None
     if principal is None:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         raise LoginRequired(target if request.method == "GET" else f"{PREFIX}/jobs")
@@ -93,12 +93,10 @@ def is_secure(request: Request) -> bool:
 
 async def sign_in(request: Request, token: str) -> Principal | None:
     """The principal of the token typed into the sign-in form; a wrong one counts as a failed attempt
-    (note_failed_credential), whatever headers the request also carries."""
+    (judge_credential), whatever headers the request also carries."""
     token = token.strip()
-    principal = await authenticate(request.app.state.pool, token) if token else None
-    if principal is None:
-        note_failed_credential(request.scope, token)
-    return principal
+    pool = request.app.state.pool
+    return await judge_credential(request.scope, token, lambda guess: authenticate(pool, guess))
 
 
 def cookie_settings(request: Request) -> dict[str, object]:

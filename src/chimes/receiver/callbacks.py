@@ -21,6 +21,9 @@ log = logging.getLogger("chimes.receiver")
 
 #: Tries of a ``complete`` whose answer never came or was a server error; the lease outlasts them.
 COMPLETE_TRIES = 3
+#: The longest error and output ``POST /runs/{id}/complete`` takes; longer ones are refused (422).
+MAX_ERROR_CHARS = 4000
+MAX_OUTPUT_CHARS = 4096
 _RETRY_PAUSE_SEC = 0.5
 
 

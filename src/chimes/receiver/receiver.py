@@ -13,10 +13,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 
-from chimes.receiver.callbacks import LeaseLost, RunReporter
+from chimes.receiver.callbacks import MAX_ERROR_CHARS, MAX_OUTPUT_CHARS, LeaseLost, RunReporter
 from chimes.receiver.calls import ChimesCall, verify_call
 from chimes.receiver.dedupe import DEFAULT_TTL_SEC, IdempotencyStore, MemoryIdempotencyStore, Seen
 from chimes.security.signing import DEFAULT_TOLERANCE_SEC
+from chimes.security.storable import storable_text
 
 __all__ = ["Receiver", "Work"]
 
@@ -108,8 +109,9 @@ class Receiver:
         # completion got lost is then answered 200 instead of doing the work twice.
         await self.store.finish(call.idempotency_key, error is None, self.dedupe_ttl_sec)
         try:
-            await reporter.complete(call.run_id, lease, "failed" if error else "succeeded", error=error,
-                                    output=output)
+            await reporter.complete(call.run_id, lease, "failed" if error else "succeeded",
+                                    error=_reportable(error, MAX_ERROR_CHARS),
+                                    output=_reportable(output, MAX_OUTPUT_CHARS))
         except LeaseLost:
             log.warning("run %s was no longer ours to complete (reaped or cancelled)", call.run_id,
                         extra={"run_id": call.run_id})
@@ -137,3 +139,11 @@ class Receiver:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.reporter is not None:
             await self.reporter.aclose()
+
+
+def _reportable(text: str | None, most: int) -> str | None:
+    """The work's own text as the API takes it: a NUL or a lone surrogate replaced, the rest cut at
+    ``most`` characters. What the API would refuse (422) would leave the attempt unreported, and the
+    reaper would have the work done again."""
+    stored = storable_text(text)
+    return None if stored is None else stored[:most]

@@ -6,8 +6,12 @@ kept-alive connection: a ``Transfer-Encoding: chunked`` beside the client's ``Co
 crafted body swallow the next request sent on that connection, another team's, secret headers and
 all (request smuggling). The HTTP client sets these itself; a task never does.
 
-The API refuses them (chimes.jobs.HttpTaskSpec) and the worker drops them again when it sends
-(chimes.worker.tasks.http), for rows written before the rule or around the API.
+The ``X-Chimes-*`` names are Chimes' own: the run's identity, its signature and lease token, which
+a target trusts because a task cannot set them. The worker always sent its own in their place, so a
+task's ``X-Chimes-*`` header was accepted and never sent; the API refuses it instead.
+
+The API refuses all of these (chimes.jobs.HttpTaskSpec) and the worker drops them again when it
+sends (chimes.worker.tasks.http), for rows written before the rule or around the API.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ FORBIDDEN_HEADERS = frozenset({
     "host",
 })
 FORBIDDEN_PREFIXES = ("proxy-",)
+#: The names Chimes sets on every call (X-Chimes-Run-Id, X-Chimes-Signature, ...), by prefix.
+RESERVED_PREFIX = "x-chimes-"
 #: What a header name may be: an RFC 9110 token. The API refuses any other name (chimes.jobs), and the
 #: worker fails a run whose stored name is not one (chimes.worker.tasks.http) rather than send it.
 HEADER_NAME = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
@@ -31,6 +37,11 @@ def forbidden_header(name: str) -> bool:
     """Whether a task may not set header ``name`` (case-insensitive)."""
     lowered = name.strip().lower()
     return lowered in FORBIDDEN_HEADERS or lowered.startswith(FORBIDDEN_PREFIXES)
+
+
+def reserved_header(name: str) -> bool:
+    """Whether ``name`` is one of Chimes' own (``X-Chimes-*``, case-insensitive)."""
+    return name.strip().lower().startswith(RESERVED_PREFIX)
 
 
 def is_header_name(name: str) -> bool:

@@ -6,8 +6,13 @@ moment before (no DNS rebinding), and so is a redirect to one. Link-local and cl
 addresses are denied by default; the operator adds deny and allow entries (networks or host names).
 Loopback (the host's own services) is denied unless the operator allows it (``chimes worker`` denies
 it, ``chimes up`` allows it for the one-person tour). Private ranges are allowed: internal services
-are what teams call. IPv4 written inside IPv6 (mapped, 6to4, compatible, and NAT64 64:ff9b::/96) is
-checked as the IPv4 address it reaches.
+are what teams call. IPv4 written inside IPv6 (mapped ``::ffff:a.b.c.d``, SIIT's translated
+``::ffff:0:a.b.c.d``, compatible ``::a.b.c.d``, 6to4 ``2002::/16``, Teredo ``2001::/32`` and NAT64
+``64:ff9b::/96``) is checked as the IPv4 address it reaches.
+
+With loopback denied, a task can still reach a service on this host that listens on every address
+(``0.0.0.0``, ``::``) through the host's own other addresses (its LAN or public address): those are
+not loopback, and only the operator knows them. Deny them by name (``--egress-deny``, docs/security.md).
 
 Rules, in order: a denied address or host is refused; then, if there is an allow list, only an
 address or host on it is allowed; everything else is allowed.
@@ -53,6 +58,8 @@ DEFAULT_DENY = (
 LOOPBACK = ("127.0.0.0/8", "::1/128", "0.0.0.0/8", "::/128")
 #: NAT64's well-known prefix (RFC 6052): 64:ff9b::a.b.c.d reaches a.b.c.d through a NAT64 gateway.
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+#: SIIT's IPv4-translated addresses (RFC 2765): ::ffff:0:a.b.c.d reaches a.b.c.d through a translator.
+_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
 
 
 class EgressDenied(OSError):
@@ -333,14 +340,17 @@ def _parse_address(address: str) -> IPAddress | None:
 
 
 def _forms(ip: IPAddress | None) -> list[IPAddress]:
-    """The address and the IPv4 address it embeds (::ffff:169.254.169.254 and 64:ff9b::a9fe:a9fe are
-    169.254.169.254)."""
+    """The address and the IPv4 addresses it embeds (::ffff:169.254.169.254, ::ffff:0:a9fe:a9fe,
+    2002:a9fe:a9fe:: and 64:ff9b::a9fe:a9fe are all 169.254.169.254; a Teredo address names its
+    server and its client)."""
     if ip is None:
         return []
     forms: list[IPAddress] = [ip]
     if isinstance(ip, ipaddress.IPv6Address):
-        nat64 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF) if ip in _NAT64 else None
-        for embedded in (ip.ipv4_mapped, ip.sixtofour, _compat_v4(ip), nat64):
+        last32 = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        nat64 = last32 if ip in _NAT64 else None
+        translated = last32 if ip in _TRANSLATED else None
+        for embedded in (ip.ipv4_mapped, translated, ip.sixtofour, _compat_v4(ip), nat64, *(ip.teredo or ())):
             if embedded is not None:
                 forms.append(embedded)
     return forms

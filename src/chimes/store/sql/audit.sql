@@ -27,7 +27,10 @@ LIMIT $9;
 
 -- name: delete_old_audit_entries
 -- Entries older than the run history kept ($1), at most $2 at a time, oldest first (audit_log_at), so
--- one round never holds a long transaction.
-DELETE FROM audit_log WHERE entry_id IN (
+-- one round never holds a long transaction: picked once, in a materialised step, and deleted by their
+-- keys as one array, so that the subquery is not run again for each row of the table (working.sql,
+-- claim_runs).
+WITH outdated AS MATERIALIZED (
     SELECT entry_id FROM audit_log WHERE at < $1 ORDER BY at, entry_id LIMIT $2
-);
+)
+DELETE FROM audit_log WHERE entry_id = ANY (ARRAY(SELECT entry_id FROM outdated));

@@ -1,14 +1,17 @@
 -- The notification outbox: claimed with a lease (next_attempt_at pushed ahead), sent, marked.
 
 -- name: claim_notifications
-UPDATE notifications n SET attempts = n.attempts + 1, next_attempt_at = now() + make_interval(secs => $2)
-WHERE n.notification_id IN (
+-- At most $1, picked once in a materialised step and updated by their keys as one array, so that
+-- the limit holds whatever the plan (working.sql, claim_runs, says how it is lost otherwise).
+WITH due AS MATERIALIZED (
     SELECT notification_id FROM notifications
     WHERE sent_at IS NULL AND dead_at IS NULL AND next_attempt_at <= now()
     ORDER BY next_attempt_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
+UPDATE notifications n SET attempts = n.attempts + 1, next_attempt_at = now() + make_interval(secs => $2)
+WHERE n.notification_id = ANY (ARRAY(SELECT notification_id FROM due))
 RETURNING n.notification_id, n.owner, n.url, n.payload, n.attempts;
 
 -- name: mark_notifications_sent

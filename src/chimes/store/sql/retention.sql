@@ -29,13 +29,16 @@ SELECT (SELECT count(*) FROM runs_gone) + (SELECT count(*) FROM attempts_gone);
 
 -- name: delete_old_notifications
 -- Delivered and dead-lettered notifications queued before $1, at most $2 at a time (oldest first,
--- from notifications_created), so one round never holds a long transaction.
-DELETE FROM notifications WHERE notification_id IN (
+-- from notifications_created), so one round never holds a long transaction: picked once, in a
+-- materialised step, and deleted by their keys as one array, so that the subquery is not run again
+-- for each row of the table (working.sql, claim_runs).
+WITH outdated AS MATERIALIZED (
     SELECT notification_id FROM notifications
     WHERE created_at < $1 AND (sent_at IS NOT NULL OR dead_at IS NOT NULL)
     ORDER BY created_at
     LIMIT $2
-);
+)
+DELETE FROM notifications WHERE notification_id = ANY (ARRAY(SELECT notification_id FROM outdated));
 
 -- name: drop_tables
 -- {tables}: the partitions of one day from old_run_partitions, each quoted as an identifier

@@ -40,15 +40,18 @@ UPDATE partition_leases SET owner = NULL, expires_at = '-infinity'
 WHERE owner = $1 AND partition_id = ANY($2::smallint[]);
 
 -- name: acquire_leases
--- Free or expired partitions; the token bump fences out any previous owner still running.
-UPDATE partition_leases l SET owner = $1, token = l.token + 1, expires_at = now() + make_interval(secs => $3)
-WHERE l.partition_id IN (
+-- Free or expired partitions, at most $2; the token bump fences out any previous owner still running.
+-- Picked once, in a materialised step, and updated by their keys as one array, so that the limit
+-- holds whatever the plan (working.sql, claim_runs, says how it is lost otherwise).
+WITH free AS MATERIALIZED (
     SELECT partition_id FROM partition_leases
     WHERE owner IS NULL OR expires_at < now()
     ORDER BY partition_id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
+UPDATE partition_leases l SET owner = $1, token = l.token + 1, expires_at = now() + make_interval(secs => $3)
+WHERE l.partition_id = ANY (ARRAY(SELECT partition_id FROM free))
 RETURNING l.partition_id, l.token;
 
 -- name: scan_due_triggers

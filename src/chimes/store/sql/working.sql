@@ -28,6 +28,14 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 -- name: claim_runs
 -- Takes up to $1 ready runs of the tiers $5..$6, highest tier first, oldest first (one range scan
 -- of the primary key); SKIP LOCKED lets many workers claim at once without waiting on each other.
+-- The runs are picked once, in a materialised step (chosen), and deleted by the addresses it found
+-- (a TID scan). Written as `DELETE ... WHERE key IN (SELECT ... LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+-- the planner may run the limited subquery again for every row of the queue (a nested-loop semi
+-- join, chosen with the statistics of a queue analysed while drained), each run passing over the
+-- rows taken already and locking new ones: one claim took the whole queue. Deleted by key through
+-- a join, the whole queue was read under those statistics (tests/integration/test_claim_limits.py).
+-- A queue row is only ever inserted and deleted, never updated, so the address it was locked at is
+-- still its own when it is deleted.
 -- Runs under a concurrency cap are left to claim_capped_runs (a tag cap counts the jobs of its owner,
 -- or of every owner when its owner is ''). From here on the run's lease token says who has it.
 -- $8: the owners holding their share of this worker already (chimes.worker.tiers.owner_room), whose
@@ -37,20 +45,20 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 WITH caps AS MATERIALIZED (
     SELECT cap.scope, cap.name, cap.owner FROM concurrency_caps cap
 ),
+chosen AS MATERIALIZED (
+    SELECT c.ctid FROM run_queue c
+    WHERE c.tier BETWEEN $5 AND $6
+      AND (cardinality($8::text[]) = 0
+           OR NOT EXISTS (SELECT 1 FROM jobs f WHERE f.job_id = c.job_id AND f.owner = ANY($8::text[])))
+      AND (NOT EXISTS (SELECT 1 FROM caps)
+           OR NOT EXISTS (
+               SELECT 1 FROM caps cap JOIN jobs j ON j.job_id = c.job_id
+               WHERE (cap.scope = 'owner' AND cap.name = j.owner)
+                  OR (cap.scope = 'tag' AND cap.name = ANY(j.tags) AND cap.owner IN ('', j.owner))))
+    ORDER BY c.tier, c.queue_id LIMIT $1 FOR UPDATE SKIP LOCKED
+),
 picked AS (
-    DELETE FROM run_queue q
-    WHERE (q.tier, q.queue_id) IN (
-        SELECT c.tier, c.queue_id FROM run_queue c
-        WHERE c.tier BETWEEN $5 AND $6
-          AND (cardinality($8::text[]) = 0
-               OR NOT EXISTS (SELECT 1 FROM jobs f WHERE f.job_id = c.job_id AND f.owner = ANY($8::text[])))
-          AND (NOT EXISTS (SELECT 1 FROM caps)
-               OR NOT EXISTS (
-                   SELECT 1 FROM caps cap JOIN jobs j ON j.job_id = c.job_id
-                   WHERE (cap.scope = 'owner' AND cap.name = j.owner)
-                      OR (cap.scope = 'tag' AND cap.name = ANY(j.tags) AND cap.owner IN ('', j.owner))))
-        ORDER BY c.tier, c.queue_id LIMIT $1 FOR UPDATE SKIP LOCKED
-    )
+    DELETE FROM run_queue q WHERE q.ctid = ANY (ARRAY(SELECT ctid FROM chosen))
     RETURNING q.run_id, q.scheduled_at, q.job_id
 ),
 -- Each picked run becomes running under a new lease token, if it is still waiting (one cancelled
