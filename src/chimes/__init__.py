@@ -1,3 +1,3 @@
 """Chimes: a distributed job scheduler on PostgreSQL."""
 
-__version__ = "0.3.3"
+__version__ = "0.3.4.dev0"
