@@ -280,12 +280,19 @@ def _refuse_short_replay(replay: _ReplayLog, wal: Path, start: _Start, server: E
     if problem is None:
         return
     raise BackupError(f"replay stopped before the end of the archived WAL ({replay.where_it_stopped()}): "
-                      f"{problem}; nothing was restored, {data_dir} is as it was. {_remedy(problem, replay)}")
+                      f"{_described(problem, server)}; nothing was restored, {data_dir} is as it was. "
+                      f"{_remedy(problem, replay)}")
 
 
-def _remedy(problem: str, replay: _ReplayLog) -> str:
-    if problem.startswith("permission denied"):
+def _described(problem: wal_check.Problem, server: EmbeddedPostgres) -> str:
+    return problem.describe(f"the server's system user {server.runs_as}" if server.runs_as else "this user")
+
+
+def _remedy(problem: wal_check.Problem, replay: _ReplayLog) -> str:
+    if problem.kind == "unreadable":
         return "Make the archive readable by the server's user and run the restore again."
+    if problem.kind == "unknown":  # the work folder, and the log with it, is removed: its end goes in the message
+        return "The restored server's log ended with:\n" + replay.text()[-2000:]
     last = replay.last_transaction()
     before = (f", or restore to a time before the last transaction replayed with --to-time (before {last}: that "
               f"transaction is then left out, replay stops at the first commit after the time)" if last else "")
@@ -374,15 +381,12 @@ class _ReplayLog:
         found = LAST_TRANSACTION.findall(self.text())
         return found[-1] if found else None
 
-    def problem(self, wal: Path, start: _Start, user: str | None) -> str | None:
-        """The file that kept replay from the archive's end, described, or None when it got there."""
+    def problem(self, wal: Path, start: _Start, user: str | None) -> wal_check.Problem | None:
+        """What kept replay from the archive's end, or None when it got there."""
         lsn = wal_check.redo_done_at(self.text())
         if lsn is None:
-            return "the server did not log where replay ended (no \"redo done at\" line), so whether it reached " \
-                   "the end of the archived WAL is not known"
-        found = wal_check.first_problem(wal, start.timeline, lsn, start.segment_bytes, user)
-        who = f"the server's system user {user}" if user else "this user"
-        return None if found is None else found.describe(who)
+            return wal_check.UNKNOWN_END
+        return wal_check.first_problem(wal, start.timeline, lsn, start.segment_bytes, user)
 
 
 def _stopped(replay: _ReplayLog, wal: Path, start: _Start, server: EmbeddedPostgres, detail: str) -> BackupError:
@@ -392,8 +396,8 @@ def _stopped(replay: _ReplayLog, wal: Path, start: _Start, server: EmbeddedPostg
         return BackupError(f"the restored server stopped during replay: {detail}")
     problem = replay.problem(wal, start, server.runs_as)
     if problem is not None:
-        return BackupError(f"replay stopped before --to-time ({replay.where_it_stopped()}): {problem}; nothing was "
-                           f"restored. {_remedy(problem, replay)}")
+        return BackupError(f"replay stopped before --to-time ({replay.where_it_stopped()}): "
+                           f"{_described(problem, server)}; nothing was restored. {_remedy(problem, replay)}")
     return BackupError(f"the restored server stopped during replay (the archived WAL ends before --to-time; "
                        f"{replay.where_it_stopped()}: restore to an earlier time, or without --to-time for the last "
                        f"archived commit): {detail}")

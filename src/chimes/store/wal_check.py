@@ -25,11 +25,12 @@ LSN = re.compile(r"\b([0-9A-F]+/[0-9A-F]+)\b")
 
 @dataclass(frozen=True)
 class Problem:
-    """Why replay stopped short of the archive's end: ``kind`` is ``missing``, ``unreadable`` or
-    ``corrupt``; ``path`` the file; ``detail`` pg_waldump's own words."""
+    """Why replay stopped short of the archive's end: ``kind`` is ``missing``, ``unreadable``,
+    ``corrupt``, or ``unknown`` (the server did not say where replay ended); ``path`` the file;
+    ``detail`` pg_waldump's own words."""
 
     kind: str
-    path: Path
+    path: Path | None
     detail: str
 
     def describe(self, reader: str) -> str:
@@ -37,7 +38,13 @@ class Problem:
             return f"the archived WAL has a gap: {self.path} is missing ({self.detail})"
         if self.kind == "unreadable":
             return f"permission denied: {reader} cannot read {self.path}"
-        return f"{self.path} is corrupt ({self.detail})"
+        if self.kind == "corrupt":
+            return f"{self.path} is corrupt ({self.detail})"
+        return self.detail
+
+
+UNKNOWN_END = Problem("unknown", None, "the server did not log where replay ended (no \"redo done at\" line), so "
+                                       "whether it reached the end of the archived WAL is not known")
 
 
 def segments(wal: Path, timeline: int) -> list[str]:
