@@ -32,7 +32,7 @@ def loop_failed(role: str, loop: str, exc: BaseException) -> None:
     """Log and count a failed step of a long-lived loop, which then runs again."""
     metrics.LOOP_FAILURES.labels(role, loop).inc()
     if is_transient(exc):
-        outage.failed(loop, describe(exc))  # logged once per outage, not once per step
+        outage.failed(loop, describe(exc), outage.database_of(exc))  # logged once per outage, not once per step
     else:
         log.error("%s failed: %s", loop, describe(exc), exc_info=exc)
 

@@ -80,6 +80,7 @@ def _pool_outage(record: logging.LogRecord) -> bool:
         from chimes import outage
         from chimes.store.db import describe
 
-        outage.failed("reopening the pool's connections", describe(record.exc_info[1]))
+        outage.failed("reopening the pool's connections", describe(record.exc_info[1]),
+                      outage.database_of(record.exc_info[1]))
         return False
     return True

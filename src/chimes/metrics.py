@@ -24,6 +24,7 @@ from prometheus_client import start_http_server as _start_http_server
 from chimes.enums import RunStatus
 from chimes.store.dashboard import add_up, fleet_gauges
 from chimes.store.db import Pool
+from chimes.store.moves import MOVER_GONE_AFTER_SEC, PHASES_UNDER_WAY, Move, move_under_way
 
 if TYPE_CHECKING:
     from chimes.store.scheduling import DueTrigger, FireResult
@@ -92,6 +93,15 @@ QUEUE_OLDEST = Gauge("chimes_queue_oldest_seconds", "Age of the oldest run waiti
 LIVE_NODES = Gauge("chimes_scheduler_nodes_live", "Scheduler nodes that heartbeated recently.")
 LIVE_WORKERS = Gauge("chimes_workers_live", "Workers that heartbeated recently.")
 PARTITIONS_UNLEASED = Gauge("chimes_partitions_unleased", "Trigger partitions no live node holds.")
+# A partition move under way (one at a time, in the catalog): labels from PHASES_UNDER_WAY only.
+MOVE_PHASE = Gauge("chimes_shard_move_phase",
+                   "1 for the phase of the partition move under way (copying, fenced, cut_over), 0 for the others.",
+                   ["phase"])
+MOVE_FENCED = Gauge("chimes_shard_move_fenced_seconds",
+                    "Seconds the range of the move under way has fired nowhere (since its fence); 0 when none is.")
+MOVE_HEARTBEAT_AGE = Gauge("chimes_shard_move_heartbeat_age_seconds",
+                           "Age of the heartbeat of the mover of the move under way (gone after "
+                           f"{MOVER_GONE_AFTER_SEC:g} s); 0 when no move is under way.")
 
 
 def observe_many(histogram: Histogram, amounts: Sequence[float]) -> None:
@@ -206,6 +216,15 @@ async def collect_fleet(pool: Pool, *shards: Pool) -> None:
     LIVE_NODES.set(gauges.nodes)
     LIVE_WORKERS.set(gauges.workers)
     PARTITIONS_UNLEASED.set(gauges.unleased)
+    record_move(await move_under_way(pool))
+
+
+def record_move(move: Move | None) -> None:
+    """The gauges of the move under way (the catalog's), or none: every phase 0."""
+    for phase in PHASES_UNDER_WAY:
+        MOVE_PHASE.labels(phase).set(1 if move is not None and move.phase == phase else 0)
+    MOVE_FENCED.set((move.fenced_sec or 0.0) if move is not None else 0.0)
+    MOVE_HEARTBEAT_AGE.set((move.heartbeat_age_sec or 0.0) if move is not None else 0.0)
 
 
 def exposition() -> tuple[bytes, str]:

@@ -21,7 +21,7 @@ import pytest
 
 from chimes.ids import partition_of, partition_of_key
 from chimes.store import db
-from chimes.store.moves import STOP_POINTS
+from chimes.store.moves import MOVER_GONE_AFTER_SEC, STOP_POINTS
 from chimes.store.working import Completion, WorkerStore
 from chimes.worker.tasks.common import Outcome
 from tests.conftest import scratch_database
@@ -226,18 +226,38 @@ async def test_the_move_command_checks_first_and_cancels_a_stopped_move(
     stopped = await move(processes, "stopped", f"{MOVED[0]}-{MOVED[1]}", "--to", shard_url,
                          env={"CHIMES_MOVE_STOP_AT": "fenced"})
     await wait_for(lambda: "stopped at fenced" in stopped.output(), timeout=60, what="the mover at the fence")
+    listed = await shards_list(processes, "list-alive")
+    assert "alive, heartbeat" in listed and "gone since" not in listed, listed
     stopped.kill()
-    listed = processes.start("list", "shards", "list")
-    assert await listed.exited(timeout=60) == 0, listed.output()
-    assert f"move 1: partitions {MOVED[0]}-{MOVED[1]} catalog -> shard 1, fenced" in listed.output(), listed.output()
+    # Killed: within MOVER_GONE_AFTER_SEC of its last heartbeat the list says the mover is gone, since
+    # when, and what to run; the target it registered shows, with no partitions yet.
+    listed = await wait_for(lambda: _listed_gone(processes), timeout=MOVER_GONE_AFTER_SEC + 60, interval=1,
+                            what="shards list to say the mover is gone")
+    assert f"move 1: partitions {MOVED[0]}-{MOVED[1]} catalog -> shard 1, fenced for " in listed, listed
+    assert "(when its mover stopped: waiting for the range's runs in flight)" in listed, listed
+    assert "`chimes shards move --resume` takes it on, `--cancel` gives the range back" in listed, listed
+    assert "\tshard 1\t" in listed and "(registered, no partitions yet" in listed, listed
     cancelled = await move(processes, "cancel", "--cancel")
     assert await cancelled.exited(timeout=60) == 0, cancelled.output()
     assert "cancelled" in cancelled.output()
+    listed = await shards_list(processes, "list-cancelled")
+    assert "shard map version 0" in listed and "shard 1\t" not in listed, listed  # the target went with the move
     catalog_jobs, shard_jobs = await job_homes(database_url, shard_url)
     assert (catalog_jobs, shard_jobs) == ({*kept, *moving}, set())
     # The range is the catalog's again: its jobs can be changed there.
     patched = await client.patch(f"/jobs/{moving[0]}", json={"name": "after the cancel"})
     assert patched.status_code == 200, patched.text
+
+
+async def shards_list(processes: Processes, name: str) -> str:
+    listed = processes.start(name, "shards", "list")
+    assert await listed.exited(timeout=60) == 0, listed.output()
+    return listed.output()
+
+
+async def _listed_gone(processes: Processes) -> str | None:
+    listed = await shards_list(processes, f"list-{uuid.uuid4().hex[:6]}")
+    return listed if "gone since" in listed else None
 
 
 async def test_a_mover_that_loses_its_source_says_so_and_resumes(
@@ -258,7 +278,9 @@ async def test_a_mover_that_loses_its_source_says_so_and_resumes(
         await wait_for(lambda: pool.fetchval(waiting), timeout=60, what="the mover waiting for the run in flight")
         await pool.execute(f"SELECT pg_terminate_backend(pid) FROM ({waiting}) AS mover")
         assert await mover.exited(timeout=60) == 1, mover.output()
-        assert "move 1 stopped, fenced: a database it uses failed" in mover.output(), mover.output()
+        # Which database failed, and what it is to the move: the source (the catalog here).
+        assert "move 1 stopped, fenced: a database it uses failed, the move's source, catalog (" in mover.output(), \
+            mover.output()
         assert "chimes shards move --resume" in mover.output() and "Traceback" not in mover.output()
         done = Completion(running, Outcome.success(""), datetime.now(UTC), None)
         assert await worker.complete([done]) == {running.run_id}  # the source still takes its outcome

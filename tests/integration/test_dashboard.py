@@ -9,6 +9,7 @@ import socket
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from html import unescape
 
 import asyncpg
 import httpx
@@ -330,6 +331,51 @@ async def test_fleet_page_shows_the_move_under_way_and_the_last_ended(
                                               "a run of the range still ran after 60 s (--drain-timeout)")
         assert " ".join(done).startswith("1 0\u201399 catalog → shard 7 done 4,200 in 3 passes — — —")
         assert "A move is under way" in table
+
+
+def moves_text(page: str) -> str:
+    """The "Partition moves" section as its text reads, tags and runs of spaces gone."""
+    start = page.index("<h2>Partition moves</h2>")
+    section = page[start:page.index("</section>", start)]
+    return unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", section)))
+
+
+async def test_fleet_page_and_metrics_say_when_a_moves_mover_is_gone(
+    team_a: httpx.AsyncClient, api_url: str, tokens: dict[str, str], database_url: str,
+) -> None:
+    """A move fenced two minutes ago whose mover last beat a minute ago: gone, with what to run; its
+    range fenced that long. The same move, beating, is alive; /metrics has the phase and both ages."""
+    catalog = await asyncpg.connect(database_url)
+    try:
+        await catalog.execute(
+            "INSERT INTO shard_moves (first_partition, last_partition, source_shard, target_shard, phase, passes,"
+            " rows_copied, note, mover, heartbeat_at, fenced_at) VALUES"
+            " (512, 767, NULL, 7, 'fenced', 3, 100, 'waiting for the range''s runs in flight', 'host-a:4242',"
+            "  now() - interval '1 minute', now() - interval '2 minutes')")
+        async with signed_in(api_url, tokens["admin"]) as admin:
+            page = (await admin.get("/ui/fleet")).text
+            scraped = (await admin.get("/metrics")).text
+        table = moves_text(page)
+        assert "fenced fenced for 2 min" in table, table
+        assert "when its mover stopped: waiting for the range's runs in flight" in table, table
+        assert re.search(r"Move 1: mover host-a:4242 gone since \S+Z \(no heartbeat for 60 s\): "
+                         r"`chimes shards move --resume` takes it on, `--cancel` gives the range back", table), table
+        assert "gone mover host-a:4242 gone since" in table, table
+        assert 'chimes_shard_move_phase{phase="fenced"} 1.0' in scraped
+        assert 'chimes_shard_move_phase{phase="copying"} 0.0' in scraped
+        fenced, age = (float(re.findall(rf"^{name} (\S+)$", scraped, re.MULTILINE)[0])
+                       for name in ("chimes_shard_move_fenced_seconds", "chimes_shard_move_heartbeat_age_seconds"))
+        assert 119 < fenced < 130 and 59 < age < 70, (fenced, age)
+
+        await catalog.execute("UPDATE shard_moves SET heartbeat_at = now()")
+        async with signed_in(api_url, tokens["admin"]) as admin:
+            page = (await admin.get("/ui/fleet")).text
+        table = moves_text(page)
+        assert "mover host-a:4242 alive, heartbeat 0 s ago" in table and "gone" not in table, table
+        assert "(waiting for the range's runs in flight)" not in table  # the note, in its own cell
+        assert " waiting for the range's runs in flight mover host-a:4242 alive" in table, table
+    finally:
+        await catalog.close()
 
 
 async def test_static_assets_are_served_by_chimes_itself(api_url: str) -> None:

@@ -12,6 +12,7 @@ connections that send a given statement, as a restarting server closes every ses
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import struct
 import sys
@@ -22,6 +23,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from chimes import failures, outage
 from chimes.store import db
 
 SSL_REQUEST = 80877103
@@ -159,26 +161,54 @@ async def _chimes(*args: str, database_url: str) -> tuple[int, str]:
     return proc.returncode or 0, out.decode()
 
 
+def _where(front: FrontServer) -> str:
+    """The front server's database as messages name it: host, port and database name."""
+    return f"127.0.0.1:{front.port}{urlsplit(front.dsn()).path}"
+
+
 async def test_a_command_started_while_the_database_starts_up_goes_ahead(front: FrontServer) -> None:
     code, out = await _chimes("migrate", database_url=front.dsn())
     assert code == 0, out
-    assert out.count("database not ready (CannotConnectNowError: the database system is starting up)") == 3
+    assert out.count(f"database catalog ({_where(front)}) not ready (CannotConnectNowError: the database system "
+                     "is starting up)") == 3, out
 
 
 @pytest.mark.parametrize("front", [1_000_000], indirect=True)
 async def test_a_command_says_why_it_gave_up_waiting(front: FrontServer) -> None:
     code, out = await _chimes("migrate", "--database-wait", "0.5", database_url=front.dsn())
     assert code == 1
-    assert out.splitlines()[-1] == ("Error: the database is not accepting connections (CannotConnectNowError: the "
-                                    "database system is starting up); gave up after 0.5 s (--database-wait)")
+    assert out.splitlines()[-1] == (f"Error: the database catalog ({_where(front)}) is not accepting connections "
+                                    "(CannotConnectNowError: the database system is starting up); gave up after "
+                                    "0.5 s (--database-wait)")
+
+
+@pytest.mark.parametrize("front", [0], indirect=True)
+async def test_a_connection_lost_mid_statement_names_its_database(
+    front: FrontServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first failure of an outage is usually a statement on a connection that was open: the log line
+    that says the database is unavailable names which one, here a shard, and where it is."""
+    db.name_database(front.dsn(), "shard 3")
+    front.cut_on, front.cuts = b"SELECT 'cut here'", 1
+    pool = await db.create_pool(front.dsn(), min_size=1, max_size=1, wait_sec=5)
+    try:
+        with pytest.raises(db.DB_ERRORS) as raised:
+            await pool.fetchval("SELECT 'cut here'")
+    finally:
+        await pool.close()
+    assert outage.database_of(raised.value) == outage.Database("shard 3", f"shard 3 ({_where(front)})")
+    caplog.set_level(logging.WARNING, logger="chimes.database")
+    failures.loop_failed("worker", "claim", raised.value)
+    [line] = [r.getMessage() for r in caplog.records if r.name == "chimes.database"]
+    assert line.startswith(f"database unavailable: shard 3 ({_where(front)}): claim failed: "), line
 
 
 async def test_a_restart_during_start_up_migrations_means_trying_again(front: FrontServer) -> None:
     front.refuse, front.cut_on, front.cuts = 0, b"pg_advisory_lock", 2
     code, out = await _chimes("migrate", database_url=front.dsn())
     assert code == 0, out
-    assert out.count("database not ready (ConnectionDoesNotExistError: connection was closed in the middle of "
-                     "operation)") == 2
+    assert out.count(f"database catalog ({_where(front)}) not ready (ConnectionDoesNotExistError: connection was "
+                     "closed in the middle of operation)") == 2, out
     assert out.splitlines()[-1] == "schema is up to date"
     assert front.cuts == 0
 

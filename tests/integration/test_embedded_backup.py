@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -119,3 +121,144 @@ def test_bad_restore_and_backup_options_are_refused_by_name(tmp_path: Path) -> N
     unsafe = runner.invoke(cli, ["up", "--data-dir", str(tmp_path / "d"), "--backup-dir", str(tmp_path / "it's")])
     assert unsafe.exit_code == 2 and "may not contain" in unsafe.output
     assert sorted(path.name for path in tmp_path.iterdir()) == [], "a refused command made files"
+
+
+# --- restores that would finish short ----------------------------------------------------------------
+# A base backup, then five rows, each committed in a WAL segment of its own: row n is in the n-th
+# segment archived after the backup's. A restore without --to-time must reach the archive's end or say
+# which file stopped it; nothing it refuses touches the data dir.
+
+ROWS = 5
+
+
+@dataclass(frozen=True)
+class Archive:
+    backups: Path
+    before: list[datetime]  # before[n]: after row n-1 committed and before row n began (n from 1)
+
+    def segment_of_row(self, n: int) -> Path:
+        [backup] = base_backups(self.backups)
+        start = re.search(r"\(file ([0-9A-F]{24})\)", (backup.folder / "postgres" / "backup_label").read_text())
+        assert start is not None
+        name = start.group(1)
+        return self.backups / "wal" / f"{name[:16]}{int(name[16:], 16) + n:08X}"
+
+
+@pytest.fixture(scope="module")
+def archive() -> Iterator[Archive]:
+    made = Path(tempfile.mkdtemp(prefix="chimes-test-archive-"))
+    data_dir, backups = made / "data", made / "backups"
+    server = EmbeddedPostgres(data_dir)
+    dsn = server.acquire(Archiving(backups))
+    before = [datetime.now(UTC)]
+    try:
+        sql(dsn, "CREATE TABLE kept (n int)")
+        sql(dsn, "INSERT INTO kept VALUES (0)")
+        take_backup(data_dir, backups)
+        for n in range(1, ROWS + 1):
+            before.append(datetime.now(UTC))
+            sql(dsn, f"INSERT INTO kept VALUES ({n})")
+            sql(dsn, "SELECT pg_switch_wal()")
+    finally:
+        server.release()
+    yield Archive(backups, before)
+    shutil.rmtree(made, ignore_errors=True)
+
+
+@pytest.fixture
+def copy_of(archive: Archive, folder: Path) -> Archive:
+    """The archive, copied with its owners and modes (as a restore drill would use it)."""
+    subprocess.run(["cp", "-a", str(archive.backups), str(folder / "backups")], check=True)
+    return Archive(folder / "backups", archive.before)
+
+
+def restored_rows(data_dir: Path) -> list[int]:
+    server = EmbeddedPostgres(data_dir)
+    dsn = server.acquire()
+    try:
+        return [row[0] for row in sql(dsn, "SELECT n FROM kept ORDER BY n")]
+    finally:
+        server.release()
+
+
+def chimes_restore(backups: Path, data_dir: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "chimes", "restore", "--from", str(backups), "--data-dir",
+                           str(data_dir), *options], capture_output=True, text=True, timeout=300, check=False)
+
+
+def left_behind(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir() if path.name != "backups")
+
+
+@pytest.mark.single_database("an embedded server of its own")
+def test_a_whole_archive_restores_every_row(copy_of: Archive, folder: Path) -> None:
+    done = restore(copy_of.backups, folder / "restored")
+    assert "the archived WAL to its end" in done.reached, done.reached
+    assert restored_rows(folder / "restored") == list(range(ROWS + 1))
+
+
+@pytest.mark.single_database("an embedded server of its own")
+def test_a_missing_segment_fails_the_restore_naming_it_unless_the_time_asked_for_is_before_it(
+    copy_of: Archive, folder: Path
+) -> None:
+    gap = copy_of.segment_of_row(3)
+    gap.unlink()
+    refused = chimes_restore(copy_of.backups, folder / "restored")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"the archived WAL has a gap: {gap} is missing" in refused.stderr, refused.stderr
+    assert "nothing was restored" in refused.stderr
+    assert left_behind(folder) == [], "a refused restore left files"
+
+    # Asked for a time before the gap (before a commit replay reaches, which shows the point was passed):
+    # restored, with the rows of then.
+    before_gap = restore(copy_of.backups, folder / "restored", copy_of.before[2])
+    assert "recovery stopping before commit" in before_gap.reached, before_gap.reached
+    assert restored_rows(folder / "restored") == [0, 1]
+
+    # Asked for a time after it: the gap is named, not "the archive ends before --to-time".
+    with pytest.raises(BackupError, match=f"replay stopped before --to-time .*gap: {gap} is missing"):
+        restore(copy_of.backups, folder / "later", datetime.now(UTC))
+
+
+@pytest.mark.single_database("an embedded server of its own")
+def test_a_corrupt_segment_fails_the_restore_naming_it(copy_of: Archive, folder: Path) -> None:
+    corrupt = copy_of.segment_of_row(2)
+    with corrupt.open("r+b") as segment:
+        segment.seek(64)  # in the first record after the page header
+        segment.write(b"\xff" * 512)
+    with pytest.raises(BackupError, match=f"{corrupt} is corrupt .*checksum") as refused:
+        restore(copy_of.backups, folder / "restored")
+    assert "nothing was restored" in str(refused.value)
+    assert left_behind(folder) == [], "a refused restore left files"
+
+
+@pytest.mark.single_database("an embedded server of its own")
+def test_a_backup_the_server_cannot_read_is_refused_as_such(archive: Archive, folder: Path) -> None:
+    """The archive copied back as root (owned by root, mode 0600), or a file without read permission."""
+    backups = folder / "backups"
+    if os.geteuid() == 0:
+        shutil.copytree(archive.backups, backups)
+    else:
+        subprocess.run(["cp", "-a", str(archive.backups), str(backups)], check=True)
+        Archive(backups, []).segment_of_row(1).chmod(0)
+    for to_time in (None, datetime.now(UTC)):
+        with pytest.raises(BackupError, match="permission denied: .* cannot read .*the first "
+                                              f"{Archive(backups, []).segment_of_row(0 if os.geteuid() == 0 else 1)}"
+                           ) as refused:
+            restore(backups, folder / "restored", to_time)
+        assert "ends before --to-time" not in str(refused.value)
+        assert left_behind(folder) == [], "a refused restore left files"
+
+
+@pytest.mark.single_database("an embedded server of its own")
+def test_a_damaged_base_backup_is_refused_naming_the_file(copy_of: Archive, folder: Path) -> None:
+    [backup] = base_backups(copy_of.backups)
+    catalog = sorted((backup.folder / "postgres" / "base").glob("*/1259"))[0]  # pg_class of a database
+    with catalog.open("r+b") as table:
+        table.seek(0)
+        table.write(os.urandom(512))
+    refused = chimes_restore(copy_of.backups, folder / "restored")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    named = str(catalog.relative_to(backup.folder / "postgres"))
+    assert "is damaged, nothing was restored" in refused.stderr and f'"{named}"' in refused.stderr, refused.stderr
+    assert left_behind(folder) == [], "a refused restore left files"

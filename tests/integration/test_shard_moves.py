@@ -20,7 +20,7 @@ from chimes.ids import partition_of
 from chimes.store import db
 from chimes.store import moves as move_store
 from chimes.store.queries import sql
-from chimes.store.shards import load_map
+from chimes.store.shards import load_map, shards_without_ranges
 from chimes.store.working import Completion, WorkerStore
 from chimes.worker.tasks.common import Outcome
 from tests.conftest import scratch_database
@@ -294,16 +294,66 @@ def _is(url: str, wanted: str):  # type: ignore[no-untyped-def]
     return check
 
 
+async def test_a_mover_beats_while_it_waits_and_a_stopped_one_is_told_gone(
+    stale_api: httpx.AsyncClient, database_url: str, shard_url: str
+) -> None:
+    """The mover's heartbeat goes on while its work waits (here, held at the fence as a drain would
+    hold it); once the mover is stopped it ages, and the move read says who is gone and what to run."""
+    await jobs_in_range(stale_api, 1)
+    async with mover_at(database_url, shard_url, stop_at="fenced"):
+        await wait_for(_is(database_url, "fenced"), timeout=20, what="the fence")
+        beat = (await _under_way(database_url)).heartbeat_at
+        assert beat is not None
+        await wait_for(lambda: _beat_after(database_url, beat), timeout=10, what="a heartbeat while the mover waits")
+        alive = await _under_way(database_url)
+        assert not alive.mover_gone
+        assert (alive.liveness() or "").startswith(f"mover {alive.mover} alive, heartbeat "), alive.liveness()
+        assert alive.fenced_sec is not None and ", fenced for " in alive.describe()
+    # Stopped (its task cancelled, its connections closed): the heartbeat ages, read on the catalog's clock.
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("UPDATE shard_moves SET heartbeat_at = heartbeat_at - make_interval(secs => $1)",
+                           move_store.MOVER_GONE_AFTER_SEC)
+    finally:
+        await conn.close()
+    gone = await _under_way(database_url)
+    assert gone.mover_gone
+    line = gone.describe()
+    assert ", fenced for " in line and f"; mover {gone.mover} gone since " in line, line
+    assert "`chimes shards move --resume` takes it on, `--cancel` gives the range back" in line, line
+
+
+async def _under_way(url: str) -> move_store.Move:
+    conn = await db.connect(url)
+    try:
+        move = await move_store.move_under_way(conn)
+    finally:
+        await conn.close()
+    assert move is not None
+    return move
+
+
+async def _beat_after(url: str, then: datetime) -> bool:
+    move = await _under_way(url)
+    return move.heartbeat_at is not None and move.heartbeat_at > then
+
+
 async def test_a_cancelled_move_gives_the_range_back_to_its_source(
     stale_api: httpx.AsyncClient, database_url: str, shard_url: str
 ) -> None:
     jobs = set(await jobs_in_range(stale_api, 2))
+    catalog = await db.connect(database_url)
+    version_before = (await load_map(catalog)).version
+    await catalog.close()
     async with mover_at(database_url, shard_url, stop_at="drained"):
         await wait_for(_is(database_url, "fenced"), timeout=20, what="the fence")
     catalog = await db.connect(database_url)
     try:
+        # Before the cut-over the target is registered, with no range: listed as such.
+        [(registered, url)] = await shards_without_ranges(catalog)
         move = await move_store.move_under_way(catalog)
         assert move is not None
+        assert (registered, url) == (move.target_shard, shard_url)
         mover = await mover_of(catalog, database_url, move)
         await mover.connect()
         try:
@@ -312,6 +362,10 @@ async def test_a_cancelled_move_gives_the_range_back_to_its_source(
             await mover.close()
         assert cancelled.phase == "cancelled" and cancelled.note == "a test cancels it"
         assert (await load_map(catalog)).ranges == ()  # the catalog holds the range, as before
+        # The target the move registered (--to URL) goes with it: no shard of the map, none registered.
+        assert await catalog.fetchval("SELECT count(*) FROM shards") == 0
+        assert await shards_without_ranges(catalog) == []
+        assert (await load_map(catalog)).version == version_before
         assert await catalog.fetchval("SELECT count(*) FROM partition_leases WHERE closed_by_move IS NOT NULL") == 0
     finally:
         await catalog.close()

@@ -10,6 +10,7 @@ import asyncpg
 import httpx
 from fastapi import FastAPI
 
+from chimes import outage
 from chimes.api import errors, unavailable
 
 
@@ -31,6 +32,12 @@ def app_with(deadline: float) -> FastAPI:
     @app.get("/lost")
     async def lost() -> dict:
         raise asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+
+    @app.get("/shard-lost")
+    async def shard_lost() -> dict:
+        lost = asyncpg.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+        outage.blame(lost, outage.Database("shard 2", "shard 2 (10.0.0.3:5432/chimes_2)"))  # as the store does
+        raise lost
 
     @app.get("/bug")
     async def bug() -> dict:
@@ -67,3 +74,12 @@ async def test_database_errors_get_503_and_other_errors_stay_500() -> None:
         assert "Retry-After" in response.headers
     assert (await call(app, "/bug")).status_code == 500
     assert (await call(app, "/fine")).json() == {"ok": True}
+
+
+async def test_a_503_names_the_role_of_the_database_that_failed_and_never_its_host() -> None:
+    app = app_with(5)
+    named = (await call(app, "/shard-lost")).json()["message"]
+    assert named.startswith("the database (shard 2) is unavailable now"), named
+    assert "10.0.0.3" not in named
+    unnamed = (await call(app, "/lost")).json()["message"]
+    assert unnamed.startswith("the database is unavailable now"), unnamed

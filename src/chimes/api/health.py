@@ -29,7 +29,7 @@ async def check(pool: Any, dsn: str) -> tuple[int, dict[str, Any]]:
     try:
         await db.ping(pool)
     except Exception as exc:  # any failure to reach the database is "unavailable"
-        outage.failed("GET /healthz", db.describe(exc))
+        outage.failed("GET /healthz", db.describe(exc), outage.database_of(exc))
         return 503, {**await _unavailable(dsn, db.describe(exc)), "version": __version__}
     return 200, {"status": "ok", "version": __version__}
 

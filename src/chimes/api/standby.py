@@ -91,8 +91,8 @@ def runs(request: Request) -> RunStore:
 def primary_failing() -> bool:
     """Whether this process failed to reach a primary in the last few seconds: reads then go to the
     standby at once, and nothing else waits on the primary that it can do without."""
-    going_on = outage.current()
-    return going_on is not None and time.monotonic() - going_on.last_failure < STRAIGHT_TO_STANDBY_SEC
+    now = time.monotonic()
+    return any(now - each.last_failure < STRAIGHT_TO_STANDBY_SEC for each in outage.going_on())
 
 
 class StandbyReads:

@@ -36,8 +36,12 @@ def unavailable(message: str, retry_after: float = RETRY_AFTER_SEC) -> JSONRespo
 
 def install(app: FastAPI) -> None:
     async def _unreachable(request: Request, exc: Exception) -> JSONResponse:
-        outage.failed(f"{request.method} {request.url.path}", describe(exc))  # logged once per outage
-        return unavailable("the database is unavailable now (a restart or a failover); nothing was changed")
+        database = outage.database_of(exc)
+        outage.failed(f"{request.method} {request.url.path}", describe(exc), database)  # logged once per outage
+        # Its role only ("catalog", "shard 2"): the answer may go to a client without a token, and hosts
+        # are for the log.
+        which = f" ({database.role})" if database.role else ""
+        return unavailable(f"the database{which} is unavailable now (a restart or a failover); nothing was changed")
 
     for error in UNAVAILABLE_ERRORS:
         app.add_exception_handler(error, _unreachable)

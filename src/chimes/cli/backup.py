@@ -63,8 +63,10 @@ def _aware_time(context: click.Context, param: click.Parameter, value: str | Non
 def restore(backup_dir: Path, to_time: datetime | None, data_dir: Path, force: bool) -> None:
     """Restore the embedded database to a point in time from a base backup and the archived WAL.
 
-    The data dir must not be in use. The restore replays into a hidden folder next to it and moves
-    it into place only when the server has reached the point; a failure leaves the data dir as it was.
+    The data dir must not be in use. The base backup is verified first (pg_verifybackup). The restore
+    replays into a hidden folder next to the data dir and moves it into place only when the server has
+    reached the point: without --to-time, the end of the archived WAL; a segment missing, corrupt or unreadable
+    before that end fails the restore, naming the file. A failure leaves the data dir as it was.
     """
     from chimes.store.backup import BackupError
     from chimes.store.backup import restore as restore_database

@@ -15,13 +15,20 @@ from fastapi import FastAPI
 from chimes.api import presence
 from chimes.api.app import create_app
 from chimes.cli.role_processes import RoleCommand, RoleProcesses, describe_exit
-from chimes.cli.runtime import api_server, migrate_shards, on_shutdown_signals, prepare_role_database
+from chimes.cli.runtime import (
+    ApiBindError,
+    ApiServer,
+    api_server,
+    migrate_shards,
+    on_shutdown_signals,
+    prepare_role_database,
+)
 from chimes.cli.security_options import ApiSecurity, WorkerSecurity
 from chimes.cli.served_homes import Role, ServedHomes, StartHome
 from chimes.scheduler.calendar_book import CalendarBook
 from chimes.scheduler.leases import LeaseConfig
 from chimes.scheduler.node import SchedulerConfig, SchedulerNode, new_node_id
-from chimes.security.secrets import Keyring, SecretKeyError
+from chimes.security.secrets import Keyring, SecretKeyError, default_keyring
 from chimes.services.owners import SigningSecrets, check_secret_key
 from chimes.settings import (
     CONTAINER_RUNTIME,
@@ -64,7 +71,14 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
         await pool.close()
         raise
     _remove_orphaned_env_files()
-    server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
+    server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else (),
+                        announce=lambda: click.echo(f"Chimes is up: API on http://{settings.host}:{settings.port} "
+                                                    "(Ctrl-C to stop)", err=True))
+    try:
+        _bind(server)
+    except BaseException:
+        await pool.close()
+        raise
     node_id, worker_id = new_node_id(), new_worker_id()  # one id each on every home
     # As for `chimes worker --container-runtime`.
     runtime = os.environ.get("CHIMES_CONTAINER_RUNTIME", CONTAINER_RUNTIME)
@@ -101,7 +115,6 @@ async def run_all_in_one(dsn: str, settings: Settings, worker_concurrency: int,
         homes.stop()
 
     on_shutdown_signals(stop)
-    click.echo(f"Chimes is up: API on http://{settings.host}:{settings.port} (Ctrl-C to stop)", err=True)
     try:
         results = await asyncio.gather(server.serve(), homes.run(), return_exceptions=True)
         for result in results:
@@ -125,8 +138,13 @@ async def run_up(dsn: str, settings: Settings, children: list[RoleCommand], stop
             await _require_database_key(pool, work.keyring)
         finally:
             await pool.close()
-    server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else ())
     roles = RoleProcesses(children, stop_wait_sec)
+    server = api_server(_app(dsn, api), settings.host, settings.port, api.trusted_proxies if api else (),
+                        announce=lambda: click.echo(
+                            f"Chimes is up: API on http://{settings.host}:{settings.port}, scheduler and worker in "
+                            f"processes {', '.join(str(p.pid) for p in roles.procs.values())} (Ctrl-C to stop)",
+                            err=True))
+    _bind(server)  # before any child starts: a port in use must not leave the roles running
     await roles.start()
 
     def stop() -> None:
@@ -134,8 +152,6 @@ async def run_up(dsn: str, settings: Settings, children: list[RoleCommand], stop
         roles.stop()
 
     on_shutdown_signals(stop)
-    click.echo(f"Chimes is up: API on http://{settings.host}:{settings.port}, scheduler and worker in processes "
-               f"{', '.join(str(p.pid) for p in roles.procs.values())} (Ctrl-C to stop)", err=True)
     serving = asyncio.create_task(server.serve())
     child_exit = asyncio.create_task(roles.first_exit())
     failed: str | None = None
@@ -164,6 +180,13 @@ async def _require_database_key(pool: db.Pool, keyring: Keyring) -> None:
         raise click.ClickException(str(exc)) from None
 
 
+def _bind(server: ApiServer) -> None:
+    try:
+        server.bind()
+    except ApiBindError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _app(dsn: str, api: ApiSecurity | None) -> FastAPI:
     return create_app(dsn, limits=api.limits, keyring=api.keyring) if api else create_app(dsn)
 
@@ -175,9 +198,15 @@ async def run_api(dsn: str, settings: Settings, api: ApiSecurity | None = None) 
     # Its own connection: the heartbeat that says which release this server runs waits on no request.
     pool = await db.create_pool(dsn, min_size=1, max_size=1,
                                 command_timeout=db.command_timeout(db.ROLE_COMMAND_TIMEOUT_SEC))
+    try:
+        # Here, as one line: in the app's start-up, uvicorn would log the error's whole traceback.
+        await _require_database_key(pool, api.keyring if api else default_keyring())
+        _bind(server)
+    except BaseException:
+        await pool.close()
+        raise
     server_id = presence.new_server_id()
     beat = asyncio.create_task(presence.heartbeat(pool, server_id))
-    log.info("API listening on http://%s:%d", settings.host, settings.port)
     try:
         await server.serve()
     finally:

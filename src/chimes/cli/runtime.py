@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -75,7 +76,14 @@ def on_migrated_database(settings: Settings, action: Callable[[db.Connection], A
 
 
 class ApiServer(uvicorn.Server):
-    """uvicorn, without its own signal handling: the process decides when the API stops."""
+    """uvicorn, without its own signal handling: the process decides when the API stops. The port is
+    bound by :meth:`bind` before serving, so that a port in use is one clear error (uvicorn logs it
+    and exits the interpreter); ``announce`` runs once the app has started and the port is served."""
+
+    def __init__(self, config: uvicorn.Config, announce: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._announce = announce
+        self._socket: socket.socket | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -84,12 +92,42 @@ class ApiServer(uvicorn.Server):
     def stop(self) -> None:
         self.should_exit = True
 
+    def bind(self) -> None:
+        """Take the port now; ApiBindError, naming it, when that cannot be done."""
+        if self._socket is not None:
+            return
+        host, port = self.config.host, self.config.port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            self._socket = socket.create_server((host, port), family=family)
+        except OSError as exc:
+            raise ApiBindError(f"the API cannot listen on {host}:{port}: {exc.strerror or exc} (another process "
+                               f"holds the port, or the address is not this host's: --host, --port)") from None
 
-def api_server(app: Any, host: str, port: int, trusted_proxies: Sequence[str] = ()) -> ApiServer:
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        if sockets is None:
+            self.bind()
+            assert self._socket is not None
+            sockets = [self._socket]
+        await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit:
+            self._announce()
+
+
+class ApiBindError(RuntimeError):
+    """The API's address cannot be bound (in use, or not this host's)."""
+
+
+def api_server(app: Any, host: str, port: int, trusted_proxies: Sequence[str] = (),
+               announce: Callable[[], None] | None = None) -> ApiServer:
     """uvicorn serving ``app``. The client address (what the failed-login limit counts by) comes from
     ``X-Forwarded-For`` only on connections from ``trusted_proxies``; with none, never. uvicorn on its
     own trusts 127.0.0.1 (or ``FORWARDED_ALLOW_IPS``): anyone on the host could then pick an address
-    per request and never run out of failed logins."""
+    per request and never run out of failed logins. ``announce`` (default: log "API listening") runs
+    once the port is served."""
     # log_config=None: uvicorn's own lines go through our handler (JSON lines off a terminal), not its own.
     # http="h11": uvicorn would take httptools wherever it is installed, which answers a method it does
     # not know with a bare 400 before the app, its metrics and logs, see it.
@@ -97,4 +135,4 @@ def api_server(app: Any, host: str, port: int, trusted_proxies: Sequence[str] = 
                             http="h11", lifespan="on", timeout_graceful_shutdown=10,
                             timeout_keep_alive=API_KEEP_ALIVE_SEC, proxy_headers=bool(trusted_proxies),
                             forwarded_allow_ips=list(trusted_proxies))
-    return ApiServer(config)
+    return ApiServer(config, announce or (lambda: log.info("API listening on http://%s:%d", host, port)))

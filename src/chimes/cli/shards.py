@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import click
 
+from chimes import outage
 from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database, on_migrated_database
 from chimes.store import db, rebalance
@@ -31,13 +32,18 @@ def shards() -> None:
 @shards.command("list")
 @database_options
 def list_shards(database_url: str | None, data_dir: Path) -> None:
-    """The map's version, then each range of partitions and where it lives (URLs without passwords)."""
+    """The map's version, then each range of partitions and where it lives (URLs without passwords),
+    the shards registered with no range yet (a move's target before its cut-over), and the moves with
+    their movers' liveness."""
     shard_map = _on_catalog(database_url, data_dir, shard_store.load_map)
     click.echo(f"shard map version {shard_map.version}")
     rows = [(r.first, r.last, f"shard {r.shard_id}", shard_store.without_password(r.url)) for r in shard_map.ranges]
     rows += [(first, last, "catalog", "(the --database-url database)") for first, last in shard_map.in_catalog()]
     for first, last, home, where in sorted(rows):
         click.echo(f"{first}-{last}\t{home}\t{where}")
+    for shard_id, url in _on_catalog(database_url, data_dir, shard_store.shards_without_ranges):
+        click.echo(f"-\tshard {shard_id}\t{shard_store.without_password(url)} (registered, no partitions yet: the "
+                   "target of a move before its cut-over)")
     moves = _on_catalog(database_url, data_dir, move_store.recent_moves)
     if moves:
         under_way = "the one under way first, then " if moves[0].under_way else ""
@@ -135,7 +141,7 @@ async def _mover_of(catalog: db.Connection, dsn: str, move: move_store.Move,
                     drain_timeout: float) -> move_store.Mover:
     await move_store.lock_mover(catalog)
     homes = await move_store.homes_of(catalog, dsn, move)
-    return move_store.Mover(catalog, homes, move, report=lambda m: click.echo(m.describe()),
+    return move_store.Mover(catalog, homes, move, report=lambda m: click.echo(m.describe(mover=False)),
                             drain_timeout_sec=drain_timeout)
 
 
@@ -145,9 +151,10 @@ async def _run_to_the_end(mover: move_store.Mover) -> None:
     except db.DB_ERRORS as exc:
         # Every phase is recorded as it is reached: the move is where its row says, and goes on from there.
         raise move_store.MoveError(
-            f"move {mover.move.move_id} stopped, {mover.move.phase}: a database it uses failed "
-            f"({db.describe(exc).splitlines()[0]}); nothing is lost: `chimes shards move --resume` takes it on "
-            "from there, `--cancel` gives the range back (before the cut-over)") from exc
+            f"move {mover.move.move_id} stopped, {mover.move.phase}: a database it uses failed, "
+            f"{outage.database_of(exc).label} ({db.describe(exc).splitlines()[0]}); nothing is lost: `chimes "
+            "shards move --resume` takes it on from there, `--cancel` gives the range back (before the cut-over)"
+        ) from exc
     if ended.phase == "cancelled":
         raise move_store.MoveError(f"the move was cancelled: {ended.note}")
 

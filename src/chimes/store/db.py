@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
@@ -148,9 +149,11 @@ class DatabaseUnavailable(ConnectionError):
     """The database did not accept a connection within the wait; the last error is the cause."""
 
 
-async def when_ready(step: Callable[[], Awaitable[T]], wait_sec: float | None = None) -> T:
+async def when_ready(step: Callable[[], Awaitable[T]], wait_sec: float | None = None, *,
+                     database: str | None = None) -> T:
     """Run ``step`` until the database lets it through, trying again from the start while the server is
-    not ready, for up to ``wait_sec`` (default: ``--database-wait``). The step must be safe to repeat."""
+    not ready, for up to ``wait_sec`` (default: ``--database-wait``). The step must be safe to repeat.
+    ``database``: its URL, to name it (else the one the failure names)."""
     wait = CONNECT_WAIT_SEC if wait_sec is None else wait_sec
     deadline = time.monotonic() + wait
     pause = 0.1
@@ -158,14 +161,35 @@ async def when_ready(step: Callable[[], Awaitable[T]], wait_sec: float | None = 
         try:
             return await step()
         except NOT_READY_ERRORS as exc:
+            named = database_named(database) if database is not None else outage.database_of(exc)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise DatabaseUnavailable(
-                    f"the database is not accepting connections ({describe(exc)}); gave up after "
+                    f"the database {named.label} is not accepting connections ({describe(exc)}); gave up after "
                     f"{wait:g} s (--database-wait)") from exc
-            log.warning("database not ready (%s); trying again for up to %.0f s", describe(exc), left)
+            log.warning("database %s not ready (%s); trying again for up to %.0f s", named.label, describe(exc), left)
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, 2.0)
+
+
+# What each database is to this process, by its URL and by the URL of each host of a multi-host one:
+# "catalog" (the database the process was given), "shard N" (read from the map), a move's source or
+# target. Outage messages name it (chimes.outage).
+_ROLES: dict[str, str] = {}
+
+
+def name_database(dsn: str, role: str) -> None:
+    """Say what the database at ``dsn`` is to this process, for the messages that name it."""
+    for url in {dsn, *split_hosts(dsn)}:
+        _ROLES[url] = role
+
+
+def database_named(url: str) -> outage.Database:
+    """The database at ``url`` as messages name it: its role here, and its host and database name."""
+    parts = urlsplit(url)
+    where = f"{_server(url)}/{parts.path.lstrip('/') or '(default database)'}"
+    role = _ROLES.get(url)
+    return outage.Database(role, f"{role} ({where})" if role else where)
 
 
 def describe(exc: BaseException) -> str:
@@ -262,19 +286,24 @@ def _by_answering(urls: list[str]) -> list[str]:
 
 
 async def _connect_host(url: str, kwargs: dict[str, Any]) -> asyncpg.Connection:
+    named = database_named(url)
+    kwargs.setdefault("connection_class", _NamedConnection)
     try:
         conn: asyncpg.Connection = await asyncpg.connect(url, **kwargs)
-    except (TimeoutError, OSError) as exc:
-        if not isinstance(exc, ConnectionRefusedError):  # refused: the host is there, its server is not
-            _UNANSWERED[url] = time.monotonic()
+    except BaseException as exc:
+        outage.blame(exc, named)
+        if isinstance(exc, (TimeoutError, OSError)) and not isinstance(exc, ConnectionRefusedError):
+            _UNANSWERED[url] = time.monotonic()  # refused: the host is there, its server is not
         raise
     _UNANSWERED.pop(url, None)
+    if isinstance(conn, _NamedConnection):
+        conn.database = named
     try:
         set_keepalive(conn, bounded=kwargs.get("command_timeout") is not None)
     except BaseException:
         conn.terminate()
         raise
-    outage.connected(_server(url))
+    outage.connected(named)
     return conn
 
 
@@ -356,7 +385,36 @@ def _most_telling(errors: list[BaseException]) -> BaseException:
     return errors[-1]
 
 
-class _PooledConnection(asyncpg.Connection):
+class _NamedConnection(asyncpg.Connection):
+    """A connection that knows which database it is to (set on connect), and records it on the errors
+    of the server or the connection its statements meet (chimes.outage.blame): a failure mid-statement
+    is the first of an outage, and its message names the database."""
+
+    database: outage.Database = outage.UNKNOWN
+
+
+def _naming_failures(name: str) -> Callable[..., Awaitable[Any]]:
+    method = getattr(asyncpg.Connection, name)
+
+    @functools.wraps(method)
+    async def call(self: _NamedConnection, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except UNAVAILABLE_ERRORS as exc:
+            outage.blame(exc, self.database)
+            raise
+
+    return call
+
+
+# Every statement a connection (or a pool, through its proxies) runs goes through one of these;
+# transactions run theirs with execute.
+for _name in ("execute", "executemany", "fetch", "fetchval", "fetchrow", "fetchmany", "copy_from_table",
+              "copy_from_query", "copy_to_table", "copy_records_to_table", "prepare"):
+    setattr(_NamedConnection, _name, _naming_failures(_name))
+
+
+class _PooledConnection(_NamedConnection):
     """A pooled connection given back as it is, without asyncpg's reset query (``RESET ALL``, ``UNLISTEN
     *``, ``CLOSE ALL``, ``pg_advisory_unlock_all()``): a round trip at every release, a write and a
     wake-up of the server for every batch and every API read. Chimes leaves nothing on a pooled
@@ -395,7 +453,7 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, wait_s
         assert pool is not None
         return pool
 
-    return await when_ready(open_pool, wait_sec)
+    return await when_ready(open_pool, wait_sec, database=dsn)
 
 
 async def _open_connection(dsn: str, command_timeout: float | None = None) -> asyncpg.Connection:
@@ -409,7 +467,7 @@ async def _open_connection(dsn: str, command_timeout: float | None = None) -> as
 
 
 async def connect(dsn: str, *, wait_sec: float | None = None) -> asyncpg.Connection:
-    return await when_ready(lambda: _open_connection(dsn), wait_sec)
+    return await when_ready(lambda: _open_connection(dsn), wait_sec, database=dsn)
 
 
 async def with_connection(dsn: str, step: Callable[[asyncpg.Connection], Awaitable[T]], *,
@@ -426,7 +484,7 @@ async def with_connection(dsn: str, step: Callable[[asyncpg.Connection], Awaitab
             if not conn.is_closed():
                 await conn.close(timeout=TIMEOUTS.connect_sec)
 
-    return await when_ready(once, wait_sec)
+    return await when_ready(once, wait_sec, database=dsn)
 
 
 @contextlib.contextmanager
@@ -434,10 +492,12 @@ def database_url(settings: Settings, archiving: Archiving | None = None) -> Any:
     """Yield the DSN to use: the configured URL, or the embedded server (started and shared as needed),
     with WAL archiving turned on or off as ``archiving`` says (None: as it is)."""
     if settings.database_url is not None:
+        name_database(settings.database_url, "catalog")
         yield settings.database_url
         return
     server = EmbeddedPostgres(settings.data_dir)
     dsn = server.acquire(archiving)
+    name_database(dsn, "catalog")
     try:
         yield dsn
     finally:

@@ -205,6 +205,11 @@ class EmbeddedPostgres:
         info = PostmasterInfo.read_from_pgdata(self.pgdata) if (self.pgdata / "postmaster.pid").exists() else None
         return info is not None and info.is_running()
 
+    @property
+    def runs_as(self) -> str | None:
+        """The system user the server runs as when that is not this process's user (Chimes as root)."""
+        return self._run_as
+
     def start_unregistered(self) -> None:
         """Start the server without registering a user: ``chimes restore`` replays WAL into a folder that
         no Chimes process uses yet, and stops the server itself."""

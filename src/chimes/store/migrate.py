@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 import asyncpg
+from packaging.version import Version
 
 from chimes import __version__
 from chimes.store.db import Conn
@@ -57,12 +58,10 @@ class AppliedStep:
 
 
 def release_key(release: str) -> tuple[int, ...]:
-    """Releases compare by their numbers: 0.10.0 is after 0.9.0. A build between releases
-    (0.3.4.dev0) compares as the release it leads to."""
-    match = _RELEASE.match(release)
-    if match is None:
-        raise ValueError(f"not a release: {release!r}")
-    return tuple(int(part) for part in match.group().split("."))
+    """Releases compare by their numbers: 0.10.0 is after 0.9.0. A development build between releases
+    (``0.3.4.dev0``, what the code reports after 0.3.3) counts as the release it leads to: it carries
+    that release's migrations, contract steps included, and the code that goes with them."""
+    return Version(release).release
 
 
 def parse_migration(file_name: str, text: str) -> Migration:

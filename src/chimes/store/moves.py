@@ -39,7 +39,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 
 import asyncpg
 
@@ -73,6 +73,8 @@ SMALL_PASS_ROWS = 2_000  # a copy pass this small is the last before the fence
 MAX_ONLINE_PASSES = 6
 MAX_FENCED_PASSES = 5
 POLL_SEC = 0.05
+MOVER_HEARTBEAT_SEC = 2.0  # how often a mover writes its heartbeat, on a catalog connection of its own
+MOVER_GONE_AFTER_SEC = 15.0  # a heartbeat this old: the mover is gone (killed, its host lost, or frozen)
 UNKNOWN_COPY = "?"  # the fingerprint recorded for a copy whose source was empty when read: never a real one
 
 
@@ -139,10 +141,46 @@ class Move:
     cut_over_at: datetime | None
     cut_over_version: int | None
     finished_at: datetime | None
+    read_at: datetime | None = None  # the catalog's clock when the row was read
 
     @property
     def under_way(self) -> bool:
         return self.phase in PHASES_UNDER_WAY
+
+    @property
+    def heartbeat_age_sec(self) -> float | None:
+        """How old the mover's heartbeat was when the row was read."""
+        if self.heartbeat_at is None or self.read_at is None:
+            return None
+        return max(0.0, (self.read_at - self.heartbeat_at).total_seconds())
+
+    @property
+    def fenced_sec(self) -> float | None:
+        """How long the range has fired nowhere, for a move under way past its fence: from the fence to
+        the target opening its lease rows at the end of the move."""
+        if self.phase not in ("fenced", "cut_over") or self.fenced_at is None or self.read_at is None:
+            return None
+        return max(0.0, (self.read_at - self.fenced_at).total_seconds())
+
+    @property
+    def mover_gone(self) -> bool:
+        """A move under way whose mover has not written its heartbeat for MOVER_GONE_AFTER_SEC."""
+        age = self.heartbeat_age_sec
+        return self.under_way and age is not None and age > MOVER_GONE_AFTER_SEC
+
+    def liveness(self) -> str | None:
+        """For a move under way: its mover and the age of its heartbeat; once it is gone, since when,
+        and the command that goes on."""
+        age = self.heartbeat_age_sec
+        if not self.under_way or age is None or self.heartbeat_at is None:
+            return None
+        if not self.mover_gone:
+            return f"mover {self.mover} alive, heartbeat {age:.0f} s ago"
+        since = self.heartbeat_at.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        then = ("`chimes shards move --resume` takes it on, `--cancel` gives the range back"
+                if self.phase != "cut_over" else "`chimes shards move --resume` finishes it (past its cut-over a "
+                                                 "move cannot be cancelled)")
+        return f"mover {self.mover} gone since {since} (no heartbeat for {age:.0f} s): {then}"
 
     @property
     def source(self) -> str:
@@ -157,9 +195,12 @@ class Move:
             return None
         return self.rows_left / self.rows_per_sec
 
-    def describe(self) -> str:
-        """One line: what moves where, its phase and progress."""
+    def describe(self, *, mover: bool = True) -> str:
+        """One line: what moves where, its phase and progress, and (``mover``) whether its mover is alive."""
         line = f"move {self.move_id}: partitions {self.first}-{self.last} {self.source} -> {self.target}, {self.phase}"
+        fenced = self.fenced_sec
+        if fenced is not None:
+            line += f"{' for' if self.phase == 'fenced' else ', fenced for'} {fenced:,.0f} s"
         if self.phase == "copying" or self.rows_copied:
             line += f", {self.rows_copied:,} rows copied in {self.passes} pass{'' if self.passes == 1 else 'es'}"
         if self.under_way and self.rows_per_sec:
@@ -168,7 +209,10 @@ class Move:
             if left is not None:
                 line += f", about {left:,.0f} s left"
         if self.note:
-            line += f" ({self.note})"
+            line += f" (when its mover stopped: {self.note})" if self.mover_gone else f" ({self.note})"
+        liveness = self.liveness() if mover else None
+        if liveness is not None:
+            line += f"; {liveness}"
         return line
 
 
@@ -180,7 +224,7 @@ def _move(row: asyncpg.Record) -> Move:
     return Move(row["move_id"], row["first_partition"], row["last_partition"], row["source_shard"],
                 row["target_shard"], row["phase"], row["passes"], row["rows_copied"], row["rows_per_sec"],
                 row["rows_left"], row["note"], row["mover"], row["heartbeat_at"], row["started_at"],
-                row["fenced_at"], row["cut_over_at"], row["cut_over_version"], row["finished_at"])
+                row["fenced_at"], row["cut_over_at"], row["cut_over_version"], row["finished_at"], row["read_at"])
 
 
 async def recent_moves(catalog: db.Conn | asyncpg.Pool, limit: int = 5) -> list[Move]:
@@ -340,6 +384,7 @@ class Mover:
 
     async def run(self) -> Move:
         await self.connect()
+        beating = asyncio.create_task(self._heartbeat())
         try:
             if self.move.phase == "copying":
                 await self._copy_online()
@@ -352,7 +397,27 @@ class Mover:
                 await self._finish()
             return self.move
         finally:
+            beating.cancel()
+            await asyncio.gather(beating, return_exceptions=True)
             await self.close()
+
+    async def _heartbeat(self) -> None:
+        """Say the mover is alive every MOVER_HEARTBEAT_SEC, on a catalog connection of its own: the
+        phases' work holds the mover's connections for as long as a copy or a drain takes. A failed
+        beat is tried again at the next (the phase's own statements meet the same failure)."""
+        conn: asyncpg.Connection | None = None
+        try:
+            while True:
+                try:
+                    if conn is None or conn.is_closed():
+                        conn = await db.connect(self._homes.catalog_url, wait_sec=0)
+                    await conn.execute(sql("move_heartbeat"), self.move.move_id, _mover_name())
+                except db.DB_ERRORS as exc:
+                    log.warning("move %d: the mover's heartbeat failed: %s", self.move.move_id, db.describe(exc))
+                await asyncio.sleep(MOVER_HEARTBEAT_SEC)
+        finally:
+            if conn is not None and not conn.is_closed():
+                conn.terminate()
 
     # --- phase 1: copying -----------------------------------------------------------------------
 
@@ -526,12 +591,22 @@ class Mover:
         await self._src.execute(sql("open_partitions"), move.first, move.last)
         await _delete_range(self._dst, move.first, move.last)
         await self._dst.execute(sql("forget_move_copies"), move.move_id)
-        await self._record(sql("move_ended"), move.move_id, "cancelled", why)
+        async with self._catalog.transaction():
+            await self._record(sql("move_ended"), move.move_id, "cancelled", why)
+            if move.target_shard is not None:
+                # A target registered by this move (--to URL) holds no range: it goes with the move, and the
+                # map, which never named it, keeps its version. One that holds a range stays.
+                forgotten = await self._catalog.fetchval(sql("forget_shard_without_ranges"), move.target_shard)
+                if forgotten is not None:
+                    log.info("move %d: shard %d (%s), which holds no range, is no longer registered", move.move_id,
+                             move.target_shard, without_password(forgotten))
         self._report(self.move)
         return self.move
 
     async def connect(self) -> None:
         """Open the connections to the source and the target (:meth:`run` does; :meth:`cancel` needs it first)."""
+        db.name_database(self._homes.source_url, f"the move's source, {self.move.source}")
+        db.name_database(self._homes.target_url, f"the move's target, {self.move.target}")
         self._source = await db.connect(self._homes.source_url)
         self._target = await db.connect(self._homes.target_url)
 
@@ -555,7 +630,7 @@ class Mover:
     async def _record(self, statement: str, *args: object) -> None:
         row = await self._catalog.fetchrow(statement, *args)
         if row is None:
-            current = await self._catalog.fetchrow("SELECT * FROM shard_moves WHERE move_id = $1", self.move.move_id)
+            current = await self._catalog.fetchrow(sql("a_move"), self.move.move_id)
             phase = current["phase"] if current is not None else "gone"
             raise MoveError(f"move {self.move.move_id} is {phase} now: another command changed it")
         self.move = _move(row)

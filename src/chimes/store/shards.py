@@ -118,9 +118,19 @@ def without_password(url: str) -> str:
 
 
 async def load_map(conn: db.Conn | asyncpg.Pool) -> ShardMap:
-    """The map as the catalog holds it now."""
+    """The map as the catalog holds it now; each shard's database is named "shard N" from then on, in
+    the messages of this process."""
     head = db.one_row(await conn.fetchrow(sql("shard_map_head")))
-    return ShardMap(head["version"], await _ranges(conn))
+    ranges = await _ranges(conn)
+    for shard_range in ranges:
+        db.name_database(shard_range.url, f"shard {shard_range.shard_id}")
+    return ShardMap(head["version"], ranges)
+
+
+async def shards_without_ranges(conn: db.Conn | asyncpg.Pool) -> list[tuple[int, str]]:
+    """(id, URL) of each database registered as a shard that holds no range of the map: the target of
+    a move before its cut-over (``chimes shards move --to URL`` registers it before it copies)."""
+    return [(r["shard_id"], r["url"]) for r in await conn.fetch(sql("shards_without_ranges"))]
 
 
 async def _ranges(conn: db.Conn | asyncpg.Pool) -> tuple[ShardRange, ...]:

@@ -5,40 +5,54 @@
 -- drops its connection, and the lock with it). False: another mover runs.
 SELECT pg_try_advisory_lock(hashtext('chimes_shard_mover'));
 
+-- Every statement that returns a move returns read_at, the catalog's clock as it read the row: how old
+-- the mover's heartbeat is, and how long the range has been fenced, are told by one clock, the one
+-- that wrote them.
+
 -- name: move_under_way
-SELECT * FROM shard_moves WHERE phase IN ('copying', 'fenced', 'cut_over');
+SELECT *, now() AS read_at FROM shard_moves WHERE phase IN ('copying', 'fenced', 'cut_over');
 
 -- name: recent_moves
 -- The move under way, if any, then the last ones that ended, newest first.
-SELECT * FROM shard_moves ORDER BY phase IN ('copying', 'fenced', 'cut_over') DESC, move_id DESC LIMIT $1;
+SELECT *, now() AS read_at FROM shard_moves
+ORDER BY phase IN ('copying', 'fenced', 'cut_over') DESC, move_id DESC LIMIT $1;
+
+-- name: a_move
+SELECT *, now() AS read_at FROM shard_moves WHERE move_id = $1;
+
+-- name: move_heartbeat
+-- The mover is alive: written on a connection of its own every few seconds, whatever its phase's
+-- work is doing meanwhile (a long copy, the wait for the range's runs in flight).
+UPDATE shard_moves SET heartbeat_at = now(), mover = $2
+WHERE move_id = $1 AND phase IN ('copying', 'fenced', 'cut_over');
 
 -- name: begin_move
 INSERT INTO shard_moves (first_partition, last_partition, source_shard, target_shard, mover, heartbeat_at)
 VALUES ($1, $2, $3, $4, $5, now())
-RETURNING *;
+RETURNING *, now() AS read_at;
 
 -- name: move_progress
 UPDATE shard_moves
 SET passes = $2, rows_copied = $3, rows_per_sec = $4, rows_left = $5, note = $6, mover = $7, heartbeat_at = now()
 WHERE move_id = $1
-RETURNING *;
+RETURNING *, now() AS read_at;
 
 -- name: move_fenced
 UPDATE shard_moves SET phase = 'fenced', fenced_at = now(), note = $2, heartbeat_at = now()
 WHERE move_id = $1 AND phase IN ('copying', 'fenced')
-RETURNING *;
+RETURNING *, now() AS read_at;
 
 -- name: move_cut_over
 UPDATE shard_moves SET phase = 'cut_over', cut_over_at = now(), cut_over_version = $2, note = NULL,
                        heartbeat_at = now()
 WHERE move_id = $1 AND phase = 'fenced'
-RETURNING *;
+RETURNING *, now() AS read_at;
 
 -- name: move_ended
 -- $2: 'done' or 'cancelled'; $3 the note (why it was cancelled).
 UPDATE shard_moves SET phase = $2, note = $3, finished_at = now(), heartbeat_at = now()
 WHERE move_id = $1 AND phase IN ('copying', 'fenced', 'cut_over')
-RETURNING *;
+RETURNING *, now() AS read_at;
 
 -- name: shard_url
 SELECT url FROM shards WHERE shard_id = $1;
@@ -48,6 +62,12 @@ SELECT shard_id FROM shards WHERE url = $1;
 
 -- name: register_shard
 INSERT INTO shards (url) VALUES ($1) ON CONFLICT (url) DO UPDATE SET url = EXCLUDED.url RETURNING shard_id;
+
+-- name: forget_shard_without_ranges
+-- A cancelled move's target that holds no range of the map: registered by the move (--to URL), it is
+-- no shard of the map, and nothing routes to it. One that holds a range is kept.
+DELETE FROM shards s WHERE s.shard_id = $1 AND NOT EXISTS (SELECT 1 FROM shard_ranges r WHERE r.shard_id = s.shard_id)
+RETURNING s.url;
 
 -- name: close_partitions
 -- A home's lease rows of the range, closed by move $3: no node holds them from this commit on. The

@@ -17,6 +17,11 @@ SELECT r.first_partition, r.last_partition, r.shard_id, s.url, r.since_version
 FROM shard_ranges r JOIN shards s USING (shard_id)
 ORDER BY r.first_partition;
 
+-- name: shards_without_ranges
+-- Databases registered as shards that hold no range of the map (a move's target before its cut-over).
+SELECT s.shard_id, s.url FROM shards s
+WHERE NOT EXISTS (SELECT 1 FROM shard_ranges r WHERE r.shard_id = s.shard_id) ORDER BY s.shard_id;
+
 -- name: add_shard
 -- A URL already in the map is the same shard: it gets another range.
 INSERT INTO shards (url) VALUES ($1)
