@@ -85,8 +85,15 @@ async def test_a_rolling_restart_of_every_node_and_worker_costs_no_slot(
         bounded = [first - timedelta(seconds=1), *times, last + timedelta(seconds=1)]
         gaps = [(a, b) for a, b in itertools.pairwise(bounded) if b - a != timedelta(seconds=1)]
         assert not gaps, f"job {job_id} has slots without a record between: {gaps}"
-        skipped = [(r["scheduled_at"], r["reason"]) for r in rows if r["status"] != "succeeded"]
-        assert not skipped, f"job {job_id}: slots that did not run: {skipped[:3]}"
+        skipped = [r["scheduled_at"] for r in rows if r["status"] != "succeeded"]
+        if skipped:  # what the run before the first such slot did, for the failure's message
+            before = await home.fetchrow("SELECT scheduled_at, fired_at, started_at, finished_at, worker_id, reason "
+                                         "FROM runs WHERE job_id = $1 AND scheduled_at < $2 "
+                                         "ORDER BY scheduled_at DESC LIMIT 1", uuid.UUID(job_id), skipped[0])
+            first_skipped = await home.fetchrow("SELECT fired_at, reason, job_version FROM runs WHERE job_id = $1 "
+                                                "AND scheduled_at = $2", uuid.UUID(job_id), skipped[0])
+            raise AssertionError(f"job {job_id}: {len(skipped)} slots did not run, the first {skipped[0]} "
+                                 f"({dict(first_skipped)}); the run before it: {dict(before) if before else None}")
     run_ids = [c.run_id for c in target.calls]
     assert len(run_ids) == len(set(run_ids)), "a run was delivered twice"
 

@@ -16,8 +16,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import httpx
 
+from chimes.scheduler.node import SchedulerNode
 from tests.helpers import Homes, wait_for
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import FAST_SCHEDULER, Fleet
 from tests.integration.test_core_loop import http_job
 from tests.target import Target
 
@@ -123,3 +124,28 @@ async def test_a_schedule_edit_keeps_the_old_slot_that_was_due_and_starts_the_ne
     carried = await pool.fetchrow("SELECT carried_slots, carried_until FROM jobs WHERE job_id = $1", uuid.UUID(job_id))
     # The old definition's slots up to the edit: the one due, and the next if a minute turned meanwhile.
     assert carried["carried_slots"][0] == due_at and carried["carried_until"] < new_first
+
+
+async def test_a_node_reads_a_trigger_an_edit_kept_again_at_once(
+    pool: asyncpg.Pool, client: httpx.AsyncClient, target: Target
+) -> None:
+    """The node holds a due trigger at version 1; an edit keeps it for its slot at version 2, so the
+    batch the node sends fires nothing. The node reads it again at once and fires it then, not at its
+    next scan (a second on, after the slot that follows, which concurrency skip would then skip)."""
+    created = await client.post("/jobs", json=http_job(target, "/kept", {"cron": "0 0 1 1 *"}))
+    job_id = uuid.UUID(created.json()["jobId"])
+    node = SchedulerNode(pool, FAST_SCHEDULER, node_id="holding")
+    await node.leases.sync()
+    due_at = await pool.fetchval("UPDATE triggers SET fire_at = date_trunc('second', clock_timestamp()) "
+                                 "WHERE job_id = $1 RETURNING fire_at", job_id)
+    [held] = await node.store.scan_due(list(node.leases.held), due_at + timedelta(seconds=1), 10)
+    assert node.wheel.add(held)
+    await pool.execute("UPDATE triggers SET job_version = 2 WHERE job_id = $1", job_id)  # as an edit keeping it
+    await pool.execute("UPDATE jobs SET version = 2 WHERE job_id = $1", job_id)
+    await node._fire_batch(node.wheel.pop_due(due_at.timestamp() + 1))
+    assert not await pool.fetchval("SELECT count(*) FROM runs WHERE job_id = $1", job_id)
+    [again] = node.wheel.pop_due(due_at.timestamp() + 1)  # held again without a scan
+    assert (again.fire_at, again.job_version) == (due_at, 2)
+    await node._fire_batch([again])
+    assert await pool.fetchval("SELECT scheduled_at FROM runs WHERE job_id = $1", job_id) == due_at
+    await node.leases.release_all()

@@ -520,6 +520,23 @@ class SchedulerNode:
             result = FireResult(len({t.partition_id for t in fired}) - lost, sum(r.fired for r, _ in done),
                                 sum(r.enqueued for r, _ in done), sum(r.too_early for r, _ in done))
             self._fired(fired, fires, fired_at, result)
+            if not lost and result.fired + result.too_early < len(fires):
+                await self._read_again(fired)
+
+    async def _read_again(self, sent: list[DueTrigger]) -> None:
+        """Triggers of a batch that neither fired nor were too early were changed since they were read:
+        an edit that kept a due slot gave its trigger the job's new version. Read them again at once
+        and hold those still there, rather than at the next scan, after the slot that follows."""
+        versions = {t.key: t.job_version for t in sent}
+        try:
+            current = await self.store.due_triggers(list(versions))
+        except DB_ERRORS as exc:
+            log.warning("could not read changed triggers again (the next scan will): %s", describe(exc))
+            return
+        held = self.leases.held
+        changed = [t for t in current if t.partition_id in held and t.job_version != versions[t.key]]
+        if sum(self._hold(t) for t in changed):
+            self._wake.set()
 
     def _batch_ended(self, due: list[DueTrigger]) -> None:
         self.wheel.done(due)
