@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from chimes.cli.options import aware_time
 from chimes.security.secrets import KEY_FILE_NAME
 from chimes.settings import default_data_dir
 
@@ -38,22 +39,11 @@ def backup(data_dir: Path, backup_dir: Path, keep: int | None) -> None:
         click.echo(f"removed {len(dropped)} older base backups and {wal_files} archived WAL files")
 
 
-def _aware_time(context: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an ISO 8601 time such as 2026-12-04T05:00:00Z") from None
-    if moment.tzinfo is None:
-        raise click.BadParameter(f"{value!r} has no time zone: add Z (UTC) or an offset such as +01:00")
-    return moment
-
 
 @click.command()
 @click.option("--from", "backup_dir", envvar="CHIMES_BACKUP_DIR", show_envvar=True, required=True,
               type=click.Path(path_type=Path, exists=True, file_okay=False), help="The backup folder.")
-@click.option("--to-time", callback=_aware_time, default=None,
+@click.option("--to-time", callback=aware_time, default=None,
               help="Restore the database as it was at this time (ISO 8601 with a zone). Default: the last "
                    "archived commit.")
 @click.option("--data-dir", envvar="CHIMES_DATA_DIR", show_envvar=True, type=click.Path(path_type=Path),

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from chimes.cli.options import listen_options, settings_from
+from chimes.cli.options import aware_time, listen_options, settings_from
 from chimes.cli.runtime import run_async
 from chimes.cli.security_options import (
     allow_commands_option,
@@ -43,15 +43,6 @@ def _cluster(data_dir: Path, members: int = 3, backup_repo: Path | None = None, 
     except ValueError as exc:  # a repository path that cannot go into archive_command
         raise click.BadParameter(str(exc), param_hint="--backup-repo") from None
 
-
-def _aware_time(context: click.Context, param: click.Parameter, value: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an ISO 8601 time such as 2026-12-04T05:00:00Z") from None
-    if moment.tzinfo is None:
-        raise click.BadParameter(f"{value!r} has no time zone: add Z (UTC) or an offset such as +01:00")
-    return moment
 
 
 @click.group()
@@ -202,7 +193,7 @@ def backup(data_dir: Path, keep: int | None, kind: str | None) -> None:
 
 @ha.command()
 @data_dir_option
-@click.option("--to-time", envvar="CHIMES_HA_RESTORE_TO_TIME", show_envvar=True, required=True, callback=_aware_time,
+@click.option("--to-time", envvar="CHIMES_HA_RESTORE_TO_TIME", show_envvar=True, required=True, callback=aware_time,
               help="Restore the cluster as it was at this time (ISO 8601 with a zone): every transaction committed "
                    "by then, none after.")
 @click.option("--timeout", "timeout_sec", envvar="CHIMES_HA_RESTORE_TIMEOUT_SEC", show_envvar=True,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
 from chimes import settings
+from chimes.instants import in_utc
 from chimes.settings import DEFAULT_HOST, DEFAULT_PORT, Settings, default_data_dir
 
 
@@ -88,3 +90,19 @@ def metrics_options(func: Callable[..., Any]) -> Callable[..., Any]:
         type=click.IntRange(1, 65535), help="Serve Prometheus metrics on this port (default: not served).",
     )(serve_then_run)
     return serve_then_run
+
+
+def aware_time(context: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
+    """A click callback for an option that takes a time: ISO 8601 with a zone, in UTC."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an ISO 8601 time such as 2026-12-04T05:00:00Z") from None
+    if moment.tzinfo is None:
+        raise click.BadParameter(f"{value!r} has no time zone: add Z (UTC) or an offset such as +01:00")
+    try:
+        return in_utc(moment)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} {exc}") from None
