@@ -496,6 +496,38 @@ async def test_a_pool_carries_calls_on_kept_alive_connections_within_its_bound_e
     assert pool.watched_sockets == 0
 
 
+async def test_calls_made_at_once_to_a_new_plain_http_target_run_at_once() -> None:
+    """Three calls of 0.4 s each to a target the pool has no connection to yet: all three are at the
+    target together. (With libcurl's PIPEWAIT on a plain-HTTP target, the third waited for the first
+    reply, as if the target could only take one connection at a time.)"""
+    in_flight = most = 0
+
+    async def slow(request: web.Request) -> web.Response:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.4)
+        in_flight -= 1
+        return web.Response(text="done")
+
+    app = web.Application()
+    app.router.add_route("*", "/slow", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    pool = CurlPool(EgressPolicy.build(), max_connections=8)
+    try:
+        replies = await asyncio.gather(*(pool.request("POST", f"http://127.0.0.1:{port}/slow", host="127.0.0.1",
+                                                      timeout_sec=10) for _ in range(3)))
+    finally:
+        pool.close()
+        await runner.cleanup()
+    assert [r.status for r in replies] == [200] * 3
+    assert most == 3
+
+
 async def test_a_pools_request_sends_its_method_headers_and_body_and_hands_the_body_over(served: Served) -> None:
     """The pool alone, as another program would call a target with it: no Chimes headers but its own."""
     pool = CurlPool(EgressPolicy.build(), max_connections=2)
