@@ -496,11 +496,20 @@ async def test_a_pool_carries_calls_on_kept_alive_connections_within_its_bound_e
     assert pool.watched_sockets == 0
 
 
-async def test_calls_made_at_once_to_a_new_plain_http_target_run_at_once() -> None:
-    """Three calls of 0.4 s each to a target the pool has no connection to yet: all three are at the
-    target together. (With libcurl's PIPEWAIT on a plain-HTTP target, the third waited for the first
-    reply, as if the target could only take one connection at a time.)"""
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https-http1.1"])
+async def test_calls_made_at_once_to_a_new_http1_target_run_at_once(
+    tls: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three calls of 0.4 s each to an HTTP/1.1 target the pool has no connection to yet: all three are
+    at the target together. (With libcurl's PIPEWAIT on a plain-HTTP target, the third waited for the
+    first reply, as if the target could only take one connection at a time.)"""
     in_flight = most = 0
+    context = None
+    if tls:
+        cert, key = _certificate(tmp_path)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
 
     async def slow(request: web.Request) -> web.Response:
         nonlocal in_flight, most
@@ -514,13 +523,13 @@ async def test_calls_made_at_once_to_a_new_plain_http_target_run_at_once() -> No
     app.router.add_route("*", "/slow", slow)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
     await site.start()
-    port = runner.addresses[0][1]
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{runner.addresses[0][1]}/slow"
     pool = CurlPool(EgressPolicy.build(), max_connections=8)
     try:
-        replies = await asyncio.gather(*(pool.request("POST", f"http://127.0.0.1:{port}/slow", host="127.0.0.1",
-                                                      timeout_sec=10) for _ in range(3)))
+        replies = await asyncio.gather(*(pool.request("POST", url, host="127.0.0.1", timeout_sec=10)
+                                         for _ in range(3)))
     finally:
         pool.close()
         await runner.cleanup()
@@ -656,7 +665,7 @@ async def test_an_https_target_that_offers_http2_is_called_over_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real HTTP/2 server (hypercorn, which offers h2 and http/1.1 in TLS): libcurl takes HTTP/2, and
-    the calls of one owner at once share its one connection."""
+    once one connection is up, the calls of one owner at once share it."""
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 
@@ -684,14 +693,15 @@ async def test_an_https_target_that_offers_http2_is_called_over_it(
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     executor = HttpExecutor()
     try:
-        outcomes = await asyncio.wait_for(
-            asyncio.gather(*(executor.run({"type": "http", "url": url}, ctx()) for _ in range(5))), timeout=20)
+        first = await asyncio.wait_for(executor.run({"type": "http", "url": url}, ctx()), timeout=20)
+        outcomes = [first, *await asyncio.wait_for(
+            asyncio.gather(*(executor.run({"type": "http", "url": url}, ctx()) for _ in range(5))), timeout=20)]
     finally:
         await executor.close()
         stop.set()
         await server
-    assert [o.output for o in outcomes] == ["HTTP/2"] * 5, outcomes
-    assert [version for version, _ in seen] == ["2"] * 5
+    assert [o.output for o in outcomes] == ["HTTP/2"] * 6, outcomes
+    assert [version for version, _ in seen] == ["2"] * 6
     assert len({client for _, client in seen}) == 1, "one connection carries the calls at once"
 
 

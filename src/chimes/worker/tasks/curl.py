@@ -122,7 +122,7 @@ class Transfer:
     header callback noted of the final head."""
 
     __slots__ = ("_max_bytes", "_opened", "_policy", "content_type_named", "curl", "delivered", "future",
-                 "head_ended", "host", "location_named", "method", "on_body", "over", "pipewait", "refusals")
+                 "head_ended", "host", "location_named", "method", "on_body", "over", "refusals")
 
     def __init__(self, policy: EgressPolicy, opened: list[socket.socket], certificates: tuple[str | None, str | None],
                  max_bytes: int, max_idle_sec: int) -> None:
@@ -138,7 +138,6 @@ class Transfer:
         self.delivered = 0
         self.over = False
         self.head_ended = self.content_type_named = self.location_named = False
-        self.pipewait = False
         curl = self.curl
         curl.setopt(pycurl.NOSIGNAL, 1)  # no SIGALRM or SIGPIPE games inside an event loop
         # Never a proxy from the environment (http_proxy, https_proxy, ALL_PROXY): the egress check is
@@ -154,10 +153,11 @@ class Transfer:
         curl.setopt(pycurl.ACCEPT_ENCODING, "gzip, deflate")  # decoded before on_body sees it
         curl.setopt(pycurl.MAXFILESIZE_LARGE, max_bytes)  # the body's bytes on the wire, before decoding
         curl.setopt(pycurl.MAXAGE_CONN, max_idle_sec)
-        # HTTP/2 to HTTPS targets that offer it in TLS, HTTP/1.1 to the rest. PIPEWAIT, set per call for
-        # HTTPS alone (request): a call that starts while the first connection to a target is in TLS
-        # waits to learn whether it can share it. To a plain-HTTP target libcurl would hold it back until
-        # that connection's reply had come, whatever its length: calls made at once ran one after another.
+        # HTTP/2 to HTTPS targets that offer it in TLS, HTTP/1.1 to the rest. Not PIPEWAIT: libcurl would
+        # hold a call back until another connection to the target had its first reply, to see whether
+        # the call could share it, however long that reply takes: to an HTTP/1.1 target, calls made at
+        # once went one after another. Calls that start together open connections of their own; the
+        # calls after them share an HTTP/2 one.
         curl.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_2TLS)
         cafile, capath = certificates
         if cafile:
@@ -404,10 +404,6 @@ class CurlPool:
         transfer = self.transfer(host, on_body)
         curl = transfer.curl
         curl.setopt(pycurl.URL, url)
-        secure = url[:6].lower() == "https:"
-        if secure != transfer.pipewait:
-            curl.setopt(pycurl.PIPEWAIT, int(secure))
-            transfer.pipewait = secure
         if body is not None or method != transfer.method:
             _set_method(curl, method, body)
             transfer.method = method if body is None else ""
