@@ -1,7 +1,7 @@
 """Removing any one fence from the SQL makes at least one deterministic test fail.
 
 Runs ``python -m tests.fence_check`` (every fence neutralised in turn in a copy of the package, its
-tests run against the copy, two mutants at a time) on the suite's PostgreSQL: 80 to 100 s on 2 cores.
+tests run against the copy, two mutants at a time) on the suite's PostgreSQL (docs/reliability.md).
 """
 
 from __future__ import annotations
