@@ -58,7 +58,7 @@ async def test_lease_renewal_does_not_wait_for_a_fire_in_flight(pool: asyncpg.Po
     store = SchedulerStore(pool, "node")
     leases = await take_all(store)
     async with fire_held_mid_statement(pool, store, leases, job_id) as firing:
-        renewed = await asyncio.wait_for(store.sync_leases("host", 1, leases, ttl_sec=30), timeout=10)
+        renewed = (await asyncio.wait_for(store.sync_leases("host", 1, leases, ttl_sec=30), timeout=10)).held
         assert renewed == leases
     assert (await firing).fired == 1
 
@@ -74,7 +74,7 @@ async def test_takeover_skips_a_partition_while_its_fire_is_in_flight(pool: asyn
         taken = await asyncio.wait_for(take_all(new), timeout=10)
         assert partition not in taken and len(taken) == 1023
     assert (await firing).fired == 1  # checked against the lease it still held when it started
-    taken = await new.sync_leases("host", 1, taken, ttl_sec=30)
+    taken = (await new.sync_leases("host", 1, taken, ttl_sec=30)).held
     assert taken[partition] == old_leases[partition] + 1
 
 

@@ -125,13 +125,13 @@ async def test_a_node_takes_no_more_than_its_share_of_partitions_with_misleading
 ) -> None:
     """With another node alive, a node's lease round takes half the partitions, not all of them."""
     other = SchedulerStore(pool, "node-b")
-    assert await other.sync_leases("host", 2, {}, ttl_sec=30, release_extra=False)  # alive, then gives them up
+    assert (await other.sync_leases("host", 2, {}, ttl_sec=30, release_extra=False)).held  # alive, then gives them up
     await pool.execute("UPDATE partition_leases SET owner = NULL, expires_at = '-infinity'")
     async with pool.acquire() as conn:
         await analysed_while_drained(conn, "partition_leases")
         assert await changed_by_control(conn, OLD_ACQUIRE, 512) > 512
-    held = await SchedulerStore(pool, "node-a").sync_leases("host", 1, {}, ttl_sec=30)
-    assert len(held) == 512
+    taken = await SchedulerStore(pool, "node-a").sync_leases("host", 1, {}, ttl_sec=30)
+    assert len(taken.held) == 512 == taken.share
     assert await pool.fetchval("SELECT count(*) FROM partition_leases WHERE owner = 'node-a'") == 512
 
 

@@ -270,7 +270,7 @@ async def test_release_leases_fence_owner(pool: asyncpg.Pool) -> None:
     await a.leave(stale)
     assert await pool.fetchval("SELECT count(*) FROM partition_leases WHERE owner = 'node-b' "
                                "AND expires_at > now()") == 1024
-    assert await b.sync_leases("host", 1, held, ttl_sec=30) == held  # renewed, same tokens
+    assert (await b.sync_leases("host", 1, held, ttl_sec=30)).held == held  # renewed, same tokens
 
 
 # --- job version: fire -------------------------------------------------------------------------

@@ -39,7 +39,7 @@ async def make_due_job(pool: asyncpg.Pool, schedule: dict | None = None, callbac
 
 
 async def take_all(store: SchedulerStore) -> dict[int, int]:
-    return await store.sync_leases("host", 1, {}, ttl_sec=30)
+    return (await store.sync_leases("host", 1, {}, ttl_sec=30)).held
 
 
 async def fire_due_one_offs(pool: asyncpg.Pool, count: int) -> tuple[SchedulerStore, dict[int, int]]:
@@ -89,7 +89,7 @@ async def test_renewal_fails_after_takeover(pool: asyncpg.Pool) -> None:
     await stall(pool, "node-old")
     assert len(await take_all(SchedulerStore(pool, "node-new"))) == 1024
     # The old node wakes up: nothing is renewed, and no partition held by the live node is taken.
-    assert await old.sync_leases("host", 1, old_leases, ttl_sec=30) == {}
+    assert (await old.sync_leases("host", 1, old_leases, ttl_sec=30)).held == {}
     owners = await pool.fetch("SELECT DISTINCT owner FROM partition_leases")
     assert [r["owner"] for r in owners] == ["node-new"]
 
@@ -99,18 +99,19 @@ async def test_expired_but_untaken_lease_is_renewed_with_same_token(pool: asyncp
     node = SchedulerStore(pool, "node")
     leases = await take_all(node)
     await pool.execute("UPDATE partition_leases SET expires_at = now() - interval '1 second'")
-    assert await node.sync_leases("host", 1, leases, ttl_sec=30) == leases
+    assert (await node.sync_leases("host", 1, leases, ttl_sec=30)).held == leases
 
 
 async def test_partitions_rebalance_between_nodes(pool: asyncpg.Pool) -> None:
     a, b = SchedulerStore(pool, "node-a"), SchedulerStore(pool, "node-b")
     held_a = await take_all(a)
     assert len(held_a) == 1024
-    held_b = await b.sync_leases("host", 2, {}, ttl_sec=30)
-    assert held_b == {}  # nothing is free yet
-    held_a = await a.sync_leases("host", 1, held_a, ttl_sec=30)  # a sees b and sheds half
+    first = await b.sync_leases("host", 2, {}, ttl_sec=30)
+    held_b = first.held
+    assert held_b == {} and first.share == 512  # nothing is free yet
+    held_a = (await a.sync_leases("host", 1, held_a, ttl_sec=30)).held  # a sees b and sheds half
     assert len(held_a) == 512
-    held_b = await b.sync_leases("host", 2, held_b, ttl_sec=30)
+    held_b = (await b.sync_leases("host", 2, held_b, ttl_sec=30)).held
     assert len(held_b) == 512 and not set(held_a) & set(held_b)
 
 

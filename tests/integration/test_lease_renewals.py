@@ -14,11 +14,11 @@ PAGES = "SELECT partition_id, (ctid::text::point)[0]::int AS page FROM partition
 
 async def test_renewing_every_partition_keeps_each_lease_on_its_page(pool: asyncpg.Pool) -> None:
     store = SchedulerStore(pool, "node-a")
-    held = await store.sync_leases("host", 1, {}, ttl_sec=30)
+    held = (await store.sync_leases("host", 1, {}, ttl_sec=30)).held
     assert len(held) == 1024
     before = {r["partition_id"]: r["page"] for r in await pool.fetch(PAGES)}
     for _ in range(5):
-        assert await store.sync_leases("host", 1, held, ttl_sec=30) == held
+        assert (await store.sync_leases("host", 1, held, ttl_sec=30)).held == held
     after = {r["partition_id"]: r["page"] for r in await pool.fetch(PAGES)}
     moved = sorted(p for p in before if after[p] != before[p])
     assert not moved, f"{len(moved)} of 1,024 renewals left their page (not HOT), e.g. partition {moved[0]}"

@@ -149,9 +149,9 @@ async def _node_for_catch_up(pool: asyncpg.Pool) -> tuple[SchedulerNode, asyncio
 
 
 async def _catch_up_records(homes: Homes, client: httpx.AsyncClient, target: Target, policy: dict,
-                            path: str) -> list[asyncpg.Record]:
+                            path: str, concurrency: str = "allow", **extra: object) -> list[asyncpg.Record]:
     created = await client.post("/jobs", json=job(target, path, {"cron": "*/10 * * * * *"}, catchUp=policy,
-                                                  concurrency="allow"))
+                                                  concurrency=concurrency, **extra))
     job_id = created.json()["jobId"]
     pool = await homes.for_job(job_id)  # the job's database
     await _outage(pool, job_id, 60)  # seven 10-second slots missed, the last one just now
@@ -196,6 +196,26 @@ async def test_catch_up_all_runs_newest_up_to_max(client: httpx.AsyncClient, tar
     assert [r["trigger"] for r in missed] == ["schedule"] * (len(missed) - 3) + ["catchup"] * 3
     assert all(r["status"] == "skipped" and "maxRuns" in r["reason"] for r in missed[:-3])
     assert all(r["status"] != "skipped" for r in missed[-3:])
+
+
+@pytest.mark.parametrize("concurrency", ["skip", "queue"])
+async def test_several_runs_of_one_catch_up_are_decided_oldest_first_as_if_fired_one_by_one(
+    concurrency: str, client: httpx.AsyncClient, target: Target, homes: Homes
+) -> None:
+    """skip: the oldest runs and the newer find it active; queue (one may wait): the oldest runs, the
+    next waits for it, the newest finds one waiting. No reason names a run that was not there."""
+    history = await _catch_up_records(homes, client, target, {"policy": "all", "maxRuns": 3}, f"/{concurrency}",
+                                      concurrency, queueLimit=1)
+    caught_up = [r for r in _through_last_catch_up(history) if r["trigger"] == "catchup"]
+    assert len(caught_up) == 3
+    oldest, middle, newest = caught_up
+    assert oldest["status"] == "scheduled" and oldest["reason"] == "missed; run late by catch-up"
+    if concurrency == "skip":
+        assert [r["status"] for r in (middle, newest)] == ["skipped"] * 2
+        assert all("the previous run is still active" in r["reason"] for r in (middle, newest))
+    else:
+        assert middle["status"] == "scheduled" and "waiting for the active run" in middle["reason"]
+        assert newest["status"] == "skipped" and "1 runs already waiting (queueLimit)" in newest["reason"]
 
 
 async def test_catch_up_none_skips_every_missed_slot(client: httpx.AsyncClient, target: Target,

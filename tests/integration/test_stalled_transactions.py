@@ -50,7 +50,7 @@ async def test_partitions_of_a_node_stalled_inside_a_fire_are_taken_over(databas
                                         server_settings=db.lock_holding_limit(TTL))
     try:
         node_a = SchedulerStore(stalled_pool, "node-a")
-        held = await node_a.sync_leases("host-a", 1, {}, TTL)
+        held = (await node_a.sync_leases("host-a", 1, {}, TTL)).held
         assert PARTITION in held
         conn = await stalled_pool.acquire()
         await stall_inside_a_fire(conn, held[PARTITION])
@@ -60,7 +60,7 @@ async def test_partitions_of_a_node_stalled_inside_a_fire_are_taken_over(databas
         owned: dict[int, int] = {}
 
         async def takes_over() -> bool:
-            owned.update(await node_b.sync_leases("host-b", 2, owned, TTL))
+            owned.update((await node_b.sync_leases("host-b", 2, owned, TTL)).held)
             return PARTITION in owned
 
         await wait_for(takes_over, timeout=TTL + 6, what="node-b to take the stalled node's partition",

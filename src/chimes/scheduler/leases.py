@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 class LeaseConfig:
     ttl_sec: float = PARTITION_LEASE_TTL_SEC  # a dead node's partitions are taken over after at most this long
     renew_every_sec: float = 1.0  # well inside the TTL, so one slow round never loses a lease
+    short_retry_sec: float = 0.1  # a round that took partitions but fewer than its share: the next one
 
 
 class LeaseManager:
@@ -33,6 +34,7 @@ class LeaseManager:
         self.store = store
         self.config = config
         self.held: dict[int, int] = {}
+        self.short = False  # the last round left this node below its fair share
         # With shards: the partitions this node's home holds (the others' lease rows are empty here).
         self.serves = serves
         self._on_lost = on_lost
@@ -42,7 +44,9 @@ class LeaseManager:
         """One round: heartbeat, renew, then shed or take partitions toward a fair share. Returns the
         partitions gained."""
         before = self.held
-        after = await self.store.sync_leases(self._hostname, os.getpid(), before, self.config.ttl_sec)
+        round_ = await self.store.sync_leases(self._hostname, os.getpid(), before, self.config.ttl_sec)
+        after = round_.held
+        self.short = len(after) < round_.share
         lost = {p for p, token in before.items() if after.get(p) != token}
         gained = after.keys() - before.keys()
         self.held = after

@@ -127,6 +127,10 @@ class SchedulerNode:
         # The wheel holds a fire's next trigger only if it is due before this, the end of the look-ahead
         # the wheel was given, so that the wheel's sums and the database's cover the same triggers.
         self._held_until: datetime | None = None
+        # A scan and the read of partitions just gained take turns: a scan that began before a gain
+        # would otherwise move the look-ahead past what the read of the gained partitions covered.
+        self._reading = asyncio.Lock()
+        self._reads: set[asyncio.Task[None]] = set()  # reads of partitions just gained
         self._keys_read_at = float("-inf")  # when the held part of the look-ahead was last re-read (loop time)
         self._keys_read_of: frozenset[int] = frozenset()  # and for which partitions
         self._ended_while_counting: set[int] | None = None  # partitions of batches that end meanwhile
@@ -166,7 +170,7 @@ class SchedulerNode:
         tasks = [asyncio.create_task(loop) for loop in loops]
         try:
             await self._stopping.wait()
-            await _cancelled(taking_tasks)
+            await _cancelled(taking_tasks + list(self._reads))
             await self._fire_what_is_due()
         finally:
             await _cancelled(taking_tasks + tasks)
@@ -243,18 +247,31 @@ class SchedulerNode:
             # (The database would refuse stale fires anyway; this just avoids the wasted work.)
             self.leases.drop_all()
             raise
-        if gained and self._held_until is not None:
-            await self._scan_gained(gained)
+        if gained and self.leases.short:
+            # Partitions given up by another node but still locked by its last batch were skipped:
+            # another round once that batch has ended, rather than at the next round.
+            asyncio.get_running_loop().call_later(self.config.lease.short_retry_sec, self._leases_changed.set)
+        if gained:  # in a task of its own: it may wait for a scan, and the lease loop must not
+            task = asyncio.create_task(self._scan_gained(gained))
+            self._reads.add(task)
+            task.add_done_callback(self._reads.discard)
 
     async def _scan_gained(self, gained: set[int]) -> None:
         """Read the partitions just taken over at once, up to the look-ahead the wheel holds, rather
-        than at the next scan: a node that stopped handed them over just before their next slot."""
-        until = self._held_until
-        assert until is not None
-        triggers = await self.store.scan_due(sorted(gained), until, self.config.scan_limit)
-        held = self.leases.held
-        if sum(self._hold(t) for t in triggers if t.partition_id in held):
-            self._wake.set()
+        than at the next scan: a node that stopped, or that gave them to this one, handed them over
+        just before their next slot. A node that has read nothing yet scans all it holds."""
+        try:
+            async with self._reading:
+                until = self._held_until
+                if until is None:
+                    await self._scan_held()
+                    return
+                triggers = await self.store.scan_due(sorted(gained), until, self.config.scan_limit)
+                held = self.leases.held
+                if sum(self._hold(t) for t in triggers if t.partition_id in held):
+                    self._wake.set()
+        except Exception as exc:  # the next scan reads them
+            failures.loop_failed("scheduler", "scan_gained", exc)
 
     async def _refresh_calendars(self) -> None:
         await self.calendars.refresh()
@@ -264,6 +281,10 @@ class SchedulerNode:
         metrics.record_clock_offset(self.clock.offset_sec)
 
     async def _scan(self) -> None:
+        async with self._reading:
+            await self._scan_held()
+
+    async def _scan_held(self) -> None:
         held = self.leases.held
         if not held:
             return

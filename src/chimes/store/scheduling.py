@@ -32,6 +32,15 @@ TriggerSums = dict[int, tuple[int, int]]
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseRound:
+    """What a lease round left a node with: the partitions it holds, with their fencing tokens, and how
+    many it should hold (its fair share of the live nodes)."""
+
+    held: dict[int, int]
+    share: int
+
+
+@dataclass(frozen=True, slots=True)
 class DueTrigger:
     """A trigger read by the due scan, with what the node needs of its job to fire it."""
 
@@ -208,9 +217,10 @@ class SchedulerStore:
     # --- membership and leases -------------------------------------------------------------
     async def sync_leases(
         self, hostname: str, pid: int, held: Mapping[int, int], ttl_sec: float, release_extra: bool = True
-    ) -> dict[int, int]:
+    ) -> LeaseRound:
         """One lease round: heartbeat, renew what is held, then give up or take partitions until this
-        node holds its fair share of the live nodes. Returns the partitions held, with their tokens."""
+        node holds its fair share of the live nodes. Returns the partitions held, with their tokens,
+        and that share."""
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("heartbeat_node"), self.node_id, hostname, pid, __version__)
             live = [r["node_id"] for r in await conn.fetch(sql("live_nodes"), ttl_sec)]
@@ -228,7 +238,7 @@ class SchedulerStore:
             elif len(owned) < target:
                 taken = await conn.fetch(sql("acquire_leases"), self.node_id, target - len(owned), ttl_sec)
                 owned.update((r["partition_id"], r["token"]) for r in taken)
-        return owned
+        return LeaseRound(owned, target)
 
     async def clock_sample(self, local_time: Callable[[], float]) -> ClockSample:
         """Read the database's clock between two readings of ``local_time`` on one connection."""

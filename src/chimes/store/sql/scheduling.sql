@@ -189,7 +189,10 @@ slot AS (
     -- job_version: the job's version the run is fired at (a trigger outlives edits of what it does not read)
     SELECT s.*, l.job_id, l.owner, l.priority, l.partition_id, l.fired_version AS job_version, l.concurrency,
            l.queue_limit, l.deletes_when_done,
-           row_number() OVER (PARTITION BY l.job_id, s.outcome ORDER BY s.scheduled_at DESC) AS rank,
+           -- Several slots of one job in a batch (a catch-up, slots an edit kept beside the next one)
+           -- are decided as if fired one by one: replace runs the newest, skip and queue the oldest.
+           row_number() OVER (PARTITION BY l.job_id, s.outcome ORDER BY s.scheduled_at DESC) AS newest_first,
+           row_number() OVER (PARTITION BY l.job_id, s.outcome ORDER BY s.scheduled_at) AS oldest_first,
            max(s.scheduled_at) OVER (PARTITION BY l.job_id, s.outcome) AS newest
     FROM unnest($14::integer[], $15::uuid[], $16::timestamptz[], $17::text[], $18::text[], $19::text[])
          AS s(idx, run_id, scheduled_at, trigger, outcome, reason)
@@ -202,18 +205,24 @@ decided AS (
                WHEN slot.concurrency = 'allow' THEN 'run'
                -- replace: the newest slot runs whatever is active; the runs it replaces are
                -- cancelled after this statement (replace_active_runs), older slots of this fire skipped.
-               WHEN slot.concurrency = 'replace' THEN CASE WHEN slot.rank = 1 THEN 'run' ELSE 'skip' END
-               WHEN slot.rank = 1 AND active.running = 0 AND active.held = 0 THEN 'run'
-               WHEN slot.concurrency = 'queue' AND active.held + slot.rank - 1 < slot.queue_limit THEN 'hold'
+               WHEN slot.concurrency = 'replace' THEN CASE WHEN slot.newest_first = 1 THEN 'run' ELSE 'skip' END
+               WHEN slot.oldest_first = 1 AND active.running = 0 AND active.held = 0 THEN 'run'
+               WHEN slot.concurrency = 'queue' AND waiting.ahead < slot.queue_limit THEN 'hold'
                ELSE 'skip'
            END AS decision,
-           active.running, active.held AS held_before
+           active.running, active.held AS held_before, waiting.ahead AS waiting_ahead
     FROM slot
     CROSS JOIN LATERAL (
         -- Only skip and queue look at the runs still active; allow does not even count them.
         SELECT count(*) FILTER (WHERE NOT a.held) AS running, count(*) FILTER (WHERE a.held) AS held
         FROM active_runs a WHERE a.job_id = slot.job_id AND slot.concurrency <> 'allow'
     ) active
+    -- queue: the runs that wait ahead of this slot: those held already and the batch's older slots,
+    -- but for the oldest when it starts at once.
+    CROSS JOIN LATERAL (
+        SELECT active.held + slot.oldest_first - 1
+               - CASE WHEN active.running = 0 AND active.held = 0 THEN 1 ELSE 0 END AS ahead
+    ) waiting
 ),
 created AS (
     INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority, fired_at,
@@ -224,7 +233,7 @@ created AS (
            CASE
                WHEN outcome = 'skip' THEN reason
                WHEN decision = 'skip' AND concurrency = 'queue'
-                   THEN format('skipped: %s runs already waiting (queueLimit)', held_before + rank - 1)
+                   THEN format('skipped: %s runs already waiting (queueLimit)', waiting_ahead)
                WHEN decision = 'skip' AND concurrency = 'replace'
                    THEN format('skipped: replaced by the run of %s (concurrency replace)',
                                to_char(newest AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'))
