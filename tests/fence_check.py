@@ -83,7 +83,7 @@ FENCES: tuple[Fence, ...] = (
           ("l.token = held.token", "l.owner = $1"), t(f"{FENCING_TESTS}::test_renewal_fails_after_takeover"),
           "a node renews after another took its partitions over"),
     Fence("release: partition lease owner", "sql/scheduling.sql", "release_leases", ("owner = $1",),
-          t("test_release_leases_fence_owner"), "a node that lost its partitions leaves with its stale map"),
+          t("test_release_leases_fence_owner"), "a node that lost its partitions leaves"),
     # --- job version ---------------------------------------------------------------------------
     Fence("fire: trigger version", "sql/scheduling.sql", "fire_triggers", ("t.job_version = d.job_version",),
           t("test_fire_fence_trigger_version"),

@@ -184,7 +184,7 @@ async def test_fire_fence_released_partition(pool: asyncpg.Pool) -> None:
     a = SchedulerStore(pool, "node-a")
     leases = await take_all(a)
     triggers = await due(a, leases)
-    await a.leave(leases)
+    await a.leave()
     stale = await a.fire(leases, plan_fires(triggers), now())
     assert (stale.leases_held, stale.fired, stale.enqueued) == (0, 0, 0)
     assert await pool.fetchval("SELECT count(*) FROM runs") == 0
@@ -252,7 +252,7 @@ async def test_reap_fence_released_partition(pool: asyncpg.Pool) -> None:
     store, leases, claimed = await running_run(pool)
     await expire_run_lease(pool)
     lost = [judge(r, now()) for r in await store.expired_runs(list(leases), 1000)]
-    await store.leave(leases)
+    await store.leave()
     assert await store.reap(leases, lost, now()) == []
     assert (await run_row(pool, claimed.run_id))["status"] == "running"
     other = SchedulerStore(pool, "node-b")
@@ -260,14 +260,14 @@ async def test_reap_fence_released_partition(pool: asyncpg.Pool) -> None:
 
 
 async def test_release_leases_fence_owner(pool: asyncpg.Pool) -> None:
-    """release_leases: ``owner = $1``. A node that stalled and lost its partitions leaves with the
-    map it still has: it gives back only what is its own, not the partitions node B now holds."""
+    """release_leases: ``owner = $1``. A node that stalled and lost its partitions leaves: it gives
+    back only what is its own, not the partitions node B now holds."""
     a = SchedulerStore(pool, "node-a")
-    stale = await take_all(a)
+    await take_all(a)
     await stall(pool, "node-a")
     b = SchedulerStore(pool, "node-b")
     held = await take_all(b)
-    await a.leave(stale)
+    await a.leave()  # it owns nothing any more
     assert await pool.fetchval("SELECT count(*) FROM partition_leases WHERE owner = 'node-b' "
                                "AND expires_at > now()") == 1024
     assert (await b.sync_leases("host", 1, held, ttl_sec=30)).held == held  # renewed, same tokens

@@ -68,6 +68,6 @@ class LeaseManager:
             self._on_lost(lost)
 
     async def release_all(self) -> None:
-        held, self.held = self.held, {}
+        self.held = {}
         metrics.record_partitions_owned(self, 0)
-        await self.store.leave(held)
+        await self.store.leave()

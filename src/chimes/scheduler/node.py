@@ -242,6 +242,8 @@ class SchedulerNode:
         try:
             async with asyncio.timeout(self.config.lease.ttl_sec / 2):  # not wait_for: chimes.timeouts
                 gained = await self.leases.sync()
+        except asyncio.CancelledError:
+            raise  # the node is stopping: it fires what is due with what it holds, then hands it all over
         except BaseException:
             # Unsure whether we still hold anything: stop firing locally until a round succeeds.
             # (The database would refuse stale fires anyway; this just avoids the wasted work.)

@@ -14,7 +14,7 @@ import asyncpg
 
 from chimes import __version__
 from chimes.enums import TriggerKind
-from chimes.ids import scheduled_at_of
+from chimes.ids import PARTITION_COUNT, scheduled_at_of
 from chimes.schedules import Recurrence, recurrence_of
 from chimes.slots import Slot
 from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, Conn, Row, one_row, open_connection
@@ -29,6 +29,9 @@ MIN_START_DEADLINE = timedelta(seconds=1)  # the smallest startDeadlineSec a job
 TriggerKey = tuple[int, datetime, uuid.UUID]  # (partition_id, fire_at, trigger_id): the primary key
 # partition -> (how many triggers, the sum of their fire times in microseconds since the epoch)
 TriggerSums = dict[int, tuple[int, int]]
+
+
+ALL_PARTITIONS = list(range(PARTITION_COUNT))
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,13 +251,15 @@ class SchedulerStore:
             received = local_time()
         return ClockSample(sent, float(database), received)
 
-    async def leave(self, held: Mapping[int, int]) -> None:
-        """Clean shutdown: hand every partition back at once, and tell the other nodes (at commit), so
-        that they take them over without waiting for their next lease round."""
+    async def leave(self) -> None:
+        """Clean shutdown: hand every partition this node owns back at once, and tell the other nodes
+        (at commit), so that they take them over without waiting for their next lease round. Every
+        one the database says is its own, not only those it knows of: a lease round cut short by the
+        stop may have renewed or taken some it never heard back about."""
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(sql("release_leases"), self.node_id, list(held))
+            released = await conn.fetch(sql("release_leases"), self.node_id, ALL_PARTITIONS)
             await conn.execute(sql("forget_node"), self.node_id)
-            if held:
+            if released:
                 await conn.execute(sql("notify_partitions_released"), self.node_id)
 
     async def forget_dead_nodes(self) -> None:

@@ -37,7 +37,8 @@ RETURNING l.partition_id, l.token;
 
 -- name: release_leases
 UPDATE partition_leases SET owner = NULL, expires_at = '-infinity'
-WHERE owner = $1 AND partition_id = ANY($2::smallint[]);
+WHERE owner = $1 AND partition_id = ANY($2::smallint[])
+RETURNING partition_id;
 
 -- name: acquire_leases
 -- Free or expired partitions, at most $2; the token bump fences out any previous owner still running.
