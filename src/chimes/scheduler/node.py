@@ -272,8 +272,8 @@ class SchedulerNode:
                 held = self.leases.held
                 if sum(self._hold(t) for t in triggers if t.partition_id in held):
                     self._wake.set()
-        except Exception as exc:  # the next scan reads them
-            failures.loop_failed("scheduler", "scan_gained", exc)
+        except Exception as exc:  # counted as the scan's: the next scan reads them
+            failures.loop_failed("scheduler", "scan", exc)
 
     async def _refresh_calendars(self) -> None:
         await self.calendars.refresh()
