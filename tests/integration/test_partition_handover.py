@@ -5,8 +5,8 @@
   way) nor hides partitions it took.
 - Partitions another node gives up (a node joined, and the others shed their extra share) are read
   by the node that takes them at once, not at its next scan, and those it could not take yet, because
-  the giving node's last batch still held them, are taken as soon as that batch ends, not at its next
-  lease round.
+  the giving node's last batch still held them, are asked for again a tenth of a second later, not at
+  its next lease round.
 
 Either way a slot due just after the hand-over would otherwise fire late, and under
 `concurrency: skip` the slot after it would find it still running. A real node (``SchedulerNode``)

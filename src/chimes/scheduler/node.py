@@ -251,7 +251,7 @@ class SchedulerNode:
             raise
         if gained and self.leases.short:
             # Partitions given up by another node but still locked by its last batch were skipped:
-            # another round once that batch has ended, rather than at the next round.
+            # another round shortly, once that batch has most likely ended, rather than at the next.
             asyncio.get_running_loop().call_later(self.config.lease.short_retry_sec, self._leases_changed.set)
         if gained:  # in a task of its own: it may wait for a scan, and the lease loop must not
             task = asyncio.create_task(self._scan_gained(gained))
