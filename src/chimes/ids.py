@@ -51,9 +51,8 @@ def partition_of_key(owner: str, key: str) -> int:
     on the partition, so the shard, where the first one was made.
 
     A real hash, not CRC-32: CRC is linear, so keys that differ in a counter (``order-000``,
-    ``order-001``, ...) fell into the same half of the partitions twenty at a time, and a client
-    numbering its keys put whole batches of jobs on one shard (found by ``chimes chaos --shards``,
-    whose 20 jobs all went to the catalog)."""
+    ``order-001``, ...) would fall into the same half of the partitions in long runs, and a client
+    numbering its keys would put whole batches of jobs on one shard."""
     digest = hashlib.blake2b(owner.encode() + b"\0" + key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % PARTITION_COUNT
 

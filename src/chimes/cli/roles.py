@@ -301,12 +301,10 @@ async def _serve_homes(pool: db.Pool, dsn: str, shard_map: ShardMap, start_home:
 
 #: Allocations (less deallocations) of container objects between two collections of the youngest
 #: generation; Python's default is 700. A run's objects (its task, coroutines, futures, headers,
-#: outcome) die with it, freed by their reference counts, and make no cycles: a burst's collections
-#: found no garbage at all. At 700 a 20,000-run burst in `chimes up` (its fire ahead and its drain)
-#: collected 650 to 860 times, carrying every run in flight into the older generations and through
-#: them: 180 to 230 ms of the process's CPU. At 10,000, about 20 collections of a millisecond each
-#: (commit 167493a, "The garbage collector in a burst" in its docs/benchmarks.md). What is garbage
-#: waits for at most that many allocations.
+#: outcome) die with it, freed by their reference counts, and make no cycles, so collecting them
+#: finds no garbage. At 700 a burst triggers hundreds of collections that carry every run in flight
+#: into the older generations and through them, at a cost in CPU and for nothing; a higher threshold
+#: makes them few and short. What is garbage waits for at most that many allocations.
 GC_YOUNG_THRESHOLD = 10_000
 
 

@@ -1,9 +1,8 @@
 -- The trigger index by job, with the trigger's kind in the key, so "has this job a schedule
 -- trigger?" is answered from the index alone: the health check's sweep for schedules without one
--- (20,000 jobs every 10 s) no longer reads the table. At a million schedules that sweep read all of
--- `triggers` and 20,000 scattered pages of `jobs` every 10 s (0.75 s, 22,000 blocks from outside the
--- server's cache), and pushed out of the cache the pages the fires were using. Deleting a job's
--- schedule trigger and a job's next run find their row through it as before.
+-- does not read the table. Without it the sweep reads all of `triggers` and scattered pages of
+-- `jobs`, mostly from outside the server's cache, and pushes out of the cache the pages the fires
+-- are using. Deleting a job's schedule trigger and a job's next run find their row through it as before.
 --
 -- Locks: CREATE INDEX holds a SHARE lock on `triggers` while it builds, so fires, job edits and
 -- retries wait (nothing is lost: they run once it commits, late). It reads the whole table: a few

@@ -58,8 +58,8 @@ RETURNING l.partition_id, l.token;
 -- name: scan_due_triggers
 -- $4: only triggers due from then on (NULL: all); the node reads the rest of its look-ahead by key.
 -- Each trigger's job is looked up by its key (LATERAL ... LIMIT 1 cannot become a hash join): with a
--- plain join, a burst of 50,000 due triggers made the planner hash the whole jobs table: a read of
--- every schedule (0.87 s at a million) that grew with the index, not with the burst.
+-- plain join, a large burst of due triggers can make the planner hash the whole jobs table, a read
+-- of every schedule whose cost grows with the index, not with the burst.
 SELECT t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind, j.cron, j.timezone,
        j.dst_gap, j.dst_fold, coalesce(j.jitter_sec, 0) AS jitter_sec, j.catch_up, j.paused_at, j.resumed_at,
        j.start_deadline_sec, j.every_sec, j.phase_sec, j.start_at, j.end_at, j.max_runs,
@@ -521,8 +521,8 @@ LIMIT $1;
 -- Runs a fire created later than their job's start deadline after their scheduled time (plus the
 -- job's jitter): their start is missed however soon a worker takes them. In the fire's transaction,
 -- only for the slots the node found past the deadline the scan read with the trigger's job.
--- Each run and its job by key (LATERAL ... LIMIT 1): as a plain join, a batch of 1,000 late slots
--- was hashed against every run of the day, a read that grew with the history while a fleet was
+-- Each run and its job by key (LATERAL ... LIMIT 1): as a plain join, a large batch of late slots
+-- can be hashed against every run of the day, a read that grows with the history while a fleet is
 -- already behind.
 SELECT chimes_notify_runs('start_missed', array_agg(r.run_id), array_agg(r.scheduled_at),
        array_agg(format('fired %ss after its scheduled time, past its start deadline of %ss: '
@@ -566,9 +566,9 @@ ORDER BY job_id DESC LIMIT 1;
 -- name: schedules_without_trigger
 -- Recurring, active jobs in ($1, $2] whose schedule trigger row is gone, with their last fire.
 -- First the ids without a schedule trigger, from the two indexes alone (jobs_pkey, triggers_job_kind),
--- in id order: only those jobs' rows are read. Checking the rows first had the planner read all of
--- `triggers` and every swept job's row each sweep (0.75 s at a million schedules), which also
--- evicted the pages the fires were using from the server's cache.
+-- in id order: only those jobs' rows are read. Checking the rows first lets the planner read all of
+-- `triggers` and every swept job's row each sweep, a cost that grows with the schedules and evicts
+-- the pages the fires are using from the server's cache.
 WITH missing AS MATERIALIZED (
     SELECT j.job_id FROM jobs j
     WHERE j.job_id > $1 AND j.job_id <= $2

@@ -11,13 +11,13 @@ DELETE FROM workers WHERE worker_id = $1;
 -- name: begin_by_key
 -- Begins the transaction of a worker's batch statements (claim, complete) with the settings below,
 -- in one round trip. They touch at most a few hundred rows, each found by its key, so index lookups
--- in nested loops are always the right plan. A burst fills the run queue and a fresh day's runs partition faster than autovacuum
--- analyzes them; with statistics that still say "empty" PostgreSQL hash-joins against a scan of
--- the whole partition and sorts the whole queue, and a claim of 100 runs took 60 ms instead of 4.
--- With those plans ruled out the plan is the same whatever the length of the batch's arrays, so the
--- statement is planned once per connection (a generic plan) instead of at every batch
--- (SESSION_SETTINGS plans every statement afresh): planning a claim or a complete took 0.6-1.0 ms
--- against 2 ms to execute it for 100 runs.
+-- in nested loops are always the right plan. A burst fills the run queue and a fresh day's runs
+-- partition faster than autovacuum analyzes them; with statistics that still say "empty" PostgreSQL
+-- would hash-join against a scan of the whole partition and sort the whole queue, many times slower
+-- than the index plan. With those plans ruled out the plan is the same whatever the length of the
+-- batch's arrays, so the statement is planned once per connection (a generic plan) instead of at
+-- every batch (SESSION_SETTINGS plans every statement afresh): planning would otherwise cost a
+-- large share of what executing the statement costs.
 BEGIN;
 SET LOCAL enable_seqscan = off;
 SET LOCAL enable_bitmapscan = off;
@@ -32,8 +32,8 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 -- (a TID scan). Written as `DELETE ... WHERE key IN (SELECT ... LIMIT $1 FOR UPDATE SKIP LOCKED)`,
 -- the planner may run the limited subquery again for every row of the queue (a nested-loop semi
 -- join, chosen with the statistics of a queue analysed while drained), each run passing over the
--- rows taken already and locking new ones: one claim took the whole queue. Deleted by key through
--- a join, the whole queue was read under those statistics (tests/integration/test_claim_limits.py).
+-- rows taken already and locking new ones, so that one claim takes the whole queue. Deleted by key
+-- through a join, the whole queue is read under those statistics (tests/integration/test_claim_limits.py).
 -- A queue row is only ever inserted and deleted, never updated, so the address it was locked at is
 -- still its own when it is deleted.
 -- Runs under a concurrency cap are left to claim_capped_runs (a tag cap counts the jobs of its owner,
@@ -41,7 +41,7 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 -- $8: the owners holding their share of this worker already (chimes.worker.tiers.owner_room), whose
 -- runs are left to other workers; almost always none, and then nothing is looked up per run.
 -- The caps are read once, first: with none (almost always) no run's job is looked up for them either,
--- which was a quarter of the claim's buffer reads (commit ee7eb66, "The claim without a job look-up").
+-- which saves the claim a look-up of a job per run.
 WITH caps AS MATERIALIZED (
     SELECT cap.scope, cap.name, cap.owner FROM concurrency_caps cap
 ),
