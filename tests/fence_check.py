@@ -1,6 +1,6 @@
 """Proves that every fence in Chimes's SQL has a deterministic test that fails without it.
 
-    python -m tests.fence_check            # every fence (130 to 150 s on 2 cores, two mutants at a time)
+    python -m tests.fence_check            # every fence, two mutants at a time (docs/benchmarks.md gives its time)
     python -m tests.fence_check --list     # the fences, their tests, and the clauses found not to be fences
     python -m tests.fence_check complete   # only the fences whose name contains "complete"
 
