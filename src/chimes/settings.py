@@ -76,7 +76,3 @@ class Settings:
     data_dir: Path = Path()
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
-
-    @property
-    def uses_embedded_database(self) -> bool:
-        return self.database_url is None

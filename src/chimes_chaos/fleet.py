@@ -33,6 +33,7 @@ from chimes.ha.cluster import HaCluster
 from chimes.ha.zones import Zones, skewed_clock
 from chimes.ids import PARTITION_COUNT
 from chimes.store.embedded import EmbeddedPostgres
+from chimes_chaos.postgres import freeze_server, restart_server
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +220,7 @@ class Fleet:
     def stop_shard(self, home: int, stopped: bool = True) -> None:
         """SIGSTOP (or SIGCONT) the PostgreSQL of shard ``home`` (1..N-1): an outage in which its
         sessions stay open and nothing answers."""
-        self.shard_servers[home - 1].freeze(stopped)
+        freeze_server(self.shard_servers[home - 1], stopped)
         if stopped:
             self.stopped_shards.add(home)
         else:
@@ -228,7 +229,7 @@ class Fleet:
     def restart_database(self, mode: str) -> None:
         if self.postgres is None:
             raise RuntimeError("the database is not the harness's own: it cannot be restarted")
-        self.postgres.restart(mode)
+        restart_server(self.postgres, mode)
 
     def start_roles(self) -> None:
         logs = self.work_dir / "logs"

@@ -20,8 +20,9 @@ import httpx
 import pytest
 
 from chimes.ids import partition_of, partition_of_key
+from chimes.moves import STOP_POINTS
 from chimes.store import db
-from chimes.store.moves import MOVER_GONE_AFTER_SEC, STOP_POINTS
+from chimes.store.moves import MOVER_GONE_AFTER_SEC
 from chimes.store.working import Completion, WorkerStore
 from chimes.worker.tasks.common import Outcome
 from tests.conftest import scratch_database

@@ -16,6 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
+from chimes import moves
 from chimes.ids import partition_of
 from chimes.store import db
 from chimes.store import moves as move_store
@@ -57,11 +58,12 @@ async def jobs_in_range(client: httpx.AsyncClient, count: int) -> list[uuid.UUID
 async def mover_at(catalog_url: str, target: str, stop_at: str | None = None) -> AsyncIterator[asyncio.Task[None]]:
     """A move of MOVED to ``target`` run in this loop, stopped at ``stop_at`` (None: to the end)."""
     catalog = await db.connect(catalog_url)
-    move, _ = await move_store.begin_move(catalog, catalog_url, *MOVED, target)
+    move, _ = await moves.begin_move(catalog, catalog_url, *MOVED, target)
     assert move is not None
-    await move_store.lock_mover(catalog)
-    homes = await move_store.homes_of(catalog, catalog_url, move)
-    mover = move_store.Mover(catalog, homes, move, report=lambda _: None, stop_at=stop_at or "")
+    await moves.lock_mover(catalog)
+    homes = await moves.homes_of(catalog, catalog_url, move)
+    mover = moves.Mover(catalog, homes, move, report=lambda _: None,
+                        stop_at=moves.hold_at(stop_at) if stop_at else None)
 
     async def run() -> None:
         await mover.run()
@@ -75,11 +77,11 @@ async def mover_at(catalog_url: str, target: str, stop_at: str | None = None) ->
         await catalog.close()
 
 
-async def mover_of(catalog: db.Connection, catalog_url: str, move: move_store.Move) -> move_store.Mover:
+async def mover_of(catalog: db.Connection, catalog_url: str, move: move_store.Move) -> moves.Mover:
     """The mover of ``move``, holding the mover's lock on ``catalog``."""
-    await move_store.lock_mover(catalog)
-    return move_store.Mover(catalog, await move_store.homes_of(catalog, catalog_url, move), move,
-                            report=lambda _: None)
+    await moves.lock_mover(catalog)
+    return moves.Mover(catalog, await moves.homes_of(catalog, catalog_url, move), move,
+                       report=lambda _: None)
 
 
 async def resume(catalog_url: str) -> move_store.Move:
@@ -87,9 +89,9 @@ async def resume(catalog_url: str) -> move_store.Move:
     try:
         move = await move_store.move_under_way(catalog)
         assert move is not None
-        await move_store.lock_mover(catalog)
-        homes = await move_store.homes_of(catalog, catalog_url, move)
-        return await move_store.Mover(catalog, homes, move, report=lambda _: None).run()
+        await moves.lock_mover(catalog)
+        homes = await moves.homes_of(catalog, catalog_url, move)
+        return await moves.Mover(catalog, homes, move, report=lambda _: None).run()
     finally:
         await catalog.close()
 
@@ -268,13 +270,15 @@ async def test_a_partition_found_empty_but_copied_with_a_row_is_copied_again(
     jobs = next(table for table in move_store.MOVED_TABLES if table.name == "jobs")
     catalog = await db.connect(database_url)
     try:
-        move, _ = await move_store.begin_move(catalog, database_url, *MOVED, shard_url)
+        move, _ = await moves.begin_move(catalog, database_url, *MOVED, shard_url)
         assert move is not None
         mover = await mover_of(catalog, database_url, move)
         await mover.connect()
         try:
             # The fingerprints were read before the job was written: its partition looked empty.
-            assert await mover._copy(jobs, [partition_of(job_id)], {}) == 1
+            copied = await move_store.copy_partitions(mover._src, mover._dst, move.move_id, jobs,
+                                                      [partition_of(job_id)], {})
+            assert copied == 1
             assert await job_ids(shard_url) == {job_id}
             assert (await stale_api.delete(f"/jobs/{job_id}")).status_code == 204
             _, differed = await mover._pass()
@@ -380,28 +384,28 @@ async def test_a_move_that_cannot_be_made_changes_nothing(
 ) -> None:
     catalog = await db.connect(database_url)
     try:
-        with pytest.raises(move_store.MoveError, match="live in catalog already"):
-            await move_store.begin_move(catalog, database_url, *MOVED, "catalog")
-        with pytest.raises(move_store.MoveError, match="there is no shard 7"):
-            await move_store.begin_move(catalog, database_url, *MOVED, "7")
-        with pytest.raises(move_store.MoveError, match="must be 'catalog'"):
-            await move_store.begin_move(catalog, database_url, *MOVED, "somewhere")
+        with pytest.raises(moves.MoveError, match="live in catalog already"):
+            await moves.begin_move(catalog, database_url, *MOVED, "catalog")
+        with pytest.raises(moves.MoveError, match="there is no shard 7"):
+            await moves.begin_move(catalog, database_url, *MOVED, "7")
+        with pytest.raises(moves.MoveError, match="must be 'catalog'"):
+            await moves.begin_move(catalog, database_url, *MOVED, "somewhere")
         await catalog.execute("INSERT INTO scheduler_nodes (node_id, hostname, pid, release) "
                               "VALUES ('old-node', 'old-host', 1, '0.2.0')")
-        with pytest.raises(move_store.MoveError, match=r"release 0\.3\.0 or later; still live: scheduler old-node"):
-            await move_store.begin_move(catalog, database_url, *MOVED, shard_url)
+        with pytest.raises(moves.MoveError, match=r"release 0\.3\.0 or later; still live: scheduler old-node"):
+            await moves.begin_move(catalog, database_url, *MOVED, shard_url)
         await catalog.execute("DELETE FROM scheduler_nodes")
         assert await catalog.fetchval("SELECT count(*) FROM shard_moves") == 0
         assert await catalog.fetchval("SELECT count(*) FROM shards") == 0
-        move, _ = await move_store.begin_move(catalog, database_url, 0, 9, shard_url)
+        move, _ = await moves.begin_move(catalog, database_url, 0, 9, shard_url)
         assert move is not None
-        with pytest.raises(move_store.MoveError, match="another move is under way"):
-            await move_store.begin_move(catalog, database_url, 10, 19, shard_url)
-        with pytest.raises(move_store.MoveError, match="another `chimes shards move` is running"):
+        with pytest.raises(moves.MoveError, match="another move is under way"):
+            await moves.begin_move(catalog, database_url, 10, 19, shard_url)
+        with pytest.raises(moves.MoveError, match="another `chimes shards move` is running"):
             other = await db.connect(database_url)
             try:
-                await move_store.lock_mover(other)
-                await move_store.lock_mover(catalog)
+                await moves.lock_mover(other)
+                await moves.lock_mover(catalog)
             finally:
                 await other.close()
     finally:

@@ -19,6 +19,7 @@ from chimes.store.embedded import EmbeddedPostgres
 from chimes.store.migrate import migrate
 from chimes.worker.budget import SlotBudget
 from chimes.worker.worker import Worker
+from chimes_chaos.postgres import freeze_server
 from tests.helpers import wait_for
 from tests.integration.fleet import FAST_WORKER
 from tests.target import Target
@@ -34,7 +35,7 @@ async def stalling_server(tmp_path: Path) -> AsyncIterator[EmbeddedPostgres]:
     try:
         yield server
     finally:
-        server.freeze(False)
+        freeze_server(server, False)
         await asyncio.to_thread(server.release)
 
 
@@ -54,7 +55,7 @@ async def test_a_stalled_home_keeps_no_slot_from_a_home_that_answers(
     tasks = [asyncio.create_task(stalled.run())]
     try:
         await wait_for(lambda: stalled.listening, timeout=20, what="the stalled home's worker to start")
-        stalling_server.freeze()
+        freeze_server(stalling_server)
         # Its next claim hangs, holding what it reserved; only its loop claims so far.
         await wait_for(lambda: budget.in_use > 0, timeout=20, what="a claim on the stopped server")
         assert budget.in_use <= budget.share() == 2
@@ -70,7 +71,7 @@ async def test_a_stalled_home_keeps_no_slot_from_a_home_that_answers(
         assert time.monotonic() - queued < 5
         assert budget.in_use >= 1  # the stalled claim is still waiting: it was not what let the run through
     finally:
-        stalling_server.freeze(False)
+        freeze_server(stalling_server, False)
         stalled.stop()
         answering.stop()
         await asyncio.gather(*tasks, return_exceptions=True)

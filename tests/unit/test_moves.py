@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chimes.store.moves import MoveError, reassign, source_of
+from chimes.moves import MoveError, source_of
+from chimes.store.moves import reassign
 from chimes.store.shards import ShardMap, ShardRange
 
 

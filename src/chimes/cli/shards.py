@@ -6,13 +6,14 @@ in the catalog itself (docs/scaling.md, "Shards")."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
 import click
 
-from chimes import outage
+from chimes import moves, outage
 from chimes.cli.options import database_options, settings_from
 from chimes.cli.runtime import migrate_database, on_migrated_database
 from chimes.store import db, rebalance
@@ -20,6 +21,8 @@ from chimes.store import moves as move_store
 from chimes.store import shards as shard_store
 
 T = TypeVar("T")
+# Tests kill a mover process at each of its stop points (moves.STOP_POINTS), named here.
+STOP_AT_ENV = "CHIMES_MOVE_STOP_AT"
 
 
 @click.group()
@@ -44,11 +47,11 @@ def list_shards(database_url: str | None, data_dir: Path) -> None:
     for shard_id, url in _on_catalog(database_url, data_dir, shard_store.shards_without_ranges):
         click.echo(f"-\tshard {shard_id}\t{shard_store.without_password(url)} (registered, no partitions yet: the "
                    "target of a move before its cut-over)")
-    moves = _on_catalog(database_url, data_dir, move_store.recent_moves)
-    if moves:
-        under_way = "the one under way first, then " if moves[0].under_way else ""
+    recent = _on_catalog(database_url, data_dir, move_store.recent_moves)
+    if recent:
+        under_way = "the one under way first, then " if recent[0].under_way else ""
         click.echo(f"moves ({under_way}the last ended, newest first):")
-    for move in moves:
+    for move in recent:
         click.echo(f"  {move.describe()}")
 
 
@@ -113,7 +116,7 @@ def move_partitions(database_url: str | None, data_dir: Path, partitions: str | 
             return
         found = await move_store.move_under_way(catalog)
         if found is None:
-            raise move_store.MoveError("no move is under way")
+            raise moves.MoveError("no move is under way")
         mover = await _mover_of(catalog, dsn, found, drain_timeout)
         if cancel:
             await mover.connect()
@@ -131,32 +134,40 @@ async def carry_out_move(catalog: db.Connection, dsn: str, first: int, last: int
                          drain_timeout: float, dry_run: bool = False) -> None:
     """What ``chimes shards move FIRST-LAST --to TARGET`` does, from the check to the clean-up, each
     phase reported on stdout; MoveError when it was refused or cancelled."""
-    move, plan = await move_store.begin_move(catalog, dsn, first, last, target, dry_run=dry_run)
+    move, plan = await moves.begin_move(catalog, dsn, first, last, target, dry_run=dry_run)
     click.echo(plan)
     if move is not None:
         await _run_to_the_end(await _mover_of(catalog, dsn, move, drain_timeout))
 
 
 async def _mover_of(catalog: db.Connection, dsn: str, move: move_store.Move,
-                    drain_timeout: float) -> move_store.Mover:
-    await move_store.lock_mover(catalog)
-    homes = await move_store.homes_of(catalog, dsn, move)
-    return move_store.Mover(catalog, homes, move, report=lambda m: click.echo(m.describe(mover=False)),
-                            drain_timeout_sec=drain_timeout)
+                    drain_timeout: float) -> moves.Mover:
+    await moves.lock_mover(catalog)
+    homes = await moves.homes_of(catalog, dsn, move)
+    return moves.Mover(catalog, homes, move, report=lambda m: click.echo(m.describe(mover=False)),
+                       drain_timeout_sec=drain_timeout, stop_at=_stop_at())
 
 
-async def _run_to_the_end(mover: move_store.Mover) -> None:
+def _stop_at() -> moves.StopHook | None:
+    """With STOP_AT_ENV set to one of the mover's stop points, the mover holds there until it is killed."""
+    point = os.environ.get(STOP_AT_ENV)
+    if not point:
+        return None
+    return moves.hold_at(point, say=lambda line: click.echo(f"{line} ({STOP_AT_ENV})"))
+
+
+async def _run_to_the_end(mover: moves.Mover) -> None:
     try:
         ended = await mover.run()
     except db.DB_ERRORS as exc:
         # Every phase is recorded as it is reached: the move is where its row says, and goes on from there.
-        raise move_store.MoveError(
+        raise moves.MoveError(
             f"move {mover.move.move_id} stopped, {mover.move.phase}: a database it uses failed, "
             f"{outage.database_of(exc).label} ({db.describe(exc).splitlines()[0]}); nothing is lost: `chimes "
             "shards move --resume` takes it on from there, `--cancel` gives the range back (before the cut-over)"
         ) from exc
     if ended.phase == "cancelled":
-        raise move_store.MoveError(f"the move was cancelled: {ended.note}")
+        raise moves.MoveError(f"the move was cancelled: {ended.note}")
 
 
 @shards.command("rebalance")
@@ -180,8 +191,8 @@ def rebalance_shards(database_url: str | None, data_dir: Path, measure: str, app
     async def act(catalog: db.Connection, dsn: str) -> None:
         under_way = await move_store.move_under_way(catalog)
         if under_way is not None:
-            raise move_store.MoveError(f"a move is under way ({under_way.describe()}): rebalance once it has "
-                                       "ended (chimes shards move --resume, or --cancel)")
+            raise moves.MoveError(f"a move is under way ({under_way.describe()}): rebalance once it has "
+                                  "ended (chimes shards move --resume, or --cancel)")
         shard_map = await shard_store.load_map(catalog)
         owners = rebalance.owners_of(shard_map)
         if len(rebalance.homes_of(owners)) < 2:
@@ -202,8 +213,8 @@ def rebalance_shards(database_url: str | None, data_dir: Path, measure: str, app
                 await carry_out_move(catalog, dsn, move.first, move.last, rebalance.home_label(move.target),
                                      drain_timeout=drain_timeout)
             except shard_store.ShardMapError as exc:
-                raise move_store.MoveError(f"{exc}; {done} of the {len(plan.moves)} moves were made "
-                                           "(chimes shards list; chimes shards rebalance plans again)") from None
+                raise moves.MoveError(f"{exc}; {done} of the {len(plan.moves)} moves were made "
+                                      "(chimes shards list; chimes shards rebalance plans again)") from None
         shard_map = await shard_store.load_map(catalog)
         now = rebalance.loads_of(rebalance.owners_of(shard_map), await rebalance.read_counts(dsn, shard_map, measure))
         click.echo(f"rebalanced: {rebalance.describe_loads(now, unit)} (spread {rebalance.spread(now):,})")

