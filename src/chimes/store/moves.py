@@ -572,7 +572,7 @@ class Mover:
             if found:
                 log.warning("move %d: %d runs arrived on %s %s: %s", move.move_id, len(found), move.target, what,
                             ", ".join(str(r["run_id"]) for r in found[:10]))
-                if statement == "queue_arrived_runs":  # announced, as every queued run is (Worker._poll_wait)
+                if statement == "queue_arrived_runs":  # announced, as every queued run is (Claimer.poll_wait)
                     await self._dst.execute(sql("notify_queue"), ANY_OWNER)
         # The source keeps its lease rows closed: a router on the old map is refused there.
         await self._src.execute(sql("close_partitions"), move.first, move.last, move.move_id)
