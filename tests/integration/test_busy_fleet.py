@@ -97,7 +97,7 @@ async def test_heartbeat_keeps_a_run_claimed_while_it_waited(pool: asyncpg.Pool,
         return held
 
     worker.store.extend_leases = extend_while_claiming  # type: ignore[method-assign]
-    await worker._heartbeat()
+    await worker._heartbeat.beat()
     tasks = [task for _, task in worker._running.values()]
     try:
         assert len(tasks) == 2 and not any(task.cancelling() for task in tasks)

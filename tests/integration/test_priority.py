@@ -127,7 +127,7 @@ async def test_while_an_owner_holds_its_share_the_poll_backs_off_and_notify_stil
     fleet: Fleet, client: httpx.AsyncClient, target: Target, tokens: dict[str, str]
 ) -> None:
     """A claim while team A holds its share skips A's runs, reading past every one of them queued, and
-    finds nothing: the poll that sends it waits twice as long after each (Worker._poll_wait). Team B's
+    finds nothing: the poll that sends it waits twice as long after each (Claimer.poll_wait). Team B's
     run, announced by its NOTIFY, still starts at once, not at the next poll."""
     share = await flood_a_share_of_the_worker(fleet, client, target)
     worker = fleet.workers[0]
@@ -145,15 +145,15 @@ async def test_while_an_owner_holds_its_share_the_poll_backs_off_and_notify_stil
 def record_fruitless_skips(worker: Worker) -> list[float]:
     """When each of ``worker``'s claim cycles from now on that skipped owners at their share found nothing."""
     fruitless: list[float] = []
-    claim_by_tier = worker._claim_by_tier
+    claim_by_tier = worker._claimer.claim_by_tier
 
     async def recorded(limit: int) -> list[ClaimedRun]:
         claimed = await claim_by_tier(limit)
-        if worker._skip_owners and not claimed:
+        if worker._claimer.skip_owners and not claimed:
             fruitless.append(time.monotonic())
         return claimed
 
-    worker._claim_by_tier = recorded  # type: ignore[method-assign]
+    worker._claimer.claim_by_tier = recorded  # type: ignore[method-assign]
     return fruitless
 
 
@@ -183,7 +183,8 @@ async def test_an_owner_with_more_runs_than_its_share_gets_them_as_its_runs_end(
     async with running_fleet(pool, database_url, homes, scheduler=None, worker=config) as fleet:
         await wait_for(fleet.listening, timeout=10, what="the worker to listen")
         worker = fleet.workers[0]
-        await wait_for(lambda: worker._maybe_queued == set(), timeout=10, what="the worker to find the queue empty")
+        await wait_for(lambda: worker._claimer.maybe_queued == set(), timeout=10,
+                       what="the worker to find the queue empty")
         fruitless = record_fruitless_skips(worker)
         await queue_burst()
         assert (await client.post(f"/jobs/{job_id}/runs")).status_code == 202  # its NOTIFY wakes the worker

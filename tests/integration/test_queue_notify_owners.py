@@ -53,15 +53,15 @@ def test_a_payload_names_owners_only_when_it_knows_them_all() -> None:
 
 async def test_a_worker_claims_again_only_for_runs_of_owners_below_their_share(pool: asyncpg.Pool) -> None:
     worker = Worker(pool, "postgresql://unused")
-    worker._maybe_queued = set()  # its last claim found the queue empty
-    worker._refill_at = {"team-a": 20}  # team-a holds its share of the worker
-    worker._queued(frozenset({"team-a"}))
-    assert not worker._wake.is_set()  # a claim now would skip team-a's runs and find nothing
-    assert worker._maybe_queued == {"team-a"}  # claimed as team-a's runs end
-    worker._queued(frozenset({"team-a", "team-b"}))
-    assert worker._wake.is_set() and worker._maybe_queued == {"team-a", "team-b"}
-    worker._wake.clear()
-    worker._queued(None)  # whose runs, not known
-    assert worker._wake.is_set() and worker._maybe_queued is None
-    worker._queued(frozenset({"team-a"}))
-    assert worker._maybe_queued is None  # still not known
+    worker._claimer.maybe_queued = set()  # its last claim found the queue empty
+    worker._claimer.refill_at = {"team-a": 20}  # team-a holds its share of the worker
+    worker._claimer.queued(frozenset({"team-a"}))
+    assert not worker._claimer.wake.is_set()  # a claim now would skip team-a's runs and find nothing
+    assert worker._claimer.maybe_queued == {"team-a"}  # claimed as team-a's runs end
+    worker._claimer.queued(frozenset({"team-a", "team-b"}))
+    assert worker._claimer.wake.is_set() and worker._claimer.maybe_queued == {"team-a", "team-b"}
+    worker._claimer.wake.clear()
+    worker._claimer.queued(None)  # whose runs, not known
+    assert worker._claimer.wake.is_set() and worker._claimer.maybe_queued is None
+    worker._claimer.queued(frozenset({"team-a"}))
+    assert worker._claimer.maybe_queued is None  # still not known

@@ -39,13 +39,13 @@ async def test_a_run_whose_outcome_was_refused_is_given_up_while_its_claim_is_st
     assert len(claimed) == 2 and claimed[0].lease_token == claimed[1].lease_token  # one claim
     ended, still_running = claimed
     for run in claimed:  # as the claim loop does
-        worker._claims.setdefault(run.lease_token, set()).add(run.run_id)
+        worker._leases.claims.setdefault(run.lease_token, set()).add(run.run_id)
     worker._running[still_running.run_id] = (still_running, asyncio.create_task(never.wait()))
     try:
         await _outcome_refused(pool, worker, ended)
-        assert ended.run_id not in worker._claims[ended.lease_token]  # this worker let it go
+        assert ended.run_id not in worker._leases.claims[ended.lease_token]  # this worker let it go
 
-        await worker._heartbeat()
+        await worker._heartbeat.beat()
         rows = {row["run_id"]: row["expired"] for row in await pool.fetch(LEASES, [r.run_id for r in claimed])}
         assert rows == {ended.run_id: True, still_running.run_id: False}, rows
         reaped = await store.expired_runs(list(leases), 100)
@@ -58,7 +58,8 @@ async def test_a_run_whose_outcome_was_refused_is_given_up_while_its_claim_is_st
 async def _outcome_refused(pool: asyncpg.Pool, worker: Worker, run: ClaimedRun) -> None:
     """The outcome of ``run`` is written where the run no longer runs under its claim, and refused."""
     await pool.execute("UPDATE runs SET lease_token = $2 WHERE run_id = $1", run.run_id, uuid.uuid4())
-    worker._outcomes.append(Completion(run, Outcome(RunStatus.SUCCEEDED, None, "ok"), datetime.now(UTC), None))
-    await worker._flush()
+    outcome = Outcome(RunStatus.SUCCEEDED, None, "ok")
+    worker._completer.outcomes.append(Completion(run, outcome, datetime.now(UTC), None))
+    await worker._completer.flush()
     assert worker.completed == 0
     await pool.execute("UPDATE runs SET lease_token = $2 WHERE run_id = $1", run.run_id, run.lease_token)

@@ -95,13 +95,14 @@ class SchedulerNode:
                  node_id: str | None = None, clock: Clock = SYSTEM_CLOCK, *,
                  signing_secrets: SigningSecrets | None = None, egress: EgressPolicy | None = None,
                  serves: frozenset[int] | None = None, calendars: CalendarBook | None = None,
-                 listen_dsn: str | None = None) -> None:
+                 listen_dsn: str | None = None, store: SchedulerStore | None = None) -> None:
         """``serves``: with shards, the partitions ``pool``'s database holds (for the partitions gauge).
         ``calendars``: read from the catalog (``pool`` without shards). ``listen_dsn``: ``pool``'s
         database, for a connection of its own on which the node hears of partitions handed over by a
-        node that stops; without it the node finds them at its next lease round."""
+        node that stops; without it the node finds them at its next lease round. ``store``: where the
+        node reads and fires triggers (its node id is this node's); without it, ``pool``'s database."""
         self.config = config or SchedulerConfig()
-        self.store = SchedulerStore(pool, node_id or new_node_id())
+        self.store = store or SchedulerStore(pool, node_id or new_node_id())
         self.wheel = TimerWheel()
         self.leases = LeaseManager(self.store, self.config.lease, on_lost=self._on_partitions_lost, serves=serves)
         self.reaper = Reaper(self.store)

@@ -365,7 +365,7 @@ async def lease_arrived_runs(conn: asyncpg.Connection, first: int, last: int) ->
 async def queue_arrived_runs(conn: asyncpg.Connection, first: int, last: int) -> list[object]:
     """The runs that arrived scheduled with nothing to start them, now queued (and announced); their ids."""
     found = [r["run_id"] for r in await conn.fetch(sql("queue_arrived_runs"), first, last)]
-    if found:  # announced, as every queued run is (Worker._poll_wait)
+    if found:  # announced, as every queued run is (Claimer.poll_wait)
         await conn.execute(sql("notify_queue"), ANY_OWNER)
     return found
 
