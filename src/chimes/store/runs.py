@@ -24,7 +24,7 @@ from chimes.ids import (
 from chimes.schedules import fire_times, recurrence_of
 from chimes.store.audit import AuditNote, record
 from chimes.store.db import Row, one_row
-from chimes.store.queries import sql
+from chimes.store.queries import bind, sql
 from chimes.store.working import ANY_OWNER, queued_payload, runs_ended
 
 
@@ -179,8 +179,11 @@ class RunStore:
                 retry_at = retry.at
                 if retry.past_deadline:
                     error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
-            ended = await conn.fetch(sql("complete_runs"), [run_id], [scheduled_at], [lease_token], [status],
-                                     [error], [output], [now], [retry_at], "callback", [])
+            text, args = bind("complete_runs", outcome_run_id=[run_id], outcome_scheduled_at=[scheduled_at],
+                              outcome_lease_token=[lease_token], outcome_status=[status], outcome_error=[error],
+                              outcome_output=[output], outcome_finished_at=[now], outcome_retry_at=[retry_at],
+                              worker_id="callback", forget_claims=[])
+            ended = await conn.fetch(text, *args)
             await runs_ended(conn, [r for r in ended if r["final"]])
         return bool(ended)
 
