@@ -298,7 +298,7 @@ async def count_nodes_before_releases(conn: Conn) -> int:
     return int(await conn.fetchval(sql("count_nodes_before_releases")))
 
 
-async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, paused: bool, was_paused: bool,
+async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, *, paused: bool, was_paused: bool,
                      actor: str, pause_note: str | None, moment: datetime | None = None) -> tuple[int, int]:
     """Rewrite the definition; returns the job's new version and the version of its plan (equal when
     the edit changed what a fire reads, migration 0022). A pause or a resume is recorded in the

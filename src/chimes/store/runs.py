@@ -126,8 +126,9 @@ class RunStore:
         job = await self._pool.fetchrow(sql("job_for_backfill"), job_id, owner)
         if job is None:
             return None
-        schedule = recurrence_of(job["cron"], job["timezone"], job["dst_gap"], job["dst_fold"], job["every_sec"],
-                                 job["phase_sec"], job["start_at"], job["end_at"])
+        schedule = recurrence_of(job["cron"], job["timezone"], dst_gap=job["dst_gap"], dst_fold=job["dst_fold"],
+                                 every_sec=job["every_sec"], phase_sec=job["phase_sec"], start_at=job["start_at"],
+                                 end_at=job["end_at"])
         if schedule is None:
             raise BackfillError("schedule", "backfill needs a recurring (cron or interval) schedule")
         slots = fire_times(schedule, start, end, limit + 1)

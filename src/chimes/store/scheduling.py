@@ -96,8 +96,9 @@ class DueTrigger:
     @property
     def recurrence(self) -> Recurrence | None:
         """The job's recurring schedule; None for a one-off job or a retry."""
-        return recurrence_of(self.cron, self.timezone, self.dst_gap, self.dst_fold, self.every_sec, self.phase_sec,
-                             self.start_at, self.end_at)
+        return recurrence_of(self.cron, self.timezone, dst_gap=self.dst_gap, dst_fold=self.dst_fold,
+                             every_sec=self.every_sec, phase_sec=self.phase_sec, start_at=self.start_at,
+                             end_at=self.end_at)
 
 
 PARTITIONS_CHANNEL = "chimes_partitions_released"  # the payload: the node that released them
