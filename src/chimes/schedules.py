@@ -82,7 +82,7 @@ class Recurrence:
     end_at: datetime | None = None
 
 
-def recurrence_of(cron_expression: str | None, timezone: str | None, dst_gap: str | None, dst_fold: str | None,
+def recurrence_of(cron_expression: str | None, timezone: str | None, *, dst_gap: str | None, dst_fold: str | None,
                   every_sec: int | None, phase_sec: int | None, start_at: datetime | None = None,
                   end_at: datetime | None = None) -> Recurrence | None:
     """The recurring schedule a job's stored columns describe; None for a one-off job."""

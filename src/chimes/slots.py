@@ -12,7 +12,7 @@ import hashlib
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -135,7 +135,7 @@ def catch_up(
     if unrecorded and slots:
         first = slots[0]
         note = f"{first.reason}; {unrecorded} earlier {cause(first.scheduled_at)} fires are not recorded one by one"
-        slots[0] = Slot(first.run_id, first.scheduled_at, first.trigger, first.outcome, note)
+        slots[0] = replace(first, reason=note)
     return slots
 
 

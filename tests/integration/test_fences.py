@@ -177,7 +177,7 @@ async def test_fire_fence_partition_token(pool: asyncpg.Pool) -> None:
 
 
 async def test_fire_fence_released_partition(pool: asyncpg.Pool) -> None:
-    """fire_triggers: ``l.owner = $3`` and ``l.expires_at > now()``, together. A clean release (a node
+    """fire_triggers: ``l.owner = $node_id`` and ``l.expires_at > now()``, together. A clean release (a node
     shedding partitions, or leaving) keeps the token: only the owner and the expiry it clears refuse a
     batch the node prepared before it let the partition go. Either of the two is enough."""
     await make_due_job(pool)
@@ -192,7 +192,7 @@ async def test_fire_fence_released_partition(pool: asyncpg.Pool) -> None:
 
 
 async def test_fire_fence_a_token_issued_again_to_another_node(pool: asyncpg.Pool) -> None:
-    """fire_triggers: ``l.owner = $3`` on its own. Node A takes its partitions; the primary that
+    """fire_triggers: ``l.owner = $node_id`` on its own. Node A takes its partitions; the primary that
     granted them is lost before its standby received the grant (asynchronous replication), the standby
     is promoted with the tokens one lower, and node B takes the partitions there: the same token
     numbers A holds, now B's and unexpired. Only the owner refuses A's batch."""
@@ -247,7 +247,7 @@ async def test_reap_fence_partition_token(pool: asyncpg.Pool) -> None:
 
 
 async def test_reap_fence_released_partition(pool: asyncpg.Pool) -> None:
-    """reap_runs: ``l.owner = $3`` and ``l.expires_at > now()``, together: after a clean release
+    """reap_runs: ``l.owner = $node_id`` and ``l.expires_at > now()``, together: after a clean release
     (token kept), the node's pending reap is refused; the partition's next owner reaps."""
     store, leases, claimed = await running_run(pool)
     await expire_run_lease(pool)

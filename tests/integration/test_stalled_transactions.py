@@ -22,7 +22,7 @@ import pytest
 from chimes.settings import RUN_TIMEOUT_SEC
 from chimes.store import db
 from chimes.store.db import DB_ERRORS
-from chimes.store.queries import sql
+from chimes.store.queries import query, sql
 from chimes.store.scheduling import SchedulerStore
 from chimes.store.working import WorkerStore
 from tests.helpers import wait_for
@@ -37,10 +37,11 @@ async def stall_inside_a_fire(conn: asyncpg.Connection, token: int) -> None:
     """Open a transaction and run the fire statement for PARTITION (no triggers due: it only takes the
     lease lock), then send nothing more."""
     await conn.execute("BEGIN")
-    empty: list[list[object]] = [[] for _ in range(16)]
-    counted: list[list[object]] = [[], []]  # no run caps to count
-    row = await conn.fetchrow(sql("fire_triggers"), [PARTITION], [token], "node-a", *empty, datetime.now(UTC),
-                              *counted, 0.0)  # fired at its time, not ahead
+    fire = query("fire_triggers")
+    arrays = {name: [] for name in fire.names if name.startswith(("trigger_", "slot_", "counted_"))}
+    row = await conn.fetchrow(fire.text, *fire.args({  # fired at its time, not ahead
+        "held_partition_id": [PARTITION], "held_token": [token], "node_id": "node-a", "fired_at": datetime.now(UTC),
+        "ahead_sec": 0.0, **arrays}))
     assert row["leases_held"] == 1
 
 

@@ -415,3 +415,10 @@ def test_a_short_job_id_names_the_one_job_whose_id_ends_with_it(api: FakeApi) ->
     assert json.loads(shown.stdout)["jobId"] == ids[1]
     ambiguous = invoke(client.jobs, ["get", "beef"], api)
     assert ambiguous.exit_code == 1 and "2 jobs have an id ending in beef" in ambiguous.output
+
+
+def test_the_bound_options_are_the_bounds_of_every_recurring_schedule() -> None:
+    from chimes.jobs import _RecurringScheduleSpec
+
+    fields = _RecurringScheduleSpec.model_fields
+    assert client.BOUND_OPTIONS == {name: field.alias for name, field in fields.items()}

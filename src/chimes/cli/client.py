@@ -186,6 +186,14 @@ def jobs() -> None:
     """Create, list, change and trigger jobs through the API."""
 
 
+# The bounds every recurring schedule may have (chimes.jobs._RecurringScheduleSpec): each option's
+# name and the field of the schedule it sets. A bound added here is sent, refused with --at, and kept
+# when an update changes the rule.
+BOUND_OPTIONS = {"start_at": "startAt", "end_at": "endAt", "max_runs": "maxRuns",
+                 "exclude_calendars": "excludeCalendars"}
+RULE_OPTIONS = ("cron", "timezone", "every", "phase")  # the options of a recurring schedule's rule
+
+
 def _schedule_options(func: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([
         click.option("--name", help="Job name."),
@@ -258,7 +266,7 @@ def _new_schedule(opts: dict[str, Any]) -> dict[str, Any]:
         raise click.UsageError("give exactly one of --cron or --every (recurring) or --at (one-off)")
     _check_schedule_options(opts)
     if opts["at"]:
-        if opts["start_at"] or opts["end_at"] or opts["max_runs"] or opts["exclude_calendars"]:
+        if any(opts[key] for key in BOUND_OPTIONS):
             raise click.UsageError("--start-at, --end-at, --max-runs and --exclude-calendar go with --cron or --every")
         return {"at": opts["at"]}
     if opts["every"]:
@@ -277,9 +285,8 @@ def _check_schedule_options(opts: dict[str, Any]) -> None:
 
 
 def _bounds(opts: dict[str, Any]) -> dict[str, Any]:
-    given = {"startAt": opts["start_at"], "endAt": opts["end_at"], "maxRuns": opts["max_runs"],
-             "excludeCalendars": list(opts["exclude_calendars"])}
-    return {key: value for key, value in given.items() if value}
+    given = {field: opts[key] for key, field in BOUND_OPTIONS.items()}
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in given.items() if value}
 
 
 def _task(opts: dict[str, Any]) -> dict[str, Any]:
@@ -436,8 +443,7 @@ def update(api: Client, job_id: str, file: IO[str] | None, **opts: Any) -> None:
 
     if opts["name"]:
         patch["name"] = opts["name"]
-    if any(opts[key] for key in ("at", "cron", "timezone", "every", "phase", "start_at", "end_at", "max_runs",
-                                 "exclude_calendars")):
+    if any(opts[key] for key in ("at", *RULE_OPTIONS, *BOUND_OPTIONS)):
         patch["schedule"] = _changed_schedule(opts, job)
     tuning = _tuning(opts)
     if "retryPolicy" in tuning:
@@ -458,14 +464,13 @@ def _changed_schedule(opts: dict[str, Any], job: Callable[[], dict[str, Any]]) -
     if opts["cron"] and opts["every"]:
         raise click.UsageError("give either --cron or --every")
     if opts["at"]:
-        if any(opts[key] for key in ("cron", "every", "phase", "timezone", "start_at", "end_at", "max_runs",
-                                     "exclude_calendars")):
+        if any(opts[key] for key in (*RULE_OPTIONS, *BOUND_OPTIONS)):
             raise click.UsageError("give either --at or a recurring schedule (--cron/--every)")
         return {"at": opts["at"]}
     schedule = job().get("schedule") or {}
     if "at" in schedule and not (opts["cron"] or opts["every"]):
         raise click.UsageError("this job runs once (--at); give --cron or --every to make it recurring")
-    kept = {k: v for k, v in schedule.items() if k in ("jitterSec", "startAt", "endAt", "maxRuns", "excludeCalendars")}
+    kept = {k: v for k, v in schedule.items() if k == "jitterSec" or k in BOUND_OPTIONS.values()}
     if opts["every"] or ("everySec" in schedule and not opts["cron"]):
         if opts["timezone"]:
             raise click.UsageError("--timezone goes with --cron: an interval counts elapsed time")

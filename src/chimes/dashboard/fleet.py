@@ -57,13 +57,15 @@ async def moves_shown(catalog: Pool) -> MovesShown:
 
 def summarize(name: str, own: Sequence[int], fleet: Fleet | BaseException, with_queue: bool) -> HomeSummary:
     if isinstance(fleet, BaseException):
-        return HomeSummary(name, tuple(own), 0, 0, 0, None, None, 0, error=type(fleet).__name__)
+        return HomeSummary(name=name, partitions=tuple(own), held=0, live_nodes=0, in_flight=0, queued=None,
+                           fire_lag_p99=None, failed=0, error=type(fleet).__name__)
     mine = set(own)
     live = [n for n in fleet.nodes if n["heartbeat_age"] < LIVE_NODE_SEC]
     held = mine.intersection(p for n in fleet.nodes for p in n["partitions"])
-    return HomeSummary(name, tuple(own), len(held), len(live), sum(w["in_flight"] for w in fleet.workers),
-                       sum(t.depth for t in fleet.queue) if with_queue else None, fleet.fire_lag.p99,
-                       sum(r["failed"] for r in fleet.failures))
+    return HomeSummary(name=name, partitions=tuple(own), held=len(held), live_nodes=len(live),
+                       in_flight=sum(w["in_flight"] for w in fleet.workers),
+                       queued=sum(t.depth for t in fleet.queue) if with_queue else None,
+                       fire_lag_p99=fleet.fire_lag.p99, failed=sum(r["failed"] for r in fleet.failures))
 
 
 def add_up(fleets: Sequence[Fleet], owns: Sequence[Sequence[int]]) -> Fleet:

@@ -25,7 +25,8 @@ def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: ti
     a recurring job does not drift however late this fire is. Without ``now`` the fire is on time.
     ``calendars``: the owners' exclusion calendars, by (owner, name)."""
     if trigger.kind == TriggerKind.RETRY:
-        return Fire(trigger, trigger.trigger_id, scheduled_at_of(trigger.trigger_id), None)
+        return Fire(trigger=trigger, run_id=trigger.trigger_id, scheduled_at=scheduled_at_of(trigger.trigger_id),
+                    next_fire_at=None)
     excluded = _exclusion(trigger, calendars)
     if trigger.kept:
         return _plan_kept(trigger, now, missed_after, excluded)
@@ -52,8 +53,9 @@ def plan_fire(trigger: DueTrigger, now: datetime | None = None, missed_after: ti
                          unrecorded=walked.unrecorded, excluded=excluded, final=walked.complete)
         following, accounted = walked.following, walked.accounted
     last = slots[-1]
-    return Fire(trigger, last.run_id, last.scheduled_at, None if following is None else following + offset,
-                tuple(slots), accounted)
+    return Fire(trigger=trigger, run_id=last.run_id, scheduled_at=last.scheduled_at,
+                next_fire_at=None if following is None else following + offset, slots=tuple(slots),
+                accounted=accounted)
 
 
 def walks(trigger: DueTrigger, now: datetime, missed_after: timedelta = MISSED_AFTER) -> bool:
@@ -81,7 +83,7 @@ def _plan_kept(trigger: DueTrigger, now: datetime | None, missed_after: timedelt
                       None if remaining is None else max(remaining, 1))
         missed, unrecorded = walked.slots, walked.unrecorded
     if not missed:
-        return Fire(trigger, trigger.trigger_id, trigger.fire_at, None, (), 0)
+        return Fire(trigger=trigger, run_id=trigger.trigger_id, scheduled_at=trigger.fire_at, next_fire_at=None)
     if now is None or now - trigger.fire_at <= missed_after:
         slots = [on_time(trigger.job_id, slot) for slot in missed]
         if excluded is not None:
@@ -90,7 +92,8 @@ def _plan_kept(trigger: DueTrigger, now: datetime | None, missed_after: timedelt
         slots = catch_up(trigger.job_id, missed, now, policy, _cause(trigger), unrecorded=unrecorded,
                          excluded=excluded)
     last = slots[-1]
-    return Fire(trigger, last.run_id, last.scheduled_at, None, tuple(slots), len(missed) + unrecorded)
+    return Fire(trigger=trigger, run_id=last.run_id, scheduled_at=last.scheduled_at, next_fire_at=None,
+                slots=tuple(slots), accounted=len(missed) + unrecorded)
 
 
 def _cause(trigger: DueTrigger) -> Cause:
@@ -127,7 +130,7 @@ def _excluded(slot: Slot, excluded: Exclusion) -> Slot:
     if excluding is None:
         return slot
     reason = excluding + (f" ({slot.reason})" if slot.reason else "")
-    return Slot(slot.run_id, slot.scheduled_at, slot.trigger, "skip", reason)
+    return replace(slot, outcome="skip", reason=reason)
 
 
 def _while_paused(trigger: DueTrigger, nominal: datetime) -> bool:

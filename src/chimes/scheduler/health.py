@@ -58,8 +58,9 @@ def stalled(since: datetime, schedule: schedules.Recurrence | None, now: datetim
 
 
 def _schedule(row: UntriggeredSchedule | BlockingRun) -> schedules.Recurrence | None:
-    return schedules.recurrence_of(row.cron, row.timezone, row.dst_gap, row.dst_fold, row.every_sec, row.phase_sec,
-                                   row.start_at, row.end_at)
+    return schedules.recurrence_of(row.cron, row.timezone, dst_gap=row.dst_gap, dst_fold=row.dst_fold,
+                                   every_sec=row.every_sec, phase_sec=row.phase_sec, start_at=row.start_at,
+                                   end_at=row.end_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +141,10 @@ class HealthCheck:
                     r.job_id, r.owner, "held", r.since,
                     f"no run has started since {r.since.isoformat()}: run {r.run_id} is still holding the "
                     "schedule", run_id=r.run_id))
-        await self._store.record_stalls([StallRecord(s.job_id, s.owner, s.cause, s.since, s.detail, s.fire_at, s.run_id)
-                                         for s in stalls.values()])
+        await self._store.record_stalls([
+            StallRecord(job_id=s.job_id, owner=s.owner, cause=s.cause, since=s.since, detail=s.detail,
+                        fire_at=s.fire_at, run_id=s.run_id)
+            for s in stalls.values()])
         queued = 0
         if held:  # notified per run, as before: the payload names the run
             queued += await self._store.notify_runs(

@@ -31,8 +31,7 @@ def judge(run: ExpiredRun, now: datetime, poison_after: int = POISON_AFTER) -> L
         losses = (run.lease_losses or 0) + 1
         if losses >= poison_after:
             # The run itself probably kills its workers (memory, a crash in a library): stop feeding it.
-            return LostRun(run.run_id, run.scheduled_at, run.lease_token, run.worker_id,
-                           run.started_at, f"{error}; poison run: its workers died {losses} times", None)
+            return _lost(run, f"{error}; poison run: its workers died {losses} times", None)
     else:
         error = f"attempt {attempt} ran past its deadline and was abandoned"
         retry = plan_retry(policy, attempt, now, run.scheduled_at)
@@ -41,8 +40,13 @@ def judge(run: ExpiredRun, now: datetime, poison_after: int = POISON_AFTER) -> L
         error += f"; {retry.past_deadline}"
     elif retry_at is None:
         error += "; no attempts left"
-    return LostRun(run.run_id, run.scheduled_at, run.lease_token, run.worker_id, run.started_at,
-                   error, retry_at, lease_lost)
+    return _lost(run, error, retry_at, lease_lost)
+
+
+def _lost(run: ExpiredRun, error: str, retry_at: datetime | None, lease_lost: bool = True) -> LostRun:
+    return LostRun(run_id=run.run_id, scheduled_at=run.scheduled_at, lease_token=run.lease_token,
+                   worker_id=run.worker_id, started_at=run.started_at, error=error, retry_at=retry_at,
+                   lease_lost=lease_lost)
 
 
 def _judge_or_fail(run: ExpiredRun, now: datetime) -> LostRun:
@@ -52,8 +56,7 @@ def _judge_or_fail(run: ExpiredRun, now: datetime) -> LostRun:
         return judge(run, now)
     except Exception as exc:
         failures.set_aside("scheduler", "expired_run", f"expired run {run.run_id}", exc)
-        return LostRun(run.run_id, run.scheduled_at, run.lease_token, run.worker_id, run.started_at,
-                       f"the run could not be judged after its attempt ended ({failures.describe(exc)})", None)
+        return _lost(run, f"the run could not be judged after its attempt ended ({failures.describe(exc)})", None)
 
 
 class Reaper:

@@ -245,8 +245,9 @@ class JobService:
             by_version = await job_store.count_nodes_firing_by_version(conn) > 0
             replan = by_version or _plan(previous, job.paused) != _plan(spec, paused)
             triggers = await job_store.lock_schedule_triggers(conn, job_id) if replan else None
-            version, planned = await job_store.update_job(conn, job_id, stored, paused, job.paused, actor,
-                                                          patch.pause_note, triggers.now if triggers else None)
+            version, planned = await job_store.update_job(
+                conn, job_id, stored, paused=paused, was_paused=job.paused, actor=actor, pause_note=patch.pause_note,
+                moment=triggers.now if triggers else None)
             if triggers is None and planned == version:  # the database saw a change of plan after all
                 triggers = await job_store.lock_schedule_triggers(conn, job_id)
             # Without a change of plan the trigger stays as it is and fires as planned.

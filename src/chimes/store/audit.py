@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from chimes.store.db import Conn
-from chimes.store.queries import sql
+from chimes.store.queries import bind, sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +76,11 @@ async def record(conn: Conn, note: AuditNote, action: str, subject: str, before:
                  subject_owner: str | None = None, shown: Shown = _as_is) -> None:
     """Write one entry in the caller's transaction (``conn``): ``action`` such as ``job.update``,
     ``subject`` such as ``job <id>``; ``before``/``after`` the subject's fields around the change."""
-    await conn.execute(sql("insert_audit_entry"), uuid.uuid4(), note.at, note.actor.token_id, note.actor.name,
-                       note.actor.owner, note.request_id, action, subject, job_id, subject_owner,
-                       changes(before, after, shown))
+    text, args = bind("insert_audit_entry", entry_id=uuid.uuid4(), at=note.at, actor_token=note.actor.token_id,
+                      actor_name=note.actor.name, actor_owner=note.actor.owner, request_id=note.request_id,
+                      action=action, subject=subject, job_id=job_id, subject_owner=subject_owner,
+                      changes=changes(before, after, shown))
+    await conn.execute(text, *args)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,13 +14,9 @@ import asyncpg
 from chimes.enums import TriggerKind
 from chimes.ids import new_job_ids, partition_of
 from chimes.jobs import JobSpec
-from chimes.store.jobs import job_columns
+from chimes.store.jobs import SPEC_COLUMNS, job_columns, spec_values
 
-JOB_COLUMNS = ("job_id", "owner", "name", "cron", "run_at", "timezone", "jitter_sec", "task", "retry_policy",
-               "timeout_sec", "concurrency", "priority", "dst_gap", "dst_fold", "catch_up", "queue_limit", "tags",
-               "notify_url", "start_deadline_sec", "pause_after_failures", "delete_after_completion", "notify_on",
-               "every_sec", "phase_sec", "start_at", "end_at",
-               "max_runs", "exclude_calendars")
+JOB_COLUMNS = ("job_id", "owner", *SPEC_COLUMNS)
 TRIGGER_COLUMNS = ("partition_id", "fire_at", "trigger_id", "job_id", "job_version", "kind")
 
 
@@ -64,7 +60,7 @@ def job_rows(specs: Sequence[JobSpec], owner: str, now: datetime, first_fire: Fi
     for spec, job_id in zip(specs, new_job_ids(len(specs), id_millis), strict=True):
         text_id = str(job_id)
         partition = partition_of(job_id)
-        jobs.append((text_id, owner, *job_columns(spec)))
+        jobs.append((text_id, owner, *spec_values(job_columns(spec))))
         partitions.append(partition)
         fire_at = first_fire(spec, job_id, now)
         if fire_at is not None:

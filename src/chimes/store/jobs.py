@@ -4,8 +4,10 @@ writes both in one transaction and decides what (quota, secrets, the first fire)
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 import asyncpg
@@ -14,7 +16,7 @@ from chimes.enums import Priority
 from chimes.ids import partition_of
 from chimes.jobs import DEFAULT_NOTIFY_ON, AtScheduleSpec, CronScheduleSpec, IntervalScheduleSpec, JobSpec
 from chimes.store.db import Conn, one_row
-from chimes.store.queries import sql
+from chimes.store.queries import query, sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,41 +60,88 @@ class CreatedJob:
     version: int = 1
 
 
-def job_columns(spec: JobSpec) -> tuple[Any, ...]:
-    """The definition as the columns of ``jobs``, in the order of JOB_COLUMNS (after owner)."""
+@dataclass(frozen=True, slots=True)
+class JobColumns:
+    """A job's definition as the columns of ``jobs``: the one list of them, from which insert_job and
+    update_job name their columns and the bulk load its COPY (a field added here is written by all)."""
+
+    name: str | None
+    cron: str | None
+    run_at: datetime | None
+    timezone: str
+    jitter_sec: int
+    task: dict[str, Any]
+    retry_policy: dict[str, Any]
+    timeout_sec: int
+    concurrency: str
+    priority: int
+    dst_gap: str | None
+    dst_fold: str | None
+    catch_up: dict[str, Any]
+    queue_limit: int | None
+    tags: list[str]
+    notify_url: str | None
+    start_deadline_sec: int | None
+    pause_after_failures: int | None
+    delete_after_completion: bool
+    notify_on: list[str]
+    every_sec: int | None
+    phase_sec: int | None
+    start_at: datetime | None
+    end_at: datetime | None
+    max_runs: int | None
+    exclude_calendars: list[str] | None
+
+
+SPEC_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(JobColumns))
+#: A definition's values in the order of SPEC_COLUMNS.
+spec_values: Callable[[JobColumns], tuple[Any, ...]] = attrgetter(*SPEC_COLUMNS)
+_SPEC_SQL = {
+    "spec_columns": ", ".join(SPEC_COLUMNS),
+    "spec_values": ", ".join(f"${column}" for column in SPEC_COLUMNS),
+    "spec_assignments": ", ".join(f"{column} = ${column}" for column in SPEC_COLUMNS),
+}
+
+
+def job_columns(spec: JobSpec) -> JobColumns:
+    """The definition as the columns of ``jobs``."""
     wire = spec.to_wire()
     schedule = spec.schedule
     cron_spec = schedule if isinstance(schedule, CronScheduleSpec) else None
     interval = schedule if isinstance(schedule, IntervalScheduleSpec) else None
     recurring = None if isinstance(schedule, AtScheduleSpec) else schedule
-    return (
-        spec.name,
-        cron_spec.cron if cron_spec else None,
-        schedule.at if isinstance(schedule, AtScheduleSpec) else None,
-        cron_spec.timezone if cron_spec else "UTC",
-        recurring.jitter_sec if recurring else 0,
-        wire["task"],
-        wire["retryPolicy"],
-        spec.timeout_sec,
-        spec.concurrency,
-        Priority.from_label(spec.priority),
-        cron_spec.dst_gap if cron_spec else None,
-        cron_spec.dst_fold if cron_spec else None,
-        wire["catchUp"],
-        spec.queue_limit,
-        list(spec.tags),
-        spec.notify_url,
-        spec.start_deadline_sec,
-        spec.pause_after_failures,
-        spec.delete_after_completion,
-        list(spec.notify_on),
-        interval.every_sec if interval else None,
-        interval.phase_sec if interval else None,
-        recurring.start_at if recurring else None,
-        recurring.end_at if recurring else None,
-        recurring.max_runs if recurring else None,
-        recurring.exclude_calendars if recurring else None,
+    return JobColumns(
+        name=spec.name,
+        cron=cron_spec.cron if cron_spec else None,
+        run_at=schedule.at if isinstance(schedule, AtScheduleSpec) else None,
+        timezone=cron_spec.timezone if cron_spec else "UTC",
+        jitter_sec=recurring.jitter_sec if recurring else 0,
+        task=wire["task"],
+        retry_policy=wire["retryPolicy"],
+        timeout_sec=spec.timeout_sec,
+        concurrency=spec.concurrency,
+        priority=Priority.from_label(spec.priority),
+        dst_gap=cron_spec.dst_gap if cron_spec else None,
+        dst_fold=cron_spec.dst_fold if cron_spec else None,
+        catch_up=wire["catchUp"],
+        queue_limit=spec.queue_limit,
+        tags=list(spec.tags),
+        notify_url=spec.notify_url,
+        start_deadline_sec=spec.start_deadline_sec,
+        pause_after_failures=spec.pause_after_failures,
+        delete_after_completion=spec.delete_after_completion,
+        notify_on=list(spec.notify_on),
+        every_sec=interval.every_sec if interval else None,
+        phase_sec=interval.phase_sec if interval else None,
+        start_at=recurring.start_at if recurring else None,
+        end_at=recurring.end_at if recurring else None,
+        max_runs=recurring.max_runs if recurring else None,
+        exclude_calendars=recurring.exclude_calendars if recurring else None,
     )
+
+
+def _spec_args(spec: JobSpec) -> dict[str, Any]:
+    return dict(zip(SPEC_COLUMNS, spec_values(job_columns(spec)), strict=True))
 
 
 def definition_of(row: asyncpg.Record) -> dict[str, Any]:
@@ -209,7 +258,10 @@ class JobStore:
 async def insert_job(conn: Conn, job_id: uuid.UUID, owner: str, spec: JobSpec,
                      idempotency_key: str | None, fingerprint: bytes | None) -> bool:
     """False when the owner used ``idempotency_key`` before: nothing is written then."""
-    inserted = await conn.fetchval(sql("insert_job"), job_id, owner, *job_columns(spec), idempotency_key, fingerprint)
+    q = query("insert_job", **_SPEC_SQL)
+    inserted = await conn.fetchval(q.text, *q.args({
+        "job_id": job_id, "owner": owner, "idempotency_key": idempotency_key, "request_hash": fingerprint,
+        **_spec_args(spec)}))
     return inserted is not None
 
 
@@ -246,14 +298,16 @@ async def count_nodes_before_releases(conn: Conn) -> int:
     return int(await conn.fetchval(sql("count_nodes_before_releases")))
 
 
-async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, paused: bool, was_paused: bool,
+async def update_job(conn: Conn, job_id: uuid.UUID, spec: JobSpec, *, paused: bool, was_paused: bool,
                      actor: str, pause_note: str | None, moment: datetime | None = None) -> tuple[int, int]:
     """Rewrite the definition; returns the job's new version and the version of its plan (equal when
     the edit changed what a fire reads, migration 0022). A pause or a resume is recorded in the
     job's history of pauses with ``actor`` (and ``pause_note``, the reason a pause was given), at
     ``moment`` (the database's clock as the edit read it; its transaction's start when not given)."""
-    row = one_row(await conn.fetchrow(sql("update_job"), job_id, *job_columns(spec), paused, actor, pause_note,
-                                      moment))
+    q = query("update_job", **_SPEC_SQL)
+    row = one_row(await conn.fetchrow(q.text, *q.args({
+        "job_id": job_id, "paused": paused, "actor": actor, "pause_note": pause_note, "moment": moment,
+        **_spec_args(spec)})))
     if paused and not was_paused:
         await record_pause(conn, job_id, actor, paused_at=row["paused_at"], note=pause_note)
     elif was_paused and not paused:

@@ -160,10 +160,12 @@ def home_name(shard_id: int | None) -> str:
 
 
 def _move(row: asyncpg.Record) -> Move:
-    return Move(row["move_id"], row["first_partition"], row["last_partition"], row["source_shard"],
-                row["target_shard"], row["phase"], row["passes"], row["rows_copied"], row["rows_per_sec"],
-                row["rows_left"], row["note"], row["mover"], row["heartbeat_at"], row["started_at"],
-                row["fenced_at"], row["cut_over_at"], row["cut_over_version"], row["finished_at"], row["read_at"])
+    return Move(move_id=row["move_id"], first=row["first_partition"], last=row["last_partition"],
+                source_shard=row["source_shard"], target_shard=row["target_shard"], phase=row["phase"],
+                passes=row["passes"], rows_copied=row["rows_copied"], rows_per_sec=row["rows_per_sec"],
+                rows_left=row["rows_left"], note=row["note"], mover=row["mover"], heartbeat_at=row["heartbeat_at"],
+                started_at=row["started_at"], fenced_at=row["fenced_at"], cut_over_at=row["cut_over_at"],
+                cut_over_version=row["cut_over_version"], finished_at=row["finished_at"], read_at=row["read_at"])
 
 
 async def recent_moves(catalog: db.Conn | asyncpg.Pool, limit: int = 5) -> list[Move]:

@@ -24,7 +24,7 @@ from chimes.ids import (
 from chimes.schedules import fire_times, recurrence_of
 from chimes.store.audit import AuditNote, record
 from chimes.store.db import Row, one_row
-from chimes.store.queries import sql
+from chimes.store.queries import bind, sql
 from chimes.store.working import ANY_OWNER, queued_payload, runs_ended
 
 
@@ -126,8 +126,9 @@ class RunStore:
         job = await self._pool.fetchrow(sql("job_for_backfill"), job_id, owner)
         if job is None:
             return None
-        schedule = recurrence_of(job["cron"], job["timezone"], job["dst_gap"], job["dst_fold"], job["every_sec"],
-                                 job["phase_sec"], job["start_at"], job["end_at"])
+        schedule = recurrence_of(job["cron"], job["timezone"], dst_gap=job["dst_gap"], dst_fold=job["dst_fold"],
+                                 every_sec=job["every_sec"], phase_sec=job["phase_sec"], start_at=job["start_at"],
+                                 end_at=job["end_at"])
         if schedule is None:
             raise BackfillError("schedule", "backfill needs a recurring (cron or interval) schedule")
         slots = fire_times(schedule, start, end, limit + 1)
@@ -179,8 +180,11 @@ class RunStore:
                 retry_at = retry.at
                 if retry.past_deadline:
                     error = f"{error}; {retry.past_deadline}" if error else retry.past_deadline
-            ended = await conn.fetch(sql("complete_runs"), [run_id], [scheduled_at], [lease_token], [status],
-                                     [error], [output], [now], [retry_at], "callback", [])
+            text, args = bind("complete_runs", outcome_run_id=[run_id], outcome_scheduled_at=[scheduled_at],
+                              outcome_lease_token=[lease_token], outcome_status=[status], outcome_error=[error],
+                              outcome_output=[output], outcome_finished_at=[now], outcome_retry_at=[retry_at],
+                              worker_id="callback", forget_claims=[])
+            ended = await conn.fetch(text, *args)
             await runs_ended(conn, [r for r in ended if r["final"]])
         return bool(ended)
 

@@ -18,7 +18,7 @@ from chimes.ids import PARTITION_COUNT, scheduled_at_of
 from chimes.schedules import Recurrence, recurrence_of
 from chimes.slots import Slot
 from chimes.store.db import ROLE_COMMAND_TIMEOUT_SEC, Conn, Row, one_row, open_connection
-from chimes.store.queries import sql
+from chimes.store.queries import bind, sql
 from chimes.store.working import ANY_OWNER, queued_payload, runs_ended
 from chimes.timeouts import wait_event
 
@@ -96,8 +96,9 @@ class DueTrigger:
     @property
     def recurrence(self) -> Recurrence | None:
         """The job's recurring schedule; None for a one-off job or a retry."""
-        return recurrence_of(self.cron, self.timezone, self.dst_gap, self.dst_fold, self.every_sec, self.phase_sec,
-                             self.start_at, self.end_at)
+        return recurrence_of(self.cron, self.timezone, dst_gap=self.dst_gap, dst_fold=self.dst_fold,
+                             every_sec=self.every_sec, phase_sec=self.phase_sec, start_at=self.start_at,
+                             end_at=self.end_at)
 
 
 PARTITIONS_CHANNEL = "chimes_partitions_released"  # the payload: the node that released them
@@ -313,13 +314,17 @@ class SchedulerStore:
             await tx.start()
             try:
                 row = await self._fire_in(conn, leases, fires, due_at, ahead_sec)
+                text, args = bind("confirm_fire_ahead", due_at=due_at, held_partition_id=lease_ids,
+                                  held_token=[leases[p] for p in lease_ids], node_id=self.node_id,
+                                  fired_job_id=list(jobs), fired_version=list(jobs.values()),
+                                  decided_job_id=row["decided_jobs"] or [],
+                                  decided_running=row["decided_running"] or [],
+                                  decided_held=row["decided_held"] or [])
+                confirm = (text, *args)
                 await until_due()
                 give_up = time.monotonic() + ahead_sec
                 while True:
-                    confirmed = one_row(await conn.fetchrow(
-                        sql("confirm_fire_ahead"), due_at, lease_ids, [leases[p] for p in lease_ids],
-                        self.node_id, list(jobs), list(jobs.values()), row["decided_jobs"] or [],
-                        row["decided_running"] or [], row["decided_held"] or []))
+                    confirmed = one_row(await conn.fetchrow(*confirm))
                     if confirmed["due"] or time.monotonic() > give_up:
                         break
                     await asyncio.sleep(FIRE_AHEAD_RECHECK_SEC)
@@ -337,21 +342,10 @@ class SchedulerStore:
                        ahead_sec: float) -> Row:
         """The fire statement, and the queue's NOTIFY (sent at the transaction's commit)."""
         lease_ids = _held_partitions(leases, fires)
-        triggers: list[list[Any]] = [[] for _ in range(10)]
-        slots: list[list[Any]] = [[] for _ in range(6)]
-        counted: list[list[Any]] = [[], []]  # the jobs with a run cap, and how many slots this batch records
-        for index, f in enumerate(fires):
-            t = f.trigger
-            _append(triggers, (index, t.partition_id, t.fire_at, t.trigger_id, t.job_id, t.job_version, t.kind,
-                               f.run_id, f.scheduled_at, f.next_fire_at))
-            for s in f.slots:
-                _append(slots, (index, s.run_id, s.scheduled_at, s.trigger, s.outcome, s.reason))
-            if t.max_runs is not None and f.accounted:
-                _append(counted, (t.job_id, f.accounted))
-        row = one_row(await conn.fetchrow(
-            sql("fire_triggers"), lease_ids, [leases[p] for p in lease_ids], self.node_id, *triggers, *slots,
-            fired_at, *counted, ahead_sec,
-        ))
+        text, args = bind("fire_triggers", held_partition_id=lease_ids, held_token=[leases[p] for p in lease_ids],
+                          node_id=self.node_id, fired_at=fired_at, ahead_sec=ahead_sec,
+                          **_trigger_arrays(fires), **_slot_arrays(fires), **_counted_arrays(fires))
+        row = one_row(await conn.fetchrow(text, *args))
         if row["enqueued"]:
             await conn.execute(sql("notify_queue"), queued_payload(f.trigger.owner for f in fires))
         return row
@@ -374,13 +368,15 @@ class SchedulerStore:
         job_version, priority, retry_at, final)."""
         partitions = list(leases)
         async with self._pool.acquire() as conn, conn.transaction():
-            ended = await conn.fetch(
-                sql("reap_runs"), partitions, [leases[p] for p in partitions], self.node_id,
-                [r.run_id for r in lost], [r.scheduled_at for r in lost], [r.lease_token for r in lost],
-                [r.error for r in lost], [r.retry_at for r in lost],
-                [r.worker_id for r in lost], [r.started_at for r in lost], [r.lease_lost for r in lost],
-                planned_at,
+            text, args = bind(
+                "reap_runs", held_partition_id=partitions, held_token=[leases[p] for p in partitions],
+                node_id=self.node_id, planned_at=planned_at,
+                lost_run_id=[r.run_id for r in lost], lost_scheduled_at=[r.scheduled_at for r in lost],
+                lost_lease_token=[r.lease_token for r in lost], lost_error=[r.error for r in lost],
+                lost_retry_at=[r.retry_at for r in lost], lost_worker_id=[r.worker_id for r in lost],
+                lost_started_at=[r.started_at for r in lost], lost_lease_lost=[r.lease_lost for r in lost],
             )
+            ended = await conn.fetch(text, *args)
             if any(r["retry_at"] is not None for r in ended):
                 await conn.execute(sql("notify_queue"), ANY_OWNER)
             await runs_ended(conn, [r for r in ended if r["final"]])
@@ -429,9 +425,44 @@ def _held_partitions(leases: Mapping[int, int], fires: Sequence[Fire]) -> list[i
     return [p for p in {f.trigger.partition_id for f in fires} if p in leases]
 
 
-def _append(columns: list[list[Any]], values: tuple[Any, ...]) -> None:
-    for column, value in zip(columns, values, strict=True):
-        column.append(value)
+# The batch as the arrays fire_triggers unnests, one group each: a group's arrays, named after the
+# columns the statement unnests them into, hold one entry per trigger (per slot, per capped job).
+def _trigger_arrays(fires: Sequence[Fire]) -> dict[str, list[Any]]:
+    triggers = [f.trigger for f in fires]
+    return {
+        "trigger_idx": list(range(len(fires))),
+        "trigger_partition_id": [t.partition_id for t in triggers],
+        "trigger_fire_at": [t.fire_at for t in triggers],
+        "trigger_trigger_id": [t.trigger_id for t in triggers],
+        "trigger_job_id": [t.job_id for t in triggers],
+        "trigger_job_version": [t.job_version for t in triggers],
+        "trigger_kind": [t.kind for t in triggers],
+        "trigger_run_id": [f.run_id for f in fires],
+        "trigger_scheduled_at": [f.scheduled_at for f in fires],
+        "trigger_next_fire_at": [f.next_fire_at for f in fires],
+    }
+
+
+def _slot_arrays(fires: Sequence[Fire]) -> dict[str, list[Any]]:
+    """``slot_idx``: the index of its fire's trigger in the batch."""
+    slots = [s for f in fires for s in f.slots]
+    return {
+        "slot_idx": [index for index, f in enumerate(fires) for _ in f.slots],
+        "slot_run_id": [s.run_id for s in slots],
+        "slot_scheduled_at": [s.scheduled_at for s in slots],
+        "slot_trigger": [s.trigger for s in slots],
+        "slot_outcome": [s.outcome for s in slots],
+        "slot_reason": [s.reason for s in slots],
+    }
+
+
+def _counted_arrays(fires: Sequence[Fire]) -> dict[str, list[Any]]:
+    """The jobs with a run cap, and how many slots this batch records for each."""
+    counted = [f for f in fires if f.trigger.max_runs is not None and f.accounted]
+    return {
+        "counted_job_id": [f.trigger.job_id for f in counted],
+        "counted_slots": [f.accounted for f in counted],
+    }
 
 
 def fair_share(live_nodes: Sequence[str], node_id: str, partitions: int = 1024) -> int:

@@ -20,7 +20,7 @@ from chimes.settings import RUN_TIMEOUT_SEC
 from chimes.store.cap_slots import CapSlots, full_caps, rooms_of
 from chimes.store.caps import Candidate, Cap, CapKey, caps_of
 from chimes.store.db import DB_ERRORS, ROLE_COMMAND_TIMEOUT_SEC, Conn, command_timeout, create_pool, open_connection
-from chimes.store.queries import sql
+from chimes.store.queries import bind, sql
 
 #: The admission policy of a capped claim (chimes.worker.caps.admit): from the candidates in queue
 #: order, the room left under each cap, and how many to take at most, the queue ids to claim.
@@ -311,14 +311,18 @@ class WorkerStore:
         if not completions:
             return set()
         async with by_key(self._pool) as conn:
-            rows = await conn.fetch(
-                sql("complete_runs"),
-                [c.run.run_id for c in completions], [c.run.scheduled_at for c in completions],
-                [c.run.lease_token for c in completions], [c.outcome.status for c in completions],
-                [c.outcome.error for c in completions], [c.outcome.output for c in completions],
-                [c.finished_at for c in completions], [c.retry_at for c in completions], self.worker_id,
-                list(forget),
+            text, args = bind(
+                "complete_runs", worker_id=self.worker_id, forget_claims=list(forget),
+                outcome_run_id=[c.run.run_id for c in completions],
+                outcome_scheduled_at=[c.run.scheduled_at for c in completions],
+                outcome_lease_token=[c.run.lease_token for c in completions],
+                outcome_status=[c.outcome.status for c in completions],
+                outcome_error=[c.outcome.error for c in completions],
+                outcome_output=[c.outcome.output for c in completions],
+                outcome_finished_at=[c.finished_at for c in completions],
+                outcome_retry_at=[c.retry_at for c in completions],
             )
+            rows = await conn.fetch(text, *args)
             await runs_ended(conn, [r for r in rows if r["final"] and r["bookkeeping"]])
         return {row["run_id"] for row in rows}
 

@@ -4,8 +4,8 @@
 -- The subject's owner, when the caller (an admin) does not know it, is the job's.
 INSERT INTO audit_log (entry_id, at, actor_token, actor_name, actor_owner, request_id, action, subject, job_id,
                        subject_owner, changes)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
-        coalesce($10::text, (SELECT owner FROM jobs WHERE job_id = $9::uuid)), $11);
+VALUES ($entry_id, $at, $actor_token, $actor_name, $actor_owner, $request_id, $action, $subject, $job_id,
+        coalesce($subject_owner::text, (SELECT owner FROM jobs WHERE job_id = $job_id::uuid)), $changes);
 
 -- name: list_audit_entries
 -- Newest first, after the cursor ($1, $2: the last entry's time and id), each filter ignored when NULL:

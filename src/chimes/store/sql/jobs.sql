@@ -1,11 +1,8 @@
 -- name: insert_job
-INSERT INTO jobs (job_id, owner, name, cron, run_at, timezone, jitter_sec, task, retry_policy,
-                  timeout_sec, concurrency, priority, dst_gap, dst_fold, catch_up, queue_limit, tags, notify_url,
-                  start_deadline_sec, pause_after_failures, delete_after_completion, notify_on,
-                  every_sec, phase_sec, start_at, end_at, max_runs, exclude_calendars, paused,
-                  idempotency_key, request_hash)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23,
-        $24, $25, $26, $27, $28, false, $29, $30)
+-- {spec_columns}, {spec_values}: the columns of a job's definition (chimes.store.jobs.JobColumns), each
+-- bound by its name.
+INSERT INTO jobs (job_id, owner, {spec_columns}, paused, idempotency_key, request_hash)
+VALUES ($job_id, $owner, {spec_values}, false, $idempotency_key, $request_hash)
 ON CONFLICT (owner, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING job_id;
 
@@ -107,20 +104,17 @@ CROSS JOIN LATERAL (
 ) r;
 
 -- name: update_job
-UPDATE jobs SET name = $2, cron = $3, run_at = $4, timezone = $5, jitter_sec = $6, task = $7,
-                retry_policy = $8, timeout_sec = $9, concurrency = $10, priority = $11, dst_gap = $12,
-                dst_fold = $13, catch_up = $14, queue_limit = $15, tags = $16, notify_url = $17,
-                start_deadline_sec = $18, pause_after_failures = $19, delete_after_completion = $20,
-                notify_on = $21, every_sec = $22, phase_sec = $23, start_at = $24, end_at = $25,
-                max_runs = $26, exclude_calendars = $27, paused = $28,
-                -- $31: the instant the edit decided by (the database's clock), or now()
-                paused_at = CASE WHEN $28 AND NOT paused THEN coalesce($31, now()) ELSE paused_at END,
-                resumed_at = CASE WHEN paused AND NOT $28 THEN coalesce($31, now()) ELSE resumed_at END,
-                -- who paused it ($29) and why ($30), kept while it stays paused
-                paused_by = CASE WHEN NOT $28 THEN NULL WHEN NOT paused THEN $29 ELSE paused_by END,
-                pause_note = CASE WHEN NOT $28 THEN NULL WHEN NOT paused THEN $30 ELSE pause_note END,
+-- {spec_assignments}: each column of a job's definition (chimes.store.jobs.JobColumns) set to its own
+-- parameter.
+UPDATE jobs SET {spec_assignments}, paused = $paused,
+                -- $moment: the instant the edit decided by (the database's clock), or now()
+                paused_at = CASE WHEN $paused AND NOT paused THEN coalesce($moment, now()) ELSE paused_at END,
+                resumed_at = CASE WHEN paused AND NOT $paused THEN coalesce($moment, now()) ELSE resumed_at END,
+                -- who paused it ($actor) and why ($pause_note), kept while it stays paused
+                paused_by = CASE WHEN NOT $paused THEN NULL WHEN NOT paused THEN $actor ELSE paused_by END,
+                pause_note = CASE WHEN NOT $paused THEN NULL WHEN NOT paused THEN $pause_note ELSE pause_note END,
                 version = version + 1, updated_at = now()
-WHERE job_id = $1
+WHERE job_id = $job_id
 RETURNING version, plan_version, paused_at, resumed_at;
 
 -- name: record_pause

@@ -137,20 +137,22 @@ WITH lease AS (
     -- partition_id = ANY: the batch's few partitions are looked up by key, not all 1,024 scanned
     SELECT l.partition_id
     FROM partition_leases l
-    JOIN unnest($1::smallint[], $2::bigint[]) AS held(partition_id, token)
+    JOIN unnest($held_partition_id::smallint[], $held_token::bigint[]) AS held(partition_id, token)
       ON l.partition_id = held.partition_id AND l.token = held.token
-    WHERE l.partition_id = ANY($1::smallint[]) AND l.owner = $3 AND l.expires_at > now()
+    WHERE l.partition_id = ANY($held_partition_id::smallint[]) AND l.owner = $node_id AND l.expires_at > now()
     FOR KEY SHARE OF l
 ),
 -- The database's clock says whether a trigger's time has come: a node whose clock runs ahead
--- fires nothing early; what it sent too soon stays for its next scan, and is counted. $23: how far
--- ahead of its time a batch fired ahead may be (0 otherwise); its transaction commits only once
+-- fires nothing early; what it sent too soon stays for its next scan, and is counted. $ahead_sec: how
+-- far ahead of its time a batch fired ahead may be (0 otherwise); its transaction commits only once
 -- confirm_fire_ahead finds the time come, so nothing it writes is seen before then.
-moment AS MATERIALIZED (SELECT clock_timestamp() + make_interval(secs => $23::float8) AS now),
+moment AS MATERIALIZED (SELECT clock_timestamp() + make_interval(secs => $ahead_sec::float8) AS now),
 batch AS (
     SELECT d.*
-    FROM unnest($4::integer[], $5::smallint[], $6::timestamptz[], $7::uuid[], $8::uuid[], $9::integer[],
-                $10::smallint[], $11::uuid[], $12::timestamptz[], $13::timestamptz[])
+    FROM unnest($trigger_idx::integer[], $trigger_partition_id::smallint[], $trigger_fire_at::timestamptz[],
+                $trigger_trigger_id::uuid[], $trigger_job_id::uuid[], $trigger_job_version::integer[],
+                $trigger_kind::smallint[], $trigger_run_id::uuid[], $trigger_scheduled_at::timestamptz[],
+                $trigger_next_fire_at::timestamptz[])
          AS d(idx, partition_id, fire_at, trigger_id, job_id, job_version, kind, run_id, scheduled_at,
               next_fire_at)
     WHERE d.partition_id IN (SELECT partition_id FROM lease)
@@ -177,12 +179,12 @@ advanced AS (
     FROM live WHERE next_fire_at IS NOT NULL
     ON CONFLICT DO NOTHING
 ),
--- The slots recorded for jobs with a schedule.maxRuns, counted ($21/$22: those jobs and their slots in
--- this batch); jobs without one are not written.
+-- The slots recorded for jobs with a schedule.maxRuns, counted ($counted_job_id/$counted_slots: those
+-- jobs and their slots in this batch); jobs without one are not written.
 counted AS (
     INSERT INTO job_slot_counts (job_id, slots_fired)
     SELECT c.job_id, c.slots
-    FROM unnest($21::uuid[], $22::integer[]) AS c(job_id, slots)
+    FROM unnest($counted_job_id::uuid[], $counted_slots::integer[]) AS c(job_id, slots)
     JOIN live l ON l.job_id = c.job_id
     ON CONFLICT (job_id) DO UPDATE SET slots_fired = job_slot_counts.slots_fired + excluded.slots_fired
 ),
@@ -195,7 +197,8 @@ slot AS (
            row_number() OVER (PARTITION BY l.job_id, s.outcome ORDER BY s.scheduled_at DESC) AS newest_first,
            row_number() OVER (PARTITION BY l.job_id, s.outcome ORDER BY s.scheduled_at) AS oldest_first,
            max(s.scheduled_at) OVER (PARTITION BY l.job_id, s.outcome) AS newest
-    FROM unnest($14::integer[], $15::uuid[], $16::timestamptz[], $17::text[], $18::text[], $19::text[])
+    FROM unnest($slot_idx::integer[], $slot_run_id::uuid[], $slot_scheduled_at::timestamptz[], $slot_trigger::text[],
+                $slot_outcome::text[], $slot_reason::text[])
          AS s(idx, run_id, scheduled_at, trigger, outcome, reason)
     JOIN live l ON l.idx = s.idx
 ),
@@ -228,9 +231,10 @@ decided AS (
 created AS (
     INSERT INTO runs (run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority, fired_at,
                       status, finished_at, reason)
-    SELECT run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority, $20::timestamptz,
+    SELECT run_id, scheduled_at, job_id, owner, partition_id, job_version, trigger, priority,
+           $fired_at::timestamptz,
            CASE WHEN decision = 'skip' THEN 'skipped' ELSE 'scheduled' END,
-           CASE WHEN decision = 'skip' THEN $20::timestamptz END,
+           CASE WHEN decision = 'skip' THEN $fired_at::timestamptz END,
            CASE
                WHEN outcome = 'skip' THEN reason
                WHEN decision = 'skip' AND concurrency = 'queue'
@@ -273,10 +277,11 @@ activated AS (
     SELECT job_id, run_id, scheduled_at, decision = 'hold' FROM admitted WHERE concurrency <> 'allow'
     ON CONFLICT DO NOTHING
 ),
--- Per job, what skip and queue decided by; read only by a batch fired ahead ($23 > 0). One row a job:
--- its slots share the counts.
+-- Per job, what skip and queue decided by; read only by a batch fired ahead ($ahead_sec > 0). One row
+-- a job: its slots share the counts.
 decided_by_active AS MATERIALIZED (
-    SELECT DISTINCT job_id, running, held_before FROM decided WHERE concurrency <> 'allow' AND $23::float8 > 0
+    SELECT DISTINCT job_id, running, held_before FROM decided
+    WHERE concurrency <> 'allow' AND $ahead_sec::float8 > 0
 ),
 retried AS (
     SELECT r.run_id, r.scheduled_at, r.job_id, r.priority
@@ -310,29 +315,33 @@ SELECT (SELECT count(*) FROM lease) AS leases_held,
        (SELECT array_agg(held_before ORDER BY job_id) FROM decided_by_active) AS decided_held;
 
 -- name: confirm_fire_ahead
--- A batch fired ahead of its time ($1, the latest fire time in it), just before its transaction
--- commits: whether that time has come by the database's clock, whether this node ($4) still holds
--- every partition of the batch ($2, with the lease tokens $3), and whether every job of the batch
--- ($5, at the versions $6) is still there, unpaused and its plan unchanged, and whether the runs still active
+-- A batch fired ahead of its time ($due_at, the latest fire time in it), just before its transaction
+-- commits: whether that time has come by the database's clock, whether this node ($node_id) still
+-- holds every partition of the batch ($held_partition_id, with the lease tokens $held_token), and
+-- whether every job of the batch ($fired_job_id, at the versions $fired_version) is still there,
+-- unpaused and its plan unchanged, and whether the runs still active
 -- that skip and queue decided by are the same. Anything else and the batch is
 -- rolled back and fired again the ordinary way, as it would have been at its time. clock_timestamp(),
 -- not now(): now() is when the transaction began, ahead of the batch's time.
-SELECT clock_timestamp() >= $1::timestamptz AS due,
+SELECT clock_timestamp() >= $due_at::timestamptz AS due,
        (SELECT count(*) FROM partition_leases l
-        JOIN unnest($2::smallint[], $3::bigint[]) AS held(partition_id, token)
+        JOIN unnest($held_partition_id::smallint[], $held_token::bigint[]) AS held(partition_id, token)
           ON l.partition_id = held.partition_id AND l.token = held.token
-        WHERE l.partition_id = ANY($2::smallint[]) AND l.owner = $4 AND l.expires_at > clock_timestamp())
-           = cardinality($2::smallint[]) AS leases_held,
+        WHERE l.partition_id = ANY($held_partition_id::smallint[]) AND l.owner = $node_id
+          AND l.expires_at > clock_timestamp())
+           = cardinality($held_partition_id::smallint[]) AS leases_held,
        NOT EXISTS (
-           SELECT 1 FROM unnest($5::uuid[], $6::integer[]) AS f(job_id, version)
+           SELECT 1 FROM unnest($fired_job_id::uuid[], $fired_version::integer[]) AS f(job_id, version)
            LEFT JOIN jobs j ON j.job_id = f.job_id
            WHERE j.job_id IS NULL OR coalesce(j.plan_version, j.version) > f.version OR j.paused
        ) AS jobs_unchanged,
-       -- $7..$9: the jobs whose policy (skip, queue) decided by their runs still active, and how many
-       -- were running and held then. The same counts now, leaving out the rows this transaction wrote
-       -- (xmin), or the batch decided by a past that is gone: a run ended, or one began, meanwhile.
+       -- $decided_job_id, $decided_running, $decided_held: the jobs whose policy (skip, queue) decided
+       -- by their runs still active, and how many were running and held then. The same counts now,
+       -- leaving out the rows this transaction wrote (xmin), or the batch decided by a past that is
+       -- gone: a run ended, or one began, meanwhile.
        NOT EXISTS (
-           SELECT 1 FROM unnest($7::uuid[], $8::bigint[], $9::bigint[]) AS d(job_id, running, held)
+           SELECT 1 FROM unnest($decided_job_id::uuid[], $decided_running::bigint[], $decided_held::bigint[])
+               AS d(job_id, running, held)
            CROSS JOIN LATERAL (
                SELECT count(*) FILTER (WHERE NOT a.held) AS running, count(*) FILTER (WHERE a.held) AS held
                FROM active_runs a WHERE a.job_id = d.job_id AND a.xmin <> xid(pg_current_xact_id())
@@ -416,19 +425,20 @@ LIMIT $2;
 
 -- name: reap_runs
 -- Ends the lost attempts found by expired_runs, still only if nothing changed since (same lease
--- token, still expired), and only in partitions this node holds. $8 retry_at: NULL means the run
--- fails for good; a time not after $12 (the node's now, on which it planned) means re-enqueue now; a
--- later time, a retry trigger that much after the database's now(): the node's clock chooses the
+-- token, still expired), and only in partitions this node holds. $lost_retry_at: NULL means the run
+-- fails for good; a time not after $planned_at (the node's now, on which it planned) means re-enqueue
+-- now; a later time, a retry trigger that much after the database's now(): the node's clock chooses the
 -- delay, the database's clock, which judges every trigger, when it ends.
 WITH lease AS (
     SELECT l.partition_id FROM partition_leases l
-    JOIN unnest($1::smallint[], $2::bigint[]) AS held(partition_id, token)
+    JOIN unnest($held_partition_id::smallint[], $held_token::bigint[]) AS held(partition_id, token)
       ON l.partition_id = held.partition_id AND l.token = held.token
-    WHERE l.owner = $3 AND l.expires_at > now()
+    WHERE l.owner = $node_id AND l.expires_at > now()
     FOR KEY SHARE OF l
 ),
 lost AS (
-    SELECT * FROM unnest($4::uuid[], $5::timestamptz[], $6::uuid[], $7::text[], $8::timestamptz[], $11::boolean[])
+    SELECT * FROM unnest($lost_run_id::uuid[], $lost_scheduled_at::timestamptz[], $lost_lease_token::uuid[],
+                         $lost_error::text[], $lost_retry_at::timestamptz[], $lost_lease_lost::boolean[])
         AS d(run_id, scheduled_at, lease_token, error, retry_at, lease_lost)
 ),
 -- The lease rows go first: deleting a run's own row, or locking its claim's, waits for a heartbeat
@@ -469,18 +479,20 @@ ended AS (
 attempts AS (
     INSERT INTO run_attempts (run_id, scheduled_at, attempt, worker_id, status, started_at, finished_at, error)
     SELECT e.run_id, e.scheduled_at, e.ended_attempt, r.worker_id, 'failed', r.started_at, now(), e.error
-    FROM ended e JOIN unnest($4::uuid[], $9::text[], $10::timestamptz[]) AS r(run_id, worker_id, started_at)
+    FROM ended e
+    JOIN unnest($lost_run_id::uuid[], $lost_worker_id::text[], $lost_started_at::timestamptz[])
+        AS r(run_id, worker_id, started_at)
       ON r.run_id = e.run_id
     ON CONFLICT DO NOTHING
 ),
 requeued AS (
     INSERT INTO run_queue (tier, run_id, scheduled_at, job_id)
-    SELECT priority, run_id, scheduled_at, job_id FROM ended WHERE retry_at <= $12::timestamptz
+    SELECT priority, run_id, scheduled_at, job_id FROM ended WHERE retry_at <= $planned_at::timestamptz
 ),
 retry_triggers AS (
     INSERT INTO triggers (partition_id, fire_at, trigger_id, job_id, job_version, kind)
-    SELECT partition_id, now() + (retry_at - $12::timestamptz), run_id, job_id, job_version, 1
-    FROM ended WHERE retry_at > $12::timestamptz
+    SELECT partition_id, now() + (retry_at - $planned_at::timestamptz), run_id, job_id, job_version, 1
+    FROM ended WHERE retry_at > $planned_at::timestamptz
     ON CONFLICT DO NOTHING
 )
 SELECT run_id, scheduled_at, job_id, retry_at, retry_at IS NULL AS final FROM ended;

@@ -158,16 +158,17 @@ ON CONFLICT (run_id) DO UPDATE SET expires_at = now() WHERE run_leases.token = E
 WITH outcome AS (
     SELECT o.*, o.status = 'succeeded' AND o.retry_at IS NULL AND coalesce(octet_length(o.output), 0) <= 16
                 AS on_run
-    FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-                $7::timestamptz[], $8::timestamptz[])
+    FROM unnest($outcome_run_id::uuid[], $outcome_scheduled_at::timestamptz[], $outcome_lease_token::uuid[],
+                $outcome_status::text[], $outcome_error::text[], $outcome_output::text[],
+                $outcome_finished_at::timestamptz[], $outcome_retry_at::timestamptz[])
         AS o(run_id, scheduled_at, lease_token, status, error, output, finished_at, retry_at)
 ),
 released AS (
     DELETE FROM run_leases l USING outcome o WHERE l.run_id = o.run_id AND l.token = o.lease_token
 ),
--- $10: the claims whose runs have all left the worker's hands by its earlier outcomes (forget_claims).
+-- $forget_claims: the claims whose runs have all left the worker's hands by its earlier outcomes.
 forgotten AS (
-    DELETE FROM claim_leases WHERE token = ANY($10::uuid[])
+    DELETE FROM claim_leases WHERE token = ANY($forget_claims::uuid[])
 ),
 ended AS (
     UPDATE runs r
@@ -176,20 +177,20 @@ ended AS (
         finished_at = CASE WHEN o.retry_at IS NULL THEN GREATEST(r.started_at, LEAST(o.finished_at, now())) END,
         error = o.error, lease_token = NULL,
         worker_id = CASE WHEN o.retry_at IS NULL THEN r.worker_id END,
-        output = CASE WHEN o.on_run AND r.worker_id = $9 THEN o.output END
+        output = CASE WHEN o.on_run AND r.worker_id = $worker_id THEN o.output END
     FROM outcome o
     WHERE r.run_id = o.run_id AND r.scheduled_at = o.scheduled_at
       AND r.status = 'running' AND r.lease_token = o.lease_token
     RETURNING r.run_id, r.scheduled_at, r.job_id, r.partition_id, r.job_version, r.started_at, r.trigger,
               r.attempt - (o.retry_at IS NOT NULL)::integer AS ended_attempt,
               o.status, o.error, o.output, GREATEST(r.started_at, LEAST(o.finished_at, now())) AS finished_at,
-              o.finished_at AS reported_finish, o.retry_at, o.on_run AND r.worker_id = $9 AS on_run
+              o.finished_at AS reported_finish, o.retry_at, o.on_run AND r.worker_id = $worker_id AS on_run
 ),
 -- One row per attempt not kept on its run, written only by the holder of the attempt's lease (above):
 -- a plain insert, without the confirmation record an ON CONFLICT clause writes for every row.
 attempts AS (
     INSERT INTO run_attempts (run_id, scheduled_at, attempt, worker_id, status, started_at, finished_at, error, output)
-    SELECT run_id, scheduled_at, ended_attempt, $9, status, started_at, finished_at, error, output
+    SELECT run_id, scheduled_at, ended_attempt, $worker_id, status, started_at, finished_at, error, output
     FROM ended WHERE NOT on_run
 ),
 retry_triggers AS (
