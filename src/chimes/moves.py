@@ -40,8 +40,6 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-import asyncpg
-
 from chimes.ids import PARTITION_COUNT
 from chimes.store import db
 from chimes.store import moves as move_store
@@ -93,7 +91,7 @@ class Homes:
     target_url: str
 
 
-async def _home_url(catalog: asyncpg.Connection, catalog_url: str, shard_id: int | None) -> str:
+async def _home_url(catalog: db.Connection, catalog_url: str, shard_id: int | None) -> str:
     if shard_id is None:
         return catalog_url
     url = await move_store.shard_url(catalog, shard_id)
@@ -102,12 +100,12 @@ async def _home_url(catalog: asyncpg.Connection, catalog_url: str, shard_id: int
     return url
 
 
-async def homes_of(catalog: asyncpg.Connection, catalog_url: str, move: Move) -> Homes:
+async def homes_of(catalog: db.Connection, catalog_url: str, move: Move) -> Homes:
     return Homes(catalog_url, await _home_url(catalog, catalog_url, move.source_shard),
                  await _home_url(catalog, catalog_url, move.target_shard))
 
 
-async def resolve_target(catalog: asyncpg.Connection, target: str) -> tuple[int | None, str | None]:
+async def resolve_target(catalog: db.Connection, target: str) -> tuple[int | None, str | None]:
     """``--to``: "catalog", a shard's id, or the URL of a database (a shard already, or a new one):
     the shard id (None: the catalog) and, for a database not in the map yet, its URL."""
     text = target.strip()
@@ -134,7 +132,7 @@ async def _refuse_old_processes(urls: Sequence[str]) -> None:
                         f"{', '.join(old[:5])}{' and more' if len(old) > 5 else ''}")
 
 
-async def begin_move(catalog: asyncpg.Connection, catalog_url: str, first: int, last: int, target: str,
+async def begin_move(catalog: db.Connection, catalog_url: str, first: int, last: int, target: str,
                      *, dry_run: bool = False) -> tuple[Move | None, str]:
     """Check and record a move of ``first``-``last`` to ``target``; nothing is copied yet. Refused with
     MoveError, with nothing changed, when the range spans homes, is where it would go, another move
@@ -165,10 +163,9 @@ async def begin_move(catalog: asyncpg.Connection, catalog_url: str, first: int, 
     if new_url is not None:
         await copy_settings(catalog, new_url)
         target_shard = await move_store.register_shard(catalog, new_url)
-    try:
-        move = await move_store.insert_move(catalog, first, last, source, target_shard, _mover_name())
-    except asyncpg.UniqueViolationError:  # shard_moves_one_at_a_time: another began meanwhile
-        raise MoveError("another move began meanwhile: resume or cancel it first") from None
+    move = await move_store.insert_move(catalog, first, last, source, target_shard, _mover_name())
+    if move is None:
+        raise MoveError("another move began meanwhile: resume or cancel it first")
     return move, plan
 
 
@@ -176,7 +173,7 @@ def _mover_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-async def lock_mover(catalog: asyncpg.Connection) -> None:
+async def lock_mover(catalog: db.Connection) -> None:
     """Hold the one-mover lock on ``catalog`` until it closes; MoveError if another mover holds it."""
     if not await move_store.lock_mover(catalog):
         raise MoveError("another `chimes shards move` is running: wait for it, or stop it first")
@@ -207,7 +204,7 @@ def hold_at(point: str, say: Callable[[str], None] | None = None) -> StopHook:
 class Mover:
     """Takes a recorded move through its remaining phases (:func:`begin_move` records one)."""
 
-    def __init__(self, catalog: asyncpg.Connection, homes: Homes, move: Move, *, report: Report,
+    def __init__(self, catalog: db.Connection, homes: Homes, move: Move, *, report: Report,
                  drain_timeout_sec: float = 60.0, stop_at: StopHook | None = None) -> None:
         self._catalog = catalog
         self._homes = homes
@@ -215,8 +212,8 @@ class Mover:
         self._report = report
         self._drain_timeout_sec = drain_timeout_sec
         self._stop_at = stop_at
-        self._source: asyncpg.Connection | None = None
-        self._target: asyncpg.Connection | None = None
+        self._source: db.Connection | None = None
+        self._target: db.Connection | None = None
 
     async def run(self) -> Move:
         await self.connect()
@@ -242,7 +239,7 @@ class Mover:
         """Say the mover is alive every MOVER_HEARTBEAT_SEC, on a catalog connection of its own: the
         phases' work holds the mover's connections for as long as a copy or a drain takes. A failed
         beat is tried again at the next (the phase's own statements meet the same failure)."""
-        conn: asyncpg.Connection | None = None
+        conn: db.Connection | None = None
         try:
             while True:
                 try:
@@ -414,12 +411,12 @@ class Mover:
     # --- helpers -----------------------------------------------------------------------------------
 
     @property
-    def _src(self) -> asyncpg.Connection:
+    def _src(self) -> db.Connection:
         assert self._source is not None
         return self._source
 
     @property
-    def _dst(self) -> asyncpg.Connection:
+    def _dst(self) -> db.Connection:
         assert self._target is not None
         return self._target
 

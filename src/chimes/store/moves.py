@@ -226,9 +226,13 @@ async def forget_shard_without_ranges(catalog: asyncpg.Connection, shard_id: int
 
 
 async def insert_move(catalog: asyncpg.Connection, first: int, last: int, source: int | None,
-                      target: int | None, mover: str) -> Move:
-    """Record a move in its first phase; asyncpg.UniqueViolationError when another is under way."""
-    return _move(db.one_row(await catalog.fetchrow(sql("begin_move"), first, last, source, target, mover)))
+                      target: int | None, mover: str) -> Move | None:
+    """Record a move in its first phase; None when another is under way (shard_moves_one_at_a_time)."""
+    try:
+        row = await catalog.fetchrow(sql("begin_move"), first, last, source, target, mover)
+    except asyncpg.UniqueViolationError:
+        return None
+    return _move(db.one_row(row))
 
 
 async def _changed(catalog: asyncpg.Connection, statement: str, *args: object) -> Move | None:
