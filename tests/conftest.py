@@ -145,7 +145,14 @@ async def template_dsn(server_dsn: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture(scope="session")
-async def shard_servers(request: pytest.FixtureRequest, shard_count: int) -> AsyncIterator[list[str]]:
+async def test_databases(server_dsn: str, template_dsn: str) -> AsyncIterator[FreshDatabases]:
+    databases = FreshDatabases(server_dsn, "chimes_test")
+    yield databases
+    await databases.close()
+
+
+@pytest.fixture(scope="session")
+async def shard_servers(request: pytest.FixtureRequest, shard_count: int) -> AsyncIterator[list[FreshDatabases]]:
     """Under --shards N, the servers the shards go on, each with a migrated template: the second
     server, and the third when there are two shards or more (shards beyond take turns)."""
     if shard_count == 1:
@@ -154,9 +161,62 @@ async def shard_servers(request: pytest.FixtureRequest, shard_count: int) -> Asy
     names = ["second_server_dsn", "third_server_dsn"][:shard_count - 1]
     servers = [request.getfixturevalue(name) for name in names]
     async with contextlib.AsyncExitStack() as stack:
+        databases = []
         for server in servers:
             await stack.enter_async_context(migrated_template(server))
-        yield servers
+            databases.append(FreshDatabases(server, "chimes_test_shard"))
+            stack.push_async_callback(databases[-1].close)
+        yield databases
+
+
+class FreshDatabases:
+    """Copies of the migrated template on one server, one for each test: the next copy is made while
+    a test runs and each is dropped after its test without the next test waiting for it, so neither
+    is on a test's time."""
+
+    def __init__(self, server_dsn: str, prefix: str) -> None:
+        self._server_dsn, self._prefix = server_dsn, prefix
+        self._ahead: asyncio.Task[str] | None = None
+        self._drops: set[asyncio.Task[None]] = set()
+
+    async def _execute(self, statement: str) -> None:
+        admin = await asyncpg.connect(self._server_dsn)
+        try:
+            await admin.execute(statement)
+        finally:
+            await admin.close()
+
+    async def _create(self) -> str:
+        name = f"{self._prefix}_{os.getpid()}_{next(_numbers)}"
+        await self._execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+        return name
+
+    async def _drop(self, name: str) -> None:
+        await self._execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    @contextlib.asynccontextmanager
+    async def fresh(self) -> AsyncIterator[str]:
+        """A database of the test's own, dropped once the test is over."""
+        ahead, self._ahead = self._ahead, None
+        try:
+            # made ahead, unless its server was stopped or restarted since (a test may do that)
+            name = await ahead if ahead is not None else await self._create()
+        except (OSError, asyncpg.PostgresError):
+            name = await self._create()
+        self._ahead = asyncio.create_task(self._create())
+        try:
+            yield with_database(self._server_dsn, name)
+        finally:
+            drop = asyncio.create_task(self._drop(name))
+            self._drops.add(drop)
+            drop.add_done_callback(self._drops.discard)
+
+    async def close(self) -> None:
+        """Wait for the drops under way, and drop the copy made ahead."""
+        if self._ahead is not None:
+            with contextlib.suppress(OSError, asyncpg.PostgresError):
+                await self._drop(await self._ahead)
+        await asyncio.gather(*self._drops, return_exceptions=True)
 
 
 @contextlib.asynccontextmanager
@@ -173,15 +233,15 @@ async def scratch_database(server_dsn: str, prefix: str, template: str | None = 
 
 
 @pytest.fixture
-async def single_database_url(server_dsn: str, template_dsn: str) -> AsyncIterator[str]:
+async def single_database_url(test_databases: FreshDatabases) -> AsyncIterator[str]:
     """A fresh, migrated database for this test alone, with an empty shard map whatever --shards says."""
-    async with scratch_database(server_dsn, "chimes_test", TEMPLATE) as dsn:
+    async with test_databases.fresh() as dsn:
         yield dsn
 
 
 @pytest.fixture
 async def database_url(request: pytest.FixtureRequest, single_database_url: str, shard_count: int,
-                       shard_servers: list[str]) -> AsyncIterator[str]:
+                       shard_servers: list[FreshDatabases]) -> AsyncIterator[str]:
     """The test's database: with one home (the default), ``single_database_url``; under --shards N, that
     database as the catalog, its map giving even ranges of the partitions to N-1 fresh shard
     databases (the catalog keeps the first range), dropped after the test like the catalog. A test
@@ -195,8 +255,7 @@ async def database_url(request: pytest.FixtureRequest, single_database_url: str,
         catalog = await db.connect(single_database_url)
         stack.push_async_callback(catalog.close)
         for number, (first, last) in enumerate(ranges[1:]):
-            server = shard_servers[number % len(shard_servers)]
-            shard = await stack.enter_async_context(scratch_database(server, "chimes_test_shard", TEMPLATE))
+            shard = await stack.enter_async_context(shard_servers[number % len(shard_servers)].fresh())
             await add_shard(catalog, shard, first, last)
         await catalog.close()
         yield single_database_url
