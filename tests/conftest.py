@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -169,6 +169,10 @@ async def shard_servers(request: pytest.FixtureRequest, shard_count: int) -> Asy
         yield databases
 
 
+# Servers of tests that are over, still shutting down: a database is dropped only after them.
+_closing: set[asyncio.Task[None]] = set()
+
+
 class FreshDatabases:
     """Copies of the migrated template on one server, one for each test: the next copy is made while
     a test runs and each is dropped after its test without the next test waiting for it, so neither
@@ -191,7 +195,8 @@ class FreshDatabases:
         await self._execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
         return name
 
-    async def _drop(self, name: str) -> None:
+    async def _drop(self, name: str, after: Sequence[asyncio.Task[None]] = ()) -> None:
+        await asyncio.gather(*after, return_exceptions=True)
         await self._execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
     @contextlib.asynccontextmanager
@@ -207,7 +212,7 @@ class FreshDatabases:
         try:
             yield with_database(self._server_dsn, name)
         finally:
-            drop = asyncio.create_task(self._drop(name))
+            drop = asyncio.create_task(self._drop(name, after=tuple(_closing)))
             self._drops.add(drop)
             drop.add_done_callback(self._drops.discard)
 
@@ -216,7 +221,7 @@ class FreshDatabases:
         if self._ahead is not None:
             with contextlib.suppress(OSError, asyncpg.PostgresError):
                 await self._drop(await self._ahead)
-        await asyncio.gather(*self._drops, return_exceptions=True)
+        await asyncio.gather(*_closing, *self._drops, return_exceptions=True)
 
 
 @contextlib.asynccontextmanager
@@ -305,14 +310,26 @@ async def api_url(database_url: str) -> AsyncIterator[str]:
     assert server.started, "the API did not start"
     yield f"http://127.0.0.1:{port}"
     server.stop()
-    await task
-    sock.close()
+    # uvicorn's shutdown waits out its ticks; the next test need not wait with it (its database is
+    # dropped once it is done, FreshDatabases).
+    closing = asyncio.create_task(_closed(task, sock))
+    _closing.add(closing)
+    closing.add_done_callback(_closing.discard)
+
+
+async def _closed(serving: asyncio.Task[None], sock: socket.socket) -> None:
+    try:
+        await serving
+    finally:
+        sock.close()
 
 
 @pytest.fixture
 async def client(api_url: str, tokens: dict[str, str]) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client for team-a; pass other tokens per request with ``auth_as``."""
-    async with httpx.AsyncClient(base_url=api_url, headers=auth_as(tokens["team-a"]), timeout=30) as http:
+    # verify=False: plain HTTP, so no certificate store to load for every test
+    async with httpx.AsyncClient(base_url=api_url, headers=auth_as(tokens["team-a"]), timeout=30,
+                                 verify=False) as http:
         yield http
 
 
