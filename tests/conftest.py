@@ -45,7 +45,8 @@ MAX_SHARDS = 8  # homes in all, the catalog included
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--first-pass", action="store_true", default=False,
-                     help="deselect the tests marked sharded_pass, which scripts/test --sharded runs instead")
+                     help="deselect the tests marked long or sharded_pass, which the second tier runs instead "
+                          "(scripts/test --second-tier)")
     parser.addoption("--shards", type=int, default=1, metavar="N",
                      help="run each test's database_url as a catalog with N-1 shards on other embedded PostgreSQL "
                           "servers, the partitions split evenly (default 1: one database); deselects tests marked "
@@ -63,7 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (directly or through the API, the processes, the fleet), not marked single_database (about one
     database) or own_shard_map (they build their own map on one database either way), and the tests
     marked sharded_pass, which run there whatever they use. With --first-pass (scripts/test), leave
-    those out: the second pass (scripts/test --sharded) runs them."""
+    those out, and the long drills: the second tier (scripts/test --second-tier) runs them."""
     sharded = config.getoption("--shards") > 1
     if not sharded and not config.getoption("--first-pass"):
         return
@@ -75,7 +76,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             marked = any(item.get_closest_marker(name) for name in ("single_database", "own_shard_map"))
             keep = second or (on_database and not marked)
         else:
-            keep = not second
+            keep = not second and item.get_closest_marker("long") is None
         (kept if keep else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
