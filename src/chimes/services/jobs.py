@@ -254,7 +254,7 @@ class JobService:
             # Without a change of plan the trigger stays as it is and fires as planned.
             if triggers is not None:
                 due = Carried() if by_version else carried_slots(job, previous, triggers)
-                await _replan(conn, job, spec, paused, version, triggers, due, now)
+                await _replan(conn, job, spec, paused=paused, version=version, triggers=triggers, due=due, now=now)
             if current.get("concurrency") == "allow" and spec.concurrency != "allow":
                 await job_store.track_unfinished_runs(conn, job_id)
             if note is not None:
@@ -372,7 +372,7 @@ def carried_slots(job: LockedJob, before: JobSpec, triggers: ScheduleTriggers) -
     return Carried(slots, unrecorded, min(due) if slots else None)
 
 
-async def _replan(conn: Conn, job: LockedJob, spec: JobSpec, paused: bool, version: int,
+async def _replan(conn: Conn, job: LockedJob, spec: JobSpec, *, paused: bool, version: int,
                   triggers: ScheduleTriggers, due: Carried, now: datetime) -> None:
     """Write a changed plan's triggers: the one kept for the slots ``due`` under the definition before
     (it fires them, late, and leaves no next trigger), and the first fire of the new definition after
