@@ -43,7 +43,8 @@ def test_a_window_must_end_after_it_starts() -> None:
 
 
 def test_an_excluded_slot_is_recorded_skipped_naming_the_calendar_and_the_schedule_goes_on() -> None:
-    trigger = DueTrigger(0, z(2026, 12, 25, 1), JOB, JOB, 1, TriggerKind.SCHEDULE, "0 1 * * *", "UTC",
+    trigger = DueTrigger(partition_id=0, fire_at=z(2026, 12, 25, 1), trigger_id=JOB, job_id=JOB, job_version=1,
+                         kind=TriggerKind.SCHEDULE, cron="0 1 * * *", timezone="UTC",
                          owner="team-a", exclude_calendars=["holidays"])
     fire = plan_fire(trigger, z(2026, 12, 25, 1), calendars={("team-a", "holidays"): BERLIN_XMAS})
     assert [(s.outcome, s.reason) for s in fire.slots] == [("skip", "excluded by calendar holidays")]
@@ -91,7 +92,8 @@ def test_a_stored_calendar_that_does_not_parse_is_unusable_and_excludes_every_sl
 def test_a_calendar_the_owner_does_not_have_or_cannot_be_read_skips_every_slot_naming_it() -> None:
     """Fail closed: a name not found (another owner's calendar of that name does not count), an
     unusable calendar, or no calendars read at all: the slot is recorded as skipped, saying why."""
-    trigger = DueTrigger(0, z(2026, 12, 27, 1), JOB, JOB, 1, TriggerKind.SCHEDULE, "0 1 * * *", "UTC",
+    trigger = DueTrigger(partition_id=0, fire_at=z(2026, 12, 27, 1), trigger_id=JOB, job_id=JOB, job_version=1,
+                         kind=TriggerKind.SCHEDULE, cron="0 1 * * *", timezone="UTC",
                          owner="team-a", exclude_calendars=["holidays"])
     cases = [({("team-b", "holidays"): BERLIN_XMAS}, "not run: calendar holidays not found"),
              ({("team-a", "holidays"): Calendar.stored("holidays", "UTC", [], "[")},

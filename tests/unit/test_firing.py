@@ -21,7 +21,8 @@ def z(*args: int) -> datetime:
 
 
 def schedule_trigger(fire_at: datetime, cron: str | None, timezone: str | None = "UTC") -> DueTrigger:
-    return DueTrigger(17, fire_at, TRIGGER, JOB, 3, TriggerKind.SCHEDULE, cron, timezone)
+    return DueTrigger(partition_id=17, fire_at=fire_at, trigger_id=TRIGGER, job_id=JOB, job_version=3,
+                      kind=TriggerKind.SCHEDULE, cron=cron, timezone=timezone)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +65,8 @@ def test_retry_trigger_reuses_the_run_id() -> None:
     scheduled = datetime(2026, 3, 1, 6, 0, 0, 123000, tzinfo=UTC)
     run_id = run_id_for(JOB, scheduled)
     retry_at = z(2026, 3, 1, 6, 0, 30)
-    trigger = DueTrigger(17, retry_at, run_id, JOB, 3, TriggerKind.RETRY, "*/5 * * * *", "UTC")
+    trigger = DueTrigger(partition_id=17, fire_at=retry_at, trigger_id=run_id, job_id=JOB, job_version=3,
+                         kind=TriggerKind.RETRY, cron="*/5 * * * *", timezone="UTC")
     fire = plan_fire(trigger)
     assert fire.run_id == run_id
     assert fire.scheduled_at == scheduled
@@ -75,7 +77,8 @@ def test_retry_trigger_reuses_the_run_id() -> None:
 def test_follow_up_keeps_key_parts() -> None:
     trigger = schedule_trigger(z(2026, 1, 1, 10), "*/5 * * * *")
     nxt = follow_up(plan_fire(trigger))
-    assert nxt == DueTrigger(17, z(2026, 1, 1, 10, 5), TRIGGER, JOB, 3, TriggerKind.SCHEDULE, "*/5 * * * *", "UTC")
+    assert nxt == DueTrigger(partition_id=17, fire_at=z(2026, 1, 1, 10, 5), trigger_id=TRIGGER, job_id=JOB,
+                             job_version=3, kind=TriggerKind.SCHEDULE, cron="*/5 * * * *", timezone="UTC")
     assert nxt.key == (17, z(2026, 1, 1, 10, 5), TRIGGER)
 
 
@@ -85,7 +88,8 @@ def test_plan_fires_keeps_order() -> None:
 
 
 def _fired(deadline: int | None, jitter: int = 0) -> Fire:
-    trigger = DueTrigger(17, z(2026, 1, 1, 10), TRIGGER, JOB, 3, TriggerKind.SCHEDULE, "0 * * * *", "UTC",
+    trigger = DueTrigger(partition_id=17, fire_at=z(2026, 1, 1, 10), trigger_id=TRIGGER, job_id=JOB, job_version=3,
+                         kind=TriggerKind.SCHEDULE, cron="0 * * * *", timezone="UTC",
                          jitter_sec=jitter, start_deadline_sec=deadline)
     return plan_fire(trigger, z(2026, 1, 1, 10))
 
@@ -114,7 +118,8 @@ def test_a_trigger_kept_by_an_edit_fires_the_slots_it_carries_and_leaves_no_next
     """An edit found the slots 10:00:00 and 10:00:01 of the definition before it due and not fired: the
     trigger kept for them fires both (late, once each) under the schedule it was kept with, whatever the
     job's schedule is now, and leaves the next fire to the new definition's own trigger."""
-    kept = DueTrigger(17, z(2026, 1, 1, 10), TRIGGER, JOB, 4, TriggerKind.SCHEDULE, "0 * * * *", "UTC",
+    kept = DueTrigger(partition_id=17, fire_at=z(2026, 1, 1, 10), trigger_id=TRIGGER, job_id=JOB, job_version=4,
+                      kind=TriggerKind.SCHEDULE, cron="0 * * * *", timezone="UTC",
                       carried_until=z(2026, 1, 1, 10, 0, 1, 500000),
                       carried_slots=[z(2026, 1, 1, 10), z(2026, 1, 1, 10, 0, 1)])
     fire = plan_fire(kept, z(2026, 1, 1, 10, 0, 2))
@@ -125,7 +130,8 @@ def test_a_trigger_kept_by_an_edit_fires_the_slots_it_carries_and_leaves_no_next
 
 
 def test_a_trigger_kept_long_ago_is_caught_up_by_the_policy() -> None:
-    kept = DueTrigger(17, z(2026, 1, 1, 10), TRIGGER, JOB, 4, TriggerKind.SCHEDULE, "* * * * *", "UTC",
+    kept = DueTrigger(partition_id=17, fire_at=z(2026, 1, 1, 10), trigger_id=TRIGGER, job_id=JOB, job_version=4,
+                      kind=TriggerKind.SCHEDULE, cron="* * * * *", timezone="UTC",
                       catch_up={"policy": "one"}, carried_until=z(2026, 1, 1, 10, 2, 30),
                       carried_slots=[z(2026, 1, 1, 10, m) for m in range(3)], carried_unrecorded=7)
     fire = plan_fire(kept, z(2026, 1, 1, 12))
@@ -137,7 +143,8 @@ def test_a_trigger_kept_long_ago_is_caught_up_by_the_policy() -> None:
 def test_a_trigger_kept_by_a_pause_fires_the_slots_due_before_it() -> None:
     """A pause that found the 10:00:00 slot due kept its trigger without a list: the slots of the job's
     schedule up to the pause fire, and none after it, though the job stays paused."""
-    kept = DueTrigger(17, z(2026, 1, 1, 10), TRIGGER, JOB, 5, TriggerKind.SCHEDULE, "* * * * * *", "UTC",
+    kept = DueTrigger(partition_id=17, fire_at=z(2026, 1, 1, 10), trigger_id=TRIGGER, job_id=JOB, job_version=5,
+                      kind=TriggerKind.SCHEDULE, cron="* * * * * *", timezone="UTC",
                       paused=True, paused_at=z(2026, 1, 1, 10, 0, 2, 300000),
                       carried_until=z(2026, 1, 1, 10, 0, 2, 300000))
     fire = plan_fire(kept, z(2026, 1, 1, 10, 0, 5))
@@ -148,7 +155,8 @@ def test_a_trigger_kept_by_a_pause_fires_the_slots_due_before_it() -> None:
 def test_a_run_cap_counts_the_slots_a_long_outage_left_unrecorded() -> None:
     """Two hours of an every-second job missed with 5,000 runs left: the fire records the newest 1,000 of
     the 5,000 slots it went through and counts all of them, so the cap ends the schedule there."""
-    trigger = DueTrigger(17, z(2026, 1, 1, 10), TRIGGER, JOB, 4, TriggerKind.SCHEDULE, "* * * * * *", "UTC",
+    trigger = DueTrigger(partition_id=17, fire_at=z(2026, 1, 1, 10), trigger_id=TRIGGER, job_id=JOB, job_version=4,
+                         kind=TriggerKind.SCHEDULE, cron="* * * * * *", timezone="UTC",
                          max_runs=5100, slots_fired=100)
     fire = plan_fire(trigger, z(2026, 1, 1, 12))
     assert len(fire.slots) == 1000 and fire.accounted == 5000

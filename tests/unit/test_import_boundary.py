@@ -18,7 +18,7 @@ STORE = "chimes.store"
 DRIVER_ALLOWED = (STORE,)
 # chimes.security is policy too (sealing secrets, signing): the services apply it, the store stores.
 ABOVE_THE_STORE = ("chimes.api", "chimes.cli", "chimes.dashboard", "chimes.worker", "chimes.scheduler",
-                   "chimes.services", "chimes.security")
+                   "chimes.services", "chimes.security", "chimes.wire")
 
 
 def _module_name(path: Path) -> str:

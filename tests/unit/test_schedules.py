@@ -110,7 +110,8 @@ def test_bad_schedules_name_the_problem(schedule: dict[str, object], message: st
 def test_an_interval_job_fires_with_jitter_and_its_next_slot_on_the_grid() -> None:
     offset = jitter_offset(JOB, 60)
     slot = z(2026, 1, 1, 1, 45)
-    trigger = DueTrigger(0, slot + offset, JOB, JOB, 1, TriggerKind.SCHEDULE, None, "UTC", jitter_sec=60,
+    trigger = DueTrigger(partition_id=0, fire_at=slot + offset, trigger_id=JOB, job_id=JOB, job_version=1,
+                         kind=TriggerKind.SCHEDULE, cron=None, timezone="UTC", jitter_sec=60,
                          every_sec=5400, phase_sec=900)
     fire = plan_fire(trigger, slot + offset)
     assert fire.scheduled_at == slot
@@ -118,7 +119,8 @@ def test_an_interval_job_fires_with_jitter_and_its_next_slot_on_the_grid() -> No
 
 
 def test_interval_catch_up_follows_the_policy() -> None:
-    trigger = DueTrigger(0, z(2026, 1, 1, 0, 15), JOB, JOB, 1, TriggerKind.SCHEDULE, None, "UTC",
+    trigger = DueTrigger(partition_id=0, fire_at=z(2026, 1, 1, 0, 15), trigger_id=JOB, job_id=JOB, job_version=1,
+                         kind=TriggerKind.SCHEDULE, cron=None, timezone="UTC",
                          catch_up={"policy": "all", "maxRuns": 2}, every_sec=5400, phase_sec=900)
     fire = plan_fire(trigger, z(2026, 1, 1, 5))
     assert [(s.scheduled_at, s.outcome) for s in fire.slots] == [
@@ -128,7 +130,8 @@ def test_interval_catch_up_follows_the_policy() -> None:
 
 
 def test_a_bounded_job_leaves_no_trigger_after_its_last_slot() -> None:
-    trigger = DueTrigger(0, z(2026, 1, 1, 10), JOB, JOB, 1, TriggerKind.SCHEDULE, "0 * * * *", "UTC",
+    trigger = DueTrigger(partition_id=0, fire_at=z(2026, 1, 1, 10), trigger_id=JOB, job_id=JOB, job_version=1,
+                         kind=TriggerKind.SCHEDULE, cron="0 * * * *", timezone="UTC",
                          end_at=z(2026, 1, 1, 10, 30))
     assert plan_fire(trigger, z(2026, 1, 1, 10)).next_fire_at is None
 
@@ -145,7 +148,8 @@ def test_previews_apply_dst_policy_and_jitter_like_the_scheduler() -> None:
 
 
 def test_a_run_cap_ends_the_schedule_at_its_last_slot() -> None:
-    trigger = DueTrigger(0, z(2026, 1, 1, 10), JOB, JOB, 1, TriggerKind.SCHEDULE, "0 * * * *", "UTC",
+    trigger = DueTrigger(partition_id=0, fire_at=z(2026, 1, 1, 10), trigger_id=JOB, job_id=JOB, job_version=1,
+                         kind=TriggerKind.SCHEDULE, cron="0 * * * *", timezone="UTC",
                          max_runs=3, slots_fired=1)
     second = plan_fire(trigger)
     assert second.next_fire_at == z(2026, 1, 1, 11)
@@ -156,7 +160,8 @@ def test_a_run_cap_ends_the_schedule_at_its_last_slot() -> None:
 
 def test_a_run_cap_bounds_a_catch_up_to_the_slots_left() -> None:
     """Two slots left, seven missed: the two oldest are the job's last; nothing after is recorded."""
-    trigger = DueTrigger(0, z(2026, 1, 1, 10), JOB, JOB, 1, TriggerKind.SCHEDULE, "*/10 * * * *", "UTC",
+    trigger = DueTrigger(partition_id=0, fire_at=z(2026, 1, 1, 10), trigger_id=JOB, job_id=JOB, job_version=1,
+                         kind=TriggerKind.SCHEDULE, cron="*/10 * * * *", timezone="UTC",
                          catch_up={"policy": "one"}, max_runs=5, slots_fired=3)
     fire = plan_fire(trigger, z(2026, 1, 1, 11, 1))
     assert [(s.scheduled_at, s.outcome) for s in fire.slots] == [

@@ -4,6 +4,7 @@ ranges, and URLs shown without their password."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -18,7 +19,7 @@ from chimes.store.dashboard import (
     add_up,
     merge_job_pages,
 )
-from chimes.store.jobs import JobRecord
+from chimes.store.jobs import SPEC_COLUMNS, JobColumns, JobRecord
 from chimes.store.shards import ShardMap, ShardMapError, ShardRange, parse_partitions, without_password
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -100,10 +101,13 @@ def test_numbered_idempotency_keys_spread_over_both_halves_of_the_partitions(pat
         assert 0 < sum(halves[start:start + 20]) < 20, (pattern, start)
 
 
+_NO_COLUMNS = JobColumns(**dict.fromkeys(SPEC_COLUMNS))  # only the name is read here
+
+
 def _page(names: list[str], more: bool) -> JobPage:
     keys = [JobCursor(name, uuid.UUID(int=i + 1)) for i, name in enumerate(names)]
-    jobs = [JobRecord(job_id=k.job_id, owner="team-a", definition={"name": k.name}, paused=False, version=1,
-                      created_at=EPOCH, updated_at=EPOCH, next_run_at=None, last_run=None) for k in keys]
+    jobs = [JobRecord(job_id=k.job_id, owner="team-a", columns=replace(_NO_COLUMNS, name=k.name), paused=False,
+                      version=1, created_at=EPOCH, updated_at=EPOCH, next_run_at=None, last_run=None) for k in keys]
     return JobPage(jobs, keys[-1] if more else None, keys)
 
 
@@ -111,7 +115,7 @@ def test_pages_of_jobs_from_several_databases_merge_in_the_index_order() -> None
     # "C" collation: bytes order, so "Z" < "a" < "é" (0xC3 0xA9) and "a" < "ab".
     merged = merge_job_pages([_page(["a", "é"], more=False), _page(["Z", "ab"], more=False)], limit=3)
     assert [k.name for k in merged.keys] == ["Z", "a", "ab"]
-    assert [j.definition["name"] for j in merged.jobs] == ["Z", "a", "ab"]
+    assert [j.columns.name for j in merged.jobs] == ["Z", "a", "ab"]
     assert merged.next == merged.keys[-1]  # "é" is left for the next page
     last = merge_job_pages([_page(["a"], more=False), _page(["b"], more=False)], limit=3)
     assert last.next is None and [k.name for k in last.keys] == ["a", "b"]

@@ -24,7 +24,8 @@ def z(*args: int) -> datetime:
 
 
 def trigger(fire_at: datetime, expr: str = "30 2 * * *", zone: str = NY, **extra: object) -> DueTrigger:
-    return DueTrigger(0, fire_at, JOB, JOB, 1, TriggerKind.SCHEDULE, expr, zone, **extra)  # type: ignore[arg-type]
+    return DueTrigger(partition_id=0, fire_at=fire_at, trigger_id=JOB, job_id=JOB, job_version=1,
+                      kind=TriggerKind.SCHEDULE, cron=expr, timezone=zone, **extra)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("gap", "expected"), [

@@ -18,8 +18,9 @@ T0 = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
 
 def trig(n: int, offset_sec: float, partition: int = 1) -> DueTrigger:
-    return DueTrigger(partition, T0 + timedelta(seconds=offset_sec), uuid.UUID(int=n), uuid.UUID(int=1000 + n),
-                      1, TriggerKind.SCHEDULE, "* * * * *", "UTC")
+    return DueTrigger(partition_id=partition, fire_at=T0 + timedelta(seconds=offset_sec), trigger_id=uuid.UUID(int=n),
+                      job_id=uuid.UUID(int=1000 + n),
+                      job_version=1, kind=TriggerKind.SCHEDULE, cron="* * * * *", timezone="UTC")
 
 
 def at(offset_sec: float) -> float:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
-from chimes import previews, tracing
+from chimes import previews, tracing, wire
 from chimes.api import homes, standby
 from chimes.api.actors import note_of
 from chimes.api.auth import current_principal
@@ -115,9 +115,10 @@ async def get_job(
         raise not_found("job")
     view = job_view(job, await next_runs(request.app.state.pool, [job]))
     if preview is not None:
-        names = job.definition["schedule"].get("excludeCalendars") or []
+        definition = wire.definition(job.columns)
+        names = definition["schedule"].get("excludeCalendars") or []
         calendars = await calendars_named(request.app.state.pool, job.owner, names) if names else []
-        view["nextRuns"] = previews.upcoming(job.definition, job.job_id, job.next_run_at, preview, job.slots_fired,
+        view["nextRuns"] = previews.upcoming(definition, job.job_id, job.next_run_at, preview, job.slots_fired,
                                              calendars)
     return JSONResponse(view, headers={"ETag": etag(job.version)})
 

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
-from chimes import previews
+from chimes import previews, wire
 from chimes.calendars import named
 from chimes.store.calendars import calendars_of_owners
 from chimes.store.db import Pool
@@ -23,11 +23,13 @@ def names_calendars(definition: dict[str, object]) -> bool:
 
 async def next_runs(catalog: Pool, jobs: Sequence[JobRecord]) -> dict[uuid.UUID, datetime | None]:
     """Each job's ``nextRunAt``, by job id."""
-    naming = [job for job in jobs if names_calendars(job.definition)]
+    definitions = {job.job_id: wire.definition(job.columns) for job in jobs}
+    naming = [job for job in jobs if names_calendars(definitions[job.job_id])]
     calendars = await calendars_of_owners(catalog, [job.owner for job in naming]) if naming else {}
     runs = {job.job_id: job.next_run_at for job in jobs}
     for job in naming:
-        names = job.definition["schedule"]["excludeCalendars"]
-        runs[job.job_id] = previews.next_run(job.definition, job.job_id, job.next_run_at, job.slots_fired,
+        definition = definitions[job.job_id]
+        names = definition["schedule"]["excludeCalendars"]
+        runs[job.job_id] = previews.next_run(definition, job.job_id, job.next_run_at, job.slots_fired,
                                              named(calendars, job.owner, names))
     return runs

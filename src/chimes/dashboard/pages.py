@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
-from chimes import previews
+from chimes import previews, wire
 from chimes.api import homes, standby
 from chimes.api.clock import clock_of
 from chimes.api.next_runs import next_runs
@@ -105,20 +105,21 @@ async def job_page(
     async with (await homes.pools_for(request, job.job_id))[0].acquire() as conn:
         changes = await audit.list_entries(conn, audit.AuditFilter(subject_owner=who.owner_filter, job_id=job.job_id),
                                            None, AUDIT_SHOWN)
-    names = job.definition["schedule"].get("excludeCalendars") or []
+    definition = wire.definition(job.columns)
+    names = definition["schedule"].get("excludeCalendars") or []
     calendars = await calendars_named(request.app.state.pool, job.owner, names) if names else []
     context = {
         "audit": changes,
         "stall": stall, "dead_notifications": dead_notifications,
         "viewer": who, "nav": "jobs", "job": job, "runs": runs, "status_filter": status, "statuses": RUN_STATUSES,
         "before": before, "next_before": next_before, "started": started, "notice": NOTICES.get(notice or ""),
-        "next_fires": views.next_fires(job.definition, job.next_run_at, job.job_id,
+        "next_fires": views.next_fires(definition, job.next_run_at, job.job_id,
                                        slots_fired=job.slots_fired, calendars=calendars),
-        "next_run": previews.next_run(job.definition, job.job_id, job.next_run_at, job.slots_fired, calendars),
+        "next_run": previews.next_run(definition, job.job_id, job.next_run_at, job.slots_fired, calendars),
         "remaining_runs": job.remaining_runs,
-        "chart": _chart(runs), "task": job.definition["task"],
-        "headers": views.masked(job.definition["task"].get("headers")),
-        "env": views.masked(job.definition["task"].get("env")),
+        "chart": _chart(runs), "task": definition["task"],
+        "headers": views.masked(definition["task"].get("headers")),
+        "env": views.masked(definition["task"].get("env")),
     }
     return page(request, "_runs.html" if fragment == "runs" else "job.html", **context)
 
@@ -141,7 +142,7 @@ async def run_page(run_id: str, request: Request, who: Viewer, notice: str | Non
     spans, events = views.timeline(run, attempts, clock_of(request).now())
     context: dict[str, Any] = {
         "viewer": who, "nav": "jobs", "run": run, "attempts": attempts, "job": job, "spans": spans, "events": events,
-        "max_attempts": (job.definition["retryPolicy"] or {}).get("maxAttempts") if job else None,
+        "max_attempts": (job.columns.retry_policy or {}).get("maxAttempts") if job else None,
         "final": run["status"] in views.FINAL_STATUSES, "notice": NOTICES.get(notice or ""),
     }
     return page(request, "_run_body.html" if fragment == "body" else "run.html", **context)

@@ -9,7 +9,7 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 
-from chimes import __version__
+from chimes import __version__, wire
 from chimes.api import standby
 from chimes.api.clock import clock_of
 from chimes.dashboard import session, views
@@ -38,6 +38,7 @@ def environment() -> jinja2.Environment:
         duration=views.duration, utc=views.utc, iso=views.iso, short_id=views.short_id,
         schedule_text=views.schedule_text, task_summary=views.task_summary,
         partition_ranges=views.partition_ranges, thousands=lambda n: f"{n:,}", number=lambda x: f"{x:g}",
+        definition=lambda job: wire.definition(job.columns),
     )
     env.globals.update(prefix=session.PREFIX, version=__version__, between=views.between)
     return env

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from chimes import schedules
+from chimes import schedules, wire
 from chimes.ids import new_job_id
 from chimes.jobs import AtScheduleSpec, IntervalScheduleSpec, JobPatch, JobSpec
 from chimes.security.refusals import JobQuotaExceeded, TaskNotAllowed
@@ -229,7 +229,8 @@ class JobService:
                 return None
             _check_version(job, matching)
             actor = actor or job.owner
-            current, sealed = split_sealed(job.definition)
+            stored_before = wire.definition(job.columns)
+            current, sealed = split_sealed(stored_before)
             previous = JobSpec.model_validate(current)
             spec = patch.apply_to(previous)
             if patch.task is None:
@@ -253,11 +254,11 @@ class JobService:
             # Without a change of plan the trigger stays as it is and fires as planned.
             if triggers is not None:
                 due = Carried() if by_version else carried_slots(job, previous, triggers)
-                await _replan(conn, job, spec, paused, version, triggers, due, now)
+                await _replan(conn, job, spec, paused=paused, version=version, triggers=triggers, due=due, now=now)
             if current.get("concurrency") == "allow" and spec.concurrency != "allow":
                 await job_store.track_unfinished_runs(conn, job_id)
             if note is not None:
-                before, after = _audited(_wire(job.definition), job.paused), _audited(stored.to_wire(), paused)
+                before, after = _audited(_wire(stored_before), job.paused), _audited(stored.to_wire(), paused)
                 if paused and not job.paused and patch.pause_note:
                     after["pauseNote"] = patch.pause_note  # why, beside who: "paused by ops-bot: incident 123"
                 await record(conn, note, _update_action(before, after), f"job {job_id}", before, after,
@@ -288,7 +289,7 @@ class JobService:
                 _check_version(job, matching)
             deleted = await job_store.delete_job(conn, job_id, owner)
             if deleted and job is not None and note is not None:
-                before = _audited(_wire(job.definition), job.paused)
+                before = _audited(_wire(wire.definition(job.columns)), job.paused)
                 await record(conn, note, "job.delete", f"job {job_id}", before, None, job_id=job_id,
                              subject_owner=job.owner, shown=redact)
             return deleted
@@ -371,7 +372,7 @@ def carried_slots(job: LockedJob, before: JobSpec, triggers: ScheduleTriggers) -
     return Carried(slots, unrecorded, min(due) if slots else None)
 
 
-async def _replan(conn: Conn, job: LockedJob, spec: JobSpec, paused: bool, version: int,
+async def _replan(conn: Conn, job: LockedJob, spec: JobSpec, *, paused: bool, version: int,
                   triggers: ScheduleTriggers, due: Carried, now: datetime) -> None:
     """Write a changed plan's triggers: the one kept for the slots ``due`` under the definition before
     (it fires them, late, and leaves no next trigger), and the first fire of the new definition after

@@ -15,7 +15,7 @@ import asyncpg
 from chimes.enums import Priority
 from chimes.ids import PARTITION_COUNT
 from chimes.store.db import Conn, one_row
-from chimes.store.jobs import JobRecord, definition_of
+from chimes.store.jobs import JobRecord, LastRun, columns_of, last_runs
 from chimes.store.queries import sql
 
 JOB_FILTERS = ("all", "failing", "paused", "stalled")
@@ -117,7 +117,7 @@ class DashboardStore:
             if after is None or after.name < start:
                 after = JobCursor(start, _FIRST_ID)
             rows = await conn.fetch(sql(query), owner, after.name, after.job_id, start + _PREFIX_END, limit + 1)
-            last = await _last_runs(conn, [r["job_id"] for r in rows[:limit]])
+            last = await last_runs(conn, [r["job_id"] for r in rows[:limit]])
         jobs = [_job(r, last.get(r["job_id"])) for r in rows[:limit]]
         more = len(rows) > limit
         keys = [JobCursor(r["name_key"], r["job_id"]) for r in rows[:limit]]
@@ -213,16 +213,10 @@ def _run_id_floor(instant: datetime) -> uuid.UUID:
     return uuid.UUID(int=int(instant.timestamp() * 1000) << 80)
 
 
-async def _last_runs(conn: Conn, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:
-    if not job_ids:
-        return {}
-    return {r["job_id"]: r for r in await conn.fetch(sql("last_runs"), job_ids)}
-
-
-def _job(row: asyncpg.Record, last_run: asyncpg.Record | None) -> JobRecord:
+def _job(row: asyncpg.Record, last_run: LastRun | None) -> JobRecord:
     return JobRecord(
-        job_id=row["job_id"], owner=row["owner"], definition=definition_of(row), paused=row["paused"],
+        job_id=row["job_id"], owner=row["owner"], columns=columns_of(row), paused=row["paused"],
         version=row["version"], created_at=row["created_at"], updated_at=row["updated_at"],
-        next_run_at=row["next_run_at"], last_run=dict(last_run) if last_run else None,
+        next_run_at=row["next_run_at"], last_run=last_run,
         slots_fired=row.get("slots_fired") or 0,
     )

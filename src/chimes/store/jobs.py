@@ -14,32 +14,9 @@ import asyncpg
 
 from chimes.enums import Priority
 from chimes.ids import partition_of
-from chimes.jobs import DEFAULT_NOTIFY_ON, AtScheduleSpec, CronScheduleSpec, IntervalScheduleSpec, JobSpec
+from chimes.jobs import AtScheduleSpec, CronScheduleSpec, IntervalScheduleSpec, JobSpec
 from chimes.store.db import Conn, one_row
 from chimes.store.queries import query, sql
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    job_id: uuid.UUID
-    owner: str
-    definition: dict[str, Any]  # the JobSpec in its wire form
-    paused: bool
-    version: int
-    created_at: datetime
-    updated_at: datetime
-    next_run_at: datetime | None
-    last_run: dict[str, Any] | None = None
-    paused_at: datetime | None = None  # while paused: since when, by whom, why
-    paused_by: str | None = None
-    pause_note: str | None = None
-    slots_fired: int = 0  # the slots recorded for its schedule, counted for schedule.maxRuns
-
-    @property
-    def remaining_runs(self) -> int | None:
-        """The slots left to a job with a run cap (schedule.maxRuns); None without one."""
-        cap = self.definition["schedule"].get("maxRuns")
-        return None if cap is None else max(0, cap - self.slots_fired)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +80,40 @@ _SPEC_SQL = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class LastRun:
+    """A job's newest run, by its scheduled time."""
+
+    run_id: uuid.UUID
+    status: str
+    scheduled_at: datetime
+    finished_at: datetime | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    job_id: uuid.UUID
+    owner: str
+    columns: JobColumns  # the definition as stored, sealed secrets as they are
+    paused: bool
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    next_run_at: datetime | None
+    last_run: LastRun | None = None
+    paused_at: datetime | None = None  # while paused: since when, by whom, why
+    paused_by: str | None = None
+    pause_note: str | None = None
+    slots_fired: int = 0  # the slots recorded for its schedule, counted for schedule.maxRuns
+
+    @property
+    def remaining_runs(self) -> int | None:
+        """The slots left to a job with a run cap (schedule.maxRuns); None without one."""
+        cap = None if self.columns.run_at is not None else self.columns.max_runs
+        return None if cap is None else max(0, cap - self.slots_fired)
+
+
 def job_columns(spec: JobSpec) -> JobColumns:
     """The definition as the columns of ``jobs``."""
     wire = spec.to_wire()
@@ -144,48 +155,14 @@ def _spec_args(spec: JobSpec) -> dict[str, Any]:
     return dict(zip(SPEC_COLUMNS, spec_values(job_columns(spec)), strict=True))
 
 
-def definition_of(row: asyncpg.Record) -> dict[str, Any]:
-    if row["cron"] is not None:
-        schedule: dict[str, Any] = {"cron": row["cron"], "timezone": row["timezone"]}
-        optional = {"jitterSec": row["jitter_sec"], "dstGap": row["dst_gap"], "dstFold": row["dst_fold"]}
-        schedule.update((key, value) for key, value in optional.items() if value)
-    elif row["every_sec"] is not None:
-        schedule = {"everySec": row["every_sec"], "phaseSec": row["phase_sec"]}
-        if row["jitter_sec"]:
-            schedule["jitterSec"] = row["jitter_sec"]
-    else:
-        schedule = {"at": row["run_at"]}
-    if row["run_at"] is None:
-        bounds = (("startAt", "start_at"), ("endAt", "end_at"), ("maxRuns", "max_runs"),
-                  ("excludeCalendars", "exclude_calendars"))
-        schedule.update((key, row[column]) for key, column in bounds if row[column] is not None)
-    definition = {
-        "name": row["name"],
-        "schedule": schedule,
-        "task": row["task"],
-        "retryPolicy": row["retry_policy"],
-        "timeoutSec": row["timeout_sec"],
-        "concurrency": row["concurrency"],
-        "queueLimit": row["queue_limit"],
-        "priority": Priority(row["priority"]).label,
-        "catchUp": row["catch_up"],
-        "tags": row["tags"],
-        "startDeadlineSec": row["start_deadline_sec"],
-    }
-    if row["notify_url"]:
-        definition["notifyUrl"] = row["notify_url"]
-    if row["pause_after_failures"] is not None:
-        definition["pauseAfterFailures"] = row["pause_after_failures"]
-    if row["delete_after_completion"]:
-        definition["deleteAfterCompletion"] = True
-    if tuple(row["notify_on"]) != DEFAULT_NOTIFY_ON:
-        definition["notifyOn"] = row["notify_on"]
-    return definition
+def columns_of(row: asyncpg.Record) -> JobColumns:
+    """A job's definition as its row has it (chimes.wire gives its wire form)."""
+    return JobColumns(*(row[column] for column in SPEC_COLUMNS))
 
 
-def _record(row: asyncpg.Record, last_run: dict[str, Any] | None = None) -> JobRecord:
+def _record(row: asyncpg.Record, last_run: LastRun | None = None) -> JobRecord:
     return JobRecord(
-        job_id=row["job_id"], owner=row["owner"], definition=definition_of(row), paused=row["paused"],
+        job_id=row["job_id"], owner=row["owner"], columns=columns_of(row), paused=row["paused"],
         version=row["version"], created_at=row["created_at"], updated_at=row["updated_at"],
         next_run_at=row["next_run_at"], last_run=last_run, slots_fired=row.get("slots_fired") or 0,
         paused_at=row["paused_at"] if row["paused"] else None, paused_by=row["paused_by"], pause_note=row["pause_note"],
@@ -202,7 +179,7 @@ class LockedJob:
     paused: bool
     paused_at: datetime | None
     run_at: datetime | None  # a one-off job's time
-    definition: dict[str, Any]  # the JobSpec in its wire form, sealed secrets as stored
+    columns: JobColumns  # the definition as stored, sealed secrets as they are
     slots_fired: int = 0
     # A trigger kept by an earlier edit or pause, for the slots due up to carried_until (migration 0022)
     carried_until: datetime | None = None
@@ -238,7 +215,7 @@ class JobStore:
             row = await conn.fetchrow(sql("get_job"), job_id, owner)
             if row is None:
                 return None
-            last = await _last_runs(conn, [job_id])
+            last = await last_runs(conn, [job_id])
         return _record(row, last.get(job_id))
 
     async def list(self, owner: str | None, after: uuid.UUID | None, limit: int,
@@ -251,7 +228,7 @@ class JobStore:
                 rows = await conn.fetch(sql("list_all_jobs"), after, limit, *criteria)
             else:
                 rows = await conn.fetch(sql("list_jobs"), owner, after, limit, *criteria)
-            last = await _last_runs(conn, [r["job_id"] for r in rows])
+            last = await last_runs(conn, [r["job_id"] for r in rows])
         return [_record(r, last.get(r["job_id"])) for r in rows]
 
 
@@ -277,7 +254,7 @@ async def lock_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> LockedJo
     if row is None:
         return None
     return LockedJob(job_id=row["job_id"], owner=row["owner"], version=row["version"], paused=row["paused"],
-                     paused_at=row["paused_at"], run_at=row["run_at"], definition=definition_of(row),
+                     paused_at=row["paused_at"], run_at=row["run_at"], columns=columns_of(row),
                      slots_fired=row["slots_fired"] or 0, carried_until=row["carried_until"],
                      carried_slots=row["carried_slots"], carried_unrecorded=row["carried_unrecorded"] or 0)
 
@@ -367,12 +344,10 @@ async def delete_job(conn: Conn, job_id: uuid.UUID, owner: str | None) -> bool:
     return deleted is not None
 
 
-async def _last_runs(conn: Conn, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, Any]]:
+async def last_runs(conn: Conn, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, LastRun]:
     if not job_ids:
         return {}
     rows = await conn.fetch(sql("last_runs"), job_ids)
-    return {
-        r["job_id"]: {"runId": r["run_id"], "status": r["status"], "scheduledAt": r["scheduled_at"],
-                      "finishedAt": r["finished_at"], "error": r["error"]}
-        for r in rows
-    }
+    return {r["job_id"]: LastRun(run_id=r["run_id"], status=r["status"], scheduled_at=r["scheduled_at"],
+                                 finished_at=r["finished_at"], error=r["error"])
+            for r in rows}
