@@ -27,6 +27,8 @@ from tests.e2e.processes import Processes
 from tests.helpers import free_port, wait_for
 from tests.target import Target
 
+pytestmark = pytest.mark.long  # a backup, writes and a restore to a point in time
+
 TOKEN = re.compile(r"^\s+(chm_\S+)\s*$", re.MULTILINE)
 EVERY_SECOND = "* * * * * *"
 REAPED = re.compile(r"reaped run (\S+) \(re-enqueued\)")

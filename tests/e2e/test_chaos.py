@@ -16,6 +16,8 @@ import pytest
 from chimes_chaos.faults import WEIGHTS, plan_faults
 from chimes_chaos.harness import ChaosOptions, run_chaos
 
+pytestmark = pytest.mark.long  # a fleet broken on purpose for minutes
+
 SEED = 2
 DURATION = 90.0
 FAULT_EVERY = 3.0

@@ -13,12 +13,15 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+import pytest
 
 from chimes.store.owners import OwnerStore
 from tests.e2e.processes import Processes
 from tests.fake_container_runtime import install_fake_runtime
 from tests.helpers import Homes, wait_for
 from tests.target import Target
+
+pytestmark = pytest.mark.long  # processes killed and stopped while jobs fire
 
 
 def soon(seconds: float) -> str:

@@ -20,6 +20,8 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from tests.integration.fleet import Fleet
 from tests.target import Target
 
+pytestmark = pytest.mark.long  # a browser driven through the dashboard
+
 SCREENSHOTS = Path(os.environ.get("CHIMES_SCREENSHOTS", Path(__file__).parent / "screenshots"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-dev-shm-usage"]

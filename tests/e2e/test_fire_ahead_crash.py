@@ -22,7 +22,7 @@ from tests.target import Target
 
 # One node's transactions on one database: on shards a burst this size splits under the minimum per
 # home, and the firing path is the same on each home.
-pytestmark = pytest.mark.single_database("about one node's transactions on one database")
+pytestmark = [pytest.mark.single_database("about one node's transactions on one database"), pytest.mark.long]
 
 BURST = 600  # over the node's fire_ahead_min of 500: the instant is fired ahead
 LANES = 8  # requests in flight while the jobs are created

@@ -35,7 +35,7 @@ from tests.e2e.failover import (
 from tests.e2e.processes import ChimesProcess
 from tests.helpers import auth_as, http_server, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 @pytest.fixture
 def cluster() -> Iterator[HaCluster]:

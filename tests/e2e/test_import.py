@@ -17,6 +17,8 @@ from chimes.store.calendars import put_calendar
 from tests.e2e.processes import Processes
 from tests.helpers import Homes
 
+pytestmark = pytest.mark.long  # imports through real processes, on every shard count
+
 
 def job_line(i: int, **overrides: object) -> bytes:
     job = {"name": f"job-{i}", "schedule": {"cron": f"{i % 60} * * * *", "timezone": "Europe/Berlin"},

@@ -27,6 +27,8 @@ from tests.e2e.test_crash_safety import _all_finished, _split_between, pause_all
 from tests.helpers import Homes, auth_as, free_port, wait_for
 from tests.target import Target
 
+pytestmark = pytest.mark.long  # every role rolled with SIGTERM while jobs fire
+
 JOBS = 12
 
 

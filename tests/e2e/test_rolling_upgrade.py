@@ -40,7 +40,8 @@ from tests.e2e.processes import ChimesProcess, Processes
 from tests.helpers import auth_as, free_port, wait_for
 from tests.target import Target
 
-pytestmark = [pytest.mark.e2e, pytest.mark.single_database("runs its own fleets on databases of its own")]
+pytestmark = [pytest.mark.e2e, pytest.mark.single_database("runs its own fleets on databases of its own"),
+              pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 RELEASE_0_1_0 = "c608051"  # docs/operations.md, "Releases"

@@ -38,7 +38,7 @@ from tests.e2e.processes import ChimesProcess
 from tests.e2e.zones import Zones, ZonesUnavailable, check_can_make_zones
 from tests.helpers import auth_as, http_server, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 ZONES = 3
 LEASE_TTL = 3.0

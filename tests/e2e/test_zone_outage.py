@@ -39,7 +39,7 @@ from tests.e2e.processes import ChimesProcess, Processes
 from tests.e2e.zones import PG_PORT, ZonePostgres, Zones, ZonesUnavailable, check_can_make_zones, server_root
 from tests.helpers import auth_as, free_port, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 REQUEST_TIMEOUT = 15.0  # the API's own (its default)
 LEASE_TTL = 3.0

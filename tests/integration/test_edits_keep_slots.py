@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import httpx
+import pytest
 
 from chimes.scheduler.node import SchedulerNode
 from tests.helpers import Homes, wait_for
@@ -49,6 +50,7 @@ async def _keep_editing(edit: Edit, until: float, rng: random.Random) -> int:
     return edits
 
 
+@pytest.mark.long  # every-second jobs edited at random instants for seconds
 async def test_edits_at_random_instants_leave_one_record_per_slot(
     fleet: Fleet, client: httpx.AsyncClient, target: Target, homes: Homes
 ) -> None:

@@ -24,6 +24,8 @@ from chimes.cli.main import cli
 from chimes.store.backup import BackupError, BaseBackup, base_backups, restore
 from chimes.store.embedded import Archiving, EmbeddedPostgres
 
+pytestmark = pytest.mark.long  # backups and restores of a real data dir
+
 
 def sql(dsn: str, statement: str) -> list[asyncpg.Record]:
     async def run() -> list[asyncpg.Record]:

@@ -27,6 +27,8 @@ from chimes.store.working import ClaimedRun, WorkerStore
 from tests.integration.test_fencing import due, make_due_job, take_all
 from tests.integration.test_jobs_api import HTTP_TASK, cron_job
 
+pytestmark = pytest.mark.long  # generated extreme times and text against every route
+
 PAST_THE_ENDS = ["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+23:59", "9999-12-31T23:00:00-01:00",
                  "0001-01-01T00:30:00+00:31"]
 

@@ -12,6 +12,8 @@ import pytest
 
 from tests import fence_check
 
+pytestmark = pytest.mark.long  # the suite run again once per fence removed
+
 
 def test_every_listed_clause_is_in_the_sql() -> None:
     assert fence_check.stale_entries() == []

@@ -14,11 +14,14 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+import pytest
 
 from chimes.api.app import create_app
 from chimes.api.limits import LimitSettings
 from tests.helpers import auth_as
 from tests.integration.served import served
+
+pytestmark = pytest.mark.long  # generated requests against the whole API
 
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 MAX_EXAMPLES = 15

@@ -11,11 +11,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.helpers import Homes, auth_as, wait_for
 from tests.hostile import ROWS, MemoryWatch, Row, hostile_target
 from tests.integration.fleet import Fleet
 from tests.target import Target
+
+pytestmark = pytest.mark.long  # a worker facing every hostile target in turn
 
 #: How much the worker's process may grow while its runs call every hostile target at once.
 MEMORY_BOUND = 32 * 1024 * 1024

@@ -31,7 +31,8 @@ from tests.helpers import add_shards, auth_as, wait_for
 from tests.integration.fleet import FAST_WORKER
 from tests.target import Target
 
-pytestmark = pytest.mark.own_shard_map  # databases and a shard map of its own, whatever --shards says
+# own_shard_map: databases and a shard map of its own, whatever --shards says
+pytestmark = [pytest.mark.own_shard_map, pytest.mark.long]
 
 HOMES = {"a": (0, 339), "b": (340, 679), "catalog": (680, 1023)}
 
