@@ -42,9 +42,8 @@ NOTIFY_GIVE_UP_HOURS = 24.0
 
 # --- worker (chimes worker, and the one chimes up starts) --------------------------------------
 #: Runs a worker executes at once (--concurrency, --worker-concurrency). One owner may hold
-#: owner_share of them (160 at 0.8), claimed a quarter of that at a time in a burst: with 100, a 20,000-run
-#: burst on a plain chimes up started with p99 2.56 s against 2.15 s (commit d30b695, "Twice the
-#: slots for a worker" in its docs/benchmarks.md).
+#: owner_share of them, claimed a quarter of that at a time in a burst: enough slots that a burst's
+#: start is bound by the claims, not by runs waiting for a slot (docs/benchmarks.md).
 WORKER_CONCURRENCY = 200
 #: Seconds a run's lease lasts unrenewed: how soon a dead worker's runs are retried (--lease-sec).
 RUN_LEASE_SEC = 30.0
