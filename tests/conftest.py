@@ -172,6 +172,8 @@ async def shard_servers(request: pytest.FixtureRequest, shard_count: int) -> Asy
 
 # Servers of tests that are over, still shutting down: a database is dropped only after them.
 _closing: set[asyncio.Task[None]] = set()
+# Bound at import: a test may replace asyncpg.connect to count or break its own connections.
+_connect = asyncpg.connect
 
 
 class FreshDatabases:
@@ -183,9 +185,10 @@ class FreshDatabases:
         self._server_dsn, self._prefix = server_dsn, prefix
         self._ahead: asyncio.Task[str] | None = None
         self._drops: set[asyncio.Task[None]] = set()
+        self.held = False  # no copy made ahead while a test that measures the server runs
 
     async def _execute(self, statement: str) -> None:
-        admin = await asyncpg.connect(self._server_dsn)
+        admin = await _connect(self._server_dsn)
         try:
             await admin.execute(statement)
         finally:
@@ -209,13 +212,20 @@ class FreshDatabases:
             name = await ahead if ahead is not None else await self._create()
         except (OSError, asyncpg.PostgresError):
             name = await self._create()
-        self._ahead = asyncio.create_task(self._create())
+        if not self.held:
+            self._ahead = asyncio.create_task(self._create())
         try:
             yield with_database(self._server_dsn, name)
         finally:
             drop = asyncio.create_task(self._drop(name, after=tuple(_closing)))
             self._drops.add(drop)
             drop.add_done_callback(self._drops.discard)
+
+    async def settle(self) -> None:
+        """Wait for the copy made ahead, the drops and the servers' shutdowns under way."""
+        if self._ahead is not None:
+            await asyncio.wait([self._ahead])
+        await asyncio.gather(*_closing, *self._drops, return_exceptions=True)
 
     async def close(self) -> None:
         """Wait for the drops under way, and drop the copy made ahead."""
@@ -236,6 +246,21 @@ async def scratch_database(server_dsn: str, prefix: str, template: str | None = 
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
+
+
+@pytest.fixture
+async def quiet_server(test_databases: FreshDatabases, shard_servers: list[FreshDatabases]) -> AsyncIterator[None]:
+    """For a test that measures the servers (their WAL, the pages its rows land on): no database is
+    copied or dropped on them while it runs, which would write WAL and hold back the cleanup of old
+    row versions."""
+    every = [test_databases, *shard_servers]
+    for databases in every:
+        databases.held = True
+    for databases in every:
+        await databases.settle()
+    yield
+    for databases in every:
+        databases.held = False
 
 
 @pytest.fixture

@@ -41,7 +41,8 @@ from bench.target import TargetProcess
 from bench.top_of_hour import top_of_hour
 from chimes.cli.roles import SCHEDULER_POOL, WORKER_POOL
 
-pytestmark = pytest.mark.long  # each benchmark scenario run small
+# long: each benchmark scenario run small; quiet_server: the scenarios measure the server's WAL
+pytestmark = [pytest.mark.long, pytest.mark.usefixtures("quiet_server")]
 
 
 async def test_burst_scenario_runs_every_job_once_and_reports(server_dsn: str, tmp_path: Path) -> None:

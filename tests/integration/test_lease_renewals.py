@@ -6,8 +6,11 @@ costly kind, and on full pages a quarter to a half of them were (python -m bench
 from __future__ import annotations
 
 import asyncpg
+import pytest
 
 from chimes.store.scheduling import SchedulerStore
+
+pytestmark = pytest.mark.usefixtures("quiet_server")
 
 PAGES = "SELECT partition_id, (ctid::text::point)[0]::int AS page FROM partition_leases"
 

@@ -9,6 +9,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import pytest
 
 from chimes.scheduler.firing import plan_fires
 from chimes.store.scheduling import SchedulerStore
@@ -16,6 +17,8 @@ from chimes.store.working import Completion, WorkerStore
 from chimes.worker.tasks.common import Outcome
 from tests.integration.test_fencing import due, make_due_job, take_all
 from tests.integration.test_shards import config_command
+
+pytestmark = pytest.mark.usefixtures("quiet_server")
 
 # What the claim, the outcome, a retry, the reaper, a release or a cancel write into a run.
 CHANGED_BY_UPDATES = ("status", "worker_id", "lease_token", "started_at", "finished_at", "error", "attempt",

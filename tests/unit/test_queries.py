@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from chimes.store.jobs import _SPEC_SQL, SPEC_COLUMNS
-from chimes.store.queries import Query, _load, parse, query, sql
+from chimes.store.queries import Query, _blocks, _fragments, _load, parse, query, sql
 
 
 def named(body: str) -> Query:
@@ -98,3 +98,17 @@ def test_a_named_query_is_not_read_as_numbered() -> None:
         sql("fire_triggers")
     with pytest.raises(TypeError, match="numbers its parameters"):
         query("get_job")
+
+
+def test_identifiers_are_written_into_a_statement_that_cannot_take_them_as_parameters() -> None:
+    assert sql("drop_tables", tables='"runs_p0_d1", "runs_p1_d1"').endswith('\nDROP TABLE "runs_p0_d1", "runs_p1_d1"')
+    assert sql("create_database", database='"chimes"').endswith('\nCREATE DATABASE "chimes"')
+    with pytest.raises(ValueError, match="fragments tables"):
+        sql("drop_tables")
+
+
+def test_every_block_with_fragments_is_one_whose_callers_fill_them() -> None:
+    # A block with a {fragment} is not parsed until it is read with its fragments: each is listed
+    # here, and read so in the tests above.
+    assert {name for name, body in _blocks().items() if _fragments(body)} == {
+        "insert_job", "update_job", "drop_tables", "create_database"}

@@ -21,7 +21,7 @@ async def create_replicated_database(host: str, port: int, password: str, databa
     conn = await asyncpg.connect(host=host, port=port, user="postgres", password=password, database="postgres")
     try:
         if not await conn.fetchval(sql("database_exists"), database):
-            await conn.execute(sql("create_database").format(database=_quoted(database)))
+            await conn.execute(sql("create_database", database=_quoted(database)))
         lsn = await conn.fetchval(sql("current_wal_lsn"))
         deadline = time.monotonic() + replay_wait_sec
         while await conn.fetchval(sql("standbys_behind"), lsn):

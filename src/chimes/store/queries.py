@@ -138,10 +138,12 @@ def _with_fragments(name: str, fragments: tuple[tuple[str, str], ...]) -> str | 
     return parse(name, _blocks()[name], dict(fragments))
 
 
-def sql(name: str) -> str:
+def sql(name: str, **fragments: str) -> str:
     """The text of the named query; a KeyError names a query that does not exist. A query that
-    names its parameters is read with :func:`query` instead, which binds them."""
-    block = _load().get(name) or _with_fragments(name, ())
+    names its parameters is read with :func:`query` instead, which binds them. ``fragments``: the
+    text of the block's ``{fragment}``s, such as identifiers quoted by the caller, which a statement
+    cannot take as parameters (not cached: they change from call to call)."""
+    block = parse(name, _blocks()[name], fragments) if fragments else _load().get(name) or _with_fragments(name, ())
     if isinstance(block, Query):
         raise TypeError(f"query {name!r} names its parameters: bind them with query() or bind()")
     return block

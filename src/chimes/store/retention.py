@@ -30,7 +30,7 @@ class RetentionStore:
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(sql("limit_lock_wait"), f"{max(1, round(lock_timeout_sec * 1000))}ms")
             await conn.execute(sql("lock_run_partitions"))
-            await conn.execute(sql("drop_tables").format(tables=", ".join(_quoted(t) for t in day.tables)))
+            await conn.execute(sql("drop_tables", tables=", ".join(_quoted(t) for t in day.tables)))
 
     async def delete_old_default_rows(self, cutoff: datetime, lock_timeout_sec: float) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
