@@ -16,20 +16,18 @@ from chimes.store.db import Pool
 from chimes.store.jobs import JobRecord
 
 
-def names_calendars(definition: dict[str, object]) -> bool:
-    schedule = definition["schedule"]
-    return isinstance(schedule, dict) and bool(schedule.get("excludeCalendars"))
+def names_calendars(job: JobRecord) -> bool:
+    """Whether the job's schedule excludes calendars (a one-off's never does)."""
+    return job.columns.run_at is None and bool(job.columns.exclude_calendars)
 
 
 async def next_runs(catalog: Pool, jobs: Sequence[JobRecord]) -> dict[uuid.UUID, datetime | None]:
     """Each job's ``nextRunAt``, by job id."""
-    definitions = {job.job_id: wire.definition(job.columns) for job in jobs}
-    naming = [job for job in jobs if names_calendars(definitions[job.job_id])]
+    naming = [job for job in jobs if names_calendars(job)]
     calendars = await calendars_of_owners(catalog, [job.owner for job in naming]) if naming else {}
     runs = {job.job_id: job.next_run_at for job in jobs}
     for job in naming:
-        definition = definitions[job.job_id]
-        names = definition["schedule"]["excludeCalendars"]
-        runs[job.job_id] = previews.next_run(definition, job.job_id, job.next_run_at, job.slots_fired,
-                                             named(calendars, job.owner, names))
+        runs[job.job_id] = previews.next_run(wire.definition(job.columns), job.job_id, job.next_run_at,
+                                             job.slots_fired,
+                                             named(calendars, job.owner, job.columns.exclude_calendars or []))
     return runs

@@ -157,7 +157,7 @@ def _spec_args(spec: JobSpec) -> dict[str, Any]:
 
 def columns_of(row: asyncpg.Record) -> JobColumns:
     """A job's definition as its row has it (chimes.wire gives its wire form)."""
-    return JobColumns(*(row[column] for column in SPEC_COLUMNS))
+    return JobColumns(**{column: row[column] for column in SPEC_COLUMNS})
 
 
 def _record(row: asyncpg.Record, last_run: LastRun | None = None) -> JobRecord:
